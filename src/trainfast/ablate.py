@@ -1,0 +1,307 @@
+"""The ladder: rung recipes -> one fresh process per rung -> results.
+
+Every rung runs in its own spawned process, so peak memory, compile caches in memory and allocator state
+never leak from one rung into the next; every rung uses the same seed, so the same initial weights and the
+same data order. A rung whose switches cannot act on this device (or model) is not run at all: it is
+reported as "no effect on this device" with the reason, instead of a difference that is really noise.
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .measure import count_train_flops, measure_ceiling, peak_memory_bytes, reset_peak_memory, steady_throughput
+from .recipe import Recipe, RecipeError, resolve_device, validate_for_device
+from .techniques import changes_effect
+from .techniques.precision import DTYPES, auto_amp_dtype
+
+# name -> (label, the switches it turns on). "{amp}" is replaced by the AMP dtype chosen for the device.
+LADDER: dict[str, dict[str, Any]] = {
+    "baseline": {},
+    "amp": {"precision": "{amp}"},
+    "set_to_none": {"set_to_none": True},
+    "non_blocking": {"non_blocking": True, "pin_memory": True},
+    "prefetch": {"prefetch": True},
+    "channels_last": {"channels_last": True},
+    "compile": {"compile": True},
+    "fused": {"optimizer_impl": "fused"},
+}
+MODES = ("cumulative", "each")
+
+
+@dataclass
+class Rung:
+    name: str
+    changes: dict[str, Any]
+    recipe: Recipe
+    effect: str = "measured"
+    reason: str = ""
+    result: dict[str, Any] = field(default_factory=dict)
+    status: str = "pending"     # pending | running | done | no-effect | failed
+
+
+@dataclass
+class Job:
+    """What a rung process needs to rebuild the run: names (CLI) or picklable objects (Python API)."""
+    model: str | Callable[[], torch.nn.Module]
+    data: str | Any                     # a data spec string, or a trainfast Split
+    image_size: int | None = None
+    loss_fn: Callable | None = None
+    device: str = "auto"
+
+
+def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumulative", amp: str = "auto",
+               device: torch.device | None = None) -> list[Rung]:
+    """Rung recipes. cumulative: each rung adds its switches to the previous one (the seeds' ladder);
+    each: the baseline plus one rung's switches at a time."""
+    if mode not in MODES:
+        raise RecipeError(f"--mode {mode!r} is not one of {', '.join(MODES)}")
+    device = device or resolve_device("auto")
+    amp_dtype = auto_amp_dtype(device) if amp == "auto" else amp
+    if amp_dtype not in ("bf16", "fp16"):
+        raise RecipeError(f"--amp-dtype {amp!r} must be auto, bf16 or fp16")
+    names = list(LADDER) if not names else names
+    unknown = [n for n in names if n not in LADDER]
+    if unknown:
+        raise RecipeError(f"--rungs: unknown rung(s) {', '.join(unknown)}; choose from {', '.join(LADDER)}")
+    ordered = ["baseline"] + [n for n in LADDER if n in names and n != "baseline"]
+    rungs, current = [], base
+    for name in ordered:
+        changes = {k: (amp_dtype if v == "{amp}" else v) for k, v in LADDER[name].items()}
+        start = current if mode == "cumulative" else base
+        try:
+            recipe = start.replace(**changes)
+            validate_for_device(recipe, device)
+        except RecipeError as exc:
+            raise RecipeError(f"rung {name!r}: {exc}") from exc
+        rungs.append(Rung(name, changes, recipe))
+        current = recipe
+    return rungs
+
+
+# --------------------------------------------------------------------------------------------------
+# inside the rung's process
+
+
+def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str, Any]:
+    """Train `recipe.epochs` epochs with the shared engine, evaluate, and return every measured number."""
+    from torch import nn
+
+    from .data.datasets import load_data
+    from .measure import Meter
+    from .models import build_model
+    from .techniques.runtime import apply_runtime_flags
+    from .trainer import build_batches, build_state, seed_everything
+    from .engine import evaluate, train_one_epoch
+
+    device = resolve_device(job.device)
+    split = load_data(job.data, job.image_size) if isinstance(job.data, str) else job.data
+    loss_fn = job.loss_fn or nn.CrossEntropyLoss()
+    apply_runtime_flags(recipe, device)
+    seed_everything(recipe.seed)
+    model = build_model(job.model, split.num_classes, split.image_size) if isinstance(job.model, str) else job.model()
+    reset_peak_memory(device)
+    state = build_state(model, recipe, device)
+    train_batches = build_batches(split.train, split, recipe, device, train=True)
+    val_batches = build_batches(split.val, split, recipe, device, train=False)
+
+    sample = split.train[0][0]
+    fmt = torch.channels_last if recipe.channels_last and sample.ndim == 3 else torch.contiguous_format
+    probe = torch.zeros((recipe.batch_size, *sample.shape), device=device).contiguous(memory_format=fmt)
+    flops_per_step = count_train_flops(state.model, loss_fn, probe,
+                                       torch.zeros(recipe.batch_size, dtype=torch.long, device=device))
+
+    total_steps = len(train_batches) * recipe.epochs
+    windows, losses, epoch_times, data_wait, correct, seen = [], [], [], 0.0, 0, 0
+
+    def on_window(step: int, stats) -> None:
+        emit({"event": "progress", "step": step, "total": total_steps, "loss": stats.losses[-1]})
+
+    for _ in range(recipe.epochs):
+        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.step)
+        stats = train_one_epoch(state, train_batches, loss_fn, meter)
+        # The first window of every epoch holds compile, allocator warm-up and worker start-up.
+        windows.extend(stats.windows[1:] if len(stats.windows) > 1 else stats.windows)
+        losses.extend(stats.losses)
+        epoch_times.append(stats.seconds)
+        data_wait += stats.data_wait_s
+        correct += stats.correct
+        seen += stats.samples
+    throughput, spread, used = steady_throughput(windows, skip_first=0)
+    metrics = evaluate(state.model, val_batches, loss_fn, state.precision)
+    flops_per_sample = flops_per_step / recipe.batch_size
+    return {
+        "throughput": throughput,
+        "throughput_spread": spread,
+        "timing_windows": used,
+        "epoch_time_s": sum(epoch_times) / len(epoch_times),
+        "epoch_times_s": epoch_times,
+        "data_wait_fraction": data_wait / max(1e-9, sum(epoch_times)),
+        "peak_memory_bytes": peak_memory_bytes(device),
+        "accuracy": metrics["accuracy"],
+        "loss": metrics["loss"],
+        "val_samples": metrics["samples"],
+        "train_loss": sum(losses) / max(1, len(losses)),
+        "train_losses": losses,
+        "train_accuracy": correct / max(1, seen),
+        "steps": state.step,
+        "flops_per_sample": flops_per_sample,
+        "flops_per_s": flops_per_sample * throughput,
+        "precision_state": state.precision.metrics(),
+    }
+
+
+def _rung_process(job: Job, recipe: Recipe, events, log_path: str) -> None:
+    # The rung's warnings and tracebacks go to its log file, not over the parent's live table.
+    with open(log_path, "w") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            result = run_rung(job, recipe, events.put)
+            events.put({"event": "result", "result": result})
+        except BaseException as exc:  # report every failure to the parent, which keeps going
+            traceback.print_exc()
+            events.put({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
+
+
+# --------------------------------------------------------------------------------------------------
+# in the parent
+
+
+@dataclass
+class AblationResult:
+    rungs: list[Rung]
+    environment: dict[str, Any]
+    out_dir: Path
+    best: Recipe
+    best_name: str
+    ceilings: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        from .report import results_dict
+
+        return results_dict(self)
+
+
+def accuracy_band(accuracy: float, n: int) -> float:
+    """Half-width of the noise band for a difference of two accuracies on the same n held-out samples:
+    two binomial standard errors of the difference (sqrt(2) x the one-run error)."""
+    p = min(max(accuracy, 1.0 / max(1, n)), 1 - 1.0 / max(1, n))
+    return 2 * math.sqrt(2 * p * (1 - p) / max(1, n))
+
+
+def score_rungs(rungs: list[Rung], ceilings: dict[str, float]) -> None:
+    """Speed-up, memory ratio, ceiling fraction and accuracy flags, all relative to the baseline."""
+    base = rungs[0].result if rungs and rungs[0].status == "done" else None
+    band = accuracy_band(base["accuracy"], base["val_samples"]) if base else None
+    for rung in rungs:
+        r = rung.result
+        if rung.status != "done":
+            continue
+        ceiling = ceilings.get(rung.recipe.precision)
+        r["ceiling_flops_per_s"] = ceiling
+        r["ceiling_fraction"] = r["flops_per_s"] / ceiling if ceiling else None
+        if base:
+            r["speedup"] = r["throughput"] / base["throughput"] if base["throughput"] else None
+            r["memory_ratio"] = r["peak_memory_bytes"] / base["peak_memory_bytes"]
+            r["accuracy_delta"] = r["accuracy"] - base["accuracy"]
+            r["accuracy_band"] = band
+            r["accuracy_flag"] = abs(r["accuracy_delta"]) > band
+
+
+def pick_best(rungs: list[Rung]) -> Rung:
+    """The fastest measured rung (steady-state throughput) whose accuracy is not below the baseline's
+    noise band; the baseline if none qualifies."""
+    candidates = [r for r in rungs if r.status == "done" and not (r.result.get("accuracy_flag") and r.result.get("accuracy_delta", 0) < 0)]
+    return max(candidates, key=lambda r: r.result["throughput"]) if candidates else rungs[0]
+
+
+def default_out_dir() -> Path:
+    return Path("runs") / datetime.now().strftime("ablate-%Y%m%d-%H%M%S")
+
+
+def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None, val_set=None, loss_fn=None, *,
+           data: str = "digits", image_size: int | None = None, recipe: Recipe | None = None,
+           rungs: list[str] | None = None, mode: str = "cumulative", amp_dtype: str = "auto",
+           device: str = "auto", out: str | Path | None = None, mean=None, std=None,
+           show: bool = True) -> AblationResult:
+    """Run the ladder and write the report folder. `model` is a timm/built-in name or a picklable
+    zero-argument factory (each rung runs in a spawned process, so lambdas cannot cross). With
+    `train_set`/`val_set` the datasets are used instead of `data`."""
+    from .data.datasets import Split, load_data
+    from .models import build_model, check_model_name
+    from .report import Display, environment, write_report
+    from .trainer import as_split
+
+    base = recipe or Recipe()
+    dev = resolve_device(device)
+    validate_for_device(base, dev)
+    if isinstance(model, str):
+        check_model_name(model)
+    # Everything the rungs need is checked here, before the first rung starts.
+    split = as_split(train_set, val_set, mean=mean, std=std) if train_set is not None else load_data(data, image_size)
+    plan = plan_rungs(base, rungs, mode, amp_dtype, dev)
+    probe_model = build_model(model, split.num_classes, split.image_size) if isinstance(model, str) else model()
+    for rung in plan[1:]:
+        effect = changes_effect(rung.changes, dev, probe_model)
+        rung.effect, rung.reason = effect.label, effect.reason
+        if not effect.acts:
+            rung.status = "no-effect"
+    del probe_model
+    job = Job(model, data if train_set is None else split, split.image_size or image_size, loss_fn, device)
+
+    out_dir = Path(out) if out is not None else default_out_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ceilings = {p: measure_ceiling(dev, DTYPES[p]) for p in dict.fromkeys(r.recipe.precision for r in plan)}
+    env = environment(dev)
+    display = Display(plan, ceilings, env, show=show)
+    ctx = mp.get_context("spawn")
+    with display:
+        for rung in plan:
+            if rung.status == "no-effect":
+                display.update()
+                continue
+            rung.status = "running"
+            display.start_rung(rung)
+            rung.result = _run_in_process(ctx, job, rung, out_dir / f"rung-{rung.name}.log", display)
+            rung.status = "failed" if "error" in rung.result else "done"
+            score_rungs(plan, ceilings)
+            display.update()
+    best = pick_best(plan)
+    result = AblationResult(plan, env, out_dir, best.recipe, best.name, ceilings)
+    write_report(result)
+    display.final(result)
+    return result
+
+
+def _run_in_process(ctx, job: Job, rung: Rung, log_path: Path, display) -> dict[str, Any]:
+    events = ctx.Queue()
+    proc = ctx.Process(target=_rung_process, args=(job, rung.recipe, events, str(log_path)), daemon=True)
+    t0 = time.perf_counter()
+    proc.start()
+    result: dict[str, Any] | None = None
+    while result is None:
+        try:
+            event = events.get(timeout=0.5)
+        except queue_mod.Empty:
+            if not proc.is_alive():
+                result = {"error": f"rung process exited with code {proc.exitcode} (see {log_path})"}
+            continue
+        if event["event"] == "progress":
+            display.progress(rung, event)
+        elif event["event"] == "result":
+            result = event["result"]
+        else:
+            result = {"error": f"{event['error']} (see {log_path})"}
+    proc.join(timeout=60)
+    result["wall_time_s"] = time.perf_counter() - t0
+    return result

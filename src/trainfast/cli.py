@@ -1,0 +1,142 @@
+"""`trainfast ablate|train`. Every Recipe field is one flag (`--set-to-none`, `--num-workers 2`, ...), generated
+from the dataclass so the two can never drift. Unknown flags, bad values and bad config keys are refused
+before any data is loaded or any model is built."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import typing
+from pathlib import Path
+
+from .recipe import Recipe, RecipeError, preset
+
+
+def _optional(kind):
+    def parse(text: str):
+        return None if text.lower() in ("none", "null", "off") else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("recipe (one flag per Recipe field; default: the field's default)")
+    hints = typing.get_type_hints(Recipe)
+    for f in dataclasses.fields(Recipe):
+        flag = "--" + f.name.replace("_", "-")
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        if hint is bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
+        elif type(None) in args:      # Optional[int] / Optional[float]
+            inner = next(a for a in args if a is not type(None))
+            group.add_argument(flag, dest=f.name, type=_optional(inner), default=None, metavar=inner.__name__.upper())
+        else:
+            group.add_argument(flag, dest=f.name, type=hint, default=None, metavar=hint.__name__.upper())
+
+
+def recipe_from_args(args: argparse.Namespace, base: Recipe | None = None) -> Recipe:
+    """--recipe (a preset name or a YAML file) gives the base; explicit flags override its fields."""
+    if base is None:
+        source = getattr(args, "recipe", None)
+        if source is None:
+            base = Recipe()
+        elif Path(source).suffix.lower() in (".yaml", ".yml", ".json"):
+            base = Recipe.from_file(source)
+        else:
+            base = preset(source)
+    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(Recipe) if getattr(args, f.name) is not None}
+    return base.replace(**changes) if changes else base
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="resnet9", help="built-in resnet9 (default) or any timm model name")
+    parser.add_argument("--data", default="digits",
+                        help="digits (default, ships with scikit-learn) | synthetic | imagefolder:PATH | cifar10:PATH")
+    parser.add_argument("--image-size", type=int, default=None, help="input resolution (default: 32 for digits)")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available) | cpu | cuda | cuda:N")
+    parser.add_argument("--recipe", default=None, help="a preset (baseline, fast) or a YAML recipe file")
+    add_recipe_flags(parser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .ablate import LADDER, MODES
+
+    parser = argparse.ArgumentParser(prog="trainfast", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ab = sub.add_parser("ablate", help="measure what each technique buys on this model, data and machine")
+    add_common(ab)
+    ab.add_argument("--mode", choices=MODES, default="cumulative",
+                    help="cumulative: each rung adds to the previous (the seeds' ladder); each: one at a time")
+    ab.add_argument("--rungs", default=None, help=f"comma-separated subset of: {','.join(LADDER)}")
+    ab.add_argument("--amp-dtype", choices=("auto", "bf16", "fp16"), default="auto",
+                    help="dtype of the AMP rung; auto = bf16 where the device has fast bf16, else fp16 + GradScaler")
+    ab.add_argument("--out", default=None, help="report folder (default: runs/ablate-<timestamp>)")
+
+    tr = sub.add_parser("train", help="train with a recipe and write a run folder")
+    add_common(tr)
+    tr.add_argument("--out", default=None, help="run folder (default: runs/train-<timestamp>)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)     # unknown flags and bad types exit here, before any work
+    try:
+        recipe = recipe_from_args(args)
+        if args.command == "ablate":
+            return _ablate(args, recipe)
+        return _train(args, recipe)
+    except (RecipeError, ValueError, FileNotFoundError) as exc:
+        print(f"trainfast {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _ablate(args, recipe: Recipe) -> int:
+    from .ablate import ablate
+
+    rungs = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
+    result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe, rungs=rungs,
+                    mode=args.mode, amp_dtype=args.amp_dtype, device=args.device, out=args.out)
+    return 0 if all(r.status != "failed" for r in result.rungs) else 1
+
+
+def _train(args, recipe: Recipe) -> int:
+    from datetime import datetime
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .data.datasets import load_data
+    from .models import build_model, check_model_name
+    from .recipe import resolve_device, validate_for_device
+    from .trainer import train
+
+    device = resolve_device(args.device)
+    validate_for_device(recipe, device)
+    check_model_name(args.model)
+    split = load_data(args.data, args.image_size)
+    out = Path(args.out) if args.out else Path("runs") / datetime.now().strftime("train-%Y%m%d-%H%M%S")
+    console = Console()
+    steps_per_epoch = len(split.train) // recipe.batch_size
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("train", total=steps_per_epoch * recipe.epochs, loss="…")
+
+        def on_window(step, stats):
+            progress.update(task, completed=step, loss=f"{stats.losses[-1]:.3f}")
+
+        def on_epoch(record):
+            progress.console.print(f"epoch {record['epoch']}: train loss {record['train_loss']:.4f}  "
+                                   f"val loss {record['val_loss']:.4f}  val acc {record['val_accuracy']:.4f}  "
+                                   f"{record['epoch_time_s']:.1f}s")
+
+        train(lambda: build_model(args.model, split.num_classes, split.image_size), split, recipe=recipe,
+              device=device, out=out, on_window=on_window, on_epoch=on_epoch)
+    console.print(f"run folder: {out}/ (metrics.jsonl, recipe.json, model.pt)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,4 @@
+"""Datasets (built-in digits, synthetic, ImageFolder, CIFAR-10), loader building and seeding."""
+from .datasets import DataError, Split, load_data
+
+__all__ = ["DataError", "Split", "load_data"]

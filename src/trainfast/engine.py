@@ -1,0 +1,80 @@
+"""The training step and evaluation, shared by `train`, `ablate` and the benchmarks.
+
+The step reads top to bottom with no `if technique:` branch: a switched-off technique is a no-op
+object (fp32 `Precision`, `Clipper(None)`, the eager module instead of a compiled one)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from .measure import EpochStats, Meter
+from .recipe import Recipe
+from .techniques.precision import Precision
+
+
+class Clipper:
+    """Global grad-norm clipping on true-scale gradients (unscaled first under fp16); no-op when unset."""
+
+    def __init__(self, max_norm: float | None, params: Iterable[nn.Parameter]) -> None:
+        self.max_norm = max_norm
+        self.params = [p for p in params if p.requires_grad]
+
+    def __call__(self, precision: Precision, optimizer: torch.optim.Optimizer) -> None:
+        if self.max_norm is None:
+            return
+        precision.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+
+
+@dataclass
+class TrainState:
+    model: nn.Module                      # the eager module: owns the parameters, used for evaluation
+    forward: Callable                     # what the training step calls: `model`, or its compiled twin
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    precision: Precision
+    clip: Clipper
+    recipe: Recipe
+    step: int = 0
+    epoch: int = 0
+
+
+def train_one_epoch(state: TrainState, batches: Iterable, loss_fn: Callable, meter: Meter) -> EpochStats:
+    model, optimizer, precision = state.model, state.optimizer, state.precision
+    model.train()
+    for inputs, targets in meter.iterate(batches):
+        optimizer.zero_grad(set_to_none=state.recipe.set_to_none)
+        with precision.forward_context():
+            outputs = state.forward(inputs)
+            loss = loss_fn(outputs, targets)
+        precision.backward(loss)                 # scales the loss first under fp16
+        state.clip(precision, optimizer)         # unscale, then clip; no-op without grad_clip
+        precision.step(optimizer)                # fp16: skipped on inf/NaN grads, scale backs off
+        state.scheduler.step()
+        state.step += 1
+        meter.update(loss, outputs, targets)     # on the device; read every log_every steps
+    state.epoch += 1
+    return meter.stats
+
+
+def evaluate(model: nn.Module, batches: Iterable, loss_fn: Callable, precision: Precision) -> dict[str, float]:
+    """Held-out loss and accuracy. eval() switches dropout/BN to inference behaviour; inference_mode()
+    additionally skips autograd bookkeeping. Sums stay on the device and are read once."""
+    model.eval()
+    device = precision.device
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    count = 0
+    with torch.inference_mode():
+        for inputs, targets in batches:
+            with precision.forward_context():
+                outputs = model(inputs)
+                loss = loss_fn(outputs, targets)
+            loss_sum += loss.double() * targets.shape[0]
+            correct += (outputs.argmax(dim=-1) == targets).sum()
+            count += targets.shape[0]
+    model.train()
+    return {"loss": float(loss_sum) / max(1, count), "accuracy": int(correct) / max(1, count), "samples": count}

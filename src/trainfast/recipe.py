@@ -1,0 +1,177 @@
+"""Recipe: every speed technique is one documented field; validation refuses what cannot work.
+
+A Recipe is frozen so a run's configuration cannot drift after it is validated, and so it can be
+written verbatim next to every measured number (results.json, the run folder).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZER_IMPLS = ("default", "for-loop", "foreach", "fused")
+NONFINITE_POLICIES = ("stop",)
+
+
+class RecipeError(ValueError):
+    """A recipe (or a flag / config key that builds one) that cannot work; the message names it."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    # --- what is trained ---------------------------------------------------------------------
+    epochs: int = 1
+    batch_size: int = 64
+    optimizer: str = "adamw"          # "sgd" (momentum 0.9) or "adamw"
+    lr: float = 2e-3
+    weight_decay: float = 0.05
+    warmup_steps: int = 0             # linear LR warm-up from lr/warmup_steps to lr (seed 004)
+    seed: int = 0                     # one seed drives init, data order and per-worker streams
+
+    # --- speed techniques (all off = the seeds' plain baseline loop) --------------------------
+    precision: str = "fp32"           # "fp32" | "bf16" | "fp16": autocast dtype; fp16 adds a GradScaler
+    set_to_none: bool = False         # optimizer.zero_grad(set_to_none=True): no memset, grads freed
+    non_blocking: bool = False        # host->device copies do not block the host (CUDA only)
+    pin_memory: bool = False          # page-locked host batches, required for async copies (CUDA only)
+    num_workers: int = 0              # DataLoader worker processes
+    persistent_workers: bool = False  # keep workers alive across epochs (needs num_workers > 0)
+    prefetch_factor: int | None = None  # batches each worker loads ahead (needs num_workers > 0)
+    prefetch: bool = False            # uint8 transport + side-stream copy + normalize on the device
+    channels_last: bool = False       # NHWC memory format for model and inputs (conv nets)
+    compile: bool = False             # torch.compile the model
+    optimizer_impl: str = "default"   # "default" (torch picks) | "for-loop" | "foreach" | "fused"
+    cudnn_benchmark: bool = False     # let cuDNN autotune conv algorithms (CUDA only)
+    grad_clip: float | None = None    # clip the global grad norm to this value (after unscaling)
+    deterministic: bool = False       # torch.use_deterministic_algorithms(True), may be slower
+
+    # --- reliability ---------------------------------------------------------------------------
+    nonfinite: str = "stop"           # non-finite loss: stop with a message naming the step
+    log_every: int = 10               # steps between reads of device-side metrics (each read syncs)
+
+    def __post_init__(self) -> None:
+        validate_fields(self)
+
+    def replace(self, **changes: Any) -> "Recipe":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "recipe") -> "Recipe":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise RecipeError(f"{source}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Recipe":
+        """Read a YAML (or JSON, a YAML subset) recipe with the safe loader: no python object tags."""
+        import yaml
+
+        path = Path(path)
+        if not path.is_file():
+            raise RecipeError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise RecipeError(f"config file {path}: not valid safe YAML ({exc})") from exc
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise RecipeError(f"config file {path}: expected a mapping of recipe fields, got {type(data).__name__}")
+        return cls.from_dict(data, source=f"config file {path}")
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise RecipeError(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+
+def validate_fields(r: Recipe) -> None:
+    """Checks that need no device: types, ranges, and switches that need another switch."""
+    _choice("precision", r.precision, PRECISIONS)
+    _choice("optimizer", r.optimizer, OPTIMIZERS)
+    _choice("optimizer_impl", r.optimizer_impl, OPTIMIZER_IMPLS)
+    _choice("nonfinite", r.nonfinite, NONFINITE_POLICIES)
+    for name in ("epochs", "batch_size", "log_every"):
+        value = getattr(r, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise RecipeError(f"{name}={value!r} must be a positive integer")
+    for name in ("num_workers", "warmup_steps", "seed"):
+        value = getattr(r, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise RecipeError(f"{name}={value!r} must be a non-negative integer")
+    if not r.lr > 0:
+        raise RecipeError(f"lr={r.lr!r} must be positive")
+    if r.weight_decay < 0:
+        raise RecipeError(f"weight_decay={r.weight_decay!r} must be >= 0")
+    if r.grad_clip is not None and not r.grad_clip > 0:
+        raise RecipeError(f"grad_clip={r.grad_clip!r} must be positive (or unset)")
+    if r.num_workers == 0 and r.persistent_workers:
+        raise RecipeError("persistent_workers=True needs num_workers > 0 (there are no workers to keep)")
+    if r.prefetch_factor is not None:
+        if r.num_workers == 0:
+            raise RecipeError("prefetch_factor needs num_workers > 0 (the main process does not prefetch)")
+        if r.prefetch_factor < 1:
+            raise RecipeError(f"prefetch_factor={r.prefetch_factor!r} must be >= 1")
+    if r.non_blocking and not r.pin_memory and not r.prefetch:
+        # An async copy from pageable memory is silently synchronous on CUDA: refuse the illusion.
+        raise RecipeError("non_blocking=True needs pin_memory=True (copies from pageable memory are synchronous)")
+
+
+def validate_for_device(r: Recipe, device: torch.device) -> None:
+    """Checks that depend on where the run happens; called before any data or model is built."""
+    if r.precision == "fp16" and device.type == "cpu" and not _cpu_supports_fp16_autocast():
+        raise RecipeError("precision=fp16 is not supported by autocast on this CPU build of torch; use bf16")
+    if r.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise RecipeError(f"precision=bf16 is not supported on {torch.cuda.get_device_name(device)}; use fp16")
+    if r.precision == "fp16" and device.type == "mps" and r.optimizer_impl == "fused":
+        raise RecipeError("optimizer_impl=fused with fp16 is not supported on mps")
+    if r.optimizer_impl == "fused" and device.type not in ("cuda", "cpu", "mps", "xpu"):
+        raise RecipeError(f"optimizer_impl=fused is not available on device {device.type}")
+    if r.compile and r.deterministic and device.type == "cuda":
+        raise RecipeError("compile=True with deterministic=True is not supported on CUDA (nondeterministic Triton kernels)")
+
+
+def _cpu_supports_fp16_autocast() -> bool:
+    try:
+        with torch.autocast("cpu", dtype=torch.float16):
+            torch.ones(2, 2) @ torch.ones(2, 2)
+        return True
+    except (RuntimeError, ValueError):
+        return False
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise RecipeError(f"--device {name!r} is not a torch device ({exc})") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RecipeError(f"--device {name!r}: CUDA is not available on this machine")
+    return device
+
+
+def preset(name: str) -> Recipe:
+    """Named starting points. 'fast' turns on everything that is safe on any device."""
+    presets = {
+        "baseline": Recipe(),
+        "fast": Recipe(precision="bf16", set_to_none=True, prefetch=True, optimizer_impl="foreach"),
+    }
+    if name not in presets:
+        raise RecipeError(f"--recipe {name!r} is not a preset ({', '.join(presets)}) or an existing YAML file")
+    return presets[name]
+
+
+RECIPE_FIELDS = tuple(f.name for f in fields(Recipe))

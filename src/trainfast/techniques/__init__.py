@@ -1,0 +1,35 @@
+"""One small module per technique; each says whether it can act on the current device or model
+(`effect`), and how it is applied (`apply_*` / `build_*`). `field_effect` maps a Recipe field to the
+technique that owns it, so the ablation can tell a real measurement from a switch that does nothing here.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import compile as compile_
+from . import memory_format, prefetch, runtime, transfer
+from .base import ACTS, Effect
+
+
+def field_effect(field: str, device: torch.device, model: nn.Module) -> Effect:
+    if field in ("non_blocking", "pin_memory"):
+        return transfer.effect(device)
+    if field == "prefetch":
+        return prefetch.effect(device)
+    if field == "channels_last":
+        return memory_format.effect(model)
+    if field == "compile":
+        return compile_.effect(device)
+    if field == "cudnn_benchmark":
+        return runtime.cudnn_effect(device)
+    return ACTS
+
+
+def changes_effect(changed: dict, device: torch.device, model: nn.Module) -> Effect:
+    """A set of switched fields acts if any one of them acts; otherwise say why none does."""
+    effects = [field_effect(name, device, model) for name in changed]
+    if not effects or any(e.acts for e in effects):
+        reasons = [e.reason for e in effects if e.reason]
+        return Effect(True, "; ".join(reasons))
+    return Effect(False, "; ".join(dict.fromkeys(e.reason for e in effects)))

@@ -1,0 +1,34 @@
+"""The one interface every technique shares: can it act here, and why not.
+
+A technique that cannot act on the current device (or model) is reported as "no effect on this
+device" with the reason, never timed and presented as a gain or loss that is really noise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Effect:
+    acts: bool
+    reason: str = ""
+
+    @property
+    def label(self) -> str:
+        return "measured" if self.acts else "no-effect"
+
+
+ACTS = Effect(True)
+
+
+def cuda_only(device: torch.device, what: str) -> Effect:
+    if device.type == "cuda":
+        return ACTS
+    return Effect(False, f"{what} only acts on CUDA; on {device.type} it changes nothing")
+
+
+def has_conv(model: nn.Module) -> bool:
+    return any(isinstance(m, (nn.Conv2d, nn.Conv3d, nn.BatchNorm2d)) for m in model.modules())

@@ -1,0 +1,21 @@
+"""Process-wide switches: cudnn.benchmark (autotune conv algorithms, CUDA only) and deterministic mode."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .base import Effect, cuda_only
+
+
+def cudnn_effect(device: torch.device) -> Effect:
+    return cuda_only(device, "cudnn.benchmark")
+
+
+def apply_runtime_flags(recipe, device: torch.device) -> None:
+    torch.backends.cudnn.benchmark = bool(recipe.cudnn_benchmark) and device.type == "cuda"
+    if recipe.deterministic:
+        # cuBLAS needs a fixed workspace to be deterministic; must be set before the first cuBLAS call.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.deterministic = True
+        torch.use_deterministic_algorithms(True)

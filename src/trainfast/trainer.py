@@ -1,0 +1,149 @@
+"""Assembling a run: seeding, the documented order in which techniques are applied, and the epoch loop
+behind `trainfast.train` / `trainfast train`.
+
+Order (each step needs the one before it):
+  1. process flags (cudnn.benchmark, deterministic), seed every RNG
+  2. model to the device, then channels_last (the optimizer must see the final parameter tensors)
+  3. optimizer (for-loop/foreach/fused) and warm-up scheduler on the eager parameters
+  4. torch.compile wraps the forward last, after the memory format is fixed
+  5. precision (autocast, GradScaler) and loaders (host or on-device normalization)
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from .data.datasets import Split, normalize, stats_tensors
+from .data.loader import build_loader
+from .engine import Clipper, TrainState, evaluate, train_one_epoch
+from .measure import Meter
+from .recipe import Recipe, resolve_device, validate_for_device
+from .techniques.compile import apply_compile
+from .techniques.memory_format import apply_memory_format, memory_format
+from .techniques.optimizer import build_optimizer, build_scheduler
+from .techniques.precision import build_precision
+from .techniques.prefetch import Prefetcher
+from .techniques.runtime import apply_runtime_flags
+from .techniques.transfer import DeviceBatches
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)   # seeds CUDA generators too
+
+
+def build_prepare(split: Split, recipe: Recipe, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What happens to an input batch once it is on the device: normalization if it arrived as uint8
+    (prefetch), then the memory format."""
+    fmt = memory_format(recipe.channels_last)
+    if recipe.prefetch and split.mean is not None:
+        mean, std = stats_tensors(split.mean, split.std, device=device)
+        return lambda x: normalize(x, mean, std).contiguous(memory_format=fmt)
+    return lambda x: x.contiguous(memory_format=fmt)
+
+
+def build_batches(dataset: Dataset, split: Split, recipe: Recipe, device: torch.device, train: bool,
+                  sampler=None, rank: int = 0):
+    loader = build_loader(dataset, recipe, device, train, split, sampler=sampler, rank=rank)
+    prepare = build_prepare(split, recipe, device)
+    if recipe.prefetch:
+        return Prefetcher(loader, device, prepare)
+    return DeviceBatches(loader, device, prepare, non_blocking=recipe.non_blocking)
+
+
+def build_state(model: nn.Module, recipe: Recipe, device: torch.device) -> TrainState:
+    model = apply_memory_format(model.to(device), recipe.channels_last)
+    optimizer = build_optimizer(model.parameters(), recipe)
+    return TrainState(
+        model=model,
+        forward=apply_compile(model, recipe.compile),
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, recipe.warmup_steps),
+        precision=build_precision(recipe.precision, device),
+        clip=Clipper(recipe.grad_clip, model.parameters()),
+        recipe=recipe,
+    )
+
+
+@dataclass
+class TrainResult:
+    state: TrainState
+    history: list[dict[str, Any]] = field(default_factory=list)
+    out_dir: Path | None = None
+
+    @property
+    def model(self) -> nn.Module:
+        return self.state.model
+
+
+def as_split(train_set: Dataset | Split, val_set: Dataset | None, num_classes: int | None = None,
+             mean=None, std=None) -> Split:
+    """Accept our Split or two plain datasets. With mean/std, datasets are expected to yield uint8 images
+    (normalized by trainfast); without, they yield model-ready tensors."""
+    if isinstance(train_set, Split):
+        return train_set
+    if val_set is None:
+        raise ValueError("train(): val_set is required when train_set is a plain Dataset")
+    return Split(train_set, val_set, num_classes or 0, mean, std, 0, type(train_set).__name__)
+
+
+def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split, val_set: Dataset | None = None,
+          loss_fn: Callable | None = None, recipe: Recipe | None = None, *, device: str | torch.device = "auto",
+          mean=None, std=None, out: str | Path | None = None,
+          on_window: Callable | None = None, on_epoch: Callable | None = None) -> TrainResult:
+    """Train `model` (a module, or a factory called after seeding so its init is reproducible) with a Recipe.
+    Returns the final state and per-epoch metrics; with `out`, writes the run folder (metrics.jsonl,
+    recipe.json, model.pt)."""
+    recipe = recipe or Recipe()
+    device = device if isinstance(device, torch.device) else resolve_device(device)
+    validate_for_device(recipe, device)
+    split = as_split(train_set, val_set, mean=mean, std=std)
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    out_dir = Path(out) if out is not None else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
+
+    apply_runtime_flags(recipe, device)
+    seed_everything(recipe.seed)
+    module = model() if callable(model) and not isinstance(model, nn.Module) else model
+    state = build_state(module, recipe, device)
+    train_batches = build_batches(split.train, split, recipe, device, train=True)
+    val_batches = build_batches(split.val, split, recipe, device, train=False)
+    result = TrainResult(state, out_dir=out_dir)
+
+    for epoch in range(recipe.epochs):
+        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.step)
+        t0 = time.perf_counter()
+        stats = train_one_epoch(state, train_batches, loss_fn, meter)
+        metrics = evaluate(state.model, val_batches, loss_fn, state.precision)
+        record = {"epoch": epoch + 1, "step": state.step, "train_loss": stats.loss, "train_accuracy": stats.accuracy,
+                  "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"],
+                  "epoch_time_s": time.perf_counter() - t0, "data_wait_s": stats.data_wait_s,
+                  "lr": state.optimizer.param_groups[0]["lr"], **state.precision.metrics()}
+        result.history.append(record)
+        if out_dir is not None:
+            with open(out_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+        if on_epoch is not None:
+            on_epoch(record)
+    if out_dir is not None:
+        save_weights(state.model, out_dir / "model.pt")
+    return result
+
+
+def save_weights(model: nn.Module, path: Path) -> None:
+    """Final weights as a plain state_dict (loadable with weights_only=True), written atomically."""
+    from .checkpoint import atomic_save
+
+    atomic_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
