@@ -101,6 +101,8 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
     from .measure import Meter
     from .models import build_model
     from .techniques.runtime import apply_runtime_flags
+    from .data.badfiles import skipped_last_pass
+    from .data.loader import resolve_num_workers
     from .trainer import build_batches, build_state, seed_everything
     from .engine import evaluate, train_one_epoch
 
@@ -112,6 +114,7 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
     model = build_model(job.model, split.num_classes, split.image_size) if isinstance(job.model, str) else job.model()
     reset_peak_memory(device)
     state = build_state(model, recipe, device)
+    recipe = state.recipe = resolve_num_workers(recipe, split, device)   # "auto": measured once, recorded
     train_batches = build_batches(split.train, split, recipe, device, train=True)
     val_batches = build_batches(split.val, split, recipe, device, train=False)
 
@@ -122,7 +125,7 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
                                        torch.zeros(recipe.batch_size, dtype=torch.long, device=device))
 
     total_steps = len(train_batches) * recipe.epochs
-    windows, losses, epoch_times, data_wait, correct, seen = [], [], [], 0.0, 0, 0
+    windows, losses, epoch_times, data_wait, correct, seen, skipped = [], [], [], 0.0, 0, 0, 0
 
     def on_window(step: int, stats) -> None:
         emit({"event": "progress", "step": step, "total": total_steps, "loss": stats.losses[-1]})
@@ -137,6 +140,7 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
         data_wait += stats.data_wait_s
         correct += stats.correct
         seen += stats.samples
+        skipped += skipped_last_pass(train_batches, device)
     throughput, spread, used = steady_throughput(windows, skip_first=0)
     metrics = evaluate(state.model, val_batches, loss_fn, state.precision)
     flops_per_sample = flops_per_step / recipe.batch_size
@@ -158,6 +162,8 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
         "flops_per_sample": flops_per_sample,
         "flops_per_s": flops_per_sample * throughput,
         "precision_state": state.precision.metrics(),
+        "num_workers": recipe.num_workers,
+        "skipped_files": skipped + skipped_last_pass(val_batches, device),   # unreadable images, all epochs
     }
 
 

@@ -21,6 +21,14 @@ class DataError(ValueError):
     """Bad data input; the message names the path or spec."""
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """What a dataset returns instead of a sample it cannot read (a corrupt or truncated file): the
+    collate function drops it and the loader counts it (data/badfiles.py)."""
+    path: str
+    reason: str
+
+
 @dataclass
 class Split:
     train: Dataset
@@ -69,7 +77,10 @@ class HostNormalized(Dataset):
         return len(self.base)
 
     def __getitem__(self, index: int):
-        image, label = self.base[index]
+        item = self.base[index]
+        if isinstance(item, Skipped):
+            return item
+        image, label = item
         return normalize(image, self.mean, self.std), label
 
 
