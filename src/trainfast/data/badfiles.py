@@ -77,18 +77,18 @@ class BadFileTally:
     def record(self, batch: Batch) -> None:
         bad = dict(batch.skipped)
         for position in range(batch.size):
-            if position in bad:
-                self.consecutive += 1
-                self.recent.append(bad[position])
-                log.warning("skipped unreadable image %s (%s)", bad[position].path, bad[position].reason)
-            else:
+            self.seen += 1
+            self.pass_seen += 1
+            if position not in bad:
                 self.consecutive = 0
-        self.seen += batch.size
-        self.pass_seen += batch.size
-        self.skipped += len(bad)
-        self.pass_skipped += len(bad)
-        if self.consecutive >= self.max_consecutive:
-            self.fail(f"{self.consecutive} unreadable images in a row")
+                continue
+            self.consecutive += 1
+            self.skipped += 1
+            self.pass_skipped += 1
+            self.recent.append(bad[position])
+            log.warning("skipped unreadable image %s (%s)", bad[position].path, bad[position].reason)
+            if self.consecutive >= self.max_consecutive:
+                self.fail(f"{self.consecutive} unreadable images in a row")
         if self.seen >= MIN_SAMPLES:
             self.check_fraction()
 

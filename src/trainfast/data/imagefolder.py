@@ -18,6 +18,7 @@ before any training starts; a file that fails to decode during training is skipp
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -105,6 +106,11 @@ class ValCrop:
         return TF.center_crop(image, self.size)
 
 
+def describe_error(exc: Exception) -> str:
+    """The decoder's message without torchvision's C++ source location ("decode_jpeg, .../x.cpp:171, ")."""
+    return re.sub(r"\S+\.cpp:\d+,?\s*", "", str(exc)).strip()[:160]
+
+
 def build_transform(image_size: int, train: bool):
     """uint8 in, uint8 out: the crop picks and resamples pixels, it never converts them to float."""
     return TrainCrop(image_size) if train else ValCrop(image_size)
@@ -127,7 +133,7 @@ class ImageFiles(Dataset):
         try:
             image = decode_file(path)
         except (RuntimeError, OSError, ValueError) as exc:    # torchvision: RuntimeError; PIL: OSError/ValueError
-            return Skipped(str(path), f"{type(exc).__name__}: {str(exc).strip()[:120]}")
+            return Skipped(str(path), f"{type(exc).__name__}: {describe_error(exc)}")
         return self.transform(image), label
 
 
