@@ -338,3 +338,51 @@ def test_bench_data_runs_both_pipelines_and_refuses_other_data(tmp_path):
     assert all(r.median > 0 and len(r.rates) == 1 for r in results.values())
     assert any("ratio" in line for line in lines)
     assert main(["bench-data", "--data", "digits"]) == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# recycled CPU buffers for on-device normalization
+
+
+def test_host_buffers_are_reused_only_when_nothing_holds_them():
+    from trainfast.techniques.prefetch import HostBuffers
+
+    pool = HostBuffers(CPU)
+    first = pool.take((2, 3))
+    second = pool.take((2, 3))
+    assert second is not first                       # `first` is still held by a name
+    del first
+    again = pool.take((2, 3))
+    assert again is pool.buffers[0]                  # released: recycled
+    view = again[0]
+    del again
+    assert pool.take((2, 3)) is not pool.buffers[0]  # a view keeps it alive
+    del view
+    weight = torch.randn(3, 2, requires_grad=True)
+    saved = pool.take((2, 3)).fill_(1.0)
+    loss = (saved @ weight).sum()                    # autograd saves `saved` for backward
+    del saved
+    assert pool.take((2, 3)) is not pool.buffers[0]
+    loss.backward()
+    assert pool.take((2, 3)) is pool.buffers[0]
+    assert HostBuffers(torch.device("cuda")).take((2, 3)) is None   # CUDA: the caching allocator's job
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_prefetcher_side_stream_gives_the_cpu_batches(tmp_path):
+    make_folder(tmp_path / "photos", per_class=8)
+    split = load_imagefolder(str(tmp_path / "photos"), image_size=24)
+    recipe = Recipe(batch_size=4, prefetch=True)
+
+    def batches(device):
+        seed_everything(0)
+        built = build_batches(split.train, split, recipe, device, train=True)
+        return built, [(x.cpu(), y.cpu()) for x, y in built]
+
+    cuda_batches, on_cuda = batches(torch.device("cuda"))
+    assert cuda_batches.loader.pin_memory                    # prefetch pins: the side-stream copy is async
+    _, on_cpu = batches(CPU)
+    for (gx, gy), (cx, cy) in zip(on_cuda, on_cpu):
+        assert torch.equal(gy, cy)
+        torch.testing.assert_close(gx, cx, atol=1e-6, rtol=0)

@@ -291,7 +291,9 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
 
 def _run_in_process(ctx, job: Job, rung: Rung, log_path: Path, display) -> dict[str, Any]:
     events = ctx.Queue()
-    proc = ctx.Process(target=_rung_process, args=(job, rung.recipe, events, str(log_path)), daemon=True)
+    # Not a daemon: daemonic processes may not have children, and the rung's DataLoader workers are its
+    # children (num_workers > 0 would fail with "daemonic processes are not allowed to have children").
+    proc = ctx.Process(target=_rung_process, args=(job, rung.recipe, events, str(log_path)), daemon=False)
     t0 = time.perf_counter()
     proc.start()
     result: dict[str, Any] | None = None

@@ -32,7 +32,7 @@ from .techniques.compile import apply_compile
 from .techniques.memory_format import apply_memory_format, memory_format
 from .techniques.optimizer import build_optimizer, build_scheduler
 from .techniques.precision import build_precision
-from .techniques.prefetch import Prefetcher
+from .techniques.prefetch import HostBuffers, Prefetcher
 from .techniques.runtime import apply_runtime_flags
 from .techniques.transfer import DeviceBatches
 
@@ -49,7 +49,8 @@ def build_prepare(split: Split, recipe: Recipe, device: torch.device) -> Callabl
     fmt = memory_format(recipe.channels_last)
     if recipe.prefetch and split.mean is not None:
         mean, std = stats_tensors(split.mean, split.std, device=device)
-        return lambda x: normalize(x, mean, std).contiguous(memory_format=fmt)
+        buffers = HostBuffers(device)     # CPU: recycled output buffers; CUDA: the caching allocator's
+        return lambda x: normalize(x, mean, std, out=buffers.take(x.shape)).contiguous(memory_format=fmt)
     return lambda x: x.contiguous(memory_format=fmt)
 
 

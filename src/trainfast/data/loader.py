@@ -69,7 +69,17 @@ def make_loader(dataset: Dataset, recipe, device: torch.device, train: bool, sam
         prefetch_factor=recipe.prefetch_factor if workers else None,
         worker_init_fn=seed_worker if workers else None,
         generator=loader_generator(recipe.seed, rank),
+        multiprocessing_context=worker_context() if workers else None,
     )
+
+
+def worker_context() -> str | None:
+    # Fork where the OS has it (the DataLoader default on Linux up to Python 3.13). Processes that were
+    # themselves spawned (every ablation rung) would otherwise spawn their workers too: each re-imports
+    # torch, seconds per worker and per epoch that would land in the rung's timing.
+    import multiprocessing as mp
+
+    return "fork" if "fork" in mp.get_all_start_methods() else None
 
 
 def build_loader(dataset: Dataset, recipe, device: torch.device, train: bool, split: Split,
