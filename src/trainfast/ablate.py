@@ -244,6 +244,7 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     zero-argument factory (each rung runs in a spawned process, so lambdas cannot cross). With
     `train_set`/`val_set` the datasets are used instead of `data`."""
     from .data.datasets import Split, load_data
+    from .data.loader import resolve_num_workers
     from .models import build_model, check_model_name
     from .report import Display, environment, write_report
     from .trainer import as_split
@@ -255,6 +256,9 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
         check_model_name(model)
     # Everything the rungs need is checked here, before the first rung starts.
     split = as_split(train_set, val_set, mean=mean, std=std) if train_set is not None else load_data(data, image_size)
+    # num_workers="auto" is measured once, here: every rung then runs with the same worker count, so the
+    # differences between rungs come from their techniques, not from a noisy per-rung choice.
+    base = resolve_num_workers(base, split, dev)
     plan = plan_rungs(base, rungs, mode, amp_dtype, dev)
     probe_model = build_model(model, split.num_classes, split.image_size) if isinstance(model, str) else model()
     for rung in plan[1:]:
