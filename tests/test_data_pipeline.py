@@ -386,3 +386,25 @@ def test_cuda_prefetcher_side_stream_gives_the_cpu_batches(tmp_path):
     for (gx, gy), (cx, cy) in zip(on_cuda, on_cpu):
         assert torch.equal(gy, cy)
         torch.testing.assert_close(gx, cx, atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_ablation_prefetch_rung_reads_the_folder_and_reports_waiting_and_skips(tmp_path):
+    import json
+
+    from trainfast import ablate
+
+    root = tmp_path / "photos"
+    make_folder(root / "train", per_class=16, bad=2)
+    make_folder(root / "val", per_class=4)
+    result = ablate("resnet9", data=f"imagefolder:{root}", image_size=16, rungs=["prefetch"],
+                    recipe=Recipe(batch_size=8, num_workers=1, max_bad_fraction=0.2, log_every=2),
+                    device="cpu", out=tmp_path / "report", show=False)
+    assert [r.status for r in result.rungs] == ["done", "done"], [r.result.get("error") for r in result.rungs]
+    data = json.loads((tmp_path / "report" / "results.json").read_text())
+    for rung in data["rungs"]:
+        assert rung["skipped_files"] == 2 and rung["num_workers"] == 1
+        assert 0 <= rung["data_wait_fraction"] < 1
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "Time waiting for data" in report and "+prefetch" in report
+    assert "2 unreadable image(s) skipped" in report
