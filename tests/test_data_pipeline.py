@@ -366,6 +366,10 @@ def test_host_buffers_are_reused_only_when_nothing_holds_them():
     loss.backward()
     assert pool.take((2, 3)) is pool.buffers[0]
     assert HostBuffers(torch.device("cuda")).take((2, 3)) is None   # CUDA: the caching allocator's job
+    fresh = HostBuffers(CPU)
+    with torch.inference_mode():                     # first used by evaluate() ...
+        fresh.take((4,)).fill_(1.0)
+    fresh.take((4,)).copy_(torch.arange(4))          # ... then by training: must not be an inference tensor
 
 
 @pytest.mark.cuda

@@ -93,7 +93,8 @@ class HostBuffers:
             # Free: no Python name but the pool's list and this loop, no C++ holder (view, autograd).
             if buffer.shape == shape and sys.getrefcount(buffer) <= self.unused_refs and buffer._use_count() == 1:
                 return buffer
-        buffer = torch.empty(shape, dtype=torch.float32)
+        with torch.inference_mode(False):     # a normal tensor even when first taken inside evaluate()
+            buffer = torch.empty(shape, dtype=torch.float32)
         if len(self.buffers) < self.max_buffers:
             self.buffers.append(buffer)
         return buffer
