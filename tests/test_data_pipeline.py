@@ -412,3 +412,13 @@ def test_ablation_prefetch_rung_reads_the_folder_and_reports_waiting_and_skips(t
     report = (tmp_path / "report" / "report.md").read_text()
     assert "Time waiting for data" in report and "+prefetch" in report
     assert "2 unreadable image(s) skipped" in report
+
+
+def test_pinned_memory_only_on_cuda_and_always_with_the_prefetcher():
+    from trainfast.techniques.transfer import pin_memory_for
+
+    cuda = torch.device("cuda")                       # a device object: no GPU needed to build it
+    assert not pin_memory_for(Recipe(pin_memory=True, prefetch=True), CPU)
+    assert pin_memory_for(Recipe(prefetch=True), cuda)          # side-stream copies need pinned memory
+    assert pin_memory_for(Recipe(pin_memory=True), cuda)
+    assert not pin_memory_for(Recipe(), cuda)
