@@ -19,12 +19,12 @@ def _optional(kind):
     return parse
 
 
-def _int_or_word(text: str):
-    """For `int | str` fields (num_workers: 2 or auto): a number if it is one; Recipe validates the word."""
-    try:
-        return int(text)
-    except ValueError:
-        return text
+def _int_or_auto(text: str):
+    """For `int | str` fields (num_workers: 2 or auto). Anything else is refused by argparse as an int."""
+    return text if text == "auto" else int(text)
+
+
+_int_or_auto.__name__ = "int"      # argparse's message: "invalid int value: 'two'"
 
 
 def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +40,7 @@ def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
             inner = next(a for a in args if a is not type(None))
             group.add_argument(flag, dest=f.name, type=_optional(inner), default=None, metavar=inner.__name__.upper())
         elif set(args) == {int, str}:  # int | str, e.g. num_workers: 2 or auto
-            group.add_argument(flag, dest=f.name, type=_int_or_word, default=None, metavar="INT|auto")
+            group.add_argument(flag, dest=f.name, type=_int_or_auto, default=None, metavar="INT|auto")
         else:
             group.add_argument(flag, dest=f.name, type=hint, default=None, metavar=hint.__name__.upper())
 
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     bd = sub.add_parser("bench-data", help="images/s of the input pipeline alone, beside torchvision's default")
     bd.add_argument("--data", required=True, help="imagefolder:PATH")
     bd.add_argument("--batch-size", type=int, default=64)
-    bd.add_argument("--num-workers", type=_int_or_word, default=2, metavar="INT|auto")
+    bd.add_argument("--num-workers", type=_int_or_auto, default=2, metavar="INT|auto")
     bd.add_argument("--image-size", type=int, default=224)
     bd.add_argument("--passes", type=int, default=5, help="timed passes over the folder per pipeline")
     bd.add_argument("--device", default="auto")

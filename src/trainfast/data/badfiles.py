@@ -69,7 +69,6 @@ class BadFileTally:
     seen: int = 0
     skipped: int = 0
     consecutive: int = 0
-    pass_seen: int = 0
     pass_skipped: int = 0
     last_pass_skipped: int = 0
     recent: deque = field(default_factory=lambda: deque(maxlen=5))
@@ -78,7 +77,6 @@ class BadFileTally:
         bad = dict(batch.skipped)
         for position in range(batch.size):
             self.seen += 1
-            self.pass_seen += 1
             if position not in bad:
                 self.consecutive = 0
                 continue
@@ -93,7 +91,7 @@ class BadFileTally:
             self.check_fraction()
 
     def end_pass(self) -> None:
-        self.last_pass_skipped, self.pass_seen, self.pass_skipped = self.pass_skipped, 0, 0
+        self.last_pass_skipped, self.pass_skipped = self.pass_skipped, 0
         self.check_fraction()
 
     def check_fraction(self) -> None:
