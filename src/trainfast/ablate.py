@@ -102,6 +102,8 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
     from .measure import Meter
     from .models import build_model
     from .techniques.runtime import apply_runtime_flags
+    from .data.badfiles import skipped_last_pass
+    from .data.loader import resolve_num_workers
     from .trainer import build_batches, build_state, seed_everything
     from .engine import evaluate, train_one_epoch
 
@@ -113,6 +115,7 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
     model = build_model(job.model, split.num_classes, split.image_size) if isinstance(job.model, str) else job.model()
     reset_peak_memory(device)
     state = build_state(model, recipe, device)
+    recipe = state.recipe = resolve_num_workers(recipe, split, device)   # "auto": measured once, recorded
     train_batches = build_batches(split.train, split, recipe, device, train=True)
     val_batches = build_batches(split.val, split, recipe, device, train=False)
 
@@ -123,7 +126,7 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
                                        torch.zeros(recipe.batch_size, dtype=torch.long, device=device))
 
     total_steps = len(train_batches) * recipe.epochs
-    windows, losses, epoch_times, data_wait, correct, seen = [], [], [], 0.0, 0, 0
+    windows, losses, epoch_times, data_wait, correct, seen, skipped = [], [], [], 0.0, 0, 0, 0
 
     def on_window(step: int, stats) -> None:
         emit({"event": "progress", "step": step, "total": total_steps, "loss": stats.losses[-1]})
@@ -138,6 +141,7 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
         data_wait += stats.data_wait_s
         correct += stats.correct
         seen += stats.samples
+        skipped += skipped_last_pass(train_batches, device)
     throughput, spread, used = steady_throughput(windows, skip_first=0)
     metrics = evaluate(state.model, val_batches, loss_fn, state.precision)
     flops_per_sample = flops_per_step / recipe.batch_size
@@ -159,6 +163,8 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
         "flops_per_sample": flops_per_sample,
         "flops_per_s": flops_per_sample * throughput,
         "precision_state": state.precision.metrics(),
+        "num_workers": recipe.num_workers,
+        "skipped_files": skipped + skipped_last_pass(val_batches, device),   # unreadable images, all epochs
     }
 
 
@@ -253,6 +259,7 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     `train_set`/`val_set` the datasets are used instead of `data`. The baseline is trained with
     `noise_seeds` seeds in all, so the accuracy band includes seed-to-seed training noise."""
     from .data.datasets import Split, load_data
+    from .data.loader import resolve_num_workers
     from .models import build_model, check_model_name
     from .report import Display, environment, write_report
     from .trainer import as_split
@@ -266,6 +273,9 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
         check_model_name(model)
     # Everything the rungs need is checked here, before the first rung starts.
     split = as_split(train_set, val_set, mean=mean, std=std) if train_set is not None else load_data(data, image_size)
+    # num_workers="auto" is measured once, here: every rung then runs with the same worker count, so the
+    # differences between rungs come from their techniques, not from a noisy per-rung choice.
+    base = resolve_num_workers(base, split, dev)
     plan = plan_rungs(base, rungs, mode, amp_dtype, dev)
     probe_model = build_model(model, split.num_classes, split.image_size) if isinstance(model, str) else model()
     for rung in plan[1:]:
@@ -323,7 +333,9 @@ def _run_seed_repeats(ctx, job: Job, baseline: Rung, repeats: int, out_dir: Path
 
 def _run_in_process(ctx, job: Job, rung: Rung, log_path: Path, display) -> dict[str, Any]:
     events = ctx.Queue()
-    proc = ctx.Process(target=_rung_process, args=(job, rung.recipe, events, str(log_path)), daemon=True)
+    # Not a daemon: daemonic processes may not have children, and the rung's DataLoader workers are its
+    # children (num_workers > 0 would fail with "daemonic processes are not allowed to have children").
+    proc = ctx.Process(target=_rung_process, args=(job, rung.recipe, events, str(log_path)), daemon=False)
     t0 = time.perf_counter()
     proc.start()
     result: dict[str, Any] | None = None

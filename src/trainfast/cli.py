@@ -19,6 +19,14 @@ def _optional(kind):
     return parse
 
 
+def _int_or_auto(text: str):
+    """For `int | str` fields (num_workers: 2 or auto). Anything else is refused by argparse as an int."""
+    return text if text == "auto" else int(text)
+
+
+_int_or_auto.__name__ = "int"      # argparse's message: "invalid int value: 'two'"
+
+
 def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("recipe (one flag per Recipe field; default: the field's default)")
     hints = typing.get_type_hints(Recipe)
@@ -31,6 +39,8 @@ def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
         elif type(None) in args:      # Optional[int] / Optional[float]
             inner = next(a for a in args if a is not type(None))
             group.add_argument(flag, dest=f.name, type=_optional(inner), default=None, metavar=inner.__name__.upper())
+        elif set(args) == {int, str}:  # int | str, e.g. num_workers: 2 or auto
+            group.add_argument(flag, dest=f.name, type=_int_or_auto, default=None, metavar="INT|auto")
         else:
             group.add_argument(flag, dest=f.name, type=hint, default=None, metavar=hint.__name__.upper())
 
@@ -79,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train with a recipe and write a run folder")
     add_common(tr)
     tr.add_argument("--out", default=None, help="run folder (default: runs/train-<timestamp>)")
+
+    bd = sub.add_parser("bench-data", help="images/s of the input pipeline alone, beside torchvision's default")
+    bd.add_argument("--data", required=True, help="imagefolder:PATH")
+    bd.add_argument("--batch-size", type=int, default=64)
+    bd.add_argument("--num-workers", type=_int_or_auto, default=2, metavar="INT|auto")
+    bd.add_argument("--image-size", type=int, default=224)
+    bd.add_argument("--passes", type=int, default=5, help="timed passes over the folder per pipeline")
+    bd.add_argument("--device", default="auto")
     return parser
 
 
@@ -86,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)     # unknown flags and bad types exit here, before any work
     try:
+        if args.command == "bench-data":
+            from .bench_data import bench_data
+
+            bench_data(args.data, args.batch_size, args.num_workers, args.image_size, args.passes, args.device)
+            return 0
         recipe = recipe_from_args(args)
         if args.command == "ablate":
             return _ablate(args, recipe)

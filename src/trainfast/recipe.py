@@ -38,7 +38,7 @@ class Recipe:
     set_to_none: bool = False         # optimizer.zero_grad(set_to_none=True): no memset, grads freed
     non_blocking: bool = False        # host->device copies do not block the host (CUDA only)
     pin_memory: bool = False          # page-locked host batches, required for async copies (CUDA only)
-    num_workers: int = 0              # DataLoader worker processes
+    num_workers: int | str = 0        # DataLoader worker processes, or "auto": the fastest of a short measurement
     persistent_workers: bool = False  # keep workers alive across epochs (needs num_workers > 0)
     prefetch_factor: int | None = None  # batches each worker loads ahead (needs num_workers > 0)
     prefetch: bool = False            # uint8 transport + side-stream copy + normalize on the device
@@ -52,6 +52,7 @@ class Recipe:
     # --- reliability ---------------------------------------------------------------------------
     nonfinite: str = "stop"           # non-finite loss: stop with a message naming the step
     log_every: int = 10               # steps between reads of device-side metrics (each read syncs)
+    max_bad_fraction: float = 0.01    # unreadable images are skipped and counted; stop above this fraction
 
     def __post_init__(self) -> None:
         validate_fields(self)
@@ -104,7 +105,10 @@ def validate_fields(r: Recipe) -> None:
         value = getattr(r, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise RecipeError(f"{name}={value!r} must be a positive integer")
-    for name in ("num_workers", "warmup_steps", "seed"):
+    w = r.num_workers
+    if w != "auto" and (not isinstance(w, int) or isinstance(w, bool) or w < 0):
+        raise RecipeError(f"num_workers={w!r} must be a non-negative integer or 'auto'")
+    for name in ("warmup_steps", "seed"):
         value = getattr(r, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise RecipeError(f"{name}={value!r} must be a non-negative integer")
@@ -114,6 +118,8 @@ def validate_fields(r: Recipe) -> None:
         raise RecipeError(f"weight_decay={r.weight_decay!r} must be >= 0")
     if r.grad_clip is not None and not r.grad_clip > 0:
         raise RecipeError(f"grad_clip={r.grad_clip!r} must be positive (or unset)")
+    if not isinstance(r.max_bad_fraction, (int, float)) or not 0 <= r.max_bad_fraction < 1:
+        raise RecipeError(f"max_bad_fraction={r.max_bad_fraction!r} must be in [0, 1)")
     if r.num_workers == 0 and r.persistent_workers:
         raise RecipeError("persistent_workers=True needs num_workers > 0 (there are no workers to keep)")
     if r.prefetch_factor is not None:

@@ -241,6 +241,7 @@ def write_report(result: "AblationResult") -> None:
         f"git {env['git_sha'] or 'n/a'}). CPU flags: {', '.join(env['cpu_flags']) or 'none of note'}.", "",
         "Matmul ceiling: " + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in result.ceilings.items()) + ".", "",
         _markdown_table(HEADERS, table_rows(result.rungs)), "",
+        data_wait_line(result.rungs), "",
         "How to read it: samples/s is the median over timing windows after the first window of each epoch "
         "(compile, allocator and worker warm-up), ± half the interquartile range. Epoch time includes that "
         "warm-up. Speed-up and memory are relative to the baseline. Peak memory is the CUDA allocator peak on "
@@ -257,6 +258,9 @@ def write_report(result: "AblationResult") -> None:
         if r.status == "done" and r.result.get("data_wait_fraction", 0) > 0.2:
             notes.append(f"- **{rung_label(r)}**: input-bound — {100 * r.result['data_wait_fraction']:.0f}% of the "
                          "epoch was spent waiting for data")
+        if r.status == "done" and r.result.get("skipped_files"):
+            notes.append(f"- **{rung_label(r)}**: {r.result['skipped_files']} unreadable image(s) skipped "
+                         "(paths in the rung's log)")
         state = r.result.get("precision_state") or {}
         if "loss_scale" in state:
             notes.append(f"- **{rung_label(r)}**: GradScaler final scale {state['loss_scale']:g}, "
@@ -267,6 +271,15 @@ def write_report(result: "AblationResult") -> None:
               "the baseline's noise band.", "", "```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
     lines += ["## Charts", ""] + [f"![{c.stem}]({c.name})" for c in charts] + [""]
     (out / "report.md").write_text("\n".join(lines))
+
+
+def data_wait_line(rungs: list["Rung"]) -> str:
+    """Input-bound or not, for every measured rung: the share of the epoch the loop spent waiting for
+    the next batch (the rest is computing). Above 20%, faster input would speed the run up."""
+    parts = [f"{rung_label(r)} {100 * r.result['data_wait_fraction']:.0f}%"
+             + (" (input-bound)" if r.result["data_wait_fraction"] > 0.2 else "")
+             for r in rungs if r.status == "done" and "data_wait_fraction" in r.result]
+    return "Time waiting for data (share of epoch time; the rest is computing): " + (", ".join(parts) or "—") + "."
 
 
 def accuracy_note(result: "AblationResult") -> str:

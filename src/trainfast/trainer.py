@@ -23,7 +23,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .data.datasets import Split, normalize, stats_tensors
-from .data.loader import build_loader
+from .data.badfiles import skipped_last_pass
+from .data.loader import build_loader, resolve_num_workers
 from .engine import Clipper, TrainState, evaluate, train_one_epoch
 from .measure import Meter
 from .recipe import Recipe, resolve_device, validate_for_device
@@ -31,7 +32,7 @@ from .techniques.compile import apply_compile
 from .techniques.memory_format import apply_memory_format, memory_format
 from .techniques.optimizer import build_optimizer, build_scheduler
 from .techniques.precision import build_precision
-from .techniques.prefetch import Prefetcher
+from .techniques.prefetch import HostBuffers, Prefetcher
 from .techniques.runtime import apply_runtime_flags
 from .techniques.transfer import DeviceBatches
 
@@ -48,7 +49,8 @@ def build_prepare(split: Split, recipe: Recipe, device: torch.device) -> Callabl
     fmt = memory_format(recipe.channels_last)
     if recipe.prefetch and split.mean is not None:
         mean, std = stats_tensors(split.mean, split.std, device=device)
-        return lambda x: normalize(x, mean, std).contiguous(memory_format=fmt)
+        buffers = HostBuffers(device)     # CPU: recycled output buffers; CUDA: the caching allocator's
+        return lambda x: normalize(x, mean, std, out=buffers.take(x.shape)).contiguous(memory_format=fmt)
     return lambda x: x.contiguous(memory_format=fmt)
 
 
@@ -118,6 +120,7 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
     seed_everything(recipe.seed)
     module = model() if callable(model) and not isinstance(model, nn.Module) else model
     state = build_state(module, recipe, device)
+    recipe = state.recipe = resolve_num_workers(recipe, split, device)   # "auto": measured once, recorded
     train_batches = build_batches(split.train, split, recipe, device, train=True)
     val_batches = build_batches(split.val, split, recipe, device, train=False)
     result = TrainResult(state, out_dir=out_dir)
@@ -131,7 +134,9 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
                   "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"],
                   "epoch_time_s": time.perf_counter() - t0, "data_wait_s": stats.data_wait_s,
                   "lr": state.optimizer.param_groups[0]["lr"], "train_losses": stats.losses,
-                  **state.precision.metrics()}
+                  **state.precision.metrics(), "num_workers": recipe.num_workers,
+                  "skipped_files": skipped_last_pass(train_batches, device),        # unreadable images,
+                  "val_skipped_files": skipped_last_pass(val_batches, device)}      # all workers and ranks
         result.history.append(record)
         if out_dir is not None:
             with open(out_dir / "metrics.jsonl", "a") as f:

@@ -21,6 +21,14 @@ class DataError(ValueError):
     """Bad data input; the message names the path or spec."""
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """What a dataset returns instead of a sample it cannot read (a corrupt or truncated file): the
+    collate function drops it and the loader counts it (data/badfiles.py)."""
+    path: str
+    reason: str
+
+
 @dataclass
 class Split:
     train: Dataset
@@ -48,9 +56,13 @@ class TensorImages(Dataset):
         return self.images[index], int(self.labels[index])
 
 
-def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """uint8 -> float32 in [0, 1] -> (x - mean) / std. The single definition both paths use."""
-    return images.float().div_(255.0).sub_(mean).div_(std)
+def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 -> float32 (x / 255 - mean) / std, the single definition both paths use, computed as
+    x * (1 / (255 std)) - mean / std: two passes over the batch instead of four (within 5e-7 of the
+    four-op form). `out`: a float32 buffer of the same shape to write into (a recycled one skips the
+    page faults of a fresh allocation, see techniques/prefetch.HostBuffers)."""
+    out = images.float() if out is None else out.copy_(images)
+    return torch.addcmul(-mean / std, out, 1.0 / (255.0 * std), out=out)
 
 
 def stats_tensors(mean, std, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,7 +81,10 @@ class HostNormalized(Dataset):
         return len(self.base)
 
     def __getitem__(self, index: int):
-        image, label = self.base[index]
+        item = self.base[index]
+        if isinstance(item, Skipped):
+            return item
+        image, label = item
         return normalize(image, self.mean, self.std), label
 
 

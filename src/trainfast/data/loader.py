@@ -1,37 +1,59 @@
-"""Loader building and seeding. Every (rank, worker) pair gets its own RNG stream that changes every
-epoch and repeats across runs with the same seed; python, numpy and torch are all seeded."""
+"""Loader building and seeding.
+
+Seeding: every (rank, worker) pair gets its own RNG stream that changes every epoch and repeats across
+runs with the same seed. The loader's generator is seeded with (seed, rank); at the start of every epoch
+(every new iterator) the DataLoader draws a fresh base_seed from it and seeds worker w with base_seed + w
+(torch, python `random`, numpy). With persistent workers the workers are not re-seeded: their streams
+simply continue into the next epoch, which is just as different and just as repeatable.
+
+`num_workers="auto"`: a short measurement (a few batches at each candidate worker count, a few seconds in
+all) instead of a rule of thumb; see `choose_num_workers`.
+"""
 from __future__ import annotations
 
+import logging
+import os
 import random
+import time
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 
 from ..techniques.transfer import pin_memory_for
+from .badfiles import BadFileTally, GuardedLoader, collate_skipping
 from .datasets import HostNormalized, Split
+
+log = logging.getLogger("trainfast.data")
+
+AUTO_MAX_WORKERS = 8        # candidates: 0, 1, 2, 4, 8, capped at the CPUs this process may use
+AUTO_TIMED_BATCHES = 4      # timed per candidate, after each worker has delivered its first batch
+AUTO_BUDGET_S = 20.0        # stop trying larger counts once the measurement has taken this long
+AUTO_MIN_GAIN = 1.10        # more workers must be >= 10% faster to win: each costs memory and a core
 
 
 def seed_worker(worker_id: int) -> None:
-    # torch already seeds each worker with base_seed + worker_id, where base_seed is drawn from the
-    # loader's generator every epoch (so it differs per epoch and per rank via the generator's seed).
-    # Python's and numpy's RNGs are not seeded by torch: derive them from the same value.
-    seed = torch.initial_seed() % 2**32
+    # torch seeds each worker's torch and python RNGs with base_seed + worker_id and numpy from
+    # (base_seed, worker_id). Re-seed python and numpy here from the full 64-bit torch seed, explicitly,
+    # so the guarantee does not rest on DataLoader internals.
+    seed = torch.initial_seed()
     random.seed(seed)
-    np.random.seed(seed)
+    np.random.seed(np.random.SeedSequence(seed).generate_state(4))
 
 
 def loader_generator(seed: int, rank: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed + 1_000_003 * rank)
 
 
-def build_loader(dataset: Dataset, recipe, device: torch.device, train: bool, split: Split,
-                 sampler: Sampler | None = None, rank: int = 0) -> DataLoader:
+def loader_dataset(dataset: Dataset, recipe, split: Split) -> Dataset:
     """The plain path normalizes on the host, per sample (torchvision's default); with `prefetch` the
     dataset's uint8 images travel as they are and the prefetcher normalizes on the device."""
-    if not recipe.prefetch:
-        dataset = HostNormalized(dataset, split.mean, split.std)
-    workers = recipe.num_workers
+    return dataset if recipe.prefetch else HostNormalized(dataset, split.mean, split.std)
+
+
+def make_loader(dataset: Dataset, recipe, device: torch.device, train: bool, sampler: Sampler | None = None,
+                rank: int = 0, workers: int | None = None) -> DataLoader:
+    workers = recipe.num_workers if workers is None else workers
     return DataLoader(
         dataset,
         batch_size=recipe.batch_size,
@@ -41,9 +63,96 @@ def build_loader(dataset: Dataset, recipe, device: torch.device, train: bool, sp
         # recompile or re-tune for a one-off shape. Evaluation sees every sample.
         drop_last=train,
         num_workers=workers,
+        collate_fn=collate_skipping,
         pin_memory=pin_memory_for(recipe, device),
-        persistent_workers=recipe.persistent_workers if workers else False,
+        persistent_workers=bool(recipe.persistent_workers) and workers > 0,
         prefetch_factor=recipe.prefetch_factor if workers else None,
         worker_init_fn=seed_worker if workers else None,
         generator=loader_generator(recipe.seed, rank),
+        multiprocessing_context=worker_context() if workers else None,
     )
+
+
+def worker_context() -> str | None:
+    # Fork where the OS has it (the DataLoader default on Linux up to Python 3.13). Processes that were
+    # themselves spawned (every ablation rung) would otherwise spawn their workers too: each re-imports
+    # torch, seconds per worker and per epoch that would land in the rung's timing.
+    import multiprocessing as mp
+
+    return "fork" if "fork" in mp.get_all_start_methods() else None
+
+
+def build_loader(dataset: Dataset, recipe, device: torch.device, train: bool, split: Split,
+                 sampler: Sampler | None = None, rank: int = 0) -> GuardedLoader:
+    """A DataLoader wrapped in the unreadable-file guard (badfiles.py); yields (inputs, targets)."""
+    dataset = loader_dataset(dataset, recipe, split)
+    workers = recipe.num_workers
+    if workers == "auto":
+        workers = choose_num_workers(dataset, recipe, device)
+    loader = make_loader(dataset, recipe, device, train, sampler, rank, workers)
+    return GuardedLoader(loader, BadFileTally(recipe.max_bad_fraction))
+
+
+def resolve_num_workers(recipe, split: Split, device: torch.device):
+    """The recipe with num_workers="auto" replaced by the measured choice (once per run, so the train and
+    val loaders share it and the recorded recipe says what ran). Unchanged if num_workers is a number."""
+    if recipe.num_workers != "auto":
+        return recipe
+    workers = choose_num_workers(loader_dataset(split.train, recipe, split), recipe, device)
+    if workers == 0:
+        return recipe.replace(num_workers=0, persistent_workers=False, prefetch_factor=None)
+    return recipe.replace(num_workers=workers)
+
+
+def worker_candidates() -> list[int]:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return [0] + [n for n in (1, 2, 4, 8) if n <= min(cpus, AUTO_MAX_WORKERS)]
+
+
+def time_loader(loader: DataLoader, skip: int, timed: int) -> float:
+    """Samples/s over `timed` batches after the first `skip` (worker start-up, the first batch of each
+    worker arriving together)."""
+    iterator = iter(loader)
+    try:
+        for _ in range(skip):
+            next(iterator)
+        t0, samples = time.perf_counter(), 0
+        for _ in range(timed):
+            batch = next(iterator)
+            samples += batch.size if hasattr(batch, "size") else len(batch[1])
+        return samples / max(1e-9, time.perf_counter() - t0)
+    finally:
+        del iterator     # shuts the candidate's workers down
+
+
+def choose_num_workers(dataset: Dataset, recipe, device: torch.device, candidates: list[int] | None = None,
+                       budget_s: float = AUTO_BUDGET_S) -> int:
+    """Time a few batches of this dataset (same batch size, transforms and normalization as the run) at
+    each candidate worker count and return the fastest; a larger count must win by AUTO_MIN_GAIN.
+    Costs a few seconds: (n + 1 + AUTO_TIMED_BATCHES) batches per candidate n, larger counts skipped once
+    `budget_s` has passed. The RNGs of this process are restored afterwards, so the run that follows
+    draws exactly what it would have drawn with the number written out.
+    It times the loader alone: during training the step competes with the workers for the CPU, so on a
+    machine with few cores the best count for training can be lower than the one measured here."""
+    candidates = candidates or worker_candidates()
+    started = time.perf_counter()
+    rates: dict[int, float] = {}
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        for n in candidates:
+            needed = (n + 1 + AUTO_TIMED_BATCHES) * recipe.batch_size
+            sampler = RandomSampler(dataset, replacement=True, num_samples=needed,
+                                    generator=torch.Generator().manual_seed(recipe.seed))
+            probe = recipe.replace(num_workers=n, persistent_workers=False, prefetch_factor=None)
+            rates[n] = time_loader(make_loader(dataset, probe, device, True, sampler), n + 1, AUTO_TIMED_BATCHES)
+            if time.perf_counter() - started > budget_s:
+                break
+    random.setstate(python_state)
+    np.random.set_state(numpy_state)
+    best = candidates[0]
+    for n, rate in rates.items():
+        if rate >= AUTO_MIN_GAIN * rates[best]:
+            best = n
+    log.info("num_workers=auto: %s samples/s -> %d workers",
+             ", ".join(f"{n}: {r:,.0f}" for n, r in rates.items()), best)
+    return best

@@ -17,7 +17,8 @@ def effect(device: torch.device) -> Effect:
 
 def pin_memory_for(recipe, device: torch.device) -> bool:
     # Pinning on a CPU-only run allocates page-locked memory for nothing (and warns): pin only where it acts.
-    return bool(recipe.pin_memory) and device.type == "cuda"
+    # The prefetcher's side-stream copy is only asynchronous from pinned memory, so it implies pinning.
+    return bool(recipe.pin_memory or recipe.prefetch) and device.type == "cuda"
 
 
 class DeviceBatches:

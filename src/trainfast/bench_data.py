@@ -1,0 +1,117 @@
+"""`trainfast bench-data --data imagefolder:PATH`: images/s of the input pipeline alone, ours beside
+torchvision's default, in the same run.
+
+- trainfast: bytes -> libjpeg-turbo decode -> uint8 RandomResizedCrop + flip in the workers -> uint8
+  collate -> the prefetcher (copy to the device, float conversion + normalization there). Built with the
+  same `build_batches` the training run uses: what is measured is what trains.
+- torchvision default: `datasets.ImageFolder` (PIL decode) -> RandomResizedCrop -> RandomHorizontalFlip
+  -> ToTensor -> Normalize in the workers, float32 through collate, then copied to the device.
+
+Both read the same files with the same batch size, worker count and crop size. Each pipeline keeps its
+workers alive (persistent_workers) and the two alternate pass by pass, so load from other processes
+hits both alike; the first pass of each (worker start-up) is not counted. The result is the median
+images/s over the timed passes, with the spread, and the ratio.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+
+@dataclass
+class BenchResult:
+    name: str
+    rates: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rates)
+
+    @property
+    def spread(self) -> float:
+        return (max(self.rates) - min(self.rates)) / 2 if len(self.rates) > 1 else 0.0
+
+
+def time_pass(batches: Iterable, device: torch.device) -> float:
+    """Images/s of one full pass; the inputs are touched on the device so the last copy is counted."""
+    from .measure import synchronize
+
+    t0, images = time.perf_counter(), 0
+    for inputs, _ in batches:
+        images += inputs.shape[0]
+    synchronize(device)
+    return images / (time.perf_counter() - t0)
+
+
+def folder_split(root: Path, image_size: int):
+    """Every image of the folder, with the training transforms (the benchmark reads, it does not score)."""
+    from .data.datasets import Split
+    from .data.imagefolder import ImageFiles, scan_folder
+
+    samples, classes = scan_folder(root)
+    dataset = ImageFiles(samples, image_size, train=True)
+    return Split(dataset, dataset, len(classes), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), image_size, str(root))
+
+
+class ToDevice:
+    def __init__(self, loader: Iterable, device: torch.device) -> None:
+        self.loader, self.device = loader, device
+
+    def __iter__(self):
+        for inputs, targets in self.loader:
+            yield inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+
+
+def build_torchvision_pipeline(root: Path, recipe, device: torch.device, image_size: int) -> ToDevice:
+    from torch.utils.data import DataLoader
+    from torchvision import datasets, transforms as T
+
+    transform = T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip(), T.ToTensor(),
+                           T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+    loader = DataLoader(datasets.ImageFolder(str(root), transform=transform), batch_size=recipe.batch_size,
+                        shuffle=True, drop_last=True, num_workers=recipe.num_workers,
+                        pin_memory=device.type == "cuda", persistent_workers=recipe.num_workers > 0)
+    return ToDevice(loader, device)
+
+
+def bench_data(data: str, batch_size: int = 64, num_workers: int | str = 2, image_size: int = 224,
+               passes: int = 5, device: str = "auto", print_fn=print) -> dict[str, BenchResult]:
+    from .data.datasets import DataError, parse_data_spec
+    from .data.loader import resolve_num_workers
+    from .recipe import Recipe, resolve_device
+    from .trainer import build_batches
+
+    kind, arg = parse_data_spec(data)
+    if kind != "imagefolder":
+        raise DataError(f"bench-data --data {data!r}: needs imagefolder:PATH (the pipeline decodes image files)")
+    root = Path(arg)
+    root = root / "train" if (root / "train").is_dir() and (root / "val").is_dir() else root
+    dev = resolve_device(device)
+    recipe = Recipe(batch_size=batch_size, num_workers=num_workers, prefetch=True, persistent_workers=num_workers != 0)
+    split = folder_split(root, image_size)
+    recipe = resolve_num_workers(recipe, split, dev)
+    ours = build_batches(split.train, split, recipe, dev, train=True)
+    theirs = build_torchvision_pipeline(root, recipe, dev, image_size)
+    pipelines = {"trainfast (uint8, libjpeg-turbo, normalize on device)": ours,
+                 "torchvision default (PIL, float32 in workers)": theirs,
+                 # The same loader without the prefetcher: how much of the time normalization takes on
+                 # this device (on a CPU-only run it is host work too, unlike on a GPU).
+                 "  trainfast loader alone (uint8, not normalized)": ToDevice(ours.loader, dev)}
+    results = {name: BenchResult(name, []) for name in pipelines}
+    print_fn(f"bench-data: {root} on {dev}, batch {batch_size}, {recipe.num_workers} workers, "
+             f"RandomResizedCrop({image_size}) + flip, {passes} timed passes after 1 warm-up pass each")
+    for i in range(passes + 1):
+        for name, batches in pipelines.items():
+            rate = time_pass(batches, dev)
+            if i:
+                results[name].rates.append(rate)
+    for r in results.values():
+        print_fn(f"  {r.name:<56} {r.median:8,.0f} images/s  (± {r.spread:,.0f}, median of {len(r.rates)})")
+    a, b, _ = results.values()
+    print_fn(f"  ratio trainfast / torchvision default: {a.median / b.median:.2f}x")
+    return results
