@@ -143,7 +143,28 @@ class SkipTracker:
         self.longest.fill_(int(state.get("longest_skip_run", 0)))
 
 
-class Autocast(Precision):
+class Scaled(Precision):
+    """Reporting and checkpointing shared by the levels that carry a loss scaler (`self.scaler`, GradScaler or
+    DynamicLossScaler: the same is_enabled/get_scale/state_dict API) and a SkipTracker (`self.skips`)."""
+
+    scaler: Any
+    skips: SkipTracker
+
+    def metrics(self) -> dict[str, float]:
+        if not self.scaler.is_enabled():
+            return {}
+        return {"loss_scale": float(self.scaler.get_scale()), **self.skips.metrics()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict(), **self.skips.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+        self.skips.load_state_dict(state)
+
+
+class Autocast(Scaled):
     """O1: torch.autocast in bf16 or fp16. fp16 gradients underflow without loss scaling, so fp16 carries a
     torch.amp.GradScaler: scale the loss, unscale before clipping, skip steps with inf/NaN grads."""
 
@@ -176,19 +197,6 @@ class Autocast(Precision):
         self.scaler.update()
         self.skips.record(self.scaler._scale < scale_before, self.scaler._scale)
 
-    def metrics(self) -> dict[str, float]:
-        if not self.scaler.is_enabled():
-            return {}
-        return {"loss_scale": float(self.scaler.get_scale()), **self.skips.metrics()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"scaler": self.scaler.state_dict(), **self.skips.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "scaler" in state:
-            self.scaler.load_state_dict(state["scaler"])
-        self.skips.load_state_dict(state)
-
 
 class DynamicLossScaler:
     """GradScaler's dynamics on any list of gradients, fp16 ones included: the loss is multiplied by `scale`;
@@ -202,6 +210,12 @@ class DynamicLossScaler:
         self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
         self.scale = torch.full((), init_scale if enabled else 1.0, dtype=torch.float32, device=device)
         self.growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
+
+    def is_enabled(self) -> bool:
+        return self.enabled
+
+    def get_scale(self) -> float:
+        return float(self.scale) if self.enabled else 1.0
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.scale if self.enabled else loss
@@ -247,7 +261,7 @@ def cast_floats(obj: Any, dtype: torch.dtype) -> Any:
     return obj
 
 
-class HalfWeights(Precision):
+class HalfWeights(Scaled):
     """O2 and O3 share this: the model's weights are half; inputs are cast to half on the way in and outputs
     to fp32 on the way out (Apex's patched forward, here as module hooks so training, evaluation and
     torch.compile all see it), so the loss and its scaling are computed in fp32."""
@@ -303,19 +317,6 @@ class HalfWeights(Precision):
             self._after_step()
         self.scaler.update(found_inf)
         self.skips.record(found_inf, self.scaler.scale)
-
-    def metrics(self) -> dict[str, float]:
-        if not self.scaler.enabled:
-            return {}
-        return {"loss_scale": float(self.scaler.scale), **self.skips.metrics()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"scaler": self.scaler.state_dict(), **self.skips.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "scaler" in state:
-            self.scaler.load_state_dict(state["scaler"])
-        self.skips.load_state_dict(state)
 
 
 class PureHalf(HalfWeights):
