@@ -42,18 +42,19 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--image-size", type=int, default=None, help="digits resolution (default 32)")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
 
     device = resolve_device(args.device)
-    split = load_data("digits")
+    split = load_data("digits", args.image_size)
     base = Recipe(epochs=args.epochs)
     levels = [name.strip() for name in args.levels.split(",") if name.strip()]
     recipes = {name: level_recipe(name, base) for name in levels}
     for name, recipe in recipes.items():
         validate_for_device(recipe, device)           # refuse an unsupported level before any training
     n_val = len(split.val)
-    print(f"model={args.model} data=digits (val n={n_val}) epochs={args.epochs} seeds={args.seeds} device={device}")
+    print(f"model={args.model} data=digits@{split.image_size}px (val n={n_val}) epochs={args.epochs} seeds={args.seeds} device={device}")
 
     results: dict[str, list] = {}
     for name, recipe in recipes.items():

@@ -322,3 +322,31 @@ def test_default_ladder_is_unchanged():
         "baseline", "amp", "set_to_none", "non_blocking", "prefetch", "channels_last", "compile", "fused"]
     with pytest.raises(RecipeError, match="unknown rung"):
         plan_rungs(Recipe(), ["master-fp8"], device=CPU)
+
+
+# --- accuracy on the real data (fast guard; benchmarks/precision_parity.py is the multi-seed measurement) -----
+
+@pytest.fixture(scope="module")
+def fp32_digits(digits16):
+    from conftest import tiny_resnet
+    from trainfast import train
+
+    return train(tiny_resnet, digits16, recipe=Recipe(epochs=2, batch_size=64, log_every=5), device="cpu")
+
+
+@pytest.mark.parametrize("precision,level", [("bf16", "master"), ("bf16", "pure"), ("fp16", "master")])
+def test_half_weight_levels_train_the_real_data_like_fp32(digits16, fp32_digits, precision, level):
+    from conftest import tiny_resnet
+    from test_parity import BF16_MEAN_ABS_GAP
+    from trainfast import train
+    from trainfast.ablate import accuracy_band
+
+    recipe = Recipe(epochs=2, batch_size=64, log_every=5, precision=precision, precision_level=level)
+    half = train(tiny_resnet, digits16, recipe=recipe, device="cpu")
+    curves = [[x for r in run.history for x in r["train_losses"]] for run in (fp32_digits, half)]
+    gap = sum(abs(a - b) for a, b in zip(*curves)) / len(curves[0])
+    ref, got = fp32_digits.history[-1]["val_accuracy"], half.history[-1]["val_accuracy"]
+    band = accuracy_band(ref, half.history[-1].get("val_samples", len(digits16.val)))
+    assert gap < 2 * BF16_MEAN_ABS_GAP, f"mean |loss_{level} - loss_fp32| = {gap:.4f}"
+    assert abs(got - ref) <= band, (got, ref, band)
+    assert curves[0] != curves[1]
