@@ -24,7 +24,7 @@ import torch
 from .measure import count_train_flops, measure_ceiling, peak_memory_bytes, reset_peak_memory, steady_throughput
 from .recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from .techniques import changes_effect
-from .techniques.precision import DTYPES, auto_amp_dtype
+from .techniques.precision import DTYPES, LEVEL_RUNGS, auto_amp_dtype
 
 # name -> (label, the switches it turns on). "{amp}" is replaced by the AMP dtype chosen for the device.
 LADDER: dict[str, dict[str, Any]] = {
@@ -38,6 +38,11 @@ LADDER: dict[str, dict[str, Any]] = {
     "fused": {"optimizer_impl": "fused"},
 }
 MODES = ("cumulative", "each")
+# Every rung --rungs accepts, in ladder order: the precision-level rungs (issue 3: O1/O2/O3 in bf16/fp16) sit
+# where "amp" sits and are opt-in only, so the default ladder stays LADDER. Each sets precision and
+# precision_level, so in cumulative mode it replaces the previous level. "fp32" names the baseline (O0).
+RUNGS: dict[str, dict[str, Any]] = {**dict(list(LADDER.items())[:2]), **LEVEL_RUNGS, **LADDER}
+RUNG_ALIASES = {"fp32": "baseline"}
 
 
 @dataclass
@@ -71,14 +76,15 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
     amp_dtype = auto_amp_dtype(device) if amp == "auto" else amp
     if amp_dtype not in ("bf16", "fp16"):
         raise RecipeError(f"--amp-dtype {amp!r} must be auto, bf16 or fp16")
-    names = list(LADDER) if not names else names
-    unknown = [n for n in names if n not in LADDER]
+    names = list(LADDER) if not names else [RUNG_ALIASES.get(n, n) for n in names]
+    unknown = [n for n in names if n not in RUNGS]
     if unknown:
-        raise RecipeError(f"--rungs: unknown rung(s) {', '.join(unknown)}; choose from {', '.join(LADDER)}")
-    ordered = ["baseline"] + [n for n in LADDER if n in names and n != "baseline"]
+        raise RecipeError(f"--rungs: unknown rung(s) {', '.join(unknown)}; choose from "
+                          f"{', '.join([*RUNGS, *RUNG_ALIASES])}")
+    ordered = ["baseline"] + [n for n in RUNGS if n in names and n != "baseline"]
     rungs, current = [], base
     for name in ordered:
-        changes = {k: (amp_dtype if v == "{amp}" else v) for k, v in LADDER[name].items()}
+        changes = {k: (amp_dtype if v == "{amp}" else v) for k, v in RUNGS[name].items()}
         start = current if mode == "cumulative" else base
         try:
             recipe = start.replace(**changes)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISION_LEVELS = ("autocast", "master", "pure")   # Apex's O1, O2, O3 (fp32 is O0)
 OPTIMIZERS = ("sgd", "adamw")
 OPTIMIZER_IMPLS = ("default", "for-loop", "foreach", "fused")
 NONFINITE_POLICIES = ("stop",)
@@ -48,6 +49,9 @@ class Recipe:
     cudnn_benchmark: bool = False     # let cuDNN autotune conv algorithms (CUDA only)
     grad_clip: float | None = None    # clip the global grad norm to this value (after unscaling)
     deterministic: bool = False       # torch.use_deterministic_algorithms(True), may be slower
+    # How a bf16/fp16 `precision` is applied (issue 3): "autocast" (O1: fp32 weights, autocast), "master" (O2:
+    # half weights, fp32 master copy in the optimizer, norms fp32), "pure" (O3: all half, risky). fp32 = O0.
+    precision_level: str = "autocast"
 
     # --- reliability ---------------------------------------------------------------------------
     nonfinite: str = "stop"           # non-finite loss: stop with a message naming the step
@@ -98,6 +102,9 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 def validate_fields(r: Recipe) -> None:
     """Checks that need no device: types, ranges, and switches that need another switch."""
     _choice("precision", r.precision, PRECISIONS)
+    _choice("precision_level", r.precision_level, PRECISION_LEVELS)
+    if r.precision == "fp32" and r.precision_level != "autocast":
+        raise RecipeError(f"precision_level={r.precision_level!r} needs precision=bf16 or fp16 (fp32 is O0, it has no levels)")
     _choice("optimizer", r.optimizer, OPTIMIZERS)
     _choice("optimizer_impl", r.optimizer_impl, OPTIMIZER_IMPLS)
     _choice("nonfinite", r.nonfinite, NONFINITE_POLICIES)

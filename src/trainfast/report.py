@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .techniques.precision import cpu_flags
+from .techniques.precision import cpu_flags, level_note, opt_level
 
 if TYPE_CHECKING:
     from .ablate import AblationResult, Rung
@@ -89,6 +89,8 @@ def rung_label(rung: "Rung") -> str:
         return "baseline (fp32)"
     if rung.name.startswith("baseline-seed"):
         return f"baseline (seed {rung.recipe.seed}, for the noise band)"
+    if "precision_level" in rung.changes:       # a precision-level rung: its name says the dtype already
+        return f"{rung.name} ({opt_level(rung.recipe)})"
     extra = f" ({rung.changes['precision']})" if "precision" in rung.changes else ""
     return f"+{rung.name}{extra}"
 
@@ -263,8 +265,12 @@ def write_report(result: "AblationResult") -> None:
                          "(paths in the rung's log)")
         state = r.result.get("precision_state") or {}
         if "loss_scale" in state:
-            notes.append(f"- **{rung_label(r)}**: GradScaler final scale {state['loss_scale']:g}, "
-                         f"{state['skipped_steps']} skipped step(s)")
+            notes.append(f"- **{rung_label(r)}**: loss scaler final scale {state['loss_scale']:g}, "
+                         f"{state['skipped_steps']} skipped step(s)"
+                         + (f", longest run of skips {state['longest_skip_run']}" if state.get("longest_skip_run") else ""))
+        risk = level_note(r.recipe)
+        if risk:
+            notes.append(f"- **{rung_label(r)}**: {risk}")
     if notes:
         lines += ["## Notes", "", *notes, ""]
     lines += [f"## Best combination", "", f"**{result.best_name}**: the fastest rung whose accuracy is not below "

@@ -3,10 +3,12 @@ behind `trainfast.train` / `trainfast train`.
 
 Order (each step needs the one before it):
   1. process flags (cudnn.benchmark, deterministic), seed every RNG
-  2. model to the device, then channels_last (the optimizer must see the final parameter tensors)
-  3. optimizer (for-loop/foreach/fused) and warm-up scheduler on the eager parameters
-  4. torch.compile wraps the forward last, after the memory format is fixed
-  5. precision (autocast, GradScaler) and loaders (host or on-device normalization)
+  2. model to the device, then channels_last, then the precision level's dtype (O2/O3: half weights, input and
+     output casts); the optimizer must see the final parameter tensors
+  3. optimizer (for-loop/foreach/fused) and warm-up scheduler on the precision's optimizer params (the eager
+     parameters, or O2's fp32 masters); the clipper clips the same tensors
+  4. torch.compile wraps the forward last, after the memory format and dtype are fixed
+  5. loaders (host or on-device normalization)
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from .recipe import Recipe, resolve_device, validate_for_device
 from .techniques.compile import apply_compile
 from .techniques.memory_format import apply_memory_format, memory_format
 from .techniques.optimizer import build_optimizer, build_scheduler
-from .techniques.precision import build_precision
+from .techniques.precision import Precision, build_precision
 from .techniques.prefetch import HostBuffers, Prefetcher
 from .techniques.runtime import apply_runtime_flags
 from .techniques.transfer import DeviceBatches
@@ -63,16 +65,19 @@ def build_batches(dataset: Dataset, split: Split, recipe: Recipe, device: torch.
     return DeviceBatches(loader, device, prepare, non_blocking=recipe.non_blocking)
 
 
-def build_state(model: nn.Module, recipe: Recipe, device: torch.device) -> TrainState:
-    model = apply_memory_format(model.to(device), recipe.channels_last)
-    optimizer = build_optimizer(model.parameters(), recipe)
+def build_state(model: nn.Module, recipe: Recipe, device: torch.device, precision: Precision | None = None) -> TrainState:
+    """`precision` overrides the one the recipe names (tests and benchmarks tune the loss scaler with it)."""
+    precision = precision or build_precision(recipe.precision, device, recipe.precision_level)
+    model = precision.prepare_model(apply_memory_format(model.to(device), recipe.channels_last))
+    params = precision.optimizer_params(model)
+    optimizer = build_optimizer(params, recipe)
     return TrainState(
         model=model,
         forward=apply_compile(model, recipe.compile),
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, recipe.warmup_steps),
-        precision=build_precision(recipe.precision, device),
-        clip=Clipper(recipe.grad_clip, model.parameters()),
+        precision=precision,
+        clip=Clipper(recipe.grad_clip, params),
         recipe=recipe,
     )
 
