@@ -6,10 +6,11 @@ import random
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 
 from ..techniques.transfer import pin_memory_for
 from .datasets import HostNormalized, Split
+from .sampler import ResumableBatchSampler
 
 
 def seed_worker(worker_id: int) -> None:
@@ -32,18 +33,22 @@ def build_loader(dataset: Dataset, recipe, device: torch.device, train: bool, sp
     if not recipe.prefetch:
         dataset = HostNormalized(dataset, split.mean, split.std)
     workers = recipe.num_workers
+    generator = loader_generator(recipe.seed, rank)
+    batching = {"batch_size": recipe.batch_size, "sampler": sampler, "drop_last": False}
+    if train:
+        # Training drops the last partial batch: static shapes, so compile and cudnn.benchmark never
+        # recompile or re-tune for a one-off shape. Evaluation sees every sample. RandomSampler on the
+        # loader's generator is exactly what shuffle=True builds; the wrapper makes it resumable mid-epoch.
+        order = sampler if sampler is not None else RandomSampler(dataset, generator=generator)
+        persistent = bool(workers and recipe.persistent_workers)
+        batching = {"batch_sampler": ResumableBatchSampler(order, recipe.batch_size, True, generator, persistent)}
     return DataLoader(
         dataset,
-        batch_size=recipe.batch_size,
-        shuffle=train and sampler is None,
-        sampler=sampler,
-        # Training drops the last partial batch: static shapes, so compile and cudnn.benchmark never
-        # recompile or re-tune for a one-off shape. Evaluation sees every sample.
-        drop_last=train,
+        **batching,
         num_workers=workers,
         pin_memory=pin_memory_for(recipe, device),
         persistent_workers=recipe.persistent_workers if workers else False,
         prefetch_factor=recipe.prefetch_factor if workers else None,
         worker_init_fn=seed_worker if workers else None,
-        generator=loader_generator(recipe.seed, rank),
+        generator=generator,
     )
