@@ -100,10 +100,10 @@ def _load_weights_only(f: BinaryIO, path: str | Path, map_location) -> Any:
     try:
         return torch.load(f, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        found = re.search(r"Unsupported (?:global|operand)[^\n]*", str(exc))
-        what = found.group(0).rstrip(". ") if found else str(exc).splitlines()[0]
+        found = re.search(r"GLOBAL (\S+)", str(exc))
+        what = f"it asks for the python object {found.group(1)}" if found else str(exc).splitlines()[0]
         raise UnsafeCheckpoint(
-            f"{path}: refused to load: it needs more than tensors and plain containers ({what}). trainfast loads "
+            f"{path}: refused to load: {what}, and only tensors and plain containers are allowed. trainfast loads "
             f"with torch.load(weights_only=True) only and never falls back to full unpickling, which can run "
             f"code. Inspect the file's origin; do not load it if you do not trust it.") from None
 
