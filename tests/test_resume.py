@@ -84,3 +84,40 @@ def test_sigkill_mid_epoch_then_resume_is_bit_exact(tmp_path, num_workers, seed)
     records = [(straight / "metrics.jsonl").read_text().splitlines(), (killed / "metrics.jsonl").read_text().splitlines()]
     strip = lambda r: {k: v for k, v in json.loads(r).items() if k not in ("epoch_time_s", "data_wait_s")}
     assert [strip(r) for r in records[0]] == [strip(r) for r in records[1]]
+
+
+def run_torchrun(out: Path, kill_rank: int = -1, kill_step: int = -1) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
+    out.mkdir(parents=True)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "--max-restarts", "1", str(ROOT / "tests" / "dist_child.py"), str(out), str(kill_rank),
+                           str(kill_step)], env=env, capture_output=True, text=True, timeout=400)
+
+
+@pytest.mark.slow
+def test_torchrun_restart_after_a_killed_rank_matches_uninterrupted_run(tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    done = run_torchrun(straight)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kill_step = random.Random(5).choice([7, 9, 11, 13, 15])          # mid-epoch (10 steps per epoch), not a save
+    restarted = run_torchrun(killed, kill_rank=1, kill_step=kill_step)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert (killed / "killed-once").exists()
+    assert "resumed from step-" in restarted.stderr                   # the restarted workers continued
+    a = torch.load(straight / "model.pt", weights_only=True)
+    b = torch.load(killed / "model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ca = read_checkpoint(list_checkpoints(straight / "checkpoints")[0])
+    cb = read_checkpoint(list_checkpoints(killed / "checkpoints")[0])
+    assert ca["world_size"] == cb["world_size"] == 2 and ca["step"] == cb["step"] == 20
+    for part in ("optimizer", "scheduler", "ranks"):
+        assert_tree_equal(ca[part], cb[part], part)
+    assert step_losses_file(straight / "losses-rank0.jsonl") == step_losses_file(killed / "losses-rank0.jsonl")
+
+
+def step_losses_file(path: Path) -> dict[int, float]:
+    seen: dict[int, float] = {}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        assert seen.setdefault(rec["step"], rec["loss"]) == rec["loss"]
+    return seen
