@@ -28,10 +28,10 @@ def run_child(out: Path, recipe: Recipe, kill_step: int = -1) -> subprocess.Comp
                           env=env, capture_output=True, text=True, timeout=300)
 
 
-def step_losses(out: Path) -> dict[int, float]:
+def step_losses(path: Path) -> dict[int, float]:
     """step -> loss; a step logged twice (before the kill and again after the resume) must agree."""
     seen: dict[int, float] = {}
-    for line in (out / "losses.jsonl").read_text().splitlines():
+    for line in path.read_text().splitlines():
         rec = json.loads(line)
         assert seen.setdefault(rec["step"], rec["loss"]) == rec["loss"], f"step {rec['step']} logged twice, differently"
     return seen
@@ -77,7 +77,7 @@ def test_sigkill_mid_epoch_then_resume_is_bit_exact(tmp_path, num_workers, seed)
     for part in ("model", "optimizer", "scheduler", "precision", "ranks"):
         assert_tree_equal(a[part], b[part], part)
     assert a["precision"]["scaler"]["scale"] > 0            # fp16: the GradScaler state took part
-    losses_a, losses_b = step_losses(straight), step_losses(killed)
+    losses_a, losses_b = step_losses(straight / "losses.jsonl"), step_losses(killed / "losses.jsonl")
     assert sorted(losses_a) == list(range(1, STEPS_PER_EPOCH * EPOCHS + 1))
     assert losses_a == losses_b
     # The epoch records (including the resumed epoch's mean train loss) are identical too.
@@ -112,12 +112,4 @@ def test_torchrun_restart_after_a_killed_rank_matches_uninterrupted_run(tmp_path
     assert ca["world_size"] == cb["world_size"] == 2 and ca["step"] == cb["step"] == 20
     for part in ("optimizer", "scheduler", "ranks"):
         assert_tree_equal(ca[part], cb[part], part)
-    assert step_losses_file(straight / "losses-rank0.jsonl") == step_losses_file(killed / "losses-rank0.jsonl")
-
-
-def step_losses_file(path: Path) -> dict[int, float]:
-    seen: dict[int, float] = {}
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        assert seen.setdefault(rec["step"], rec["loss"]) == rec["loss"]
-    return seen
+    assert step_losses(straight / "losses-rank0.jsonl") == step_losses(killed / "losses-rank0.jsonl")

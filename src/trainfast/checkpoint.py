@@ -36,9 +36,10 @@ FORMAT_VERSION = 1
 MAGIC = b"TRAINFAST-CKPT\x00\x01"                 # 16 bytes
 HEADER = struct.Struct("<16sIQ32s")               # magic, format version, payload bytes, sha256 of payload
 SUFFIX = ".ckpt"
-# Recipe fields that may change between a run and its resume without changing the trajectory.
+# Recipe fields that may change between a run and its resume without changing the trajectory (the
+# non-finite policy only acts on a NaN/inf: a run stopped by one may be resumed with nonfinite=skip).
 RESUMABLE_CHANGES = frozenset({"epochs", "log_every", "save_every", "keep_checkpoints", "max_consecutive_skips",
-                               "num_workers", "prefetch_factor"})
+                               "nonfinite", "num_workers", "prefetch_factor"})
 
 
 class CheckpointError(RuntimeError):
