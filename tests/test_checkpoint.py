@@ -172,6 +172,13 @@ def test_resume_falls_back_past_a_corrupt_checkpoint_and_refuses_a_changed_recip
     assert result.state.step == 40 and [r["epoch"] for r in result.history] == [1, 2]
 
 
+def test_cli_resume_needs_a_run_folder(capsys):
+    from trainfast.cli import main
+
+    assert main(["train", "--resume", "auto", "--epochs", "1"]) == 2
+    assert "--resume needs --out DIR" in capsys.readouterr().err
+
+
 def test_stop_policy_raises_and_keeps_last_good_checkpoint(tmp_path, split):
     calls = {"n": 0}
 

@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH, EPOCHS, SAVE_EVERY = 20, 2, 5
 
 
-def run_child(out: Path, recipe: Recipe, kill_step: int = -1) -> subprocess.CompletedProcess:
+def run_child(out: Path, recipe: Recipe, kill_steps: tuple[int, ...] = ()) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
     return subprocess.run([sys.executable, str(ROOT / "tests" / "resume_child.py"), str(out),
-                           json.dumps(recipe.to_dict()), str(kill_step)],
+                           json.dumps(recipe.to_dict()), ",".join(map(str, kill_steps))],
                           env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -55,21 +55,26 @@ def assert_tree_equal(a, b, where: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("num_workers,seed", [(0, 1), (2, 2)])
 def test_sigkill_mid_epoch_then_resume_is_bit_exact(tmp_path, num_workers, seed):
+    # With workers, persistent ones: their DataLoader draws its base seed once, which the data-order
+    # state must account for when a resume starts a fresh iterator.
     recipe = Recipe(epochs=EPOCHS, batch_size=16, precision="fp16", warmup_steps=7, log_every=1,
-                    save_every=SAVE_EVERY, keep_checkpoints=2, num_workers=num_workers, seed=seed)
-    # A seeded step inside an epoch, not on a checkpoint: the resume redoes the steps since the last save.
-    kill_step = random.Random(seed).choice([s for s in range(SAVE_EVERY + 1, STEPS_PER_EPOCH * EPOCHS - 1)
-                                            if s % SAVE_EVERY and s % STEPS_PER_EPOCH])
+                    save_every=SAVE_EVERY, keep_checkpoints=2, num_workers=num_workers,
+                    persistent_workers=num_workers > 0, seed=seed)
+    # Kill 1: a seeded step inside the first epoch, not on a checkpoint: the resume continues mid-epoch
+    # and redoes the steps since the last save. Kill 2: just after the epoch-end checkpoint.
+    kills = (random.Random(seed).choice([s for s in range(SAVE_EVERY + 1, STEPS_PER_EPOCH) if s % SAVE_EVERY]),
+             STEPS_PER_EPOCH + 2)
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     done = run_child(straight, recipe)
     assert done.returncode == 0, done.stderr
-    first = run_child(killed, recipe, kill_step)
-    assert first.returncode == -signal.SIGKILL, first.stderr
-    saved_before = max(int(p.stem.split("-")[1]) for p in list_checkpoints(killed / "checkpoints"))
-    assert saved_before == kill_step - kill_step % SAVE_EVERY
-    second = run_child(killed, recipe, kill_step)
-    assert second.returncode == 0, second.stderr
-    assert f"resumed from step-{saved_before:09d}.ckpt" in second.stderr
+    for kill_step in kills:
+        run = run_child(killed, recipe, kills)
+        assert run.returncode == -signal.SIGKILL, run.stderr
+        saved = max(int(p.stem.split("-")[1]) for p in list_checkpoints(killed / "checkpoints"))
+        assert saved == kill_step - kill_step % SAVE_EVERY
+    last = run_child(killed, recipe, kills)
+    assert last.returncode == 0, last.stderr
+    assert f"resumed from step-{STEPS_PER_EPOCH:09d}.ckpt (step {STEPS_PER_EPOCH}, epoch 2, batch 0" in last.stderr
 
     a = read_checkpoint(list_checkpoints(straight / "checkpoints")[0])
     b = read_checkpoint(list_checkpoints(killed / "checkpoints")[0])

@@ -309,16 +309,17 @@ class Checkpointer:
     def save(self, state, at_epoch_end: bool) -> Path | None:
         self.meter.flush()
         position = state.step - self.epoch_first_step
-        ranks = self.gather({"rng": capture_rng(), "data": self.data_order.state_dict(at_epoch_end)})
+        stats = self.meter.stats       # this rank's metrics of the epoch so far (an epoch end starts anew)
+        epoch_stats = {"losses": [] if at_epoch_end else list(stats.losses),
+                       "correct": 0 if at_epoch_end else stats.correct,
+                       "samples": 0 if at_epoch_end else stats.samples}
+        ranks = self.gather({"rng": capture_rng(), "data": self.data_order.state_dict(at_epoch_end),
+                             "epoch_stats": epoch_stats})
         if self.rank != 0:
             return None
-        stats = self.meter.stats
         payload = {
             "format": "trainfast.checkpoint", "version": FORMAT_VERSION,
             "step": state.step, "epoch": state.epoch, "position": 0 if at_epoch_end else position,
-            "epoch_stats": {"losses": [] if at_epoch_end else list(stats.losses),
-                            "correct": 0 if at_epoch_end else stats.correct,
-                            "samples": 0 if at_epoch_end else stats.samples},
             "recipe": self.recipe.to_dict(),
             "model": state.model.state_dict(),
             "optimizer": state.optimizer.state_dict(),
@@ -372,7 +373,7 @@ class Checkpointer:
         state.nonfinite.load_state_dict(payload["nonfinite"])
         state.step, state.epoch = payload["step"], payload["epoch"]
         self.data_order.load_state_dict(ranks[self.rank]["data"], skip=payload["position"])
-        self._resumed_stats = payload["epoch_stats"] if payload["position"] else None
+        self._resumed_stats = ranks[self.rank]["epoch_stats"] if payload["position"] else None
         restore_rng(ranks[self.rank]["rng"])     # last: nothing after this may draw random numbers
         self.log(f"checkpoint: resumed from {path.name} (step {state.step}, epoch {state.epoch + 1}, "
                  f"batch {payload['position']} of the epoch)")

@@ -125,9 +125,11 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
     result = TrainResult(state, out_dir=out_dir)
     checkpoints = build_checkpointer(out_dir, recipe, train_batches)
     resumed = checkpoints.start(state, resume)     # restores state, RNGs and the data position
-    if resumed is not None:
-        # A mid-epoch checkpoint's epoch record (if one was written before the process died) is redone.
-        result.history = read_history(out_dir, state.step if resumed["position"] == 0 else state.step - 1)
+    if resume is not None:
+        # Records after the checkpoint are redone (a mid-epoch checkpoint's epoch record included); with
+        # no checkpoint at all, the run starts over and so does metrics.jsonl.
+        keep_through = 0 if resumed is None else state.step - (resumed["position"] > 0)
+        result.history = read_history(out_dir, keep_through)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
