@@ -138,7 +138,8 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
         emit({"event": "progress", "step": step, "total": total_steps, "loss": stats.losses[-1]})
 
     for _ in range(recipe.epochs):
-        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.step)
+        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.step,
+                      stop_on_nonfinite=recipe.nonfinite == "stop")
         stats = train_one_epoch(state, train_batches, loss_fn, meter)
         # The first window of every epoch holds compile, allocator warm-up and worker start-up.
         windows.extend(stats.windows[1:] if len(stats.windows) > 1 else stats.windows)

@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train with a recipe and write a run folder")
     add_common(tr)
     tr.add_argument("--out", default=None, help="run folder (default: runs/train-<timestamp>)")
+    tr.add_argument("--resume", default=None, metavar="auto|FILE",
+                    help="auto: continue from the newest good checkpoint in --out DIR/checkpoints (fresh start when "
+                         "there is none; use it under torchrun --max-restarts); FILE: resume from that checkpoint")
 
     bd = sub.add_parser("bench-data", help="images/s of the input pipeline alone, beside torchvision's default")
     bd.add_argument("--data", required=True, help="imagefolder:PATH")
@@ -134,11 +137,15 @@ def _train(args, recipe: Recipe) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from .checkpoint import CheckpointError
     from .data.datasets import load_data
+    from .measure import NonFiniteLossError
     from .models import build_model, check_model_name
     from .recipe import resolve_device, validate_for_device
     from .trainer import train
 
+    if args.resume is not None and args.out is None:
+        raise ValueError("--resume needs --out DIR: the run folder that holds the checkpoints")
     device = resolve_device(args.device)
     validate_for_device(recipe, device)
     check_model_name(args.model)
@@ -158,8 +165,14 @@ def _train(args, recipe: Recipe) -> int:
                                    f"val loss {record['val_loss']:.4f}  val acc {record['val_accuracy']:.4f}  "
                                    f"{record['epoch_time_s']:.1f}s")
 
-        train(lambda: build_model(args.model, split.num_classes, split.image_size), split, recipe=recipe,
-              device=device, out=out, on_window=on_window, on_epoch=on_epoch)
+        try:
+            train(lambda: build_model(args.model, split.num_classes, split.image_size), split, recipe=recipe,
+                  device=device, out=out, on_window=on_window, on_epoch=on_epoch, resume=args.resume)
+        except (NonFiniteLossError, CheckpointError) as exc:
+            # Non-zero exit; checkpoints already in out/checkpoints are complete and untouched.
+            progress.stop()
+            print(f"trainfast train: error: {exc}", file=sys.stderr)
+            return 1
     console.print(f"run folder: {out}/ (metrics.jsonl, recipe.json, model.pt)")
     return 0
 

@@ -4,12 +4,13 @@ The step reads top to bottom with no `if technique:` branch: a switched-off tech
 object (fp32 `Precision`, `Clipper(None)`, the eager module instead of a compiled one)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
 from torch import nn
 
+from .faults import StopOnNonFinite
 from .measure import EpochStats, Meter
 from .recipe import Recipe
 from .techniques.precision import Precision
@@ -40,9 +41,15 @@ class TrainState:
     recipe: Recipe
     step: int = 0
     epoch: int = 0
+    nonfinite: StopOnNonFinite = field(default_factory=StopOnNonFinite)   # non-finite loss policy (faults.py)
 
 
-def train_one_epoch(state: TrainState, batches: Iterable, loss_fn: Callable, meter: Meter) -> EpochStats:
+def no_op(state: TrainState) -> None:
+    pass
+
+
+def train_one_epoch(state: TrainState, batches: Iterable, loss_fn: Callable, meter: Meter,
+                    after_step: Callable[[TrainState], None] = no_op) -> EpochStats:
     model, optimizer, precision = state.model, state.optimizer, state.precision
     model.train()
     for inputs, targets in meter.iterate(batches):
@@ -50,12 +57,14 @@ def train_one_epoch(state: TrainState, batches: Iterable, loss_fn: Callable, met
         with precision.forward_context():
             outputs = state.forward(inputs)
             loss = loss_fn(outputs, targets)
-        precision.backward(loss)                 # scales the loss first under fp16
-        state.clip(precision, optimizer)         # unscale, then clip; no-op without grad_clip
-        precision.step(optimizer)                # fp16: skipped on inf/NaN grads, scale backs off
+        if state.nonfinite.allows(loss, state.step):   # "stop": always, no sync; "skip": one host read
+            precision.backward(loss)                 # scales the loss first under fp16
+            state.clip(precision, optimizer)         # unscale, then clip; no-op without grad_clip
+            precision.step(optimizer)                # fp16: skipped on inf/NaN grads, scale backs off
         state.scheduler.step()
         state.step += 1
         meter.update(loss, outputs, targets)     # on the device; read every log_every steps
+        after_step(state)                        # checkpoint cadence (checkpoint.Checkpointer); no-op by default
     state.epoch += 1
     return meter.stats
 

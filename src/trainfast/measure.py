@@ -55,8 +55,10 @@ class Meter:
     which the wall clock is read: a window's time covers exactly the work of its steps."""
 
     def __init__(self, device: torch.device, log_every: int,
-                 on_window: Callable[[int, "EpochStats"], None] | None = None, first_step: int = 0) -> None:
+                 on_window: Callable[[int, "EpochStats"], None] | None = None, first_step: int = 0,
+                 stop_on_nonfinite: bool = True) -> None:
         self.device = device
+        self.stop_on_nonfinite = stop_on_nonfinite   # False under nonfinite=skip (faults.py decides per step)
         self.log_every = log_every
         self.on_window = on_window
         self.step = first_step
@@ -107,7 +109,7 @@ class Meter:
         self._pending = self._pending_samples = 0
         self._wait = 0.0
         bad = [first + i for i, v in enumerate(losses) if not math.isfinite(v)]
-        if bad:
+        if bad and self.stop_on_nonfinite:
             raise NonFiniteLossError(
                 f"loss is {losses[bad[0] - first]} at step {bad[0]} (policy nonfinite=stop). Lower the learning "
                 f"rate, add --warmup-steps or --grad-clip, or use bf16 instead of fp16.")

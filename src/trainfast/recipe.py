@@ -16,7 +16,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 PRECISION_LEVELS = ("autocast", "master", "pure")   # Apex's O1, O2, O3 (fp32 is O0)
 OPTIMIZERS = ("sgd", "adamw")
 OPTIMIZER_IMPLS = ("default", "for-loop", "foreach", "fused")
-NONFINITE_POLICIES = ("stop",)
+NONFINITE_POLICIES = ("stop", "skip")
 
 
 class RecipeError(ValueError):
@@ -54,9 +54,12 @@ class Recipe:
     precision_level: str = "autocast"
 
     # --- reliability ---------------------------------------------------------------------------
-    nonfinite: str = "stop"           # non-finite loss: stop with a message naming the step
+    nonfinite: str = "stop"           # non-finite loss: "stop" with a message naming the step, or "skip" the step
     log_every: int = 10               # steps between reads of device-side metrics (each read syncs)
     max_bad_fraction: float = 0.01    # unreadable images are skipped and counted; stop above this fraction
+    max_consecutive_skips: int = 10   # nonfinite=skip: abort after this many non-finite steps in a row
+    save_every: int = 0               # checkpoint every N steps (0: only at each epoch end); needs a run folder
+    keep_checkpoints: int = 2         # newest checkpoints kept in the run folder (older ones pruned after a save)
 
     def __post_init__(self) -> None:
         validate_fields(self)
@@ -108,14 +111,14 @@ def validate_fields(r: Recipe) -> None:
     _choice("optimizer", r.optimizer, OPTIMIZERS)
     _choice("optimizer_impl", r.optimizer_impl, OPTIMIZER_IMPLS)
     _choice("nonfinite", r.nonfinite, NONFINITE_POLICIES)
-    for name in ("epochs", "batch_size", "log_every"):
+    for name in ("epochs", "batch_size", "log_every", "max_consecutive_skips", "keep_checkpoints"):
         value = getattr(r, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise RecipeError(f"{name}={value!r} must be a positive integer")
     w = r.num_workers
     if w != "auto" and (not isinstance(w, int) or isinstance(w, bool) or w < 0):
         raise RecipeError(f"num_workers={w!r} must be a non-negative integer or 'auto'")
-    for name in ("warmup_steps", "seed"):
+    for name in ("warmup_steps", "seed", "save_every"):
         value = getattr(r, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise RecipeError(f"{name}={value!r} must be a non-negative integer")

@@ -24,10 +24,12 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from .checkpoint import build_checkpointer
 from .data.datasets import Split, normalize, stats_tensors
 from .data.badfiles import skipped_last_pass
 from .data.loader import build_loader, resolve_num_workers
 from .engine import Clipper, TrainState, evaluate, train_one_epoch
+from .faults import build_nonfinite_policy
 from .measure import Meter
 from .recipe import Recipe, resolve_device, validate_for_device
 from .techniques.compile import apply_compile
@@ -79,6 +81,7 @@ def build_state(model: nn.Module, recipe: Recipe, device: torch.device, precisio
         precision=precision,
         clip=Clipper(recipe.grad_clip, params),
         recipe=recipe,
+        nonfinite=build_nonfinite_policy(recipe),
     )
 
 
@@ -107,19 +110,18 @@ def as_split(train_set: Dataset | Split, val_set: Dataset | None, num_classes: i
 def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split, val_set: Dataset | None = None,
           loss_fn: Callable | None = None, recipe: Recipe | None = None, *, device: str | torch.device = "auto",
           mean=None, std=None, out: str | Path | None = None,
-          on_window: Callable | None = None, on_epoch: Callable | None = None) -> TrainResult:
+          on_window: Callable | None = None, on_epoch: Callable | None = None,
+          resume: str | Path | None = None) -> TrainResult:
     """Train `model` (a module, or a factory called after seeding so its init is reproducible) with a Recipe.
     Returns the final state and per-epoch metrics; with `out`, writes the run folder (metrics.jsonl,
-    recipe.json, model.pt)."""
+    recipe.json, model.pt, checkpoints/). resume="auto" continues from the newest good checkpoint in
+    out/checkpoints (fresh start when there is none); a path resumes from that checkpoint file."""
     recipe = recipe or Recipe()
     device = device if isinstance(device, torch.device) else resolve_device(device)
     validate_for_device(recipe, device)
     split = as_split(train_set, val_set, mean=mean, std=std)
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     out_dir = Path(out) if out is not None else None
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
 
     apply_runtime_flags(recipe, device)
     seed_everything(recipe.seed)
@@ -129,17 +131,29 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
     train_batches = build_batches(split.train, split, recipe, device, train=True)
     val_batches = build_batches(split.val, split, recipe, device, train=False)
     result = TrainResult(state, out_dir=out_dir)
+    checkpoints = build_checkpointer(out_dir, recipe, train_batches)
+    resumed = checkpoints.start(state, resume)     # restores state, RNGs and the data position
+    if resume is not None:
+        # Records after the checkpoint are redone (a mid-epoch checkpoint's epoch record included); with
+        # no checkpoint at all, the run starts over and so does metrics.jsonl.
+        keep_through = 0 if resumed is None else state.step - (resumed["position"] > 0)
+        result.history = read_history(out_dir, keep_through)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
 
-    for epoch in range(recipe.epochs):
-        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.step)
+    for epoch in range(state.epoch, recipe.epochs):
+        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.step,
+                      stop_on_nonfinite=recipe.nonfinite == "stop")
+        checkpoints.begin_epoch(state, meter)
         t0 = time.perf_counter()
-        stats = train_one_epoch(state, train_batches, loss_fn, meter)
+        stats = train_one_epoch(state, train_batches, loss_fn, meter, after_step=checkpoints.after_step)
         metrics = evaluate(state.model, val_batches, loss_fn, state.precision)
         record = {"epoch": epoch + 1, "step": state.step, "train_loss": stats.loss, "train_accuracy": stats.accuracy,
                   "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"],
                   "epoch_time_s": time.perf_counter() - t0, "data_wait_s": stats.data_wait_s,
                   "lr": state.optimizer.param_groups[0]["lr"], "train_losses": stats.losses,
-                  **state.precision.metrics(), "num_workers": recipe.num_workers,
+                  **state.precision.metrics(), **state.nonfinite.metrics(), "num_workers": recipe.num_workers,
                   "skipped_files": skipped_last_pass(train_batches, device),        # unreadable images,
                   "val_skipped_files": skipped_last_pass(val_batches, device)}      # all workers and ranks
         result.history.append(record)
@@ -148,9 +162,23 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
                 f.write(json.dumps(record) + "\n")
         if on_epoch is not None:
             on_epoch(record)
+        checkpoints.end_epoch(state)
     if out_dir is not None:
         save_weights(state.model, out_dir / "model.pt")
     return result
+
+
+def read_history(out_dir: Path, step: int) -> list[dict[str, Any]]:
+    """Epoch records of a resumed run up to `step`; later records (the process died between writing them
+    and checkpointing) are dropped from metrics.jsonl, since the resumed run writes them again."""
+    path = out_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    kept = [r for r in records if r["step"] <= step]
+    if len(kept) != len(records):
+        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return kept
 
 
 def save_weights(model: nn.Module, path: Path) -> None:

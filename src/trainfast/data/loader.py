@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 from ..techniques.transfer import pin_memory_for
 from .badfiles import BadFileTally, GuardedLoader, collate_skipping
 from .datasets import HostNormalized, Split
+from .sampler import ResumableBatchSampler
 
 log = logging.getLogger("trainfast.data")
 
@@ -54,21 +55,25 @@ def loader_dataset(dataset: Dataset, recipe, split: Split) -> Dataset:
 def make_loader(dataset: Dataset, recipe, device: torch.device, train: bool, sampler: Sampler | None = None,
                 rank: int = 0, workers: int | None = None) -> DataLoader:
     workers = recipe.num_workers if workers is None else workers
+    generator = loader_generator(recipe.seed, rank)
+    batching = {"batch_size": recipe.batch_size, "sampler": sampler, "drop_last": False}
+    if train:
+        # Training drops the last partial batch: static shapes, so compile and cudnn.benchmark never
+        # recompile or re-tune for a one-off shape. Evaluation sees every sample. RandomSampler on the
+        # loader's generator is exactly what shuffle=True builds; the wrapper makes it resumable mid-epoch.
+        order = sampler if sampler is not None else RandomSampler(dataset, generator=generator)
+        persistent = bool(workers and recipe.persistent_workers)
+        batching = {"batch_sampler": ResumableBatchSampler(order, recipe.batch_size, True, generator, persistent)}
     return DataLoader(
         dataset,
-        batch_size=recipe.batch_size,
-        shuffle=train and sampler is None,
-        sampler=sampler,
-        # Training drops the last partial batch: static shapes, so compile and cudnn.benchmark never
-        # recompile or re-tune for a one-off shape. Evaluation sees every sample.
-        drop_last=train,
+        **batching,
         num_workers=workers,
         collate_fn=collate_skipping,
         pin_memory=pin_memory_for(recipe, device),
         persistent_workers=bool(recipe.persistent_workers) and workers > 0,
         prefetch_factor=recipe.prefetch_factor if workers else None,
         worker_init_fn=seed_worker if workers else None,
-        generator=loader_generator(recipe.seed, rank),
+        generator=generator,
         multiprocessing_context=worker_context() if workers else None,
     )
 
