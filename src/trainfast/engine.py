@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -40,21 +42,30 @@ class TrainState:
     recipe: Recipe
     step: int = 0
     epoch: int = 0
+    # gradient accumulation / distributed (issue 5): sync(update) is DDP's no_sync on the micro-steps
+    # that do not end in an update; a no-op in one process. micro_step counts batches across epochs.
+    sync: Callable[[bool], contextlib.AbstractContextManager] = lambda update: contextlib.nullcontext()
+    micro_step: int = 0
 
 
 def train_one_epoch(state: TrainState, batches: Iterable, loss_fn: Callable, meter: Meter) -> EpochStats:
     model, optimizer, precision = state.model, state.optimizer, state.precision
+    accum = state.recipe.grad_accum_steps        # 1: every batch is an update (x / 1 is exact in fp)
     model.train()
     for inputs, targets in meter.iterate(batches):
-        optimizer.zero_grad(set_to_none=state.recipe.set_to_none)
-        with precision.forward_context():
-            outputs = state.forward(inputs)
-            loss = loss_fn(outputs, targets)
-        precision.backward(loss)                 # scales the loss first under fp16
-        state.clip(precision, optimizer)         # unscale, then clip; no-op without grad_clip
-        precision.step(optimizer)                # fp16: skipped on inf/NaN grads, scale backs off
-        state.scheduler.step()
-        state.step += 1
+        state.micro_step += 1
+        update = state.micro_step % accum == 0   # the last micro-batch of an accumulation
+        with state.sync(update):                 # DDP all-reduces gradients on the update step only
+            with precision.forward_context():
+                outputs = state.forward(inputs)
+                loss = loss_fn(outputs, targets)
+            precision.backward(loss / accum)     # scales the loss first under fp16
+        if update:
+            state.clip(precision, optimizer)     # unscale, then clip; no-op without grad_clip
+            precision.step(optimizer)            # fp16: skipped on inf/NaN grads, scale backs off
+            state.scheduler.step()
+            optimizer.zero_grad(set_to_none=state.recipe.set_to_none)
+            state.step += 1
         meter.update(loss, outputs, targets)     # on the device; read every log_every steps
     state.epoch += 1
     return meter.stats

@@ -7,6 +7,8 @@ Order (each step needs the one before it):
   3. optimizer (for-loop/foreach/fused) and warm-up scheduler on the eager parameters
   4. torch.compile wraps the forward last, after the memory format is fixed
   5. precision (autocast, GradScaler) and loaders (host or on-device normalization)
+Under torchrun (distributed.py): the process group first; DDP/FSDP2 wrap the model after step 2 and
+before the optimizer (FSDP2 swaps parameters for shards in place); DistributedSampler feeds the loaders.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from torch.utils.data import Dataset
 
 from .data.datasets import Split, normalize, stats_tensors
 from .data.loader import build_loader
+from .distributed import Dist, setup_distributed
 from .engine import Clipper, TrainState, evaluate, train_one_epoch
 from .measure import Meter
 from .recipe import Recipe, resolve_device, validate_for_device
@@ -61,17 +64,21 @@ def build_batches(dataset: Dataset, split: Split, recipe: Recipe, device: torch.
     return DeviceBatches(loader, device, prepare, non_blocking=recipe.non_blocking)
 
 
-def build_state(model: nn.Module, recipe: Recipe, device: torch.device) -> TrainState:
+def build_state(model: nn.Module, recipe: Recipe, device: torch.device, dist: Dist | None = None) -> TrainState:
+    dist = dist or Dist(device, strategy=recipe.strategy)
     model = apply_memory_format(model.to(device), recipe.channels_last)
+    model.zero_grad(set_to_none=True)              # the engine zeroes after each update, not before
+    trained = dist.wrap(model, recipe)             # DDP / FSDP2 (in place) / DataParallel; `model` alone
     optimizer = build_optimizer(model.parameters(), recipe)
     return TrainState(
         model=model,
-        forward=apply_compile(model, recipe.compile),
+        forward=apply_compile(trained, recipe.compile),
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, recipe.warmup_steps),
-        precision=build_precision(recipe.precision, device),
+        precision=build_precision(dist.precision_name(recipe), device),
         clip=Clipper(recipe.grad_clip, model.parameters()),
         recipe=recipe,
+        sync=dist.grad_sync(trained),
     )
 
 
@@ -110,40 +117,56 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
     split = as_split(train_set, val_set, mean=mean, std=std)
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     out_dir = Path(out) if out is not None else None
-    if out_dir is not None:
+    dist = setup_distributed(recipe, device)       # from torchrun's env; a no-op object in one process
+    device = dist.device
+    writes = out_dir is not None and dist.is_main  # rank 0 alone writes the run folder
+    if writes:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
+    on_window, on_epoch = (on_window, on_epoch) if dist.is_main else (None, None)
+    try:
+        apply_runtime_flags(recipe, device)
+        seed_everything(recipe.seed)
+        module = model() if callable(model) and not isinstance(model, nn.Module) else model
+        dist.probe_unused(module, loss_fn, split.train, recipe.batch_size)
+        state = build_state(module, recipe, device, dist)
+        train_batches = build_batches(split.train, split, recipe, device, train=True,
+                                      sampler=dist.train_sampler(split.train, recipe.seed), rank=dist.rank)
+        val_batches = build_batches(split.val, split, recipe, device, train=False,
+                                    sampler=dist.val_sampler(split.val), rank=dist.rank)
+        result = TrainResult(state, out_dir=out_dir)
 
-    apply_runtime_flags(recipe, device)
-    seed_everything(recipe.seed)
-    module = model() if callable(model) and not isinstance(model, nn.Module) else model
-    state = build_state(module, recipe, device)
-    train_batches = build_batches(split.train, split, recipe, device, train=True)
-    val_batches = build_batches(split.val, split, recipe, device, train=False)
-    result = TrainResult(state, out_dir=out_dir)
-
-    for epoch in range(recipe.epochs):
-        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.step)
-        t0 = time.perf_counter()
-        stats = train_one_epoch(state, train_batches, loss_fn, meter)
-        metrics = evaluate(state.model, val_batches, loss_fn, state.precision)
-        record = {"epoch": epoch + 1, "step": state.step, "train_loss": stats.loss, "train_accuracy": stats.accuracy,
-                  "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"],
-                  "epoch_time_s": time.perf_counter() - t0, "data_wait_s": stats.data_wait_s,
-                  "lr": state.optimizer.param_groups[0]["lr"], **state.precision.metrics()}
-        result.history.append(record)
+        for epoch in range(recipe.epochs):
+            dist.set_epoch(epoch)
+            meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.step,
+                          agree=dist.agree_nonfinite if dist.enabled else None)
+            t0 = time.perf_counter()
+            with dist.watch():                     # a silent rank is named, not waited on forever
+                stats = train_one_epoch(state, train_batches, dist.criterion(loss_fn), meter)
+                metrics = dist.reduce_eval(evaluate(state.model, val_batches, loss_fn, state.precision))
+            train_loss, train_accuracy = dist.reduce_train(stats.loss, stats.correct, stats.samples)
+            record = {"epoch": epoch + 1, "step": state.step, "train_loss": train_loss, "train_accuracy": train_accuracy,
+                      "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"],
+                      "epoch_time_s": time.perf_counter() - t0, "data_wait_s": stats.data_wait_s,
+                      "lr": state.optimizer.param_groups[0]["lr"], **state.precision.metrics()}
+            result.history.append(record)
+            if writes:
+                with open(out_dir / "metrics.jsonl", "a") as f:
+                    f.write(json.dumps(record) + "\n")
+            if on_epoch is not None:
+                on_epoch(record)
         if out_dir is not None:
-            with open(out_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
-        if on_epoch is not None:
-            on_epoch(record)
-    if out_dir is not None:
-        save_weights(state.model, out_dir / "model.pt")
+            weights = dist.full_state_dict(state.model)   # collective under FSDP2
+            if writes:
+                save_weights(weights, out_dir / "model.pt")
+    finally:
+        dist.close()
     return result
 
 
-def save_weights(model: nn.Module, path: Path) -> None:
+def save_weights(model: nn.Module | dict, path: Path) -> None:
     """Final weights as a plain state_dict (loadable with weights_only=True), written atomically."""
     from .checkpoint import atomic_save
 
-    atomic_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
+    weights = model if isinstance(model, dict) else model.state_dict()
+    atomic_save({k: v.detach().cpu() for k, v in weights.items()}, path)
