@@ -71,7 +71,7 @@ class Dist:
     strategy: str = "ddp"
     timeout_s: float = 300.0
     find_unused_parameters: bool = False
-    monitor: Any = None                      # gloo group for monitored_barrier (nccl has none)
+    monitor: Any = None                      # separate gloo group: monitored_barrier, scalar reductions
     owns_group: bool = False                 # we opened the process group, so we close it
     samplers: list = field(default_factory=list)
 
@@ -192,8 +192,8 @@ class Dist:
             dist.monitored_barrier(group=self.monitor, timeout=timeout, wait_all_ranks=True)
         except RuntimeError as exc:
             raise RankTimeoutError(
-                f"rank {self.rank}: a rank stopped answering within {timeout.total_seconds():.0f}s "
-                f"(dist_timeout_s): {exc}") from exc
+                f"a rank stopped answering within {timeout.total_seconds():.0f}s (dist_timeout_s); "
+                f"seen from rank {self.rank}: {exc}") from exc
 
     @contextlib.contextmanager
     def watch(self):
@@ -260,11 +260,11 @@ def setup_distributed(recipe, device: torch.device) -> Dist:
         torch.cuda.set_device(device)
         if owns:
             dist.init_process_group("nccl", timeout=timeout, device_id=device)
-        monitor = dist.new_group(backend="gloo", timeout=timeout)   # liveness checks and scalar reductions
-    else:
-        if owns:
-            dist.init_process_group("gloo", timeout=timeout)
-        monitor = None                                              # the default group is gloo already
+    elif owns:
+        dist.init_process_group("gloo", timeout=timeout)
+    # A separate gloo group for liveness checks and scalar reductions: it still works after a collective
+    # of the training group timed out (which closes that group's connections), so it can name the rank.
+    monitor = dist.new_group(backend="gloo", timeout=timeout)
     return Dist(device=device, rank=rank, world_size=world, local_rank=local, strategy=recipe.strategy,
                 timeout_s=recipe.dist_timeout_s, find_unused_parameters=recipe.find_unused_parameters,
                 monitor=monitor, owns_group=owns)
