@@ -43,8 +43,18 @@ def torchrun(*args: str, timeout: int = LAUNCH_TIMEOUT) -> subprocess.CompletedP
     return subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def launch(out: Path, scenarios: str, nproc: int = 2) -> subprocess.CompletedProcess:
-    return torchrun("--nproc-per-node", str(nproc), "--master-port", str(free_port()), WORKER, str(out), scenarios)
+def launch(out: Path, scenarios: str, nproc: int = 2) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-port", str(free_port()), WORKER, str(out), scenarios]
+    return subprocess.Popen(cmd, env=env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    try:
+        log = proc.communicate(timeout=LAUNCH_TIMEOUT)[0]
+    finally:
+        proc.kill()
+    return proc.returncode, log
 
 
 def reports(out: Path, scenario: str) -> list[dict]:
@@ -56,12 +66,21 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def two_procs(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("two_procs")
-    proc = launch(out, "ddp,accum,fsdp,unused,nan")
+def launches(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
+    """Three independent launches at once (the hang one mostly waits on its timeout): the scenarios,
+    a second identical ddp run, and a run where rank 1 goes silent."""
+    outs = {name: tmp_path_factory.mktemp(name) for name in ("main", "repeat", "hang")}
+    procs = {"main": launch(outs["main"], "ddp,accum,fsdp,unused,nan"), "repeat": launch(outs["repeat"], "ddp"),
+             "hang": launch(outs["hang"], "hang")}
+    return {name: (outs[name], *finish(proc)) for name, proc in procs.items()}
+
+
+@pytest.fixture(scope="module")
+def two_procs(launches) -> Path:
+    out, _, log = launches["main"]
     # The nan scenario makes the worker exit non-zero on purpose; every scenario must have reported.
     for scenario in ("ddp", "accum", "fsdp", "unused", "nan"):
-        assert (out / scenario / "rank1.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert (out / scenario / "rank1.json").exists(), log[-4000:]
     return out
 
 
@@ -108,10 +127,10 @@ def test_grad_accumulation_gives_the_same_update(two_procs):
     assert_close(weights(two_procs / "accum" / "model.pt"), one_process_reference())
 
 
-def test_two_runs_are_bit_identical(two_procs, tmp_path):
-    proc = launch(tmp_path, "ddp")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    first, second = weights(two_procs / "ddp" / "model.pt"), weights(tmp_path / "ddp" / "model.pt")
+def test_two_runs_are_bit_identical(two_procs, launches):
+    out, code, log = launches["repeat"]
+    assert code == 0, log[-4000:]
+    first, second = weights(two_procs / "ddp" / "model.pt"), weights(out / "ddp" / "model.pt")
     assert all(torch.equal(first[k], second[k]) for k in first)
 
 
@@ -155,10 +174,10 @@ def test_two_nodes_on_localhost_train(two_procs, tmp_path):
     assert_close(weights(tmp_path / "ddp" / "model.pt"), weights(two_procs / "ddp" / "model.pt"))
 
 
-def test_a_silent_rank_is_named_within_the_timeout(tmp_path):
-    proc = launch(tmp_path, "hang")          # rank 1 sleeps in its 5th forward; dist_timeout_s=5
-    assert proc.returncode != 0
-    error = json.loads((tmp_path / "hang" / "rank0.json").read_text())["error"]
+def test_a_silent_rank_is_named_within_the_timeout(launches):
+    out, code, log = launches["hang"]        # rank 1 sleeps in its 5th forward; dist_timeout_s=5
+    assert code != 0
+    error = json.loads((out / "hang" / "rank0.json").read_text())["error"]
     assert "RankTimeoutError" in error and "Ranks 1 failed" in error, error
 
 

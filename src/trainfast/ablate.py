@@ -321,7 +321,9 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
 
 def _run_in_process(ctx, job: Job, rung: Rung, log_path: Path, display) -> dict[str, Any]:
     events = ctx.Queue()
-    proc = ctx.Process(target=_rung_process, args=(job, rung.recipe, events, str(log_path)), daemon=True)
+    # Daemonic so a rung dies with the parent; not under --nproc, whose rung process starts the workers
+    # (daemonic processes cannot have children; torch.distributed.elastic stops them on failure).
+    proc = ctx.Process(target=_rung_process, args=(job, rung.recipe, events, str(log_path)), daemon=job.nproc == 1)
     t0 = time.perf_counter()
     proc.start()
     result: dict[str, Any] | None = None
