@@ -144,7 +144,7 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
 
     for epoch in range(recipe.epochs):
         dist.set_epoch(epoch)
-        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.step,
+        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.micro_step,
                       agree=dist.agree_nonfinite if dist.enabled else None)
         with dist.watch():
             stats = train_one_epoch(state, train_batches, dist.criterion(loss_fn), meter)

@@ -31,6 +31,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
+from .engine import always_sync
+
 
 class RankTimeoutError(RuntimeError):
     """A rank did not answer within dist_timeout_s; the message names it."""
@@ -204,9 +206,9 @@ class Dist:
         except RankTimeoutError:
             raise
         except RuntimeError as exc:
-            if not self.enabled or "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
-                raise
-            self.check_alive(timeout_s=min(self.timeout_s, 10.0))
+            timed_out = any(word in str(exc).lower() for word in ("timed out", "timeout"))
+            if self.enabled and timed_out:
+                self.check_alive(timeout_s=min(self.timeout_s, 10.0))   # raises naming the silent rank(s)
             raise
 
     # --- reductions ---------------------------------------------------------------------------------
@@ -238,10 +240,6 @@ class Dist:
 
 class UnusedParametersWarning(UserWarning):
     pass
-
-
-def always_sync(update: bool) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext()
 
 
 def setup_distributed(recipe, device: torch.device) -> Dist:

@@ -31,6 +31,11 @@ class Clipper:
         torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
 
 
+def always_sync(update: bool) -> contextlib.AbstractContextManager:
+    """One process (or no accumulation): nothing to hold back."""
+    return contextlib.nullcontext()
+
+
 @dataclass
 class TrainState:
     model: nn.Module                      # the eager module: owns the parameters, used for evaluation
@@ -44,7 +49,7 @@ class TrainState:
     epoch: int = 0
     # gradient accumulation / distributed (issue 5): sync(update) is DDP's no_sync on the micro-steps
     # that do not end in an update; a no-op in one process. micro_step counts batches across epochs.
-    sync: Callable[[bool], contextlib.AbstractContextManager] = lambda update: contextlib.nullcontext()
+    sync: Callable[[bool], contextlib.AbstractContextManager] = always_sync
     micro_step: int = 0
 
 

@@ -116,10 +116,12 @@ class Meter:
         if ranks:
             step = min(s for _, s in ranks)
             where = f"loss is {losses[bad[0] - first]}" if bad and bad[0] == step else "loss is not finite"
+            policy = "policy nonfinite=stop"
             if self.name_ranks:
                 where += f" on rank(s) {', '.join(str(r) for r, s in ranks if s == step)}"
+                policy += "; every rank stops at this step"
             raise NonFiniteLossError(
-                f"{where} at step {step} (policy nonfinite=stop; every rank stops here). Lower the learning "
+                f"{where} at step {step} ({policy}). Lower the learning "
                 f"rate, add --warmup-steps or --grad-clip, or use bf16 instead of fp16.")
         if self.on_window is not None:
             self.on_window(self.step, self.stats)

@@ -138,7 +138,7 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
 
         for epoch in range(recipe.epochs):
             dist.set_epoch(epoch)
-            meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.step,
+            meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.micro_step,
                           agree=dist.agree_nonfinite if dist.enabled else None)
             t0 = time.perf_counter()
             with dist.watch():                     # a silent rank is named, not waited on forever
