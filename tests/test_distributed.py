@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -38,17 +37,6 @@ def env() -> dict[str, str]:
     return e
 
 
-def torchrun(*args: str, timeout: int = LAUNCH_TIMEOUT) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", *args]
-    return subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-
-
-def launch(out: Path, scenarios: str, nproc: int = 2) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-port", str(free_port()), WORKER, str(out), scenarios]
-    return subprocess.Popen(cmd, env=env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
 def finish(proc: subprocess.Popen) -> tuple[int, str]:
     try:
         log = proc.communicate(timeout=LAUNCH_TIMEOUT)[0]
@@ -65,14 +53,34 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True)
 
 
+def start(*args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", *args]
+    return subprocess.Popen(cmd, env=env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def launch(out: Path, scenarios: str, nproc: int = 2) -> subprocess.Popen:
+    return start("--nproc-per-node", str(nproc), "--master-port", str(free_port()), WORKER, str(out), scenarios)
+
+
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
-    """Three independent launches at once (the hang one mostly waits on its timeout): the scenarios,
-    a second identical ddp run, and a run where rank 1 goes silent."""
-    outs = {name: tmp_path_factory.mktemp(name) for name in ("main", "repeat", "hang")}
-    procs = {"main": launch(outs["main"], "ddp,accum,fsdp,unused,nan"), "repeat": launch(outs["repeat"], "ddp"),
-             "hang": launch(outs["hang"], "hang")}
-    return {name: (outs[name], *finish(proc)) for name, proc in procs.items()}
+    """Every torchrun launch of this file at once (startup is mostly waiting on imports and rendezvous,
+    and the hang run waits on its timeout): the scenarios, a second identical ddp run, a run where rank 1
+    goes silent, two one-process "nodes" on localhost, and the CLI."""
+    outs = {name: tmp_path_factory.mktemp(name) for name in ("main", "repeat", "hang", "nodes", "cli")}
+    rdzv = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "two-nodes", WORKER, str(outs["nodes"]), "ddp"]
+    procs = {
+        "main": launch(outs["main"], "ddp,accum,fsdp,unused,nan"),
+        "repeat": launch(outs["repeat"], "ddp"),
+        "hang": launch(outs["hang"], "hang"),
+        "nodes": start(*rdzv),
+        "node1": start(*rdzv),
+        "cli": start("--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "trainfast", "train",
+                     "--epochs", "1", "--out", str(outs["cli"] / "run"), "--model", "test_vit", "--data", "synthetic",
+                     "--image-size", "16", "--batch-size", "64", "--log-every", "4"),
+    }
+    return {name: (outs.get(name), *finish(proc)) for name, proc in procs.items()}
 
 
 @pytest.fixture(scope="module")
@@ -156,22 +164,12 @@ def test_unused_parameter_is_named_in_the_warning(two_procs):
     assert ranks[0]["steps"] == STEPS                                      # and training went on
 
 
-def test_two_nodes_on_localhost_train(two_procs, tmp_path):
-    port = free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes",
-           WORKER, str(tmp_path), "ddp"]
-    nodes = [subprocess.Popen(cmd, env=env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
-    try:
-        logs = [node.communicate(timeout=LAUNCH_TIMEOUT)[0] for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-    assert [n.returncode for n in nodes] == [0, 0], "\n".join(logs)[-4000:]
-    assert [r["world"] for r in reports(tmp_path, "ddp")] == [2, 2]
+def test_two_nodes_on_localhost_train(two_procs, launches):
+    out, code, log = launches["nodes"]
+    assert (code, launches["node1"][1]) == (0, 0), log[-3000:] + launches["node1"][2][-3000:]
+    assert [r["world"] for r in reports(out, "ddp")] == [2, 2]
     # Two one-process nodes are the same world of two as one two-process node: the same weights.
-    assert_close(weights(tmp_path / "ddp" / "model.pt"), weights(two_procs / "ddp" / "model.pt"))
+    assert_close(weights(out / "ddp" / "model.pt"), weights(two_procs / "ddp" / "model.pt"))
 
 
 def test_a_silent_rank_is_named_within_the_timeout(launches):
@@ -181,16 +179,14 @@ def test_a_silent_rank_is_named_within_the_timeout(launches):
     assert "RankTimeoutError" in error and "Ranks 1 failed" in error, error
 
 
-def test_torchrun_cli_train_writes_one_run_folder(tmp_path):
-    out = tmp_path / "run"
-    proc = torchrun("--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "trainfast", "train",
-                    "--epochs", "1", "--out", str(out), "--model", "test_vit", "--data", "synthetic",
-                    "--image-size", "16", "--batch-size", "64", "--log-every", "4")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "model.pt", "recipe.json"]
-    record = json.loads((out / "metrics.jsonl").read_text())
+def test_torchrun_cli_train_writes_one_run_folder(launches):
+    out, code, log = launches["cli"]
+    assert code == 0, log[-4000:]
+    run = out / "run"
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl", "model.pt", "recipe.json"]
+    record = json.loads((run / "metrics.jsonl").read_text())
     assert record["step"] > 0 and record["val_accuracy"] > 0
-    assert proc.stdout.count("epoch 1:") == 1                                # printed by rank 0 only
+    assert log.count("epoch 1:") == 1                                      # printed by rank 0 only
 
 
 def test_ablate_nproc_runs_each_rung_under_torch_distributed(tmp_path):
@@ -280,8 +276,9 @@ def test_data_parallel_computes_the_loss_in_each_replica():
 @pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="nccl DDP needs 2 or more CUDA devices")
 def test_nccl_ddp_on_two_gpus(tmp_path):
-    proc = torchrun("--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "trainfast", "train",
-                    "--epochs", "1", "--out", str(tmp_path / "run"), "--model", "test_vit", "--data", "synthetic",
-                    "--image-size", "16", "--batch-size", "64", "--device", "cuda")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = start("--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "trainfast", "train",
+                 "--epochs", "1", "--out", str(tmp_path / "run"), "--model", "test_vit", "--data", "synthetic",
+                 "--image-size", "16", "--batch-size", "64", "--device", "cuda")
+    code, log = finish(proc)
+    assert code == 0, log[-4000:]
     assert (tmp_path / "run" / "model.pt").exists()

@@ -113,7 +113,7 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
     from .measure import Meter
     from .models import build_model
     from .techniques.runtime import apply_runtime_flags
-    from .trainer import build_batches, build_state, seed_everything
+    from .trainer import build_run, seed_everything
     from .engine import evaluate, train_one_epoch
 
     split = load_data(job.data, job.image_size) if isinstance(job.data, str) else job.data
@@ -129,12 +129,7 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
     probe = torch.zeros((recipe.batch_size, *sample.shape), device=device).contiguous(memory_format=fmt)
     flops_per_step = count_train_flops(model.to(device), loss_fn, probe,
                                        torch.zeros(recipe.batch_size, dtype=torch.long, device=device))
-    dist.probe_unused(model, loss_fn, split.train, recipe.batch_size)
-    state = build_state(model, recipe, device, dist)
-    train_batches = build_batches(split.train, split, recipe, device, train=True,
-                                  sampler=dist.train_sampler(split.train, recipe.seed), rank=dist.rank)
-    val_batches = build_batches(split.val, split, recipe, device, train=False,
-                                sampler=dist.val_sampler(split.val), rank=dist.rank)
+    state, train_batches, val_batches = build_run(model, split, recipe, device, dist, loss_fn)
 
     total_steps = len(train_batches) * recipe.epochs
     windows, losses, epoch_times, data_wait, correct, seen = [], [], [], 0.0, 0, 0

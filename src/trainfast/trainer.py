@@ -82,6 +82,19 @@ def build_state(model: nn.Module, recipe: Recipe, device: torch.device, dist: Di
     )
 
 
+def build_run(model: nn.Module, split: Split, recipe: Recipe, device: torch.device, dist: Dist,
+              loss_fn: Callable) -> tuple[TrainState, Any, Any]:
+    """One rank's state and batches: the unused-parameter probe (DDP only), the wrapped model, and the
+    loaders on this rank's shards (plain loaders in one process)."""
+    dist.probe_unused(model, loss_fn, split.train, recipe.batch_size)
+    state = build_state(model, recipe, device, dist)
+    train_batches = build_batches(split.train, split, recipe, device, train=True,
+                                  sampler=dist.train_sampler(split.train, recipe.seed), rank=dist.rank)
+    val_batches = build_batches(split.val, split, recipe, device, train=False,
+                                sampler=dist.val_sampler(split.val), rank=dist.rank)
+    return state, train_batches, val_batches
+
+
 @dataclass
 class TrainResult:
     state: TrainState
@@ -128,12 +141,7 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
         apply_runtime_flags(recipe, device)
         seed_everything(recipe.seed)
         module = model() if callable(model) and not isinstance(model, nn.Module) else model
-        dist.probe_unused(module, loss_fn, split.train, recipe.batch_size)
-        state = build_state(module, recipe, device, dist)
-        train_batches = build_batches(split.train, split, recipe, device, train=True,
-                                      sampler=dist.train_sampler(split.train, recipe.seed), rank=dist.rank)
-        val_batches = build_batches(split.val, split, recipe, device, train=False,
-                                    sampler=dist.val_sampler(split.val), rank=dist.rank)
+        state, train_batches, val_batches = build_run(module, split, recipe, device, dist, loss_fn)
         result = TrainResult(state, out_dir=out_dir)
 
         for epoch in range(recipe.epochs):
