@@ -180,10 +180,18 @@ class Dist:
         if not self.enabled:
             return [] if first_bad is None else [(self.rank, first_bad)]
         self.check_alive()
-        mine = torch.tensor([-1 if first_bad is None else first_bad], dtype=torch.long)
+        every = self.gather(-1 if first_bad is None else first_bad)
+        return [(r, step) for r, step in enumerate(every) if step >= 0]
+
+    def gather(self, value: int) -> list[int]:
+        """Every rank's integer, on every rank (gloo, CPU: no device sync). The building block of a
+        collective decision: e.g. a corrupt-sample count every rank compares to the same threshold."""
+        if not self.enabled:
+            return [value]
+        mine = torch.tensor([value], dtype=torch.long)
         every = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(every, mine, group=self.monitor)       # gloo, CPU tensors: no device sync
-        return [(r, int(t)) for r, t in enumerate(every) if int(t) >= 0]
+        dist.all_gather(every, mine, group=self.monitor)
+        return [int(t) for t in every]
 
     def check_alive(self, timeout_s: float | None = None) -> None:
         """gloo monitored_barrier: rank 0 waits for every rank and names the ones that did not come."""
