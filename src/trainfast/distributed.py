@@ -17,6 +17,7 @@ Everything that knows about ranks lives here; the engine and the trainer only se
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import os
@@ -271,9 +272,12 @@ def setup_distributed(recipe, device: torch.device) -> Dist:
     # A separate gloo group for liveness checks and scalar reductions: it still works after a collective
     # of the training group timed out (which closes that group's connections), so it can name the rank.
     monitor = dist.new_group(backend="gloo", timeout=timeout)
-    return Dist(device=device, rank=rank, world_size=world, local_rank=local, strategy=recipe.strategy,
-                timeout_s=recipe.dist_timeout_s, find_unused_parameters=recipe.find_unused_parameters,
-                monitor=monitor, owns_group=owns)
+    group = Dist(device=device, rank=rank, world_size=world, local_rank=local, strategy=recipe.strategy,
+                 timeout_s=recipe.dist_timeout_s, find_unused_parameters=recipe.find_unused_parameters,
+                 monitor=monitor, owns_group=owns)
+    if owns:
+        atexit.register(group.close)      # also after an error (callers close it on success)
+    return group
 
 
 def find_unused_parameters(model: nn.Module, loss_fn: Callable, dataset: Dataset, batch_size: int,

@@ -4,10 +4,9 @@ The step reads top to bottom with no `if technique:` branch: a switched-off tech
 object (fp32 `Precision`, `Clipper(None)`, the eager module instead of a compiled one)."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Iterable
-
-import contextlib
 
 import torch
 from torch import nn

@@ -137,38 +137,36 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
     on_window, on_epoch = (on_window, on_epoch) if dist.is_main else (None, None)
-    try:
-        apply_runtime_flags(recipe, device)
-        seed_everything(recipe.seed)
-        module = model() if callable(model) and not isinstance(model, nn.Module) else model
-        state, train_batches, val_batches = build_run(module, split, recipe, device, dist, loss_fn)
-        result = TrainResult(state, out_dir=out_dir)
+    apply_runtime_flags(recipe, device)
+    seed_everything(recipe.seed)
+    module = model() if callable(model) and not isinstance(model, nn.Module) else model
+    state, train_batches, val_batches = build_run(module, split, recipe, device, dist, loss_fn)
+    result = TrainResult(state, out_dir=out_dir)
 
-        for epoch in range(recipe.epochs):
-            dist.set_epoch(epoch)
-            meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.micro_step,
-                          agree=dist.agree_nonfinite if dist.enabled else None)
-            t0 = time.perf_counter()
-            with dist.watch():                     # a silent rank is named, not waited on forever
-                stats = train_one_epoch(state, train_batches, dist.criterion(loss_fn), meter)
-                metrics = dist.reduce_eval(evaluate(state.model, val_batches, loss_fn, state.precision))
-            train_loss, train_accuracy = dist.reduce_train(stats.loss, stats.correct, stats.samples)
-            record = {"epoch": epoch + 1, "step": state.step, "train_loss": train_loss, "train_accuracy": train_accuracy,
-                      "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"],
-                      "epoch_time_s": time.perf_counter() - t0, "data_wait_s": stats.data_wait_s,
-                      "lr": state.optimizer.param_groups[0]["lr"], **state.precision.metrics()}
-            result.history.append(record)
-            if writes:
-                with open(out_dir / "metrics.jsonl", "a") as f:
-                    f.write(json.dumps(record) + "\n")
-            if on_epoch is not None:
-                on_epoch(record)
-        if out_dir is not None:
-            weights = dist.full_state_dict(state.model)   # collective under FSDP2
-            if writes:
-                save_weights(weights, out_dir / "model.pt")
-    finally:
-        dist.close()
+    for epoch in range(recipe.epochs):
+        dist.set_epoch(epoch)
+        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.micro_step,
+                      agree=dist.agree_nonfinite if dist.enabled else None)
+        t0 = time.perf_counter()
+        with dist.watch():                     # a silent rank is named, not waited on forever
+            stats = train_one_epoch(state, train_batches, dist.criterion(loss_fn), meter)
+            metrics = dist.reduce_eval(evaluate(state.model, val_batches, loss_fn, state.precision))
+        train_loss, train_accuracy = dist.reduce_train(stats.loss, stats.correct, stats.samples)
+        record = {"epoch": epoch + 1, "step": state.step, "train_loss": train_loss, "train_accuracy": train_accuracy,
+                  "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"],
+                  "epoch_time_s": time.perf_counter() - t0, "data_wait_s": stats.data_wait_s,
+                  "lr": state.optimizer.param_groups[0]["lr"], **state.precision.metrics()}
+        result.history.append(record)
+        if writes:
+            with open(out_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+        if on_epoch is not None:
+            on_epoch(record)
+    if out_dir is not None:
+        weights = dist.full_state_dict(state.model)   # collective under FSDP2
+        if writes:
+            save_weights(weights, out_dir / "model.pt")
+    dist.close()                                   # an error leaves it to process exit (atexit)
     return result
 
 
