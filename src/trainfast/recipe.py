@@ -139,7 +139,7 @@ def validate_for_device(r: Recipe, device: torch.device) -> None:
     if r.precision == "fp16" and device.type == "cpu" and not _cpu_supports_fp16_autocast():
         raise RecipeError("precision=fp16 is not supported by autocast on this CPU build of torch; use bf16")
     if r.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise RecipeError(f"precision=bf16 is not supported on {torch.cuda.get_device_name(device)}; use fp16")
+        raise RecipeError(f"precision=bf16 is not supported on {device} (needs Ampere or newer); use fp16")
     if r.precision == "fp16" and device.type == "mps" and r.optimizer_impl == "fused":
         raise RecipeError("optimizer_impl=fused with fp16 is not supported on mps")
     if r.optimizer_impl == "fused" and device.type not in ("cuda", "cpu", "mps", "xpu"):

@@ -155,7 +155,8 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
         record = {"epoch": epoch + 1, "step": state.step, "train_loss": train_loss, "train_accuracy": train_accuracy,
                   "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"],
                   "epoch_time_s": time.perf_counter() - t0, "data_wait_s": stats.data_wait_s,
-                  "lr": state.optimizer.param_groups[0]["lr"], **state.precision.metrics()}
+                  "lr": state.optimizer.param_groups[0]["lr"], "train_losses": stats.losses,
+                  **state.precision.metrics()}
         result.history.append(record)
         if writes:
             with open(out_dir / "metrics.jsonl", "a") as f:

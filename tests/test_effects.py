@@ -1,0 +1,57 @@
+"""A technique that cannot act on the device (or model) is detected as such, from the device itself."""
+import torch
+from torch import nn
+
+from conftest import tiny_resnet
+from trainfast.ablate import LADDER, plan_rungs
+from trainfast.recipe import Recipe
+from trainfast.techniques import changes_effect, field_effect
+from trainfast.techniques.precision import auto_amp_dtype, has_fast_bf16
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
+MLP = nn.Sequential(nn.Flatten(), nn.Linear(12, 4))
+
+
+def test_transfer_switches_act_only_on_cuda():
+    for name in ("non_blocking", "pin_memory", "cudnn_benchmark"):
+        assert not field_effect(name, CPU, MLP).acts
+        assert "only acts on CUDA" in field_effect(name, CPU, MLP).reason
+        assert field_effect(name, CUDA, MLP).acts
+
+
+def test_non_blocking_rung_is_no_effect_on_cpu_but_measured_on_cuda():
+    changes = LADDER["non_blocking"]
+    on_cpu = changes_effect(changes, CPU, tiny_resnet())
+    assert on_cpu.label == "no-effect" and "cpu" in on_cpu.reason
+    assert changes_effect(changes, CUDA, tiny_resnet()).label == "measured"
+
+
+def test_channels_last_depends_on_the_model():
+    assert field_effect("channels_last", CPU, tiny_resnet()).acts
+    effect = field_effect("channels_last", CPU, MLP)
+    assert not effect.acts and "no convolutions" in effect.reason
+
+
+def test_precision_and_optimizer_switches_always_act():
+    for name in ("precision", "set_to_none", "optimizer_impl", "compile", "prefetch"):
+        assert field_effect(name, CPU, tiny_resnet()).acts
+
+
+def test_amp_dtype_follows_the_hardware(monkeypatch):
+    from trainfast.techniques import precision
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
+    assert has_fast_bf16(CPU) and auto_amp_dtype(CPU) == "bf16"
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2"})
+    assert not has_fast_bf16(CPU) and auto_amp_dtype(CPU) == "fp16"
+
+
+def test_cumulative_and_each_modes():
+    cumulative = plan_rungs(Recipe(), None, "cumulative", "bf16", CPU)
+    assert [r.name for r in cumulative] == list(LADDER)
+    last = cumulative[-1].recipe
+    assert (last.precision, last.set_to_none, last.prefetch, last.channels_last, last.compile,
+            last.optimizer_impl) == ("bf16", True, True, True, True, "fused")
+    each = plan_rungs(Recipe(), ["compile", "amp"], "each", "bf16", CPU)
+    assert [r.name for r in each] == ["baseline", "amp", "compile"]
+    assert each[2].recipe == Recipe(compile=True)

@@ -1,0 +1,107 @@
+"""Every refused Recipe combination gives its own message; bad config files and flags are refused before
+any work starts."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from trainfast import recipe as recipe_mod
+from trainfast.recipe import Recipe, RecipeError, preset, validate_for_device
+
+REFUSED = [
+    (dict(num_workers=-1), "num_workers=-1 must be a non-negative integer"),
+    (dict(persistent_workers=True), "persistent_workers=True needs num_workers > 0"),
+    (dict(prefetch_factor=2), "prefetch_factor needs num_workers > 0"),
+    (dict(num_workers=2, prefetch_factor=0), "prefetch_factor=0 must be >= 1"),
+    (dict(non_blocking=True), "non_blocking=True needs pin_memory=True"),
+    (dict(precision="fp8"), "precision='fp8' is not one of fp32, bf16, fp16"),
+    (dict(optimizer_impl="turbo"), "optimizer_impl='turbo' is not one of"),
+    (dict(batch_size=0), "batch_size=0 must be a positive integer"),
+    (dict(epochs=1.5), "epochs=1.5 must be a positive integer"),
+    (dict(lr=0.0), "lr=0.0 must be positive"),
+    (dict(grad_clip=-1.0), "grad_clip=-1.0 must be positive"),
+    (dict(nonfinite="ignore"), "nonfinite='ignore' is not one of"),
+]
+
+
+@pytest.mark.parametrize("changes,message", REFUSED, ids=[m.split()[0] for _, m in REFUSED])
+def test_refused_combination_names_the_field(changes, message):
+    with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Recipe(**changes)
+
+
+def test_fp16_refused_on_a_device_that_cannot(monkeypatch):
+    monkeypatch.setattr(recipe_mod, "_cpu_supports_fp16_autocast", lambda: False)
+    with pytest.raises(RecipeError, match="precision=fp16 is not supported by autocast on this CPU"):
+        validate_for_device(Recipe(precision="fp16"), torch.device("cpu"))
+
+
+def test_bf16_refused_on_a_gpu_without_bf16(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    with pytest.raises(RecipeError, match="precision=bf16 is not supported on cuda"):
+        validate_for_device(Recipe(precision="bf16"), torch.device("cuda"))
+
+
+def test_valid_recipes_pass():
+    Recipe(num_workers=2, persistent_workers=True, prefetch_factor=4, non_blocking=True, pin_memory=True)
+    Recipe(prefetch=True, non_blocking=True)   # the prefetcher pins and copies asynchronously itself
+    validate_for_device(preset("fast"), torch.device("cpu"))
+
+
+def test_unknown_config_key_is_refused(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text("precision: bf16\nset_to_nnone: true\n")
+    with pytest.raises(RecipeError, match=r"recipe.yaml: unknown key\(s\) set_to_nnone"):
+        Recipe.from_file(path)
+
+
+def test_config_file_values_are_validated(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text("num_workers: -3\n")
+    with pytest.raises(RecipeError, match="num_workers=-3"):
+        Recipe.from_file(path)
+
+
+def test_yaml_python_object_tag_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.yaml"
+    path.write_text(f"seed: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(RecipeError, match="not valid safe YAML"):
+        Recipe.from_file(path)
+    assert not marker.exists()
+
+
+def test_config_file_round_trip(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("precision: bf16\nset_to_none: true\nnum_workers: 2\n")
+    assert Recipe.from_file(path) == Recipe(precision="bf16", set_to_none=True, num_workers=2)
+
+
+def run_cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "trainfast", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["ablate", "--set-to-nnone"], "unrecognized arguments: --set-to-nnone"),
+    (["train", "--num-workers", "two"], "argument --num-workers: invalid int value: 'two'"),
+    (["ablate", "--persistent-workers"], "persistent_workers=True needs num_workers > 0"),
+    (["ablate", "--rungs", "baseline,warp"], "unknown rung(s) warp"),
+    (["ablate", "--data", "mnist"], "unknown dataset 'mnist'"),
+    (["ablate", "--data", "imagefolder:/nonexistent/x"], "folder does not exist"),
+    (["train", "--model", "resnet5O"], "'resnet5O' is neither a built-in model"),
+    (["train", "--recipe", "warp"], "--recipe 'warp' is not a preset"),
+])
+def test_bad_cli_input_is_refused_before_any_work(tmp_path, args, message):
+    proc = run_cli(*args, "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists(), "work started before the refusal"
+
+
+def test_bad_config_key_via_cli(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("bogus_field: 1\n")
+    proc = run_cli("train", "--recipe", str(cfg), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 2 and "unknown key(s) bogus_field" in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,27 @@
+"""`trainfast train` writes a run folder: metrics per epoch, the recipe used, the final weights."""
+import json
+import subprocess
+import sys
+
+import torch
+
+from trainfast.checkpoint import safe_load
+from trainfast.models import build_model
+
+
+def test_train_writes_run_folder(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "trainfast", "train", "--image-size", "16", "--epochs", "2",
+                           "--precision", "bf16", "--set-to-none", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert records[-1]["val_accuracy"] > 0.5
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["precision"] == "bf16" and recipe["set_to_none"] is True and recipe["epochs"] == 2
+    weights = safe_load(out / "model.pt")
+    model = build_model("resnet9", 10)
+    model.load_state_dict(weights)
+    assert all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
