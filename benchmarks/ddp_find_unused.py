@@ -29,7 +29,7 @@ def worker(find_unused: bool, depth: int) -> float:
 
     windows = []
     recipe = Recipe(optimizer="sgd", lr=0.01, batch_size=32, log_every=10, find_unused_parameters=find_unused)
-    result = train(lambda: build_model(depth), load_synthetic(16, n=4096), recipe=recipe, device="cpu",
+    result = train(lambda: build_model(depth), load_synthetic(16, n=1024), recipe=recipe, device="cpu",
                    on_window=lambda step, stats: windows.__setitem__(slice(None), stats.windows))
     del result
     return steady_throughput(windows, skip_first=1)[0]   # rank 0's samples/s (ranks run in lockstep)
