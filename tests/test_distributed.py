@@ -123,9 +123,9 @@ def assert_close(a: dict, b: dict) -> None:
 def test_two_processes_match_one_process_with_double_batch(two_procs):
     ranks = reports(two_procs, "ddp")
     assert [r["steps"] for r in ranks] == [STEPS, STEPS]
-    assert ranks[0]["history"] == [dict(h, epoch_time_s=ranks[0]["history"][0]["epoch_time_s"],
-                                        data_wait_s=ranks[0]["history"][0]["data_wait_s"])
-                                   for h in ranks[1]["history"]]        # reduced metrics agree on every rank
+    reduced = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "step")
+    assert [{k: h[k] for k in reduced} for h in ranks[0]["history"]] == \
+        [{k: h[k] for k in reduced} for h in ranks[1]["history"]]         # reduced metrics agree on every rank
     assert_close(weights(two_procs / "ddp" / "model.pt"), one_process_reference())
 
 
@@ -194,7 +194,7 @@ def test_ablate_nproc_runs_each_rung_under_torch_distributed(tmp_path):
 
     result = ablate(make_model, make_split(), recipe=Recipe(optimizer="sgd", lr=LR, batch_size=BATCH,
                                                              log_every=2), rungs=["baseline"],
-                    device="cpu", out=tmp_path, show=False, nproc=2)
+                    device="cpu", out=tmp_path, show=False, nproc=2, noise_seeds=1)
     rung = result.rungs[0]
     assert rung.status == "done", rung.result
     assert rung.result["world_size"] == 2 and rung.result["steps"] == STEPS
