@@ -20,7 +20,7 @@ def cli_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("ablate") / "report"
     proc = subprocess.run(
         [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--epochs", "2", "--batch-size", "32",
-         "--rungs", "amp,non_blocking,channels_last", "--out", str(out)],
+         "--rungs", "amp,non_blocking,channels_last", "--noise-seeds", "2", "--out", str(out)],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     return out, proc.stdout
@@ -41,6 +41,8 @@ def test_results_schema_and_numbers(cli_report):
         assert key in env
     names = [r["name"] for r in data["rungs"]]
     assert names == ["baseline", "amp", "non_blocking", "channels_last"]
+    seeds = data["baseline_seeds"]
+    assert [s["seed"] for s in seeds] == [0, 1] and all(s["accuracy"] > 0.5 for s in seeds)
     for rung in data["rungs"]:
         assert RUNG_KEYS <= set(rung), RUNG_KEYS - set(rung)
         assert Recipe.from_dict(rung["recipe"])          # the full recipe, loadable
@@ -67,7 +69,8 @@ def test_no_effect_rung_is_reported_not_measured(cli_report):
 
 def test_python_api_with_own_model_and_datasets(tmp_path, digits16):
     result = ablate(tiny_resnet, digits16.train, digits16.val, mean=digits16.mean, std=digits16.std,
-                    recipe=Recipe(epochs=1, batch_size=32), rungs=["set_to_none"], out=tmp_path, show=False)
+                    recipe=Recipe(epochs=1, batch_size=32), rungs=["set_to_none"], out=tmp_path, show=False,
+                    noise_seeds=1)
     assert [r.status for r in result.rungs] == ["done", "done"]
     assert result.best_name in ("baseline", "set_to_none")
     assert (tmp_path / "results.json").exists()
@@ -76,6 +79,9 @@ def test_python_api_with_own_model_and_datasets(tmp_path, digits16):
 def test_noise_band_and_best_pick():
     band = accuracy_band(0.9, 400)
     assert 0.03 < band < 0.05            # 2 * sqrt(2 * 0.9 * 0.1 / 400) = 0.042
+    # seed-to-seed spread dominates: 2 * stdev(0.8, 0.9, 1.0) * sqrt(1 + 1/3)
+    assert accuracy_band(0.9, 400, [0.8, 0.9, 1.0]) == pytest.approx(2 * 0.1 * (4 / 3) ** 0.5)
+    assert accuracy_band(0.9, 400, [0.9, 0.9, 0.9]) == band
 
     class R:
         def __init__(self, name, status, **result):
@@ -84,7 +90,7 @@ def test_noise_band_and_best_pick():
     rungs = [R("baseline", "done", throughput=100.0, accuracy=0.90, val_samples=400, peak_memory_bytes=10, flops_per_s=1.0),
              R("fast_but_wrong", "done", throughput=300.0, accuracy=0.70, val_samples=400, peak_memory_bytes=10, flops_per_s=1.0),
              R("fast", "done", throughput=200.0, accuracy=0.89, val_samples=400, peak_memory_bytes=10, flops_per_s=1.0)]
-    score_rungs(rungs, {"fp32": 10.0})
+    score_rungs(rungs, {"fp32": 10.0}, [0.90, 0.91, 0.89])
     assert rungs[1].result["accuracy_flag"] and not rungs[2].result["accuracy_flag"]
     assert rungs[2].result["speedup"] == 2.0
     assert pick_best(rungs).name == "fast"

@@ -11,6 +11,7 @@ import math
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import statistics
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -213,6 +214,7 @@ class AblationResult:
     best: Recipe
     best_name: str
     ceilings: dict[str, float]
+    seed_runs: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         from .report import results_dict
@@ -220,17 +222,29 @@ class AblationResult:
         return results_dict(self)
 
 
-def accuracy_band(accuracy: float, n: int) -> float:
-    """Half-width of the noise band for a difference of two accuracies on the same n held-out samples:
-    two binomial standard errors of the difference (sqrt(2) x the one-run error)."""
+def accuracy_band(accuracy: float, n: int, seed_accuracies: list[float] | None = None) -> float:
+    """Half-width of the band within which a rung's accuracy is indistinguishable from the baseline's.
+
+    Two noise sources: evaluation sampling (n held-out samples: two binomial standard errors of a
+    difference, sqrt(2) x one run's) and training itself (another seed, or the numerics of a technique,
+    sends SGD down another path: two standard deviations of the baseline over its seeds, widened by
+    sqrt(1 + 1/k) for comparing one run against the mean of k). The band is the larger of the two."""
     p = min(max(accuracy, 1.0 / max(1, n)), 1 - 1.0 / max(1, n))
-    return 2 * math.sqrt(2 * p * (1 - p) / max(1, n))
+    band = 2 * math.sqrt(2 * p * (1 - p) / max(1, n))
+    if seed_accuracies and len(seed_accuracies) >= 2:
+        k = len(seed_accuracies)
+        band = max(band, 2 * statistics.stdev(seed_accuracies) * math.sqrt(1 + 1 / k))
+    return band
 
 
-def score_rungs(rungs: list[Rung], ceilings: dict[str, float]) -> None:
-    """Speed-up, memory ratio, ceiling fraction and accuracy flags, all relative to the baseline."""
+def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: list[float] | None = None) -> None:
+    """Speed-up, memory ratio, ceiling fraction and accuracy flags, all relative to the baseline (its
+    accuracy: the mean over its seeds when it was repeated)."""
     base = rungs[0].result if rungs and rungs[0].status == "done" else None
-    band = accuracy_band(base["accuracy"], base["val_samples"]) if base else None
+    if base:
+        seeds = seed_accuracies or [base["accuracy"]]
+        reference = statistics.fmean(seeds)
+        band = accuracy_band(reference, base["val_samples"], seeds)
     for rung in rungs:
         r = rung.result
         if rung.status != "done":
@@ -241,7 +255,7 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float]) -> None:
         if base:
             r["speedup"] = r["throughput"] / base["throughput"] if base["throughput"] else None
             r["memory_ratio"] = r["peak_memory_bytes"] / base["peak_memory_bytes"]
-            r["accuracy_delta"] = r["accuracy"] - base["accuracy"]
+            r["accuracy_delta"] = r["accuracy"] - reference
             r["accuracy_band"] = band
             r["accuracy_flag"] = abs(r["accuracy_delta"]) > band
 
@@ -261,17 +275,21 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
            data: str = "digits", image_size: int | None = None, recipe: Recipe | None = None,
            rungs: list[str] | None = None, mode: str = "cumulative", amp_dtype: str = "auto",
            device: str = "auto", out: str | Path | None = None, mean=None, std=None,
-           show: bool = True, nproc: int = 1) -> AblationResult:
+           noise_seeds: int = 3, show: bool = True, nproc: int = 1) -> AblationResult:
     """Run the ladder and write the report folder. `model` is a timm/built-in name or a picklable
     zero-argument factory (each rung runs in a spawned process, so lambdas cannot cross). With
-    `train_set`/`val_set` the datasets are used instead of `data`. With `nproc` > 1 every rung runs as
-    that many DDP processes (torch.distributed.elastic, rendezvous on 127.0.0.1); rank 0 reports."""
+    `train_set`/`val_set` the datasets are used instead of `data`. The baseline is trained with
+    `noise_seeds` seeds in all, so the accuracy band includes seed-to-seed training noise. With `nproc` > 1
+    every rung runs as that many DDP processes (torch.distributed.elastic, rendezvous on 127.0.0.1);
+    rank 0 reports."""
     from .data.datasets import Split, load_data
     from .models import build_model, check_model_name
     from .report import Display, environment, write_report
     from .trainer import as_split
 
     base = recipe or Recipe()
+    if not isinstance(noise_seeds, int) or noise_seeds < 1:
+        raise RecipeError(f"--noise-seeds {noise_seeds!r} must be a positive integer")
     dev = resolve_device(device)
     validate_for_device(base, dev)
     if not isinstance(nproc, int) or nproc < 1:
@@ -296,6 +314,7 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     env = environment(dev)
     display = Display(plan, ceilings, env, show=show)
     ctx = mp.get_context("spawn")
+    seed_runs: list[dict[str, Any]] = []
     with display:
         for rung in plan:
             if rung.status == "no-effect":
@@ -305,13 +324,33 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
             display.start_rung(rung)
             rung.result = _run_in_process(ctx, job, rung, out_dir / f"rung-{rung.name}.log", display)
             rung.status = "failed" if "error" in rung.result else "done"
-            score_rungs(plan, ceilings)
+            if rung.name == "baseline" and rung.status == "done":
+                seed_runs = [_seed_summary(rung.recipe.seed, rung.result)] + _run_seed_repeats(
+                    ctx, job, rung, noise_seeds - 1, out_dir, display)
+            score_rungs(plan, ceilings, [s["accuracy"] for s in seed_runs if s.get("accuracy") is not None])
             display.update()
     best = pick_best(plan)
-    result = AblationResult(plan, env, out_dir, best.recipe, best.name, ceilings)
+    result = AblationResult(plan, env, out_dir, best.recipe, best.name, ceilings, seed_runs)
     write_report(result)
     display.final(result)
     return result
+
+
+def _seed_summary(seed: int, result: dict[str, Any]) -> dict[str, Any]:
+    return {"seed": seed, **{k: result.get(k) for k in ("accuracy", "loss", "throughput", "error")}}
+
+
+def _run_seed_repeats(ctx, job: Job, baseline: Rung, repeats: int, out_dir: Path, display) -> list[dict[str, Any]]:
+    """The baseline again with other seeds (other init, other data order): how far accuracy moves when
+    nothing but chance changes. Only accuracy is used from these runs."""
+    runs = []
+    for i in range(1, repeats + 1):
+        seed = baseline.recipe.seed + i
+        probe = Rung(f"baseline-seed{seed}", {}, baseline.recipe.replace(seed=seed))
+        display.start_rung(probe)
+        result = _run_in_process(ctx, job, probe, out_dir / f"rung-baseline-seed{seed}.log", display)
+        runs.append(_seed_summary(seed, result))
+    return runs
 
 
 def _run_in_process(ctx, job: Job, rung: Rung, log_path: Path, display) -> dict[str, Any]:

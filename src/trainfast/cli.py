@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--rungs", default=None, help=f"comma-separated subset of: {','.join(LADDER)}")
     ab.add_argument("--amp-dtype", choices=("auto", "bf16", "fp16"), default="auto",
                     help="dtype of the AMP rung; auto = bf16 where the device has fast bf16, else fp16 + GradScaler")
+    ab.add_argument("--noise-seeds", type=int, default=3,
+                    help="train the baseline with this many seeds to measure accuracy noise (default 3)")
     ab.add_argument("--out", default=None, help="report folder (default: runs/ablate-<timestamp>)")
     ab.add_argument("--nproc", type=int, default=1,
                     help="run every rung as N DDP processes (torch.distributed, gloo on CPU / nccl on CUDA)")
@@ -107,7 +109,7 @@ def _ablate(args, recipe: Recipe) -> int:
     rungs = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
     result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe, rungs=rungs,
                     mode=args.mode, amp_dtype=args.amp_dtype, device=args.device, out=args.out,
-                    nproc=args.nproc)
+                    noise_seeds=args.noise_seeds, nproc=args.nproc)
     return 0 if all(r.status != "failed" for r in result.rungs) else 1
 
 

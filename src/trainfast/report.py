@@ -87,6 +87,8 @@ def fmt_flops(x: float | None) -> str:
 def rung_label(rung: "Rung") -> str:
     if rung.name == "baseline":
         return "baseline (fp32)"
+    if rung.name.startswith("baseline-seed"):
+        return f"baseline (seed {rung.recipe.seed}, for the noise band)"
     extra = f" ({rung.changes['precision']})" if "precision" in rung.changes else ""
     return f"+{rung.name}{extra}"
 
@@ -213,6 +215,7 @@ def results_dict(result: "AblationResult") -> dict[str, Any]:
         "environment": result.environment,
         "ceilings_flops_per_s": result.ceilings,
         "best": {"name": result.best_name, "recipe": result.best.to_dict()},
+        "baseline_seeds": result.seed_runs,
         "rungs": rungs,
     }
 
@@ -270,8 +273,11 @@ def accuracy_note(result: "AblationResult") -> str:
     base = result.rungs[0].result
     band = next((r.result.get("accuracy_band") for r in result.rungs if r.result.get("accuracy_band")), None)
     flagged = [rung_label(r) for r in result.rungs if r.result.get("accuracy_flag")]
-    text = (f"Accuracy noise band: ±{band:.3f} around the baseline's {base['accuracy']:.3f} on "
-            f"{base['val_samples']} held-out samples (two binomial standard errors of a difference). ")
+    accs = [s["accuracy"] for s in result.seed_runs if s.get("accuracy") is not None]
+    seeds = ", ".join(f"{a:.3f}" for a in accs)
+    text = (f"Accuracy noise band: ±{band:.3f} around the baseline's mean accuracy over {len(accs)} seed(s) "
+            f"({seeds}) on {base['val_samples']} held-out samples: the larger of two binomial standard errors "
+            f"of a difference and two seed-to-seed standard deviations. Δ is measured from that mean. ")
     text += ("Outside it (marked !): " + ", ".join(flagged) + ".") if flagged else "Every rung is inside it."
     return text
 
