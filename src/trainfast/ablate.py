@@ -64,6 +64,7 @@ class Job:
     image_size: int | None = None
     loss_fn: Callable | None = None
     device: str = "auto"
+    nproc: int = 1                      # >1: the rung runs as that many torch.distributed workers (DDP)
 
 
 def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumulative", amp: str = "auto",
@@ -102,6 +103,17 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
 
 def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str, Any]:
     """Train `recipe.epochs` epochs with the shared engine, evaluate, and return every measured number."""
+    from .distributed import setup_distributed
+
+    dist = setup_distributed(recipe, resolve_device(job.device))   # under ablate --nproc: one rank of N
+    device = dist.device
+    try:
+        return _measure_rung(job, recipe, emit, dist, device)
+    finally:
+        dist.close()
+
+
+def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, device) -> dict[str, Any]:
     from torch import nn
 
     from .data.datasets import load_data
@@ -109,27 +121,23 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
     from .models import build_model
     from .techniques.runtime import apply_runtime_flags
     from .data.badfiles import skipped_last_pass
-    from .data.loader import resolve_num_workers
-    from .trainer import build_batches, build_state, seed_everything
+    from .trainer import build_run, seed_everything
     from .engine import evaluate, train_one_epoch
 
-    device = resolve_device(job.device)
     split = load_data(job.data, job.image_size) if isinstance(job.data, str) else job.data
     loss_fn = job.loss_fn or nn.CrossEntropyLoss()
     apply_runtime_flags(recipe, device)
     seed_everything(recipe.seed)
     model = build_model(job.model, split.num_classes, split.image_size) if isinstance(job.model, str) else job.model()
     reset_peak_memory(device)
-    state = build_state(model, recipe, device)
-    recipe = state.recipe = resolve_num_workers(recipe, split, device)   # "auto": measured once, recorded
-    train_batches = build_batches(split.train, split, recipe, device, train=True)
-    val_batches = build_batches(split.val, split, recipe, device, train=False)
 
+    # FLOPs on the eager model before any wrapping (a sharded FSDP2 copy could not run alone).
     sample = split.train[0][0]
     fmt = torch.channels_last if recipe.channels_last and sample.ndim == 3 else torch.contiguous_format
     probe = torch.zeros((recipe.batch_size, *sample.shape), device=device).contiguous(memory_format=fmt)
-    flops_per_step = count_train_flops(state.model, loss_fn, probe,
+    flops_per_step = count_train_flops(model.to(device), loss_fn, probe,
                                        torch.zeros(recipe.batch_size, dtype=torch.long, device=device))
+    state, train_batches, val_batches = build_run(model, split, recipe, device, dist, loss_fn)
 
     total_steps = len(train_batches) * recipe.epochs
     windows, losses, epoch_times, data_wait, correct, seen, skipped = [], [], [], 0.0, 0, 0, 0
@@ -137,10 +145,13 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
     def on_window(step: int, stats) -> None:
         emit({"event": "progress", "step": step, "total": total_steps, "loss": stats.losses[-1]})
 
-    for _ in range(recipe.epochs):
-        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.step,
-                      stop_on_nonfinite=recipe.nonfinite == "stop")
-        stats = train_one_epoch(state, train_batches, loss_fn, meter)
+    for epoch in range(recipe.epochs):
+        dist.set_epoch(epoch)
+        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.micro_step,
+                      stop_on_nonfinite=recipe.nonfinite == "stop",
+                      agree=dist.agree_nonfinite if dist.enabled else None)
+        with dist.watch():
+            stats = train_one_epoch(state, train_batches, dist.criterion(loss_fn), meter)
         # The first window of every epoch holds compile, allocator warm-up and worker start-up.
         windows.extend(stats.windows[1:] if len(stats.windows) > 1 else stats.windows)
         losses.extend(stats.losses)
@@ -150,7 +161,10 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
         seen += stats.samples
         skipped += skipped_last_pass(train_batches, device)
     throughput, spread, used = steady_throughput(windows, skip_first=0)
-    metrics = evaluate(state.model, val_batches, loss_fn, state.precision)
+    # Ranks step in lockstep (gradient all-reduce), so the job's throughput is world_size x one rank's.
+    throughput, spread = throughput * dist.world_size, spread * dist.world_size
+    metrics = dist.reduce_eval(evaluate(state.model, val_batches, loss_fn, state.precision))
+    train_loss, train_accuracy = dist.reduce_train(sum(losses) / max(1, len(losses)), correct, seen)
     flops_per_sample = flops_per_step / recipe.batch_size
     return {
         "throughput": throughput,
@@ -163,9 +177,10 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str
         "accuracy": metrics["accuracy"],
         "loss": metrics["loss"],
         "val_samples": metrics["samples"],
-        "train_loss": sum(losses) / max(1, len(losses)),
-        "train_losses": losses,
-        "train_accuracy": correct / max(1, seen),
+        "train_loss": train_loss,
+        "train_losses": losses,             # rank 0's
+        "train_accuracy": train_accuracy,
+        "world_size": dist.world_size,
         "steps": state.step,
         "flops_per_sample": flops_per_sample,
         "flops_per_s": flops_per_sample * throughput,
@@ -180,11 +195,22 @@ def _rung_process(job: Job, recipe: Recipe, events, log_path: str) -> None:
     with open(log_path, "w") as log:
         os.dup2(log.fileno(), 2)
         try:
-            result = run_rung(job, recipe, events.put)
+            if job.nproc > 1:
+                from .distributed import launch_local
+
+                result = launch_local(_rung_worker, (job, recipe, events), job.nproc)
+            else:
+                result = run_rung(job, recipe, events.put)
             events.put({"event": "result", "result": result})
         except BaseException as exc:  # report every failure to the parent, which keeps going
             traceback.print_exc()
             events.put({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
+
+
+def _rung_worker(job: Job, recipe: Recipe, events) -> dict[str, Any]:
+    """One rank of an `ablate --nproc N` rung (started by torch.distributed.elastic); rank 0 reports."""
+    emit = events.put if os.environ.get("RANK", "0") == "0" else (lambda event: None)
+    return run_rung(job, recipe, emit)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -260,11 +286,13 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
            data: str = "digits", image_size: int | None = None, recipe: Recipe | None = None,
            rungs: list[str] | None = None, mode: str = "cumulative", amp_dtype: str = "auto",
            device: str = "auto", out: str | Path | None = None, mean=None, std=None,
-           noise_seeds: int = 3, show: bool = True) -> AblationResult:
+           noise_seeds: int = 3, show: bool = True, nproc: int = 1) -> AblationResult:
     """Run the ladder and write the report folder. `model` is a timm/built-in name or a picklable
     zero-argument factory (each rung runs in a spawned process, so lambdas cannot cross). With
     `train_set`/`val_set` the datasets are used instead of `data`. The baseline is trained with
-    `noise_seeds` seeds in all, so the accuracy band includes seed-to-seed training noise."""
+    `noise_seeds` seeds in all, so the accuracy band includes seed-to-seed training noise. With `nproc` > 1
+    every rung runs as that many DDP processes (torch.distributed.elastic, rendezvous on 127.0.0.1);
+    rank 0 reports."""
     from .data.datasets import Split, load_data
     from .data.loader import resolve_num_workers
     from .models import build_model, check_model_name
@@ -276,6 +304,8 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
         raise RecipeError(f"--noise-seeds {noise_seeds!r} must be a positive integer")
     dev = resolve_device(device)
     validate_for_device(base, dev)
+    if not isinstance(nproc, int) or nproc < 1:
+        raise RecipeError(f"--nproc {nproc!r} must be a positive integer")
     if isinstance(model, str):
         check_model_name(model)
     # Everything the rungs need is checked here, before the first rung starts.
@@ -291,7 +321,7 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
         if not effect.acts:
             rung.status = "no-effect"
     del probe_model
-    job = Job(model, data if train_set is None else split, split.image_size or image_size, loss_fn, device)
+    job = Job(model, data if train_set is None else split, split.image_size or image_size, loss_fn, device, nproc)
 
     out_dir = Path(out) if out is not None else default_out_dir()
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -289,7 +289,7 @@ class Checkpointer:
         """Point at this epoch's Meter; on a resumed epoch, give it the metrics of the steps already done."""
         self.meter = meter
         position = self.data_order.pending_skip
-        self.epoch_first_step = state.step - position
+        self.epoch_first_step = state.micro_step - position    # positions count batches (micro-steps)
         if self._resumed_stats is not None:
             stats = self._resumed_stats
             meter.stats.losses.extend(stats["losses"])
@@ -299,7 +299,8 @@ class Checkpointer:
 
     def after_step(self, state) -> None:
         every = self.recipe.save_every
-        if every and state.step % every == 0:
+        at_update = state.micro_step % self.recipe.grad_accum_steps == 0   # never inside an accumulation
+        if every and at_update and state.step % every == 0:
             self.save(state, at_epoch_end=False)
 
     def end_epoch(self, state) -> None:
@@ -308,7 +309,7 @@ class Checkpointer:
     # the state ----------------------------------------------------------------------------------
     def save(self, state, at_epoch_end: bool) -> Path | None:
         self.meter.flush()
-        position = state.step - self.epoch_first_step
+        position = state.micro_step - self.epoch_first_step
         stats = self.meter.stats       # this rank's metrics of the epoch so far (an epoch end starts anew)
         epoch_stats = {"losses": [] if at_epoch_end else list(stats.losses),
                        "correct": 0 if at_epoch_end else stats.correct,
@@ -319,7 +320,8 @@ class Checkpointer:
             return None
         payload = {
             "format": "trainfast.checkpoint", "version": FORMAT_VERSION,
-            "step": state.step, "epoch": state.epoch, "position": 0 if at_epoch_end else position,
+            "step": state.step, "micro_step": state.micro_step, "epoch": state.epoch,
+            "position": 0 if at_epoch_end else position,
             "recipe": self.recipe.to_dict(),
             "model": state.model.state_dict(),
             "optimizer": state.optimizer.state_dict(),
@@ -372,6 +374,7 @@ class Checkpointer:
         state.precision.load_state_dict(payload["precision"])
         state.nonfinite.load_state_dict(payload["nonfinite"])
         state.step, state.epoch = payload["step"], payload["epoch"]
+        state.micro_step = payload.get("micro_step", payload["step"])
         self.data_order.load_state_dict(ranks[self.rank]["data"], skip=payload["position"])
         self._resumed_stats = ranks[self.rank]["epoch_stats"] if payload["position"] else None
         restore_rng(ranks[self.rank]["rng"])     # last: nothing after this may draw random numbers

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import typing
 from pathlib import Path
 
+from .distributed import RankTimeoutError
+from .measure import NonFiniteLossError
 from .recipe import Recipe, RecipeError, preset
 
 
@@ -85,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--noise-seeds", type=int, default=3,
                     help="train the baseline with this many seeds to measure accuracy noise (default 3)")
     ab.add_argument("--out", default=None, help="report folder (default: runs/ablate-<timestamp>)")
+    ab.add_argument("--nproc", type=int, default=1,
+                    help="run every rung as N DDP processes (torch.distributed, gloo on CPU / nccl on CUDA)")
 
     tr = sub.add_parser("train", help="train with a recipe and write a run folder")
     add_common(tr)
@@ -119,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RecipeError, ValueError, FileNotFoundError) as exc:
         print(f"trainfast {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except (NonFiniteLossError, RankTimeoutError) as exc:     # decided on every rank at the same step
+        print(f"trainfast {args.command}: stopped: {exc}", file=sys.stderr)
+        return 1
 
 
 def _ablate(args, recipe: Recipe) -> int:
@@ -127,7 +135,7 @@ def _ablate(args, recipe: Recipe) -> int:
     rungs = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
     result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe, rungs=rungs,
                     mode=args.mode, amp_dtype=args.amp_dtype, device=args.device, out=args.out,
-                    noise_seeds=args.noise_seeds)
+                    noise_seeds=args.noise_seeds, nproc=args.nproc)
     return 0 if all(r.status != "failed" for r in result.rungs) else 1
 
 
@@ -151,8 +159,10 @@ def _train(args, recipe: Recipe) -> int:
     check_model_name(args.model)
     split = load_data(args.data, args.image_size)
     out = Path(args.out) if args.out else Path("runs") / datetime.now().strftime("train-%Y%m%d-%H%M%S")
-    console = Console()
-    steps_per_epoch = len(split.train) // recipe.batch_size
+    # Under torchrun every rank runs this; rank 0 alone prints (the trainer makes it the only writer).
+    rank, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1)))
+    console = Console(quiet=rank != 0)
+    steps_per_epoch = len(split.train) // (recipe.batch_size * world)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("train", total=steps_per_epoch * recipe.epochs, loss="…")

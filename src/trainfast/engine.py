@@ -4,6 +4,7 @@ The step reads top to bottom with no `if technique:` branch: a switched-off tech
 object (fp32 `Precision`, `Clipper(None)`, the eager module instead of a compiled one)."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -30,6 +31,11 @@ class Clipper:
         torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
 
 
+def always_sync(update: bool) -> contextlib.AbstractContextManager:
+    """One process (or no accumulation): nothing to hold back."""
+    return contextlib.nullcontext()
+
+
 @dataclass
 class TrainState:
     model: nn.Module                      # the eager module: owns the parameters, used for evaluation
@@ -42,6 +48,10 @@ class TrainState:
     step: int = 0
     epoch: int = 0
     nonfinite: StopOnNonFinite = field(default_factory=StopOnNonFinite)   # non-finite loss policy (faults.py)
+    # gradient accumulation / distributed (issue 5): sync(update) is DDP's no_sync on the micro-steps
+    # that do not end in an update; a no-op in one process. micro_step counts batches across epochs.
+    sync: Callable[[bool], contextlib.AbstractContextManager] = always_sync
+    micro_step: int = 0
 
 
 def no_op(state: TrainState) -> None:
@@ -51,18 +61,24 @@ def no_op(state: TrainState) -> None:
 def train_one_epoch(state: TrainState, batches: Iterable, loss_fn: Callable, meter: Meter,
                     after_step: Callable[[TrainState], None] = no_op) -> EpochStats:
     model, optimizer, precision = state.model, state.optimizer, state.precision
+    accum = state.recipe.grad_accum_steps        # 1: every batch is an update (x / 1 is exact in fp)
     model.train()
     for inputs, targets in meter.iterate(batches):
-        optimizer.zero_grad(set_to_none=state.recipe.set_to_none)
-        with precision.forward_context():
-            outputs = state.forward(inputs)
-            loss = loss_fn(outputs, targets)
-        if state.nonfinite.allows(loss, state.step):   # "stop": always, no sync; "skip": one host read
-            precision.backward(loss)                 # scales the loss first under fp16
-            state.clip(precision, optimizer)         # unscale, then clip; no-op without grad_clip
-            precision.step(optimizer)                # fp16: skipped on inf/NaN grads, scale backs off
-        state.scheduler.step()
-        state.step += 1
+        state.micro_step += 1
+        update = state.micro_step % accum == 0   # the last micro-batch of an accumulation
+        with state.sync(update):                 # DDP all-reduces gradients on the update step only
+            with precision.forward_context():
+                outputs = state.forward(inputs)
+                loss = loss_fn(outputs, targets)
+            if state.nonfinite.allows(loss, state.step):   # "stop": always, no sync; "skip": one host read
+                precision.backward(loss / accum)           # scales the loss first under fp16
+        if update:
+            if state.nonfinite.take_update():    # "skip": an update with a non-finite micro-batch is dropped
+                state.clip(precision, optimizer)     # unscale, then clip; no-op without grad_clip
+                precision.step(optimizer)            # fp16: skipped on inf/NaN grads, scale backs off
+            state.scheduler.step()
+            optimizer.zero_grad(set_to_none=state.recipe.set_to_none)
+            state.step += 1
         meter.update(loss, outputs, targets)     # on the device; read every log_every steps
         after_step(state)                        # checkpoint cadence (checkpoint.Checkpointer); no-op by default
     state.epoch += 1

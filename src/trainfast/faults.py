@@ -26,6 +26,10 @@ class StopOnNonFinite:
     def allows(self, loss: torch.Tensor, step: int) -> bool:
         return True
 
+    def take_update(self) -> bool:
+        """At an optimizer update: may it be applied? (Always, under "stop".)"""
+        return True
+
     def metrics(self) -> dict[str, float]:
         return {}
 
@@ -51,6 +55,13 @@ class SkipNonFinite(StopOnNonFinite):
         self.agree = agree
         self.skipped = 0
         self.consecutive = 0
+        self._window_bad = False     # a micro-batch of the pending (accumulated) update was skipped
+
+    def take_update(self) -> bool:
+        """An update whose accumulation contains a skipped micro-batch is dropped whole, so a skipped step
+        leaves parameters and optimizer state exactly as they were."""
+        ok, self._window_bad = not self._window_bad, False
+        return ok
 
     def allows(self, loss: torch.Tensor, step: int) -> bool:
         finite = bool(self.agree(torch.isfinite(loss.detach()).all().to(torch.int32)))   # the one sync per step
@@ -59,6 +70,7 @@ class SkipNonFinite(StopOnNonFinite):
             return True
         self.skipped += 1
         self.consecutive += 1
+        self._window_bad = True
         if self.consecutive >= self.max_consecutive:
             raise NonFiniteLossError(
                 f"loss was non-finite on {self.consecutive} consecutive steps (last: step {step}; policy "

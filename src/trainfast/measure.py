@@ -56,9 +56,14 @@ class Meter:
 
     def __init__(self, device: torch.device, log_every: int,
                  on_window: Callable[[int, "EpochStats"], None] | None = None, first_step: int = 0,
-                 stop_on_nonfinite: bool = True) -> None:
+                 stop_on_nonfinite: bool = True,
+                 agree: Callable[[int | None], list[tuple[int, int]]] | None = None) -> None:
         self.device = device
         self.stop_on_nonfinite = stop_on_nonfinite   # False under nonfinite=skip (faults.py decides per step)
+        # agree(first bad step or None) -> [(rank, first bad step)] over all ranks: under torchrun every
+        # rank calls it at the same read, so every rank stops at the same step (distributed.Dist).
+        self.agree = agree or (lambda first: [] if first is None else [(0, first)])
+        self.name_ranks = agree is not None
         self.log_every = log_every
         self.on_window = on_window
         self.step = first_step
@@ -109,9 +114,16 @@ class Meter:
         self._pending = self._pending_samples = 0
         self._wait = 0.0
         bad = [first + i for i, v in enumerate(losses) if not math.isfinite(v)]
-        if bad and self.stop_on_nonfinite:
+        ranks = self.agree(bad[0] if bad else None) if self.stop_on_nonfinite else []
+        if ranks:
+            step = min(s for _, s in ranks)
+            where = f"loss is {losses[bad[0] - first]}" if bad and bad[0] == step else "loss is not finite"
+            policy = "policy nonfinite=stop"
+            if self.name_ranks:
+                where += f" on rank(s) {', '.join(str(r) for r, s in ranks if s == step)}"
+                policy += "; every rank stops at this step"
             raise NonFiniteLossError(
-                f"loss is {losses[bad[0] - first]} at step {bad[0]} (policy nonfinite=stop). Lower the learning "
+                f"{where} at step {step} ({policy}). Lower the learning "
                 f"rate, add --warmup-steps or --grad-clip, or use bf16 instead of fp16.")
         if self.on_window is not None:
             self.on_window(self.step, self.stats)

@@ -17,6 +17,7 @@ PRECISION_LEVELS = ("autocast", "master", "pure")   # Apex's O1, O2, O3 (fp32 is
 OPTIMIZERS = ("sgd", "adamw")
 OPTIMIZER_IMPLS = ("default", "for-loop", "foreach", "fused")
 NONFINITE_POLICIES = ("stop", "skip")
+STRATEGIES = ("ddp", "fsdp", "dp")
 
 
 class RecipeError(ValueError):
@@ -33,6 +34,7 @@ class Recipe:
     weight_decay: float = 0.05
     warmup_steps: int = 0             # linear LR warm-up from lr/warmup_steps to lr (seed 004)
     seed: int = 0                     # one seed drives init, data order and per-worker streams
+    grad_accum_steps: int = 1         # micro-batches per optimizer step (loss / k; DDP syncs on the k-th only)
 
     # --- speed techniques (all off = the seeds' plain baseline loop) --------------------------
     precision: str = "fp32"           # "fp32" | "bf16" | "fp16": autocast dtype; fp16 adds a GradScaler
@@ -60,6 +62,11 @@ class Recipe:
     max_consecutive_skips: int = 10   # nonfinite=skip: abort after this many non-finite steps in a row
     save_every: int = 0               # checkpoint every N steps (0: only at each epoch end); needs a run folder
     keep_checkpoints: int = 2         # newest checkpoints kept in the run folder (older ones pruned after a save)
+
+    # --- distributed (under torchrun; a single process ignores strategy=ddp) -------------------------
+    strategy: str = "ddp"             # "ddp" | "fsdp" (FSDP2 fully_shard) | "dp" (legacy DataParallel, CUDA)
+    find_unused_parameters: bool = False  # DDP: traverse the graph every step for unused params (costly)
+    dist_timeout_s: int = 300         # a rank silent this long is reported by rank and the run stops
 
     def __post_init__(self) -> None:
         validate_fields(self)
@@ -111,7 +118,9 @@ def validate_fields(r: Recipe) -> None:
     _choice("optimizer", r.optimizer, OPTIMIZERS)
     _choice("optimizer_impl", r.optimizer_impl, OPTIMIZER_IMPLS)
     _choice("nonfinite", r.nonfinite, NONFINITE_POLICIES)
-    for name in ("epochs", "batch_size", "log_every", "max_consecutive_skips", "keep_checkpoints"):
+    _choice("strategy", r.strategy, STRATEGIES)
+    for name in ("epochs", "batch_size", "log_every", "max_consecutive_skips", "keep_checkpoints",
+                 "grad_accum_steps", "dist_timeout_s"):
         value = getattr(r, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise RecipeError(f"{name}={value!r} must be a positive integer")
@@ -152,6 +161,10 @@ def validate_for_device(r: Recipe, device: torch.device) -> None:
         raise RecipeError("optimizer_impl=fused with fp16 is not supported on mps")
     if r.optimizer_impl == "fused" and device.type not in ("cuda", "cpu", "mps", "xpu"):
         raise RecipeError(f"optimizer_impl=fused is not available on device {device.type}")
+    if r.strategy == "fsdp" and r.precision == "fp16":
+        raise RecipeError("strategy=fsdp with precision=fp16 is not supported (no loss scaler for FSDP2 here); use bf16")
+    if r.strategy == "dp" and (device.type != "cuda" or torch.cuda.device_count() < 2):
+        raise RecipeError("strategy=dp (nn.DataParallel) needs 2 or more CUDA devices; use torchrun with strategy=ddp")
     if r.compile and r.deterministic and device.type == "cuda":
         raise RecipeError("compile=True with deterministic=True is not supported on CUDA (nondeterministic Triton kernels)")
 

@@ -9,6 +9,8 @@ Order (each step needs the one before it):
      parameters, or O2's fp32 masters); the clipper clips the same tensors
   4. torch.compile wraps the forward last, after the memory format and dtype are fixed
   5. loaders (host or on-device normalization)
+Under torchrun (distributed.py): the process group first; DDP/FSDP2 wrap the model after step 2 and
+before the optimizer (FSDP2 swaps parameters for shards in place); DistributedSampler feeds the loaders.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from .checkpoint import build_checkpointer
 from .data.datasets import Split, normalize, stats_tensors
 from .data.badfiles import skipped_last_pass
 from .data.loader import build_loader, resolve_num_workers
+from .distributed import Dist, setup_distributed
 from .engine import Clipper, TrainState, evaluate, train_one_epoch
 from .faults import build_nonfinite_policy
 from .measure import Meter
@@ -67,22 +70,40 @@ def build_batches(dataset: Dataset, split: Split, recipe: Recipe, device: torch.
     return DeviceBatches(loader, device, prepare, non_blocking=recipe.non_blocking)
 
 
-def build_state(model: nn.Module, recipe: Recipe, device: torch.device, precision: Precision | None = None) -> TrainState:
+def build_state(model: nn.Module, recipe: Recipe, device: torch.device, dist: Dist | None = None,
+                precision: Precision | None = None) -> TrainState:
     """`precision` overrides the one the recipe names (tests and benchmarks tune the loss scaler with it)."""
-    precision = precision or build_precision(recipe.precision, device, recipe.precision_level)
+    dist = dist or Dist(device, strategy=recipe.strategy)
+    precision = precision or build_precision(dist.precision_name(recipe), device, recipe.precision_level)
     model = precision.prepare_model(apply_memory_format(model.to(device), recipe.channels_last))
-    params = precision.optimizer_params(model)
+    model.zero_grad(set_to_none=True)              # the engine zeroes after each update, not before
+    trained = dist.wrap(model, recipe)             # DDP / FSDP2 (in place) / DataParallel; `model` alone
+    params = precision.optimizer_params(model)     # the parameters, or O2's fp32 masters
     optimizer = build_optimizer(params, recipe)
     return TrainState(
         model=model,
-        forward=apply_compile(model, recipe.compile),
+        forward=apply_compile(trained, recipe.compile),
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, recipe.warmup_steps),
         precision=precision,
         clip=Clipper(recipe.grad_clip, params),
         recipe=recipe,
-        nonfinite=build_nonfinite_policy(recipe),
+        nonfinite=build_nonfinite_policy(recipe, dist.agree_finite),
+        sync=dist.grad_sync(trained),
     )
+
+
+def build_run(model: nn.Module, split: Split, recipe: Recipe, device: torch.device, dist: Dist,
+              loss_fn: Callable) -> tuple[TrainState, Any, Any]:
+    """One rank's state and batches: the unused-parameter probe (DDP only), the wrapped model, and the
+    loaders on this rank's shards (plain loaders in one process)."""
+    dist.probe_unused(model, loss_fn, split.train, recipe.batch_size)
+    state = build_state(model, recipe, device, dist)
+    train_batches = build_batches(split.train, split, recipe, device, train=True,
+                                  sampler=dist.train_sampler(split.train, recipe.seed), rank=dist.rank)
+    val_batches = build_batches(split.val, split, recipe, device, train=False,
+                                sampler=dist.val_sampler(split.val), rank=dist.rank)
+    return state, train_batches, val_batches
 
 
 @dataclass
@@ -122,34 +143,40 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
     split = as_split(train_set, val_set, mean=mean, std=std)
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     out_dir = Path(out) if out is not None else None
-
+    dist = setup_distributed(recipe, device)       # from torchrun's env; a no-op object in one process
+    device = dist.device
+    writes = out_dir is not None and dist.is_main  # rank 0 alone writes the run folder
+    on_window, on_epoch = (on_window, on_epoch) if dist.is_main else (None, None)
     apply_runtime_flags(recipe, device)
     seed_everything(recipe.seed)
     module = model() if callable(model) and not isinstance(model, nn.Module) else model
-    state = build_state(module, recipe, device)
-    recipe = state.recipe = resolve_num_workers(recipe, split, device)   # "auto": measured once, recorded
-    train_batches = build_batches(split.train, split, recipe, device, train=True)
-    val_batches = build_batches(split.val, split, recipe, device, train=False)
+    recipe = resolve_num_workers(recipe, split, device)   # "auto": measured once, recorded
+    state, train_batches, val_batches = build_run(module, split, recipe, device, dist, loss_fn)
     result = TrainResult(state, out_dir=out_dir)
-    checkpoints = build_checkpointer(out_dir, recipe, train_batches)
+    checkpoints = build_checkpointer(out_dir, recipe, train_batches, dist.rank, dist.gather_objects)
     resumed = checkpoints.start(state, resume)     # restores state, RNGs and the data position
     if resume is not None:
         # Records after the checkpoint are redone (a mid-epoch checkpoint's epoch record included); with
         # no checkpoint at all, the run starts over and so does metrics.jsonl.
         keep_through = 0 if resumed is None else state.step - (resumed["position"] > 0)
         result.history = read_history(out_dir, keep_through)
-    if out_dir is not None:
+    if writes:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
 
     for epoch in range(state.epoch, recipe.epochs):
-        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.step,
-                      stop_on_nonfinite=recipe.nonfinite == "stop")
+        dist.set_epoch(epoch)
+        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.micro_step,
+                      stop_on_nonfinite=recipe.nonfinite == "stop",
+                      agree=dist.agree_nonfinite if dist.enabled else None)
         checkpoints.begin_epoch(state, meter)
         t0 = time.perf_counter()
-        stats = train_one_epoch(state, train_batches, loss_fn, meter, after_step=checkpoints.after_step)
-        metrics = evaluate(state.model, val_batches, loss_fn, state.precision)
-        record = {"epoch": epoch + 1, "step": state.step, "train_loss": stats.loss, "train_accuracy": stats.accuracy,
+        with dist.watch():                     # a silent rank is named, not waited on forever
+            stats = train_one_epoch(state, train_batches, dist.criterion(loss_fn), meter,
+                                    after_step=checkpoints.after_step)
+            metrics = dist.reduce_eval(evaluate(state.model, val_batches, loss_fn, state.precision))
+        train_loss, train_accuracy = dist.reduce_train(stats.loss, stats.correct, stats.samples)
+        record = {"epoch": epoch + 1, "step": state.step, "train_loss": train_loss, "train_accuracy": train_accuracy,
                   "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"],
                   "epoch_time_s": time.perf_counter() - t0, "data_wait_s": stats.data_wait_s,
                   "lr": state.optimizer.param_groups[0]["lr"], "train_losses": stats.losses,
@@ -157,14 +184,17 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
                   "skipped_files": skipped_last_pass(train_batches, device),        # unreadable images,
                   "val_skipped_files": skipped_last_pass(val_batches, device)}      # all workers and ranks
         result.history.append(record)
-        if out_dir is not None:
+        if writes:
             with open(out_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
         if on_epoch is not None:
             on_epoch(record)
         checkpoints.end_epoch(state)
     if out_dir is not None:
-        save_weights(state.model, out_dir / "model.pt")
+        weights = dist.full_state_dict(state.model)   # collective under FSDP2
+        if writes:
+            save_weights(weights, out_dir / "model.pt")
+    dist.close()                                   # an error leaves it to process exit (atexit)
     return result
 
 
@@ -181,8 +211,9 @@ def read_history(out_dir: Path, step: int) -> list[dict[str, Any]]:
     return kept
 
 
-def save_weights(model: nn.Module, path: Path) -> None:
+def save_weights(model: nn.Module | dict, path: Path) -> None:
     """Final weights as a plain state_dict (loadable with weights_only=True), written atomically."""
     from .checkpoint import atomic_save
 
-    atomic_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
+    weights = model if isinstance(model, dict) else model.state_dict()
+    atomic_save({k: v.detach().cpu() for k, v in weights.items()}, path)
