@@ -183,7 +183,7 @@ def test_torchrun_cli_train_writes_one_run_folder(launches):
     out, code, log = launches["cli"]
     assert code == 0, log[-4000:]
     run = out / "run"
-    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl", "model.pt", "recipe.json"]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl", "model.pt", "recipe.json"]
     record = json.loads((run / "metrics.jsonl").read_text())
     assert record["step"] > 0 and record["val_accuracy"] > 0
     assert log.count("epoch 1:") == 1                                      # printed by rank 0 only
