@@ -117,11 +117,10 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
     from torch import nn
 
     from .data.datasets import load_data
-    from .measure import Meter
     from .models import build_model
     from .techniques.runtime import apply_runtime_flags
     from .data.badfiles import skipped_last_pass
-    from .trainer import build_run, seed_everything
+    from .trainer import build_meter, build_run, seed_everything
     from .engine import evaluate, train_one_epoch
 
     split = load_data(job.data, job.image_size) if isinstance(job.data, str) else job.data
@@ -147,9 +146,7 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
 
     for epoch in range(recipe.epochs):
         dist.set_epoch(epoch)
-        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.micro_step,
-                      stop_on_nonfinite=recipe.nonfinite == "stop",
-                      agree=dist.agree_nonfinite if dist.enabled else None)
+        meter = build_meter(state, dist, on_window)
         with dist.watch():
             stats = train_one_epoch(state, train_batches, dist.criterion(loss_fn), meter)
         # The first window of every epoch holds compile, allocator warm-up and worker start-up.
@@ -293,7 +290,7 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     `noise_seeds` seeds in all, so the accuracy band includes seed-to-seed training noise. With `nproc` > 1
     every rung runs as that many DDP processes (torch.distributed.elastic, rendezvous on 127.0.0.1);
     rank 0 reports."""
-    from .data.datasets import Split, load_data
+    from .data.datasets import load_data
     from .data.loader import resolve_num_workers
     from .models import build_model, check_model_name
     from .report import Display, environment, write_report

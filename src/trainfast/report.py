@@ -273,7 +273,7 @@ def write_report(result: "AblationResult") -> None:
             notes.append(f"- **{rung_label(r)}**: {risk}")
     if notes:
         lines += ["## Notes", "", *notes, ""]
-    lines += [f"## Best combination", "", f"**{result.best_name}**: the fastest rung whose accuracy is not below "
+    lines += ["## Best combination", "", f"**{result.best_name}**: the fastest rung whose accuracy is not below "
               "the baseline's noise band.", "", "```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
     lines += ["## Charts", ""] + [f"![{c.stem}]({c.name})" for c in charts] + [""]
     (out / "report.md").write_text("\n".join(lines))

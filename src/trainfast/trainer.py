@@ -106,6 +106,15 @@ def build_run(model: nn.Module, split: Split, recipe: Recipe, device: torch.devi
     return state, train_batches, val_batches
 
 
+def build_meter(state: TrainState, dist: Dist, on_window: Callable | None = None) -> Meter:
+    """One epoch's Meter: it counts micro-steps from where the state is, raises on a non-finite loss only
+    under nonfinite=stop, and under torchrun decides that together with every rank."""
+    recipe = state.recipe
+    return Meter(dist.device, recipe.log_every, on_window=on_window, first_step=state.micro_step,
+                 stop_on_nonfinite=recipe.nonfinite == "stop",
+                 agree=dist.agree_nonfinite if dist.enabled else None)
+
+
 @dataclass
 class TrainResult:
     state: TrainState
@@ -166,9 +175,7 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
 
     for epoch in range(state.epoch, recipe.epochs):
         dist.set_epoch(epoch)
-        meter = Meter(device, recipe.log_every, on_window=on_window, first_step=state.micro_step,
-                      stop_on_nonfinite=recipe.nonfinite == "stop",
-                      agree=dist.agree_nonfinite if dist.enabled else None)
+        meter = build_meter(state, dist, on_window)
         checkpoints.begin_epoch(state, meter)
         t0 = time.perf_counter()
         with dist.watch():                     # a silent rank is named, not waited on forever
