@@ -106,6 +106,75 @@ def test_train_crop_is_uint8_square_and_val_crop_is_centred(tmp_path):
     assert torch.equal(val_a[0], val_b[0])          # deterministic
 
 
+def reference_train_crop(path, size: int) -> torch.Tensor:
+    """What TrainCrop must equal when no DCT reduction applies: decode the whole file with
+    torchvision.io.decode_jpeg, then torchvision's RandomResizedCrop parameters, resize and flip."""
+    from torchvision.io import decode_jpeg, read_file
+    from torchvision.transforms import RandomResizedCrop
+    from torchvision.transforms.v2 import functional as TF
+
+    image = decode_jpeg(read_file(str(path)))
+    top, left, h, w = RandomResizedCrop.get_params(image, (0.08, 1.0), (3 / 4, 4 / 3))
+    image = TF.resized_crop(image, top, left, h, w, [size, size], antialias=True)
+    return image.flip(-1) if torch.rand(1).item() < 0.5 else image
+
+
+def test_train_crop_equals_full_decode_reference_when_no_reduction_applies(tmp_path):
+    from trainfast.data.imagefolder import TrainCrop
+
+    paths = write_jpegs(tmp_path / "c0", 6, size=(50, 40))   # a 50x40 image never has a crop >= 2 x 24
+    crop = TrainCrop(24)
+    for i, path in enumerate(paths):
+        torch.manual_seed(i)
+        expected = reference_train_crop(path, 24)
+        torch.manual_seed(i)
+        assert torch.equal(crop(path), expected)     # same decoder, same draws, same kernels: same bytes
+
+
+def test_reduced_jpeg_decode_applies_only_where_the_crop_allows_and_keeps_the_geometry(tmp_path):
+    from torchvision.io import decode_jpeg, read_file
+    from torchvision.transforms.v2 import functional as TF
+
+    from trainfast.data.imagefolder import decode_jpeg_region, dct_reduction
+
+    assert dct_reduction(447, 1000, 224) == 1 and dct_reduction(448, 448, 224) == 2
+    assert dct_reduction(900, 1800, 224) == 4 and dct_reduction(4000, 3000, 224) == 8
+    # A smooth image (two gradients + mild noise) at 4-8x the output size: every box below allows a reduction.
+    rng = np.random.default_rng(0)
+    x, y = np.meshgrid(np.linspace(0, 1, 128), np.linspace(0, 1, 96))
+    pixels = np.stack([200 * x + 20, 200 * y + 20, 120 * x * y + 60], axis=-1) + rng.normal(0, 3, (96, 128, 3))
+    path = tmp_path / "smooth.jpg"
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path, quality=90)
+    full = decode_jpeg(read_file(str(path)))
+    for box in [(0, 0, 128, 96), (5, 7, 69, 71), (30, 10, 94, 74)]:
+        with Image.open(path) as image:
+            region = decode_jpeg_region(image, box, 16)
+            reduced_size = image.size
+        expected_reduction = dct_reduction(box[2] - box[0], box[3] - box[1], 16)
+        assert expected_reduction > 1
+        assert reduced_size == (-(-128 // expected_reduction), -(-96 // expected_reduction))
+        assert region.dtype == torch.uint8 and min(region.shape[1:]) >= 16
+        ours = TF.resize(region, [16, 16], antialias=True).float()
+        reference = TF.resize(full[:, box[1]:box[3], box[0]:box[2]], [16, 16], antialias=True).float()
+        # The same picture: DCT-domain downscale vs antialiased resize, box edges rounded to the reduced
+        # grid (<= half an output pixel). The steepest gradient here rises ~6 levels per output pixel
+        # (1.56 per source pixel, 4 source pixels each), so < 4 levels apart means aligned within ~0.6
+        # output pixel, where two crops 64 source pixels apart differ by > 30 levels.
+        assert (ours - reference).abs().mean() < 4.0
+    far = TF.resize(full[:, 0:64, 64:128], [16, 16], antialias=True).float()
+    near = TF.resize(full[:, 0:64, 0:64], [16, 16], antialias=True).float()
+    assert (far - near).abs().mean() > 30.0
+
+
+def test_train_crop_on_a_large_jpeg_decodes_reduced_to_the_right_size(tmp_path):
+    from trainfast.data.imagefolder import TrainCrop, ValCrop
+
+    path = write_jpegs(tmp_path, 1, size=(400, 300))[0]
+    torch.manual_seed(0)
+    outputs = [TrainCrop(32)(path) for _ in range(20)] + [ValCrop(32)(path)]
+    assert all(o.shape == (3, 32, 32) and o.dtype == torch.uint8 and o.is_contiguous() for o in outputs)
+
+
 # ------------------------------------------------------------------------------------------------
 # seeding
 
