@@ -94,3 +94,9 @@ def test_noise_band_and_best_pick():
     assert rungs[1].result["accuracy_flag"] and not rungs[2].result["accuracy_flag"]
     assert rungs[2].result["speedup"] == 2.0
     assert pick_best(rungs).name == "fast"
+    # O3 (pure half, no fp32 master) is faster and inside the band, but risky by construction: never picked.
+    pure = R("pure-bf16", "done", throughput=400.0, accuracy=0.90, val_samples=400, peak_memory_bytes=10, flops_per_s=1.0)
+    pure.recipe = Recipe(precision="bf16", precision_level="pure")
+    rungs.append(pure)
+    score_rungs(rungs, {"fp32": 10.0, "bf16": 20.0}, [0.90, 0.91, 0.89])
+    assert not pure.result["accuracy_flag"] and pick_best(rungs).name == "fast"

@@ -263,6 +263,29 @@ def test_single_process_grad_accumulation_matches_the_big_batch():
     assert_close(accum.model.state_dict(), big)
 
 
+def test_accumulation_ends_with_the_epoch_in_a_short_update():
+    """40 batches per epoch, accumulation 3: updates after batches 3, 6, ..., 39 and a short one after 40
+    (its gradient still divided by 3, as Lightning does), so no gradient crosses into the next epoch and
+    an epoch-end checkpoint holds the whole state. Checked against a plain loop doing exactly that."""
+    split = make_split()
+    recipe = Recipe(optimizer="sgd", lr=LR, batch_size=8, epochs=2, grad_accum_steps=3, log_every=5)
+    result = train(make_model(), split, recipe=recipe, device="cpu")
+    assert result.state.step == 2 * 14 and result.state.accumulated == 0
+    assert all(p.grad is None or not p.grad.any() for p in result.model.parameters())   # zeroed after it
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=recipe.weight_decay)
+    torch.manual_seed(recipe.seed)
+    loader = build_loader(split.train, recipe, torch.device("cpu"), True, split)
+    for _ in range(2):
+        batches = list(loader)
+        for i, (x, y) in enumerate(batches, start=1):
+            (nn.functional.cross_entropy(model(x), y) / 3).backward()
+            if i % 3 == 0 or i == len(batches):
+                opt.step()
+                opt.zero_grad()
+    assert_close(result.model.state_dict(), model.state_dict())
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="nn.DataParallel needs 2 or more CUDA devices")
 def test_data_parallel_computes_the_loss_in_each_replica():

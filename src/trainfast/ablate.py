@@ -24,7 +24,7 @@ import torch
 from .measure import count_train_flops, measure_ceiling, peak_memory_bytes, reset_peak_memory, steady_throughput
 from .recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from .techniques import changes_effect
-from .techniques.precision import DTYPES, LEVEL_RUNGS, auto_amp_dtype
+from .techniques.precision import DTYPES, LEVEL_RUNGS, auto_amp_dtype, level_note
 
 # name -> (label, the switches it turns on). "{amp}" is replaced by the AMP dtype chosen for the device.
 LADDER: dict[str, dict[str, Any]] = {
@@ -270,8 +270,11 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
 
 def pick_best(rungs: list[Rung]) -> Rung:
     """The fastest measured rung (steady-state throughput) whose accuracy is not below the baseline's
-    noise band; the baseline if none qualifies."""
-    candidates = [r for r in rungs if r.status == "done" and not (r.result.get("accuracy_flag") and r.result.get("accuracy_delta", 0) < 0)]
+    noise band, among the rungs that are not risky by construction (O3 `pure` levels: one short run
+    inside the band does not show that updates below half precision's spacing were not lost; they are
+    measured and shown, never recommended); the baseline if none qualifies."""
+    candidates = [r for r in rungs if r.status == "done" and level_note(r.recipe) is None
+                  and not (r.result.get("accuracy_flag") and r.result.get("accuracy_delta", 0) < 0)]
     return max(candidates, key=lambda r: r.result["throughput"]) if candidates else rungs[0]
 
 

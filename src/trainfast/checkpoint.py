@@ -299,7 +299,7 @@ class Checkpointer:
 
     def after_step(self, state) -> None:
         every = self.recipe.save_every
-        at_update = state.micro_step % self.recipe.grad_accum_steps == 0   # never inside an accumulation
+        at_update = state.accumulated == 0     # never inside an accumulation: no gradients to lose
         if every and at_update and state.step % every == 0:
             self.save(state, at_epoch_end=False)
 

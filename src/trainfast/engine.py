@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -52,6 +52,20 @@ class TrainState:
     # that do not end in an update; a no-op in one process. micro_step counts batches across epochs.
     sync: Callable[[bool], contextlib.AbstractContextManager] = always_sync
     micro_step: int = 0
+    accumulated: int = 0                  # micro-batches whose gradients wait for the next update
+
+
+def flag_last(batches: Iterable) -> Iterator[tuple[object, bool]]:
+    """(batch, is_last) pairs, reading one batch ahead."""
+    iterator = iter(batches)
+    try:
+        batch = next(iterator)
+    except StopIteration:
+        return
+    for upcoming in iterator:
+        yield batch, False
+        batch = upcoming
+    yield batch, True
 
 
 def no_op(state: TrainState) -> None:
@@ -62,10 +76,15 @@ def train_one_epoch(state: TrainState, batches: Iterable, loss_fn: Callable, met
                     after_step: Callable[[TrainState], None] = no_op) -> EpochStats:
     model, optimizer, precision = state.model, state.optimizer, state.precision
     accum = state.recipe.grad_accum_steps        # 1: every batch is an update (x / 1 is exact in fp)
+    # With accumulation, the epoch's last batch always ends an update, a short one (as Lightning and
+    # Accelerate do): no gradients are carried into the next epoch, so an epoch-end checkpoint misses
+    # nothing. That takes one batch of look-ahead; without accumulation nothing is read ahead.
+    flagged = flag_last(batches) if accum > 1 else ((batch, False) for batch in batches)
     model.train()
-    for inputs, targets in meter.iterate(batches):
+    for (inputs, targets), last in meter.iterate(flagged):
         state.micro_step += 1
-        update = state.micro_step % accum == 0   # the last micro-batch of an accumulation
+        state.accumulated += 1
+        update = state.accumulated == accum or last   # the last micro-batch of an accumulation
         with state.sync(update):                 # DDP all-reduces gradients on the update step only
             with precision.forward_context():
                 outputs = state.forward(inputs)
@@ -79,6 +98,7 @@ def train_one_epoch(state: TrainState, batches: Iterable, loss_fn: Callable, met
             state.scheduler.step()
             optimizer.zero_grad(set_to_none=state.recipe.set_to_none)
             state.step += 1
+            state.accumulated = 0
         meter.update(loss, outputs, targets)     # on the device; read every log_every steps
         after_step(state)                        # checkpoint cadence (checkpoint.Checkpointer); no-op by default
     state.epoch += 1

@@ -274,7 +274,7 @@ def write_report(result: "AblationResult") -> None:
     if notes:
         lines += ["## Notes", "", *notes, ""]
     lines += ["## Best combination", "", f"**{result.best_name}**: the fastest rung whose accuracy is not below "
-              "the baseline's noise band.", "", "```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
+              "the baseline's noise band (risky O3 rungs are measured, never picked).", "", "```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
     lines += ["## Charts", ""] + [f"![{c.stem}]({c.name})" for c in charts] + [""]
     (out / "report.md").write_text("\n".join(lines))
 
