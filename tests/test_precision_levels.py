@@ -311,6 +311,9 @@ def test_level_rungs_plan_and_labels():
                                                "pure-bf16 (O3)"]
     assert level_note(rungs[3].recipe) and "risky" in level_note(rungs[3].recipe)
     assert level_note(rungs[2].recipe) is None
+    # fp16 O3 with AdamW names the concrete hazard (test_pure_fp16_adamw_is_the_known_hazard shows it happen)
+    assert "divides by zero" in level_note(Recipe(precision="fp16", precision_level="pure"))
+    assert "divides by zero" not in level_note(Recipe(precision="fp16", precision_level="pure", optimizer="sgd"))
     # a level rung followed by a ladder rung keeps the level (cumulative)
     mixed = plan_rungs(Recipe(), ["set_to_none", "master-fp16"], device=CPU)
     assert [r.name for r in mixed] == ["baseline", "master-fp16", "set_to_none"]

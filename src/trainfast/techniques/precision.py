@@ -58,8 +58,13 @@ def opt_level(recipe) -> str:
 def level_note(recipe) -> str | None:
     """A warning for the report, for the levels that are risky by construction."""
     if recipe.precision != "fp32" and recipe.precision_level == "pure":
-        return (f"risky (O3): weights, gradients and optimizer state all in {recipe.precision} with no fp32 master "
+        note = (f"risky (O3): weights, gradients and optimizer state all in {recipe.precision} with no fp32 master "
                 f"copy; updates smaller than {recipe.precision}'s spacing are lost. Kept for comparison with O2.")
+        if recipe.precision == "fp16" and recipe.optimizer == "adamw":
+            # Measured: one AdamW step on fp16 parameters turns a 1e-4 gradient into -inf and a zero one into NaN.
+            note += (" With AdamW in fp16, eps=1e-8 and squared gradients below ~2.4e-4 underflow to 0, so the first "
+                     "update divides by zero (inf/NaN): expect this rung to stop at step 1.")
+        return note
     return None
 
 
