@@ -405,7 +405,8 @@ def test_bench_data_runs_both_pipelines_and_refuses_other_data(tmp_path):
     results = bench_data(f"imagefolder:{tmp_path / 'photos'}", batch_size=4, num_workers=0, image_size=16,
                          passes=1, device="cpu", print_fn=lines.append)
     assert all(r.median > 0 and len(r.rates) == 1 for r in results.values())
-    assert any("ratio" in line for line in lines)
+    assert len(results) == 4 and any(name.startswith("trainfast + decode_cache") for name in results)
+    assert sum("ratio" in line for line in lines) == 2      # the JPEG path and the cache, each vs torchvision
     assert main(["bench-data", "--data", "digits"]) == 2
 
 
@@ -469,6 +470,7 @@ def test_ablation_prefetch_rung_reads_the_folder_and_reports_waiting_and_skips(t
 
     root = tmp_path / "photos"
     make_folder(root / "train", per_class=16, bad=2)
+    truncate(root / "train" / "c0" / "img000.jpg")   # the very first file too: the FLOP probe must skip it
     make_folder(root / "val", per_class=4)
     result = ablate("resnet9", data=f"imagefolder:{root}", image_size=16, rungs=["prefetch"],
                     recipe=Recipe(batch_size=8, num_workers=1, max_bad_fraction=0.2, log_every=2),
@@ -476,11 +478,11 @@ def test_ablation_prefetch_rung_reads_the_folder_and_reports_waiting_and_skips(t
     assert [r.status for r in result.rungs] == ["done", "done"], [r.result.get("error") for r in result.rungs]
     data = json.loads((tmp_path / "report" / "results.json").read_text())
     for rung in data["rungs"]:
-        assert rung["skipped_files"] == 2 and rung["num_workers"] == 1
+        assert rung["skipped_files"] == 3 and rung["num_workers"] == 1
         assert 0 <= rung["data_wait_fraction"] < 1
     report = (tmp_path / "report" / "report.md").read_text()
     assert "Time waiting for data" in report and "+prefetch" in report
-    assert "2 unreadable image(s) skipped" in report
+    assert "3 unreadable image(s) skipped" in report
 
 
 def test_pinned_memory_only_on_cuda_and_always_with_the_prefetcher():

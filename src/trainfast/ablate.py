@@ -23,7 +23,9 @@ import torch
 
 from .measure import count_train_flops, measure_ceiling, peak_memory_bytes, reset_peak_memory, steady_throughput
 from .recipe import Recipe, RecipeError, resolve_device, validate_for_device
+from .data.imagefolder import ImageFiles, with_decode_cache
 from .techniques import changes_effect
+from .techniques.base import Effect
 from .techniques.precision import DTYPES, LEVEL_RUNGS, auto_amp_dtype, level_note
 
 # name -> (label, the switches it turns on). "{amp}" is replaced by the AMP dtype chosen for the device.
@@ -41,7 +43,12 @@ MODES = ("cumulative", "each")
 # Every rung --rungs accepts, in ladder order: the precision-level rungs (issue 3: O1/O2/O3 in bf16/fp16) sit
 # where "amp" sits and are opt-in only, so the default ladder stays LADDER. Each sets precision and
 # precision_level, so in cumulative mode it replaces the previous level. "fp32" names the baseline (O0).
-RUNGS: dict[str, dict[str, Any]] = {**dict(list(LADDER.items())[:2]), **LEVEL_RUNGS, **LADDER}
+# "decode_cache" (image folders: decode each file once, then read uint8 pixels) is opt-in too, after prefetch.
+OPT_IN_AFTER = {"prefetch": {"decode_cache": {"decode_cache": True}}}
+RUNGS: dict[str, dict[str, Any]] = {**dict(list(LADDER.items())[:2]), **LEVEL_RUNGS}
+for _name, _changes in LADDER.items():
+    RUNGS.setdefault(_name, _changes)
+    RUNGS.update(OPT_IN_AFTER.get(_name, {}))
 RUNG_ALIASES = {"fp32": "baseline"}
 
 
@@ -124,6 +131,7 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
     from .engine import evaluate, train_one_epoch
 
     split = load_data(job.data, job.image_size) if isinstance(job.data, str) else job.data
+    split = with_decode_cache(split, recipe, dist)
     loss_fn = job.loss_fn or nn.CrossEntropyLoss()
     apply_runtime_flags(recipe, device)
     seed_everything(recipe.seed)
@@ -131,7 +139,7 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
     reset_peak_memory(device)
 
     # FLOPs on the eager model before any wrapping (a sharded FSDP2 copy could not run alone).
-    sample = split.train[0][0]
+    sample = first_readable(split.train)
     fmt = torch.channels_last if recipe.channels_last and sample.ndim == 3 else torch.contiguous_format
     probe = torch.zeros((recipe.batch_size, *sample.shape), device=device).contiguous(memory_format=fmt)
     flops_per_step = count_train_flops(model.to(device), loss_fn, probe,
@@ -268,6 +276,18 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
             r["accuracy_flag"] = abs(r["accuracy_delta"]) > band
 
 
+def first_readable(dataset, tries: int = 100) -> torch.Tensor:
+    """The first input of `dataset` that decodes (its shape sizes the FLOP probe); an unreadable file is
+    the bad-file tally's business during training, not a reason for the probe to crash."""
+    from .data.datasets import DataError, Skipped
+
+    for index in range(min(tries, len(dataset))):
+        item = dataset[index]
+        if not isinstance(item, Skipped):
+            return item[0]
+    raise DataError(f"none of the first {min(tries, len(dataset))} training images could be read")
+
+
 def pick_best(rungs: list[Rung]) -> Rung:
     """The fastest measured rung (steady-state throughput) whose accuracy is not below the baseline's
     noise band, among the rungs that are not risky by construction (O3 `pure` levels: one short run
@@ -315,12 +335,17 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     base = resolve_num_workers(base, split, dev)
     plan = plan_rungs(base, rungs, mode, amp_dtype, dev)
     probe_model = build_model(model, split.num_classes, split.image_size) if isinstance(model, str) else model()
+    reads_files = any(isinstance(d, ImageFiles) for d in (split.train, split.val))
     for rung in plan[1:]:
         effect = changes_effect(rung.changes, dev, probe_model)
+        if set(rung.changes) == {"decode_cache"} and not reads_files:
+            effect = Effect(False, "decode_cache acts on image folders only; this data is already in memory")
         rung.effect, rung.reason = effect.label, effect.reason
         if not effect.acts:
             rung.status = "no-effect"
     del probe_model
+    if any(r.recipe.decode_cache and r.status != "no-effect" for r in plan):
+        with_decode_cache(split, base.replace(decode_cache=True))   # built once here, opened by the rungs
     job = Job(model, data if train_set is None else split, split.image_size or image_size, loss_fn, device, nproc)
 
     out_dir = Path(out) if out is not None else default_out_dir()

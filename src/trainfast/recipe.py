@@ -45,6 +45,7 @@ class Recipe:
     persistent_workers: bool = False  # keep workers alive across epochs (needs num_workers > 0)
     prefetch_factor: int | None = None  # batches each worker loads ahead (needs num_workers > 0)
     prefetch: bool = False            # uint8 transport + side-stream copy + normalize on the device
+    decode_cache: bool = False        # image folders: decode every file once to a uint8 cache on disk
     channels_last: bool = False       # NHWC memory format for model and inputs (conv nets)
     compile: bool = False             # torch.compile the model
     optimizer_impl: str = "default"   # "default" (torch picks) | "for-loop" | "foreach" | "fused"

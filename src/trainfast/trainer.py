@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 from .checkpoint import build_checkpointer
 from .data.datasets import Split, normalize, stats_tensors
 from .data.badfiles import skipped_last_pass
+from .data.imagefolder import with_decode_cache
 from .data.loader import build_loader, resolve_num_workers
 from .distributed import Dist, setup_distributed
 from .engine import Clipper, TrainState, evaluate, train_one_epoch
@@ -159,6 +160,7 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
     apply_runtime_flags(recipe, device)
     seed_everything(recipe.seed)
     module = model() if callable(model) and not isinstance(model, nn.Module) else model
+    split = with_decode_cache(split, recipe, dist)        # image folders, when asked: decode once, read pixels
     recipe = resolve_num_workers(recipe, split, device)   # "auto": measured once, recorded
     state, train_batches, val_batches = build_run(module, split, recipe, device, dist, loss_fn)
     result = TrainResult(state, out_dir=out_dir)
