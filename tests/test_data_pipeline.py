@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from trainfast import Recipe, RecipeError, train
 from trainfast.data.badfiles import (Batch, BadFileError, BadFileTally, GuardedLoader, collate_skipping,
                                      reduce_count)
-from trainfast.data.datasets import DataError, Skipped, TensorImages, load_synthetic
+from trainfast.data.datasets import DataError, Skipped, load_synthetic
 from trainfast.data.imagefolder import ImageFiles, load_imagefolder, scan_folder
 from trainfast.data.loader import build_loader, choose_num_workers, resolve_num_workers
 from trainfast.trainer import build_batches, seed_everything

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from test_data_pipeline import make_folder, tiny_model, truncate, write_jpegs
+from test_data_pipeline import make_folder, tiny_model, write_jpegs
 
 from trainfast import Recipe, train
 from trainfast.data.datasets import DataError, Skipped

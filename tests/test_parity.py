@@ -3,7 +3,6 @@ within a stated tolerance with mixed precision on."""
 import random
 
 import numpy as np
-import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
