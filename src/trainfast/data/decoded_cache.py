@@ -2,7 +2,7 @@
 
 On a machine with few cores the JPEG decode is the floor of the input pipeline (libjpeg-turbo spends
 ~0.8 ms on a 500x375 photo here, most of the ~1.1 ms our whole per-image path costs). Training runs
-many epochs over the same files, so the decode can be paid once: every image is decoded to uint8 CHW
+many epochs over the same files, so the decode can be paid once: every image is decoded to uint8 HWC
 (exactly torchvision.io's pixels) into one file, memory-mapped by the workers; each epoch then only
 crops and resizes. What it costs: disk, about 3 bytes per pixel (~0.56 MB for a 500x375 photo, 5-10x
 the JPEG), checked against the free space before anything is written, and one decoding pass, done
@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .datasets import DataError
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2     # 2: HWC pixel order
 HEADROOM = 1.05          # free space required: the pixels plus 5%
 
 
@@ -87,12 +87,15 @@ class _DecodeInto(Dataset):
         if self.array is None:
             self.array = np.memmap(self.data_file, dtype=np.uint8, mode="r+")
         start = int(self.offsets[index])
-        self.array[start:start + pixels.numel()] = pixels.reshape(-1).numpy()
+        # HWC order, as the decoders produce it: torch's uint8 antialiased resize is fastest on that layout
+        # (0.33 ms against 0.56 ms for CHW per 224 crop here), with the same output bytes.
+        self.array[start:start + pixels.numel()] = pixels.permute(1, 2, 0).reshape(-1).numpy()
         return index, True
 
 
 class DecodedPixels:
-    """The cached pixels of one list of files: `get(i)` -> uint8 [3, H, W] or None (not cached)."""
+    """The cached pixels of one list of files: `get(i)` -> uint8 [3, H, W] (a view of HWC memory) or None
+    (not cached)."""
 
     def __init__(self, folder: Path, offsets: np.ndarray, shapes: np.ndarray, cached: np.ndarray) -> None:
         self.folder, self.offsets, self.shapes, self.cached = folder, offsets, shapes, cached
@@ -114,7 +117,7 @@ class DecodedPixels:
             self.array = np.memmap(self.folder / "pixels.u8", dtype=np.uint8, mode="c")
         height, width = (int(v) for v in self.shapes[index])
         start = int(self.offsets[index])
-        return torch.from_numpy(self.array[start:start + 3 * height * width]).view(3, height, width)
+        return torch.from_numpy(self.array[start:start + 3 * height * width]).view(height, width, 3).permute(2, 0, 1)
 
 
 def load_index(folder: Path, key: str) -> DecodedPixels | None:
