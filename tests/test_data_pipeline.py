@@ -396,6 +396,18 @@ def test_report_shows_data_wait_for_every_rung():
     assert "compile" not in line
 
 
+def test_report_says_when_a_rung_ran_above_the_ceiling():
+    from trainfast.ablate import Rung
+    from trainfast.report import above_ceiling_note
+
+    rungs = [Rung("baseline", {}, Recipe(), status="done", result={"ceiling_fraction": 0.8}),
+             Rung("channels_last", {"channels_last": True}, Recipe(channels_last=True), status="done",
+                  result={"ceiling_fraction": 1.3})]
+    assert above_ceiling_note(rungs[:1]) is None
+    note = above_ceiling_note(rungs)
+    assert note.startswith("+channels_last ran above the measured matmul ceiling") and "baseline" not in note
+
+
 def test_bench_data_runs_both_pipelines_and_refuses_other_data(tmp_path):
     from trainfast.bench_data import bench_data
     from trainfast.cli import main

@@ -271,12 +271,25 @@ def write_report(result: "AblationResult") -> None:
         risk = level_note(r.recipe)
         if risk:
             notes.append(f"- **{rung_label(r)}**: {risk}")
+    above = above_ceiling_note(result.rungs)
+    if above:
+        notes.append(f"- {above}")
     if notes:
         lines += ["## Notes", "", *notes, ""]
     lines += ["## Best combination", "", f"**{result.best_name}**: the fastest rung whose accuracy is not below "
               "the baseline's noise band (risky O3 rungs are measured, never picked).", "", "```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
     lines += ["## Charts", ""] + [f"![{c.stem}]({c.name})" for c in charts] + [""]
     (out / "report.md").write_text("\n".join(lines))
+
+
+def above_ceiling_note(rungs: list["Rung"]) -> str | None:
+    """Said when a rung's model FLOP/s exceeds the measured matmul ceiling, which a peak cannot allow."""
+    above = [rung_label(r) for r in rungs if r.status == "done" and (r.result.get("ceiling_fraction") or 0) > 1]
+    if not above:
+        return None
+    return (f"{', '.join(above)} ran above the measured matmul ceiling: the machine's speed changed during the "
+            "run (a shared or throttled machine; the ceiling is measured before and after the ladder and the "
+            "higher kept), or the model's FLOP count overstates its work. Compare rungs with each other here.")
 
 
 def data_wait_line(rungs: list["Rung"]) -> str:
