@@ -99,3 +99,15 @@ def test_the_ablation_rung_is_no_effect_on_in_memory_data(tmp_path):
                     recipe=Recipe(batch_size=16), device="cpu", out=tmp_path / "r", show=False)
     rung = result.rungs[1]
     assert rung.name == "decode_cache" and rung.status == "no-effect" and "image folders" in rung.reason
+
+
+def test_parallel_build_writes_every_image_at_its_offset(tmp_path):
+    paths = write_jpegs(tmp_path / "c0", 9, size=(31, 17)) + write_jpegs(tmp_path / "c1", 3, size=(20, 40), seed=3)
+    (tmp_path / "c1" / "img000.jpg").write_bytes(b"not a jpeg")      # left out, read (and skipped) at train time
+    logs = []
+    pixels = open_or_build(paths, workers=2, log=logs.append)
+    assert pixels.count == len(paths) - 1 and not pixels.cached[9]
+    assert pixels.get(9) is None and any("could not be decoded" in line for line in logs)
+    for i, path in enumerate(paths):
+        if i != 9:
+            assert torch.equal(pixels.get(i), decode_bytes(read_bytes(path), path))

@@ -36,6 +36,7 @@ from .datasets import DataError
 
 CACHE_FORMAT = 2     # 2: HWC pixel order
 HEADROOM = 1.05          # free space required: the pixels plus 5%
+SMALL_FOLDER = 256       # fewer images than this decode in the calling process
 
 
 def cache_root() -> Path:
@@ -130,11 +131,17 @@ def load_index(folder: Path, key: str) -> DecodedPixels | None:
         return DecodedPixels(folder, index["offsets"], index["shapes"], index["cached"])
 
 
-def open_or_build(paths: list[Path], workers: int = 0, log=print, build: bool = True,
+def build_workers(count: int) -> int:
+    """Decoding is embarrassingly parallel: every CPU this process may use (up to 8), whatever the run's
+    num_workers; a small folder decodes in this process (starting workers would cost more)."""
+    return 0 if count < SMALL_FOLDER else min(8, len(os.sched_getaffinity(0)))
+
+
+def open_or_build(paths: list[Path], workers: int | None = None, log=print, build: bool = True,
                   poll_s: float = 1.0) -> DecodedPixels:
     """The cache of these files: opened when a complete one with the same fingerprint exists, else
-    built (decoding with `workers` processes) after checking the free disk space. With build=False
-    (ranks other than 0) wait for another process to finish building it."""
+    built (decoding with `workers` processes, see build_workers) after checking the free disk space.
+    With build=False (ranks other than 0) wait for another process to finish building it."""
     key = fingerprint(paths)
     folder = cache_root() / key[:24]
     found = load_index(folder, key)
@@ -159,10 +166,14 @@ def open_or_build(paths: list[Path], workers: int = 0, log=print, build: bool = 
         f.truncate(max(total, 1))
     cached = np.zeros(len(paths), dtype=bool)
     job = _DecodeInto(paths, partial, offsets, shapes)
+    workers = build_workers(len(paths)) if workers is None else workers
     # Its own generator: building must not draw from the global RNG the run's crops are drawn from.
     loader = DataLoader(job, batch_size=None, num_workers=workers, shuffle=False, generator=torch.Generator())
-    for index, ok in loader:
+    report_every = max(1, len(paths) // 10)
+    for done, (index, ok) in enumerate(loader, start=1):
         cached[int(index)] = bool(ok)
+        if done % report_every == 0 and done < len(paths) and len(paths) >= SMALL_FOLDER:
+            log(f"decode_cache: {done:,} of {len(paths):,} decoded")
     with open(partial, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(partial, folder / "pixels.u8")

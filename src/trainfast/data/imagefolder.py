@@ -237,15 +237,14 @@ def with_decode_cache(split: Split, recipe, dist=None, log=print) -> Split:
 
     if not recipe.decode_cache:
         return split
-    workers = recipe.num_workers if isinstance(recipe.num_workers, int) else min(8, len(os.sched_getaffinity(0)))
     main = dist is None or dist.is_main
     datasets = {}
     for name in ("train", "val"):
         dataset = getattr(split, name)
         if isinstance(dataset, ImageFiles):
             dataset = copy.copy(dataset)
-            dataset.pixels = open_or_build([path for path, _ in dataset.samples], workers,
-                                           log if main else (lambda _: None), build=main)
+            dataset.pixels = open_or_build([path for path, _ in dataset.samples], log=log if main else (lambda _: None),
+                                           build=main)
         datasets[name] = dataset
     return dataclasses.replace(split, **datasets)
 
