@@ -105,3 +105,18 @@ def test_bad_config_key_via_cli(tmp_path):
     proc = run_cli("train", "--recipe", str(cfg), "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert proc.returncode == 2 and "unknown key(s) bogus_field" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_every_recipe_field_is_documented_in_the_cli_help(capsys):
+    import dataclasses
+
+    from trainfast.cli import build_parser
+    from trainfast.recipe import field_docs
+
+    docs = field_docs()
+    assert set(docs) == {f.name for f in dataclasses.fields(Recipe)}      # a new field needs its comment
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "image folders: decode every file once to a uint8 cache on disk (default: False)" in out
+    assert "micro-batches per optimizer step" in out

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .distributed import RankTimeoutError
 from .measure import NonFiniteLossError
-from .recipe import Recipe, RecipeError, preset
+from .recipe import Recipe, RecipeError, field_docs, preset
 
 
 def _optional(kind):
@@ -33,19 +33,23 @@ _int_or_auto.__name__ = "int"      # argparse's message: "invalid int value: 'tw
 def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("recipe (one flag per Recipe field; default: the field's default)")
     hints = typing.get_type_hints(Recipe)
+    docs = field_docs()
     for f in dataclasses.fields(Recipe):
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
         args = typing.get_args(hint)
+        # argparse expands %-formats in help: escape the comments' own % signs
+        text = f"{docs.get(f.name, '')} (default: {f.default})".strip().replace("%", "%%")
         if hint is bool:
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
         elif type(None) in args:      # Optional[int] / Optional[float]
             inner = next(a for a in args if a is not type(None))
-            group.add_argument(flag, dest=f.name, type=_optional(inner), default=None, metavar=inner.__name__.upper())
+            group.add_argument(flag, dest=f.name, type=_optional(inner), default=None, metavar=inner.__name__.upper(),
+                               help=text)
         elif set(args) == {int, str}:  # int | str, e.g. num_workers: 2 or auto
-            group.add_argument(flag, dest=f.name, type=_int_or_auto, default=None, metavar="INT|auto")
+            group.add_argument(flag, dest=f.name, type=_int_or_auto, default=None, metavar="INT|auto", help=text)
         else:
-            group.add_argument(flag, dest=f.name, type=hint, default=None, metavar=hint.__name__.upper())
+            group.add_argument(flag, dest=f.name, type=hint, default=None, metavar=hint.__name__.upper(), help=text)
 
 
 def recipe_from_args(args: argparse.Namespace, base: Recipe | None = None) -> Recipe:

@@ -20,6 +20,20 @@ NONFINITE_POLICIES = ("stop", "skip")
 STRATEGIES = ("ddp", "fsdp", "dp")
 
 
+def field_docs() -> dict[str, str]:
+    """Each Recipe field's trailing comment in this file: the one description, used for the CLI's --help.
+    Fields documented above their line instead get none (empty when the source is not available)."""
+    import inspect
+    import re
+
+    try:
+        source = inspect.getsource(Recipe)
+    except (OSError, TypeError):
+        return {}
+    return {m.group(1): m.group(2).strip()
+            for m in re.finditer(r"^    (\w+): [^#\n]*#\s*(.+)$", source, flags=re.MULTILINE)}
+
+
 class RecipeError(ValueError):
     """A recipe (or a flag / config key that builds one) that cannot work; the message names it."""
 
@@ -27,11 +41,11 @@ class RecipeError(ValueError):
 @dataclass(frozen=True)
 class Recipe:
     # --- what is trained ---------------------------------------------------------------------
-    epochs: int = 1
-    batch_size: int = 64
+    epochs: int = 1                   # passes over the training data
+    batch_size: int = 64              # samples per micro-batch (per rank under torchrun)
     optimizer: str = "adamw"          # "sgd" (momentum 0.9) or "adamw"
-    lr: float = 2e-3
-    weight_decay: float = 0.05
+    lr: float = 2e-3                  # peak learning rate
+    weight_decay: float = 0.05        # decoupled for adamw, L2 for sgd
     warmup_steps: int = 0             # linear LR warm-up from lr/warmup_steps to lr (seed 004)
     seed: int = 0                     # one seed drives init, data order and per-worker streams
     grad_accum_steps: int = 1         # micro-batches per optimizer step (loss / k; DDP syncs on the k-th only)
@@ -54,7 +68,7 @@ class Recipe:
     deterministic: bool = False       # torch.use_deterministic_algorithms(True), may be slower
     # How a bf16/fp16 `precision` is applied (issue 3): "autocast" (O1: fp32 weights, autocast), "master" (O2:
     # half weights, fp32 master copy in the optimizer, norms fp32), "pure" (O3: all half, risky). fp32 = O0.
-    precision_level: str = "autocast"
+    precision_level: str = "autocast"  # with bf16/fp16: "autocast" (O1), "master" (O2), "pure" (O3, risky)
 
     # --- reliability ---------------------------------------------------------------------------
     nonfinite: str = "stop"           # non-finite loss: "stop" with a message naming the step, or "skip" the step
