@@ -353,3 +353,20 @@ def test_half_weight_levels_train_the_real_data_like_fp32(digits16, fp32_digits,
     assert gap < 2 * BF16_MEAN_ABS_GAP, f"mean |loss_{level} - loss_fp32| = {gap:.4f}"
     assert abs(got - ref) <= band, (got, ref, band)
     assert curves[0] != curves[1]
+
+
+def test_compile_runs_on_the_master_weight_model_and_matches_eager(digits16):
+    """torch.compile sees O2's half model with its fp32 norms and cast hooks: the compiled run trains, and
+    its loss curve stays with the eager O2 run's (kernels fuse differently, so not bit for bit)."""
+    from conftest import tiny_resnet
+    from test_parity import BF16_MEAN_ABS_GAP
+    from trainfast import train
+    from trainfast.ablate import accuracy_band
+
+    recipe = Recipe(epochs=2, batch_size=64, log_every=5, precision="bf16", precision_level="master")
+    eager, compiled = (train(tiny_resnet, digits16, recipe=recipe.replace(compile=c), device="cpu") for c in (False, True))
+    curves = [[x for r in run.history for x in r["train_losses"]] for run in (eager, compiled)]
+    gap = sum(abs(a - b) for a, b in zip(*curves)) / len(curves[0])
+    assert gap < 2 * BF16_MEAN_ABS_GAP, f"mean |loss_compiled - loss_eager| = {gap:.4f}"
+    ref, got = eager.history[-1]["val_accuracy"], compiled.history[-1]["val_accuracy"]
+    assert abs(got - ref) <= accuracy_band(ref, len(digits16.val)), (got, ref)
