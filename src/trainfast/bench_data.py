@@ -17,6 +17,7 @@ images/s over the timed passes, with the spread, and the ratio.
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -92,8 +93,6 @@ def bench_data(data: str, batch_size: int = 64, num_workers: int | str = 2, imag
     from .data.datasets import DataError, parse_data_spec
     from .data.loader import resolve_num_workers
     from .recipe import Recipe, resolve_device
-    from .data.imagefolder import with_decode_cache
-    from .trainer import build_batches
 
     kind, arg = parse_data_spec(data)
     if kind != "imagefolder":
@@ -104,19 +103,41 @@ def bench_data(data: str, batch_size: int = 64, num_workers: int | str = 2, imag
     recipe = Recipe(batch_size=batch_size, num_workers=num_workers, prefetch=True, persistent_workers=num_workers != 0)
     split = folder_split(root, image_size)
     recipe = resolve_num_workers(recipe, split, dev)
+    # No oversubscription: the main process gets the cores the workers leave (at least one). Its intra-op
+    # threads would otherwise spin beside busy workers: on the 2-core dev machine with 2 workers, 2 main
+    # threads cost the cached pipeline a third of its rate. Both pipelines run under the same setting.
+    threads = torch.get_num_threads()
+    if dev.type == "cpu":
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - recipe.num_workers))
+    print_fn(f"bench-data: {root} on {dev}, batch {batch_size}, {recipe.num_workers} workers, "
+             f"{torch.get_num_threads()} main-process thread(s), RandomResizedCrop({image_size}) + flip, "
+             f"{passes} timed passes after 1 warm-up pass each")
+    try:
+        return _run_passes(pipelines_for(split, recipe, dev, root, image_size, decode_cache, print_fn), passes,
+                           dev, print_fn)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def pipelines_for(split, recipe, dev: torch.device, root: Path, image_size: int, decode_cache: bool,
+                  print_fn) -> dict:
+    from .data.imagefolder import with_decode_cache
+    from .trainer import build_batches
+
     ours = build_batches(split.train, split, recipe, dev, train=True)
-    theirs = build_torchvision_pipeline(root, recipe, dev, image_size)
-    pipelines = {OURS: ours, THEIRS: theirs,
+    pipelines = {OURS: ours, THEIRS: build_torchvision_pipeline(root, recipe, dev, image_size),
                  # The same loader without the prefetcher: how much of the time normalization takes on
                  # this device (on a CPU-only run it is host work too, unlike on a GPU).
                  "  trainfast loader alone (uint8, not normalized)": ToDevice(ours.loader, dev)}
-    print_fn(f"bench-data: {root} on {dev}, batch {batch_size}, {recipe.num_workers} workers, "
-             f"RandomResizedCrop({image_size}) + flip, {passes} timed passes after 1 warm-up pass each")
     if decode_cache:
         t0 = time.perf_counter()
         cached = with_decode_cache(split, recipe.replace(decode_cache=True), log=lambda m: print_fn(f"  {m}"))
         print_fn(f"  decode cache ready in {time.perf_counter() - t0:.1f} s (one-off; found, or built)")
         pipelines[CACHED] = build_batches(cached.train, cached, recipe, dev, train=True)
+    return pipelines
+
+
+def _run_passes(pipelines: dict, passes: int, dev: torch.device, print_fn) -> dict[str, BenchResult]:
     results = {name: BenchResult(name, []) for name in pipelines}
     for i in range(passes + 1):
         for name, batches in pipelines.items():
