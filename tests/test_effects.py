@@ -55,3 +55,15 @@ def test_cumulative_and_each_modes():
     each = plan_rungs(Recipe(), ["compile", "amp"], "each", "bf16", CPU)
     assert [r.name for r in each] == ["baseline", "amp", "compile"]
     assert each[2].recipe == Recipe(compile=True)
+
+
+def test_decode_cache_acts_on_image_folders_only(digits16, tmp_path):
+    from test_data_pipeline import make_folder
+
+    from trainfast.data.imagefolder import load_imagefolder
+
+    make_folder(tmp_path / "photos", per_class=4)
+    folder = load_imagefolder(str(tmp_path / "photos"), image_size=16)
+    assert field_effect("decode_cache", CPU, MLP, folder).acts
+    in_memory = changes_effect({"decode_cache": True}, CPU, MLP, digits16)
+    assert in_memory.label == "no-effect" and "image folders only" in in_memory.reason

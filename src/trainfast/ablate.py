@@ -23,9 +23,8 @@ import torch
 
 from .measure import count_train_flops, measure_ceiling, peak_memory_bytes, reset_peak_memory, steady_throughput
 from .recipe import Recipe, RecipeError, resolve_device, validate_for_device
-from .data.imagefolder import ImageFiles, with_decode_cache
+from .data.imagefolder import with_decode_cache
 from .techniques import changes_effect
-from .techniques.base import Effect
 from .techniques.precision import DTYPES, LEVEL_RUNGS, auto_amp_dtype, level_note
 
 # name -> (label, the switches it turns on). "{amp}" is replaced by the AMP dtype chosen for the device.
@@ -335,11 +334,8 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     base = resolve_num_workers(base, split, dev)
     plan = plan_rungs(base, rungs, mode, amp_dtype, dev)
     probe_model = build_model(model, split.num_classes, split.image_size) if isinstance(model, str) else model()
-    reads_files = any(isinstance(d, ImageFiles) for d in (split.train, split.val))
     for rung in plan[1:]:
-        effect = changes_effect(rung.changes, dev, probe_model)
-        if set(rung.changes) == {"decode_cache"} and not reads_files:
-            effect = Effect(False, "decode_cache acts on image folders only; this data is already in memory")
+        effect = changes_effect(rung.changes, dev, probe_model, split)
         rung.effect, rung.reason = effect.label, effect.reason
         if not effect.acts:
             rung.status = "no-effect"

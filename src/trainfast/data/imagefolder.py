@@ -5,15 +5,16 @@ from the image size; when the crop still has at least the output size on each si
 or 1/8 reduction, libjpeg-turbo decodes reduced in the DCT domain (Pillow's draft mode: a 4000x3000
 phone photo cropped to 224 decodes 1/64 of the pixels) and only the crop box becomes a tensor, in HWC
 order, which torch's uint8 antialiased resize is fastest on. Otherwise torchvision.io.decode_jpeg
-(libjpeg-turbo) decodes the whole file. PNG/GIF/WebP: torchvision.io decoders; BMP and the rest: Pillow. Then RandomResizedCrop + horizontal flip (train) or resize + centre crop (val), on uint8.
+(libjpeg-turbo) decodes the whole file. PNG/GIF/WebP: torchvision.io decoders; BMP and the rest:
+Pillow. Then RandomResizedCrop + horizontal flip (train) or resize + centre crop (val), on uint8.
 Images stay uint8 through collate and the worker queue (4x fewer bytes than float32); float conversion
 and normalization happen on the device in the prefetcher, or on the host in the plain baseline
 (`HostNormalized`), with the same arithmetic.
 
 When no reduction applies (any 500x375 photo cropped to 224: halving needs a crop of >= 448 on both
-sides), the pixels are exactly torchvision.io.decode_jpeg's. A reduced decode is libjpeg's own downscale, an 8x8
-DCT truncated to 4x4, 2x2 or 1x1 coefficients: close to an area resize, not bit-equal to decoding at
-full size and resizing.
+sides), the pixels are exactly torchvision.io.decode_jpeg's. A reduced decode is libjpeg's own
+downscale, an 8x8 DCT truncated to 4x4, 2x2 or 1x1 coefficients: close to an area resize, not
+bit-equal to decoding at full size and resizing.
 
 PATH/train and PATH/val are used when both exist; otherwise a fixed 20% of PATH is held out. Folder
 problems (missing folder, no class subfolders, a class without images, a non-image file) are errors

@@ -12,7 +12,13 @@ from . import memory_format, prefetch, runtime, transfer
 from .base import ACTS, Effect
 
 
-def field_effect(field: str, device: torch.device, model: nn.Module) -> Effect:
+def field_effect(field: str, device: torch.device, model: nn.Module, split=None) -> Effect:
+    """`split`: the run's data (data.datasets.Split), for the techniques that act on files only; when
+    it is not given they count as acting."""
+    if field == "decode_cache":
+        from ..data.decoded_cache import effect as decode_cache_effect
+
+        return decode_cache_effect(split)
     if field in ("non_blocking", "pin_memory"):
         return transfer.effect(device)
     if field == "prefetch":
@@ -26,9 +32,9 @@ def field_effect(field: str, device: torch.device, model: nn.Module) -> Effect:
     return ACTS
 
 
-def changes_effect(changed: dict, device: torch.device, model: nn.Module) -> Effect:
+def changes_effect(changed: dict, device: torch.device, model: nn.Module, split=None) -> Effect:
     """A set of switched fields acts if any one of them acts; otherwise say why none does."""
-    effects = [field_effect(name, device, model) for name in changed]
+    effects = [field_effect(name, device, model, split) for name in changed]
     if not effects or any(e.acts for e in effects):
         reasons = [e.reason for e in effects if e.reason]
         return Effect(True, "; ".join(reasons))
