@@ -25,14 +25,14 @@ def build_model(depth: int) -> nn.Module:
 def worker(find_unused: bool, depth: int) -> float:
     from trainfast import Recipe, train
     from trainfast.data.datasets import load_synthetic
-    from trainfast.measure import steady_throughput
+    from trainfast.measure import Timing
 
-    windows = []
+    steps = []
     recipe = Recipe(optimizer="sgd", lr=0.01, batch_size=32, log_every=10, find_unused_parameters=find_unused)
     result = train(lambda: build_model(depth), load_synthetic(16, n=1024), recipe=recipe, device="cpu",
-                   on_window=lambda step, stats: windows.__setitem__(slice(None), stats.windows))
+                   on_window=lambda step, stats: steps.__setitem__(slice(None), stats.steps))
     del result
-    return steady_throughput(windows, skip_first=1)[0]   # rank 0's samples/s (ranks run in lockstep)
+    return Timing.from_steps(steps).throughput   # rank 0's samples/s after warm-up (ranks run in lockstep)
 
 
 def main() -> None:

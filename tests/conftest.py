@@ -1,8 +1,11 @@
+import numpy as np
 import pytest
 import torch
 
 from trainfast.data.datasets import Split, load_digits
 from trainfast.models import resnet9
+from trainfast.recipe import Recipe
+from trainfast.stats import Repeat
 
 
 def tiny_resnet(num_classes: int = 10) -> torch.nn.Module:
@@ -29,3 +32,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+# --- synthetic measurements (the truth is known) ---------------------------------------------------
+
+RNG = np.random.default_rng(0)
+
+
+def noisy_repeat(rate: float, blocks: int = 8, noise: float = 0.03, samples: int = 192) -> Repeat:
+    """A repeat whose blocks run at `rate` samples/s with multiplicative noise."""
+    seconds = samples / rate * (1 + noise * RNG.standard_normal(blocks))
+    return Repeat(tuple((samples, float(s)) for s in seconds))
+
+
+def scored_rung(name: str, rates: list[float], accuracy: float, **changes) -> "Rung":
+    """A finished rung with one synthetic repeat per rate (repeat i: seed i), as score_rungs reads them."""
+    from trainfast.ablate import Rung
+
+    rung = Rung(name, changes, Recipe(**changes), status="done")
+    for seed, rate in enumerate(rates):
+        rep = noisy_repeat(rate)
+        blocks = [{"samples": n, "seconds": s, "disturbed": False, "steps": 3, "foreign_share": 0.0}
+                  for n, s in rep.blocks]
+        rung.repeats.append({"seed": seed, "accuracy": accuracy, "loss": 0.3, "train_loss": 0.3, "epoch_time_s": 1.0,
+                             "peak_memory_bytes": 2**28, "data_wait_fraction": 0.0, "skipped_files": 0,
+                             "val_samples": 400, "world_size": 1, "num_workers": 0, "precision_state": {},
+                             "train_losses": [], "timing": {"blocks": blocks, "warmup_steps": 1, "timed_steps": 24,
+                                                            "timed_seconds": 1.0, "disturbed_steps": 0}})
+    return rung

@@ -7,12 +7,13 @@ import sys
 import pytest
 import torch
 
-from conftest import tiny_resnet
-from trainfast import Recipe, ablate
+from conftest import scored_rung, tiny_resnet
+from trainfast import Recipe, RecipeError, ablate
 from trainfast.ablate import accuracy_band, pick_best, score_rungs
 
-RUNG_KEYS = {"name", "recipe", "effect", "throughput", "throughput_spread", "epoch_time_s", "peak_memory_bytes",
-             "accuracy", "loss", "flops_per_s", "ceiling_fraction"}
+RUNG_KEYS = {"name", "recipe", "effect", "verdict", "throughput", "throughput_interval", "speedup", "speedup_interval",
+             "epoch_time_s", "peak_memory_bytes", "accuracy", "loss", "flops_per_s", "ceiling_fraction", "runs"}
+VERDICTS = {"faster", "slower", "no measurable difference"}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +52,20 @@ def test_results_schema_and_numbers(cli_report):
         assert rung["throughput"] > 0 and rung["epoch_time_s"] > 0 and rung["peak_memory_bytes"] > 2**20
         assert rung["accuracy"] > 0.5, rung   # chance is 0.1
         assert 0 < rung["ceiling_fraction"] < 5 and rung["flops_per_s"] > 0
+        lo, hi = rung["throughput_interval"]
+        assert lo <= rung["throughput"] <= hi
+        assert [run["seed"] for run in rung["runs"]] == [0, 1]          # two repeats, seed + i
+        for run in rung["runs"]:                                       # each timed over steady steps
+            timing = run["timing"]
+            assert timing["warmup_steps"] >= 1 and timing["timed_steps"] >= 24
+            assert run["steps_run"] >= timing["warmup_steps"] + timing["timed_steps"]
+    assert data["rungs"][0]["verdict"] == "reference"
     amp = data["rungs"][1]
     assert amp["recipe"]["precision"] in ("bf16", "fp16")
+    assert amp["verdict"] in VERDICTS and amp["speedup_interval"][0] <= amp["speedup"] <= amp["speedup_interval"][1]
+    assert data["rungs"][3]["vs_previous"]["rung"] == "amp"            # cumulative: against the rung above
+    assert data["best"]["name"] in data["best"]["tie"]
+    assert data["settings"]["repeats"] == 2
 
 
 def test_no_effect_rung_is_reported_not_measured(cli_report):
@@ -62,18 +75,34 @@ def test_no_effect_rung_is_reported_not_measured(cli_report):
     if torch.cuda.is_available():
         pytest.skip("non_blocking acts on CUDA")
     assert rung["effect"] == "no-effect" and rung["throughput"] is None
+    assert rung["verdict"] == "no effect on this device"
     assert "only acts on CUDA" in rung["effect_reason"]
     report = (out / "report.md").read_text()
     assert "+non_blocking**: no effect on this device" in report
 
 
 def test_python_api_with_own_model_and_datasets(tmp_path, digits16):
-    result = ablate(tiny_resnet, digits16.train, digits16.val, mean=digits16.mean, std=digits16.std,
-                    recipe=Recipe(epochs=1, batch_size=32), rungs=["set_to_none"], out=tmp_path, show=False,
-                    noise_seeds=1)
+    kwargs = dict(mean=digits16.mean, std=digits16.std, recipe=Recipe(epochs=1, batch_size=32), rungs=["set_to_none"],
+                  out=tmp_path, show=False, noise_seeds=1, repeats=1)
+    result = ablate(tiny_resnet, digits16.train, digits16.val, **kwargs)
     assert [r.status for r in result.rungs] == ["done", "done"]
     assert result.best_name in ("baseline", "set_to_none")
     assert (tmp_path / "results.json").exists()
+    first = json.loads((tmp_path / "results.json").read_text())
+
+    # The same folder again is refused without --resume (nothing is overwritten) ...
+    with pytest.raises(RecipeError, match="already holds an ablation"):
+        ablate(tiny_resnet, digits16.train, digits16.val, **kwargs)
+    # ... reused with it: every finished run is read back, the numbers identical ...
+    again = ablate(tiny_resnet, digits16.train, digits16.val, **kwargs, resume=True)
+    assert all(run.get("reused") for r in again.rungs for run in r.repeats)
+    second = json.loads((tmp_path / "results.json").read_text())
+    for a, b in zip(first["rungs"], second["rungs"]):
+        assert a["throughput"] == b["throughput"] and a["accuracy"] == b["accuracy"] and a["verdict"] == b["verdict"]
+    # ... and a different plan is refused with the difference named, never mixed.
+    changed = dict(kwargs, rungs=["channels_last"])
+    with pytest.raises(RecipeError, match="differs from this command in rungs"):
+        ablate(tiny_resnet, digits16.train, digits16.val, **changed, resume=True)
 
 
 def test_noise_band_and_best_pick():
@@ -82,21 +111,16 @@ def test_noise_band_and_best_pick():
     # seed-to-seed spread dominates: 2 * stdev(0.8, 0.9, 1.0) * sqrt(1 + 1/3)
     assert accuracy_band(0.9, 400, [0.8, 0.9, 1.0]) == pytest.approx(2 * 0.1 * (4 / 3) ** 0.5)
     assert accuracy_band(0.9, 400, [0.9, 0.9, 0.9]) == band
+    # a rung measured as the mean of 2 seeds is compared with a narrower band: sqrt(1/2 + 1/3)
+    assert accuracy_band(0.9, 400, [0.8, 0.9, 1.0], runs=2) == pytest.approx(2 * 0.1 * (1 / 2 + 1 / 3) ** 0.5)
 
-    class R:
-        def __init__(self, name, status, **result):
-            self.name, self.status, self.result, self.recipe = name, status, result, Recipe()
-
-    rungs = [R("baseline", "done", throughput=100.0, accuracy=0.90, val_samples=400, peak_memory_bytes=10, flops_per_s=1.0),
-             R("fast_but_wrong", "done", throughput=300.0, accuracy=0.70, val_samples=400, peak_memory_bytes=10, flops_per_s=1.0),
-             R("fast", "done", throughput=200.0, accuracy=0.89, val_samples=400, peak_memory_bytes=10, flops_per_s=1.0)]
+    rungs = [scored_rung("baseline", [100, 100], 0.90), scored_rung("fast_but_wrong", [300, 300], 0.70, set_to_none=True),
+             scored_rung("fast", [200, 200], 0.89, channels_last=True)]
     score_rungs(rungs, {"fp32": 10.0}, [0.90, 0.91, 0.89])
     assert rungs[1].result["accuracy_flag"] and not rungs[2].result["accuracy_flag"]
-    assert rungs[2].result["speedup"] == 2.0
-    assert pick_best(rungs).name == "fast"
+    assert rungs[2].result["speedup"] == pytest.approx(2.0, rel=0.05)
+    assert pick_best(rungs)[0].name == "fast"
     # O3 (pure half, no fp32 master) is faster and inside the band, but risky by construction: never picked.
-    pure = R("pure-bf16", "done", throughput=400.0, accuracy=0.90, val_samples=400, peak_memory_bytes=10, flops_per_s=1.0)
-    pure.recipe = Recipe(precision="bf16", precision_level="pure")
-    rungs.append(pure)
+    rungs.append(scored_rung("pure-bf16", [400, 400], 0.90, precision="bf16", precision_level="pure"))
     score_rungs(rungs, {"fp32": 10.0, "bf16": 20.0}, [0.90, 0.91, 0.89])
-    assert not pure.result["accuracy_flag"] and pick_best(rungs).name == "fast"
+    assert not rungs[3].result["accuracy_flag"] and pick_best(rungs)[0].name == "fast"

@@ -4,8 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainfast.measure import (Meter, NonFiniteLossError, Window, count_train_flops, measure_ceiling,
-                               peak_memory_bytes, steady_throughput)
+from trainfast.measure import Meter, NonFiniteLossError, count_train_flops, measure_ceiling, peak_memory_bytes
 
 CPU = torch.device("cpu")
 
@@ -22,6 +21,7 @@ def test_meter_reads_every_n_steps_and_keeps_every_loss():
     assert meter.stats.losses == pytest.approx(losses)
     assert meter.stats.correct == 5 and meter.stats.samples == 10
     assert [w.steps for w in meter.stats.windows] == [3, 2]
+    assert [s.samples for s in meter.stats.steps] == [2] * 5 and all(s.seconds >= 0 for s in meter.stats.steps)
 
 
 def test_nonfinite_loss_stops_naming_the_step():
@@ -32,12 +32,6 @@ def test_nonfinite_loss_stops_naming_the_step():
     meter.update(torch.tensor(1.0), out, tgt)
     with pytest.raises(NonFiniteLossError, match="loss is nan at step 101"):
         meter.update(torch.tensor(float("inf")), out, tgt)
-
-
-def test_steady_throughput_skips_warmup_and_takes_median():
-    windows = [Window(5, 50, 10.0, 0.0)] + [Window(5, 50, s, 0.0) for s in (0.5, 0.5, 0.25, 1.0, 0.5)]
-    median, spread, used = steady_throughput(windows, skip_first=1)
-    assert used == 5 and median == 100.0 and spread > 0
 
 
 def test_flop_count_of_a_linear_layer_is_exact():

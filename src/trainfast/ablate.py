@@ -7,6 +7,7 @@ reported as "no effect on this device" with the reason, instead of a difference 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing as mp
 import os
@@ -21,7 +22,8 @@ from typing import Any, Callable
 
 import torch
 
-from .measure import count_train_flops, measure_ceiling, peak_memory_bytes, reset_peak_memory, steady_throughput
+from .measure import count_train_flops, measure_ceiling, peak_memory_bytes, reset_peak_memory
+from .stats import MIN_EFFECT, Candidate, Repeat, compare, rate_estimate, recommend
 from .recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from .data.imagefolder import with_decode_cache
 from .techniques import changes_effect
@@ -58,8 +60,10 @@ class Rung:
     recipe: Recipe
     effect: str = "measured"
     reason: str = ""
-    result: dict[str, Any] = field(default_factory=dict)
-    status: str = "pending"     # pending | running | done | no-effect | failed
+    result: dict[str, Any] = field(default_factory=dict)     # aggregated over repeats (score_rungs)
+    status: str = "pending"     # pending | running | partial | done | no-effect | failed
+    repeats: list[dict[str, Any]] = field(default_factory=list)    # one result per timed process
+    seed_runs: list[dict[str, Any]] = field(default_factory=list)  # baseline only: extra noise seeds
 
 
 @dataclass
@@ -107,22 +111,36 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
 # inside the rung's process
 
 
-def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None]) -> dict[str, Any]:
-    """Train `recipe.epochs` epochs with the shared engine, evaluate, and return every measured number."""
+@dataclass(frozen=True)
+class TimingBudget:
+    """How long a rung is timed, in steps after warm-up, whatever the epoch length: at least `steps`
+    steady steps, or at least `floor` of them once they take `seconds` (slow models: fewer, longer steps).
+    Short epochs are continued past the accuracy run (the data cycled) until the budget is met."""
+    steps: int = 24
+    seconds: float = 60.0
+    floor: int = 8
+
+
+def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], budget: TimingBudget | None = None) -> dict[str, Any]:
+    """Train `recipe.epochs` epochs with the shared engine, evaluate, time the steady state, and return every
+    measured number. `budget=None`: accuracy only (the baseline's extra noise seeds)."""
     from .distributed import setup_distributed
 
     dist = setup_distributed(recipe, resolve_device(job.device))   # under ablate --nproc: one rank of N
-    device = dist.device
     try:
-        return _measure_rung(job, recipe, emit, dist, device)
+        return _measure_rung(job, recipe, emit, dist, dist.device, budget)
     finally:
         dist.close()
 
 
-def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, device) -> dict[str, Any]:
+def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, device,
+                  budget: TimingBudget | None) -> dict[str, Any]:
+    from itertools import islice
+
     from torch import nn
 
     from .data.datasets import load_data
+    from .measure import Timing, steps_to_time
     from .models import build_model
     from .techniques.runtime import apply_runtime_flags
     from .data.badfiles import skipped_last_pass
@@ -136,47 +154,58 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
     seed_everything(recipe.seed)
     model = build_model(job.model, split.num_classes, split.image_size) if isinstance(job.model, str) else job.model()
     reset_peak_memory(device)
-
-    # FLOPs on the eager model before any wrapping (a sharded FSDP2 copy could not run alone).
-    sample = first_readable(split.train)
-    fmt = torch.channels_last if recipe.channels_last and sample.ndim == 3 else torch.contiguous_format
-    probe = torch.zeros((recipe.batch_size, *sample.shape), device=device).contiguous(memory_format=fmt)
-    flops_per_step = count_train_flops(model.to(device), loss_fn, probe,
-                                       torch.zeros(recipe.batch_size, dtype=torch.long, device=device))
     state, train_batches, val_batches = build_run(model, split, recipe, device, dist, loss_fn)
 
     total_steps = len(train_batches) * recipe.epochs
-    windows, losses, epoch_times, data_wait, correct, seen, skipped = [], [], [], 0.0, 0, 0, 0
+    steps, losses, epoch_times, correct, seen, skipped = [], [], [], 0, 0, 0
 
     def on_window(step: int, stats) -> None:
         emit({"event": "progress", "step": step, "total": total_steps, "loss": stats.losses[-1]})
 
-    for epoch in range(recipe.epochs):
+    def run_pass(epoch: int, batches) -> Any:
         dist.set_epoch(epoch)
         meter = build_meter(state, dist, on_window)
         with dist.watch():
-            stats = train_one_epoch(state, train_batches, dist.criterion(loss_fn), meter)
-        # The first window of every epoch holds compile, allocator warm-up and worker start-up.
-        windows.extend(stats.windows[1:] if len(stats.windows) > 1 else stats.windows)
+            stats = train_one_epoch(state, batches, dist.criterion(loss_fn), meter)
+        steps.extend(stats.steps)
+        return stats
+
+    for epoch in range(recipe.epochs):
+        stats = run_pass(epoch, train_batches)
         losses.extend(stats.losses)
         epoch_times.append(stats.seconds)
-        data_wait += stats.data_wait_s
         correct += stats.correct
         seen += stats.samples
         skipped += skipped_last_pass(train_batches, device)
-    throughput, spread, used = steady_throughput(windows, skip_first=0)
-    # Ranks step in lockstep (gradient all-reduce), so the job's throughput is world_size x one rank's.
-    throughput, spread = throughput * dist.world_size, spread * dist.world_size
     metrics = dist.reduce_eval(evaluate(state.model, val_batches, loss_fn, state.precision))
     train_loss, train_accuracy = dist.reduce_train(sum(losses) / max(1, len(losses)), correct, seen)
-    flops_per_sample = flops_per_step / recipe.batch_size
+
+    # Timing: the steps after warm-up, continued past the accuracy run (after its evaluation, so the metric
+    # is untouched) until the budget is met. Every rank runs the same number of extra steps (the most any
+    # rank needs), so their collectives stay matched.
+    # On CPU in one process, blocks of steps during which other processes used the machine are left out
+    # and more steps are run instead (up to 3x the budget): see measure.Timing.
+    check = device.type == "cpu" and dist.world_size == 1 and recipe.num_workers == 0
+    timing = Timing.from_steps(steps, check_disturbance=check)
+    extra_passes, limit = 0, len(steps) + 3 * (budget.steps if budget else 0)
+    while budget is not None and len(steps) < limit:
+        need = max(dist.gather(steps_to_time(timing, budget.steps, budget.seconds, budget.floor)))
+        if need == 0:
+            break
+        need = min(need, limit - len(steps))
+        total_steps = len(steps) + need
+        run_pass(recipe.epochs + extra_passes, islice(train_batches, need))
+        extra_passes += 1
+        timing = Timing.from_steps(steps, check_disturbance=check)
     return {
-        "throughput": throughput,
-        "throughput_spread": spread,
-        "timing_windows": used,
+        "seed": recipe.seed,
+        # Ranks step in lockstep (gradient all-reduce), so the job's throughput is world_size x one rank's.
+        "throughput": timing.throughput * dist.world_size,
+        "timing": timing.to_dict(),
+        "steps_run": len(steps),
         "epoch_time_s": sum(epoch_times) / len(epoch_times),
         "epoch_times_s": epoch_times,
-        "data_wait_fraction": data_wait / max(1e-9, sum(epoch_times)),
+        "data_wait_fraction": timing.data_wait_s / timing.seconds if timing.seconds else 0.0,
         "peak_memory_bytes": peak_memory_bytes(device),
         "accuracy": metrics["accuracy"],
         "loss": metrics["loss"],
@@ -186,15 +215,13 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
         "train_accuracy": train_accuracy,
         "world_size": dist.world_size,
         "steps": state.step,
-        "flops_per_sample": flops_per_sample,
-        "flops_per_s": flops_per_sample * throughput,
         "precision_state": state.precision.metrics(),
         "num_workers": recipe.num_workers,
         "skipped_files": skipped + skipped_last_pass(val_batches, device),   # unreadable images, all epochs
     }
 
 
-def _rung_process(job: Job, recipe: Recipe, events, log_path: str) -> None:
+def _rung_process(job: Job, recipe: Recipe, budget: TimingBudget | None, events, log_path: str) -> None:
     # The rung's warnings and tracebacks go to its log file, not over the parent's live table.
     with open(log_path, "w") as log:
         os.dup2(log.fileno(), 2)
@@ -202,19 +229,19 @@ def _rung_process(job: Job, recipe: Recipe, events, log_path: str) -> None:
             if job.nproc > 1:
                 from .distributed import launch_local
 
-                result = launch_local(_rung_worker, (job, recipe, events), job.nproc)
+                result = launch_local(_rung_worker, (job, recipe, budget, events), job.nproc)
             else:
-                result = run_rung(job, recipe, events.put)
+                result = run_rung(job, recipe, events.put, budget)
             events.put({"event": "result", "result": result})
         except BaseException as exc:  # report every failure to the parent, which keeps going
             traceback.print_exc()
             events.put({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
 
 
-def _rung_worker(job: Job, recipe: Recipe, events) -> dict[str, Any]:
+def _rung_worker(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> dict[str, Any]:
     """One rank of an `ablate --nproc N` rung (started by torch.distributed.elastic); rank 0 reports."""
     emit = events.put if os.environ.get("RANK", "0") == "0" else (lambda event: None)
-    return run_rung(job, recipe, emit)
+    return run_rung(job, recipe, emit, budget)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -230,6 +257,8 @@ class AblationResult:
     best_name: str
     ceilings: dict[str, float]
     seed_runs: list[dict[str, Any]] = field(default_factory=list)
+    tie: list[str] = field(default_factory=list)        # rungs not measurably slower than the fastest
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         from .report import results_dict
@@ -237,42 +266,104 @@ class AblationResult:
         return results_dict(self)
 
 
-def accuracy_band(accuracy: float, n: int, seed_accuracies: list[float] | None = None) -> float:
+def accuracy_band(accuracy: float, n: int, seed_accuracies: list[float] | None = None, runs: int = 1) -> float:
     """Half-width of the band within which a rung's accuracy is indistinguishable from the baseline's.
 
     Two noise sources: evaluation sampling (n held-out samples: two binomial standard errors of a
     difference, sqrt(2) x one run's) and training itself (another seed, or the numerics of a technique,
-    sends SGD down another path: two standard deviations of the baseline over its seeds, widened by
-    sqrt(1 + 1/k) for comparing one run against the mean of k). The band is the larger of the two."""
+    sends SGD down another path: two standard deviations of the baseline over its k seeds, scaled by
+    sqrt(1/runs + 1/k) for comparing the mean of a rung's `runs` repeats against the mean of k). The band
+    is the larger of the two."""
     p = min(max(accuracy, 1.0 / max(1, n)), 1 - 1.0 / max(1, n))
     band = 2 * math.sqrt(2 * p * (1 - p) / max(1, n))
     if seed_accuracies and len(seed_accuracies) >= 2:
         k = len(seed_accuracies)
-        band = max(band, 2 * statistics.stdev(seed_accuracies) * math.sqrt(1 + 1 / k))
+        band = max(band, 2 * statistics.stdev(seed_accuracies) * math.sqrt(1 / max(1, runs) + 1 / k))
     return band
 
 
-def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: list[float] | None = None) -> None:
-    """Speed-up, memory ratio, ceiling fraction and accuracy flags, all relative to the baseline (its
-    accuracy: the mean over its seeds when it was repeated)."""
-    base = rungs[0].result if rungs and rungs[0].status == "done" else None
+def rung_repeats(rung: Rung) -> list[Repeat]:
+    """The rung's timed steps, one Repeat per finished process (samples x world size: the job's rate)."""
+    out = []
+    for r in rung.repeats:
+        blocks = tuple((b["samples"] * r["world_size"], b["seconds"]) for b in r["timing"]["blocks"] if not b["disturbed"])
+        if blocks:
+            out.append(Repeat(blocks))
+    return out
+
+
+def aggregate(rung: Rung) -> None:
+    """The rung's numbers over its repeats: means for accuracy and times, the worst peak memory, and the
+    rate with its bootstrap interval."""
+    reps = rung.repeats
+    if not reps:
+        return
+    first = reps[0]
+    timed = rung_repeats(rung)
+    rate = rate_estimate(timed) if timed else None
+    rung.result = {
+        **{k: first[k] for k in ("val_samples", "world_size", "num_workers", "precision_state", "train_losses")},
+        "repeats": len(reps),
+        "throughput": rate.value if rate else 0.0,
+        "throughput_interval": [rate.low, rate.high] if rate else None,
+        "throughput_spread": rate.half_width if rate else None,
+        "accuracy": statistics.fmean(r["accuracy"] for r in reps),
+        "accuracies": [r["accuracy"] for r in reps],
+        "loss": statistics.fmean(r["loss"] for r in reps),
+        "train_loss": statistics.fmean(r["train_loss"] for r in reps),
+        "epoch_time_s": statistics.fmean(r["epoch_time_s"] for r in reps),
+        "peak_memory_bytes": max(r["peak_memory_bytes"] for r in reps),
+        "data_wait_fraction": statistics.fmean(r["data_wait_fraction"] for r in reps),
+        "skipped_files": sum(r["skipped_files"] for r in reps),
+        "warmup_steps": [r["timing"]["warmup_steps"] for r in reps],
+        "disturbed_steps": [r["timing"].get("disturbed_steps", 0) for r in reps],
+        "timed_steps": [r["timing"]["timed_steps"] for r in reps],
+        "timed_seconds": [r["timing"]["timed_seconds"] for r in reps],
+        "wall_time_s": [r.get("wall_time_s") for r in reps],
+    }
+
+
+def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: list[float] | None = None,
+                flops_per_sample: float | None = None, mode: str = "cumulative",
+                min_effect: float = MIN_EFFECT) -> None:
+    """Speed-up with its interval and verdict against the baseline (and, cumulative, against the rung
+    before: what adding this switch bought), memory ratio, ceiling fraction and accuracy flags. Accuracy is
+    judged against the baseline's mean over its seeds."""
+    for rung in rungs:
+        aggregate(rung)
+    base = rungs[0] if rungs and rungs[0].status == "done" and rungs[0].result else None
     if base:
-        seeds = seed_accuracies or [base["accuracy"]]
+        seeds = seed_accuracies or base.result["accuracies"]
         reference = statistics.fmean(seeds)
-        band = accuracy_band(reference, base["val_samples"], seeds)
+        base_repeats = rung_repeats(base)
+    previous = base
     for rung in rungs:
         r = rung.result
-        if rung.status != "done":
+        if rung.status != "done" or not r:
             continue
         ceiling = ceilings.get(rung.recipe.precision)
+        r["flops_per_sample"] = flops_per_sample
+        r["flops_per_s"] = flops_per_sample * r["throughput"] if flops_per_sample else None
         r["ceiling_flops_per_s"] = ceiling
-        r["ceiling_fraction"] = r["flops_per_s"] / ceiling if ceiling else None
-        if base:
-            r["speedup"] = r["throughput"] / base["throughput"] if base["throughput"] else None
-            r["memory_ratio"] = r["peak_memory_bytes"] / base["peak_memory_bytes"]
+        r["ceiling_fraction"] = r["flops_per_s"] / ceiling if ceiling and r["flops_per_s"] else None
+        if base and rung is not base:
+            mine = rung_repeats(rung)
+            if mine and base_repeats:
+                versus = compare(rung.name, mine, "baseline", base_repeats, min_effect)
+                r["speedup"], r["speedup_interval"] = versus.speedup.value, [versus.speedup.low, versus.speedup.high]
+                r["verdict"], r["verdict_text"] = versus.verdict, versus.text
+                if mode == "cumulative" and rung_repeats(previous):
+                    step = compare(rung.name, mine, previous.name, rung_repeats(previous), min_effect)
+                    r["vs_previous"] = {"rung": previous.name, **step.to_dict(), "text": step.text}
+            r["memory_ratio"] = r["peak_memory_bytes"] / base.result["peak_memory_bytes"]
             r["accuracy_delta"] = r["accuracy"] - reference
-            r["accuracy_band"] = band
-            r["accuracy_flag"] = abs(r["accuracy_delta"]) > band
+            r["accuracy_band"] = accuracy_band(reference, base.result["val_samples"], seeds, runs=r["repeats"])
+            r["accuracy_flag"] = abs(r["accuracy_delta"]) > r["accuracy_band"]
+        elif rung is base:
+            r["speedup"], r["speedup_interval"], r["verdict"] = 1.0, [1.0, 1.0], "reference"
+            r["accuracy_reference"] = reference
+            r["accuracy_band"] = accuracy_band(reference, r["val_samples"], seeds, runs=r["repeats"])
+        previous = rung
 
 
 def first_readable(dataset, tries: int = 100) -> torch.Tensor:
@@ -287,14 +378,27 @@ def first_readable(dataset, tries: int = 100) -> torch.Tensor:
     raise DataError(f"none of the first {min(tries, len(dataset))} training images could be read")
 
 
-def pick_best(rungs: list[Rung]) -> Rung:
-    """The fastest measured rung (steady-state throughput) whose accuracy is not below the baseline's
-    noise band, among the rungs that are not risky by construction (O3 `pure` levels: one short run
-    inside the band does not show that updates below half precision's spacing were not lost; they are
-    measured and shown, never recommended); the baseline if none qualifies."""
-    candidates = [r for r in rungs if r.status == "done" and level_note(r.recipe) is None
+def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT) -> tuple[Rung, list[str]]:
+    """The recommendation and the tie it was chosen from. Candidates: the measured rungs whose accuracy is
+    not below the baseline's noise band, and that are not risky by construction (O3 `pure` levels: one short
+    run inside the band does not show that updates below half precision's spacing were not lost; they are
+    measured and shown, never recommended). Among them the fastest, unless others are not measurably slower
+    than it: then the simplest of that tie (stats.recommend). The baseline if nothing qualifies."""
+    base = rungs[0]
+    candidates = [r for r in rungs if r.status == "done" and rung_repeats(r) and level_note(r.recipe) is None
                   and not (r.result.get("accuracy_flag") and r.result.get("accuracy_delta", 0) < 0)]
-    return max(candidates, key=lambda r: r.result["throughput"]) if candidates else rungs[0]
+    if not candidates:
+        return base, [base.name]
+    pool = [Candidate(r.name, switch_count(base.recipe, r.recipe), rung_repeats(r), r.result.get("speedup", 1.0))
+            for r in candidates]
+    name, tie = recommend(pool, min_effect)
+    return next(r for r in rungs if r.name == name), tie
+
+
+def switch_count(base: Recipe, recipe: Recipe) -> int:
+    """How many Recipe fields differ from the baseline's: the rung's complexity for a tie-break."""
+    a, b = base.to_dict(), recipe.to_dict()
+    return sum(a[k] != b[k] for k in a if k != "seed")
 
 
 def default_out_dir() -> Path:
@@ -305,13 +409,20 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
            data: str = "digits", image_size: int | None = None, recipe: Recipe | None = None,
            rungs: list[str] | None = None, mode: str = "cumulative", amp_dtype: str = "auto",
            device: str = "auto", out: str | Path | None = None, mean=None, std=None,
-           noise_seeds: int = 3, show: bool = True, nproc: int = 1) -> AblationResult:
+           noise_seeds: int = 3, repeats: int = 2, budget: TimingBudget | None = None,
+           min_effect: float = MIN_EFFECT, resume: bool = False, show: bool = True, nproc: int = 1) -> AblationResult:
     """Run the ladder and write the report folder. `model` is a timm/built-in name or a picklable
     zero-argument factory (each rung runs in a spawned process, so lambdas cannot cross). With
-    `train_set`/`val_set` the datasets are used instead of `data`. The baseline is trained with
-    `noise_seeds` seeds in all, so the accuracy band includes seed-to-seed training noise. With `nproc` > 1
-    every rung runs as that many DDP processes (torch.distributed.elastic, rendezvous on 127.0.0.1);
-    rank 0 reports."""
+    `train_set`/`val_set` the datasets are used instead of `data`.
+
+    Every rung runs `repeats` times, each in a fresh process, in interleaved order (every rung once, then
+    every rung again), repeat i with seed recipe.seed + i for every rung: a slow spell of the machine hits
+    all rungs alike, and every rung's accuracy is a mean over `repeats` seeds. The baseline is trained with
+    `noise_seeds` seeds in all (the extra ones for accuracy only), so the accuracy band includes
+    seed-to-seed training noise. `budget` sets how many steady steps each run is timed over. A difference
+    below `min_effect` (a fraction) is never called a gain or a loss. With `nproc` > 1 every rung runs as
+    that many DDP processes (torch.distributed.elastic, rendezvous on 127.0.0.1); rank 0 reports.
+    `resume=True` continues an interrupted ablation in `out`: finished runs are reused, not run again."""
     from .data.datasets import load_data
     from .data.loader import resolve_num_workers
     from .models import build_model, check_model_name
@@ -319,12 +430,14 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     from .trainer import as_split
 
     base = recipe or Recipe()
-    if not isinstance(noise_seeds, int) or noise_seeds < 1:
-        raise RecipeError(f"--noise-seeds {noise_seeds!r} must be a positive integer")
+    budget = budget or TimingBudget()
+    for flag, value in (("--noise-seeds", noise_seeds), ("--repeats", repeats), ("--nproc", nproc)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise RecipeError(f"{flag} {value!r} must be a positive integer")
+    if not 0 <= min_effect < 1:
+        raise RecipeError(f"--min-effect {min_effect!r} must be a fraction in [0, 1), e.g. 0.05 for 5%")
     dev = resolve_device(device)
     validate_for_device(base, dev)
-    if not isinstance(nproc, int) or nproc < 1:
-        raise RecipeError(f"--nproc {nproc!r} must be a positive integer")
     if isinstance(model, str):
         check_model_name(model)
     # Everything the rungs need is checked here, before the first rung starts.
@@ -339,65 +452,167 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
         rung.effect, rung.reason = effect.label, effect.reason
         if not effect.acts:
             rung.status = "no-effect"
+    flops_per_sample = count_flops_per_sample(probe_model, loss_fn, split, base)
     del probe_model
     if any(r.recipe.decode_cache and r.status != "no-effect" for r in plan):
         with_decode_cache(split, base.replace(decode_cache=True))   # built once here, opened by the rungs
-    job = Job(model, data if train_set is None else split, split.image_size or image_size, loss_fn, device, nproc)
+    # The rungs get the loaded split itself (a spawned process receives its tensors through shared memory),
+    # not the spec to load again: loading the built-in data costs each process more than its training.
+    job = Job(model, split, split.image_size or image_size, loss_fn, device, nproc)
 
     out_dir = Path(out) if out is not None else default_out_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = {"model": model if isinstance(model, str) else getattr(model, "__qualname__", repr(model)),
+                "data": data if train_set is None else split.name, "image_size": split.image_size or image_size,
+                "mode": mode, "repeats": repeats, "noise_seeds": noise_seeds, "nproc": nproc, "device": str(dev),
+                "budget": dataclasses.asdict(budget), "min_effect": min_effect,
+                "rungs": {r.name: r.recipe.to_dict() for r in plan if r.status != "no-effect"}}
+    store = RunStore(out_dir, settings, resume)
     ceilings = {p: measure_ceiling(dev, DTYPES[p]) for p in dict.fromkeys(r.recipe.precision for r in plan)}
     env = environment(dev)
-    display = Display(plan, ceilings, env, show=show)
-    ctx = mp.get_context("spawn")
+    display = Display(plan, ceilings, env, show=show, cumulative=mode == "cumulative")
+    ctx = rung_context()
+    measured = [r for r in plan if r.status != "no-effect"]
+    # Interleaved: repeat 0 of every rung, then repeat 1 of every rung, ...; the baseline's extra seeds last.
+    runs = [(rung, i, budget) for i in range(repeats) for rung in measured]
+    runs += [(plan[0], i, None) for i in range(repeats, noise_seeds)]
     seed_runs: list[dict[str, Any]] = []
+
+    def rescore() -> None:
+        seed_runs[:] = [_seed_summary(r) for r in plan[0].repeats + plan[0].seed_runs]
+        score_rungs(plan, ceilings, [s["accuracy"] for s in seed_runs], flops_per_sample, mode, min_effect)
+
+    interrupted = False
     with display:
-        for rung in plan:
-            if rung.status == "no-effect":
+        try:
+            for rung, i, rung_budget in runs:
+                recipe_i = rung.recipe.replace(seed=rung.recipe.seed + i)
+                key = f"{rung.name}-r{i}"
+                result = store.load(key)
+                if result is None:
+                    rung.status = "running"
+                    display.start_rung(rung, i, repeats if rung_budget else noise_seeds)
+                    result = _run_in_process(ctx, job, recipe_i, rung_budget, out_dir / f"rung-{key}.log", display, rung)
+                    if "error" not in result:
+                        store.save(key, result)
+                else:
+                    display.reused(rung, i)
+                if "error" in result:
+                    rung.status, rung.result = "failed", {"error": result["error"]}
+                    rung.repeats.clear()
+                elif rung.status != "failed":
+                    (rung.repeats if rung_budget else rung.seed_runs).append(result)
+                    rung.status = "done" if len(rung.repeats) == repeats else "partial"
+                rescore()
                 display.update()
-                continue
-            rung.status = "running"
-            display.start_rung(rung)
-            rung.result = _run_in_process(ctx, job, rung, out_dir / f"rung-{rung.name}.log", display)
-            rung.status = "failed" if "error" in rung.result else "done"
-            if rung.name == "baseline" and rung.status == "done":
-                seed_runs = [_seed_summary(rung.recipe.seed, rung.result)] + _run_seed_repeats(
-                    ctx, job, rung, noise_seeds - 1, out_dir, display)
-            score_rungs(plan, ceilings, [s["accuracy"] for s in seed_runs if s.get("accuracy") is not None])
-            display.update()
+        except KeyboardInterrupt:
+            interrupted = True
         # The ceiling is a peak: measured again after the ladder and the higher kept, so a slow spell on a
         # shared machine at the start does not put rungs "above" it.
-        ceilings.update({p: max(c, measure_ceiling(dev, DTYPES[p])) for p, c in ceilings.items()})
-        score_rungs(plan, ceilings, [s["accuracy"] for s in seed_runs if s.get("accuracy") is not None])
-    best = pick_best(plan)
-    result = AblationResult(plan, env, out_dir, best.recipe, best.name, ceilings, seed_runs)
+        if not interrupted:
+            ceilings.update({p: max(c, measure_ceiling(dev, DTYPES[p])) for p, c in ceilings.items()})
+        for rung in plan:
+            if rung.status == "partial" and interrupted:
+                rung.status = "done"            # a partial report still shows what was measured
+        rescore()
+    best, tie = pick_best(plan, min_effect)
+    result = AblationResult(plan, env, out_dir, best.recipe, best.name, ceilings, seed_runs, tie, settings)
     write_report(result)
-    display.final(result)
+    display.final(result, interrupted)
+    if interrupted:
+        raise KeyboardInterrupt
     return result
 
 
-def _seed_summary(seed: int, result: dict[str, Any]) -> dict[str, Any]:
-    return {"seed": seed, **{k: result.get(k) for k in ("accuracy", "loss", "throughput", "error")}}
+def rung_context():
+    """Where rung processes come from: a fork server that has imported torch and trainfast once (about 3 s
+    a process on 2 cores, more than a small rung's training), forking a fresh process per rung. The server
+    never runs a model, so nothing but imported code is shared: no compile cache, allocator or thread pool.
+    Spawn where fork servers are not available (not POSIX)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch._dynamo", "torch.optim", "trainfast.ablate", "trainfast.trainer",
+                                "trainfast.engine", "trainfast.models"])
+    return ctx
 
 
-def _run_seed_repeats(ctx, job: Job, baseline: Rung, repeats: int, out_dir: Path, display) -> list[dict[str, Any]]:
-    """The baseline again with other seeds (other init, other data order): how far accuracy moves when
-    nothing but chance changes. Only accuracy is used from these runs."""
-    runs = []
-    for i in range(1, repeats + 1):
-        seed = baseline.recipe.seed + i
-        probe = Rung(f"baseline-seed{seed}", {}, baseline.recipe.replace(seed=seed))
-        display.start_rung(probe)
-        result = _run_in_process(ctx, job, probe, out_dir / f"rung-baseline-seed{seed}.log", display)
-        runs.append(_seed_summary(seed, result))
-    return runs
+def count_flops_per_sample(model: torch.nn.Module, loss_fn: Callable | None, split, recipe: Recipe) -> float | None:
+    """Model FLOPs of one training sample (forward + backward), counted once in the parent on a batch of
+    two (FLOPs scale with the batch; memory format and precision do not change the count)."""
+    from torch import nn
+
+    sample = first_readable(split.train)
+    batch = 2
+    probe = torch.zeros((batch, *sample.shape))
+    targets = torch.zeros(batch, dtype=torch.long)
+    try:
+        return count_train_flops(model, loss_fn or nn.CrossEntropyLoss(), probe, targets) / batch
+    except Exception:           # a model the counter cannot trace still gets every other number
+        return None
 
 
-def _run_in_process(ctx, job: Job, rung: Rung, log_path: Path, display) -> dict[str, Any]:
+class RunStore:
+    """One JSON file per finished run (rung x repeat) in `out/runs/`, written atomically, plus the plan
+    (`out/plan.json`). With resume, a finished run is read back instead of run again; a plan that differs
+    from the folder's is refused with the differences named, never mixed."""
+
+    def __init__(self, out_dir: Path, settings: dict[str, Any], resume: bool) -> None:
+        import json
+
+        self.dir = out_dir / "runs"
+        plan_path = out_dir / "plan.json"
+        if plan_path.exists():
+            if not resume:
+                raise RecipeError(f"{out_dir} already holds an ablation: pass --resume to continue it, or "
+                                  "choose another --out")
+            old = json.loads(plan_path.read_text())
+            diff = [k for k in sorted(set(old) | set(settings)) if old.get(k) != _jsonable(settings.get(k))]
+            if diff:
+                raise RecipeError(f"--resume: the plan in {plan_path} differs from this command in "
+                                  + "; ".join(f"{k}: {old.get(k)!r} there, {_jsonable(settings.get(k))!r} here"
+                                              for k in diff))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(plan_path, settings)
+        self.resume = resume
+
+    def load(self, key: str) -> dict[str, Any] | None:
+        import json
+
+        path = self.dir / f"{key}.json"
+        if not self.resume or not path.exists():
+            return None
+        result = json.loads(path.read_text())
+        result["reused"] = True
+        return result
+
+    def save(self, key: str, result: dict[str, Any]) -> None:
+        _atomic_write(self.dir / f"{key}.json", result)
+
+
+def _jsonable(value: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(value, default=str))
+
+
+def _atomic_write(path: Path, data: Any) -> None:
+    import json
+
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _seed_summary(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: result.get(k) for k in ("seed", "accuracy", "loss", "throughput")}
+
+
+def _run_in_process(ctx, job: Job, recipe: Recipe, budget: TimingBudget | None, log_path: Path, display,
+                    rung: Rung) -> dict[str, Any]:
     events = ctx.Queue()
     # Not a daemon: daemonic processes may not have children, and the rung's DataLoader workers are its
     # children (num_workers > 0 would fail with "daemonic processes are not allowed to have children").
-    proc = ctx.Process(target=_rung_process, args=(job, rung.recipe, events, str(log_path)), daemon=False)
+    proc = ctx.Process(target=_rung_process, args=(job, recipe, budget, events, str(log_path)), daemon=False)
     t0 = time.perf_counter()
     proc.start()
     result: dict[str, Any] | None = None

@@ -90,7 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--amp-dtype", choices=("auto", "bf16", "fp16"), default="auto",
                     help="dtype of the AMP rung; auto = bf16 where the device has fast bf16, else fp16 + GradScaler")
     ab.add_argument("--noise-seeds", type=int, default=3,
-                    help="train the baseline with this many seeds to measure accuracy noise (default 3)")
+                    help="train the baseline with this many seeds in all to measure accuracy noise (default 3; "
+                         "the first --repeats of them are its timed repeats)")
+    ab.add_argument("--repeats", type=int, default=2,
+                    help="fresh processes per rung, run in interleaved order; each speed-up's interval comes from "
+                         "them (default 2; more repeats: tighter intervals, proportionally longer)")
+    ab.add_argument("--timing-steps", type=int, default=24,
+                    help="steady steps (after warm-up) each run is timed over; short epochs are continued (default 24)")
+    ab.add_argument("--timing-seconds", type=float, default=60.0,
+                    help="...or at least 8 steady steps once they take this long (slow models; default 60)")
+    ab.add_argument("--min-effect", type=float, default=0.05,
+                    help="smallest speed difference called a gain or a loss, as a fraction (default 0.05 = 5%%)")
+    ab.add_argument("--resume", action="store_true",
+                    help="continue an interrupted ablation in --out DIR: finished runs are reused, the rest run")
     ab.add_argument("--out", default=None, help="report folder (default: runs/ablate-<timestamp>)")
     ab.add_argument("--nproc", type=int, default=1,
                     help="run every rung as N DDP processes (torch.distributed, gloo on CPU / nccl on CUDA)")
@@ -136,10 +148,23 @@ def main(argv: list[str] | None = None) -> int:
 def _ablate(args, recipe: Recipe) -> int:
     from .ablate import ablate
 
+    from .ablate import TimingBudget
+
     rungs = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
-    result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe, rungs=rungs,
-                    mode=args.mode, amp_dtype=args.amp_dtype, device=args.device, out=args.out,
-                    noise_seeds=args.noise_seeds, nproc=args.nproc)
+    if args.resume and args.out is None:
+        raise ValueError("--resume needs --out DIR: the folder of the ablation to continue")
+    for flag, value in (("--timing-steps", args.timing_steps), ("--timing-seconds", args.timing_seconds)):
+        if not value > 0:
+            raise ValueError(f"{flag} {value!r} must be positive")
+    try:
+        result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe, rungs=rungs,
+                        mode=args.mode, amp_dtype=args.amp_dtype, device=args.device, out=args.out,
+                        noise_seeds=args.noise_seeds, repeats=args.repeats, min_effect=args.min_effect,
+                        budget=TimingBudget(steps=args.timing_steps, seconds=args.timing_seconds),
+                        resume=args.resume, nproc=args.nproc)
+    except KeyboardInterrupt:
+        return 130                        # the partial report is written; Display said where
+
     return 0 if all(r.status != "failed" for r in result.rungs) else 1
 
 

@@ -31,12 +31,77 @@ class Window:
     data_wait_s: float
 
 
+@dataclass(frozen=True)
+class StepTime:
+    """One step as the clock saw it: seconds from the previous step's end to this one's (so the steps
+    of a pass tile its wall time), samples in the step, the part spent waiting for its batch, and on CPU the
+    CPU seconds this process used and the whole machine used meanwhile (busy time of every core, the
+    hypervisor's steal included), from which `Timing` tells when other processes were competing."""
+    seconds: float
+    samples: int
+    data_wait_s: float
+    own_cpu_s: float | None = None
+    machine_cpu_s: float | None = None
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the machine's cores have been busy since boot (all processes, steal included). /proc/stat
+    counts in 10 ms ticks, so it is read per step but judged over blocks of steps (`Timing`)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0) + getattr(t, "steal", 0)
+
+
+class StepClock:
+    """End-of-step timestamps without a per-step sync. CPU: the host clock when the step returns (CPU
+    kernels are done by then), plus this process's and the machine's CPU time. CUDA: an event recorded on
+    the stream at each step's end and converted when the Meter next reads its window (one sync per window,
+    as for the loss). `start` marks the moment the loop begins waiting for its first batch, so the first
+    step includes the loader's start-up."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._marks: list = []
+        self._pending: list[tuple[int, float]] = []
+        self.steps: list[StepTime] = []
+
+    def _mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter(), time.process_time(), machine_busy_seconds()
+
+    def start(self) -> None:
+        self._marks, self._pending = [self._mark()], []
+
+    def step(self, samples: int, data_wait_s: float) -> None:
+        self._marks.append(self._mark())
+        self._pending.append((samples, data_wait_s))
+
+    def read(self) -> list[StepTime]:
+        """Turns the marks taken since the last read into StepTimes (appended to `steps`)."""
+        if not self._pending:
+            return []
+        pairs = list(zip(self._marks, self._marks[1:]))
+        if self.cuda:
+            self._marks[-1].synchronize()
+            new = [StepTime(a.elapsed_time(b) / 1000, n, w) for (a, b), (n, w) in zip(pairs, self._pending)]
+        else:
+            new = [StepTime(b[0] - a[0], n, w, b[1] - a[1], b[2] - a[2]) for (a, b), (n, w) in zip(pairs, self._pending)]
+        self.steps.extend(new)
+        self._marks, self._pending = self._marks[-1:], []
+        return new
+
+
 @dataclass
 class EpochStats:
     losses: list[float] = field(default_factory=list)   # every step's loss, in order
     correct: int = 0
     samples: int = 0
     windows: list[Window] = field(default_factory=list)
+    steps: list[StepTime] = field(default_factory=list)  # every step's time (measure.StepClock)
     seconds: float = 0.0
     data_wait_s: float = 0.0
 
@@ -73,10 +138,14 @@ class Meter:
         self._pending = 0
         self._pending_samples = 0
         self._wait = 0.0
+        self._step_wait = 0.0
+        self.clock = StepClock(device)
+        self.clock.start()
         self._t_epoch = self._t_window = time.perf_counter()
 
     def iterate(self, batches: Iterable) -> Iterator:
         """Yields batches while timing how long the loop waits for each one (input-bound or not)."""
+        self.clock.start()
         iterator = iter(batches)
         while True:
             t0 = time.perf_counter()
@@ -84,7 +153,8 @@ class Meter:
                 batch = next(iterator)
             except StopIteration:
                 break
-            self._wait += time.perf_counter() - t0
+            self._step_wait = time.perf_counter() - t0
+            self._wait += self._step_wait
             yield batch
         self.flush()
         self.stats.seconds = time.perf_counter() - self._t_epoch
@@ -94,6 +164,7 @@ class Meter:
         self._correct += (outputs.detach().argmax(dim=-1) == targets).sum()
         self._pending += 1
         self._pending_samples += targets.shape[0]
+        self.clock.step(targets.shape[0], self._step_wait)
         self.step += 1
         if self._pending == self.log_every:
             self.flush()
@@ -103,6 +174,7 @@ class Meter:
             return
         losses = self._losses[: self._pending].tolist()       # the one sync of this window
         correct = int(self._correct.item())
+        self.stats.steps.extend(self.clock.read())
         now = time.perf_counter()
         first = self.step - self._pending
         self.stats.windows.append(Window(self._pending, self._pending_samples, now - self._t_window, self._wait))
@@ -130,19 +202,107 @@ class Meter:
         self._t_window = time.perf_counter()
 
 
-def steady_throughput(windows: list[Window], skip_first: int = 1) -> tuple[float, float, int]:
-    """Median samples/s over windows after the first `skip_first` (compile, allocator and cache warm-up),
-    and the spread as half the interquartile range. Returns (median, spread, windows used)."""
-    usable = windows[skip_first:] if len(windows) > skip_first else windows
-    rates = [w.samples / w.seconds for w in usable if w.seconds > 0]
-    if not rates:
-        return 0.0, 0.0, 0
-    if len(rates) >= 4:
-        q = statistics.quantiles(rates, n=4)
-        spread = (q[2] - q[0]) / 2
-    else:
-        spread = (max(rates) - min(rates)) / 2
-    return statistics.median(rates), spread, len(rates)
+def detect_warmup(seconds: list[float], min_skip: int = 1, settle: int = 3, tolerance: float = 0.5) -> int:
+    """How many leading steps are warm-up: the index of the first step from which `settle` steps in a row
+    each take at most (1 + tolerance) x the steady level, that level being the median of the second half
+    of the run (warm-up is assumed to be shorter than half of it; the caller runs enough steps for that).
+    The first `min_skip` steps are always warm-up (first touch of every buffer). Compilation, allocator
+    growth and worker start-up cost 2x to 100x a steady step; the machine's own step-to-step noise here is
+    well under 1.5x, so the rule stops where the start-up costs stop rather than at a fixed count."""
+    n = len(seconds)
+    if n <= min_skip:
+        return n
+    level = statistics.median(seconds[n // 2:])
+    limit = level * (1 + tolerance)
+    settle = max(1, min(settle, n - min_skip))
+    for start in range(min_skip, n - settle + 1):
+        if all(t <= limit for t in seconds[start:start + settle]):
+            return start
+    return n - settle          # never settled: keep only the last few steps, and the spread will show it
+
+
+BLOCK_SECONDS = 0.2       # a timing block: consecutive steps summing to at least this (20 ticks of /proc/stat)
+DISTURBED_SHARE = 0.25    # a block is disturbed when other processes used more than this share of the machine
+
+
+@dataclass
+class Timing:
+    """A run's steady state: the steps after warm-up, grouped in blocks of consecutive steps, and the rate
+    they give. The rate is total samples over total seconds of the clean blocks, exactly what a clock around
+    them reads (no median of ratios). A block is disturbed, and left out, when other processes used more
+    than DISTURBED_SHARE of the machine's cores during it (CPU runs in one process only: DataLoader workers
+    or other ranks would count as "other processes"; elsewhere nothing is left out)."""
+    warmup_steps: int
+    step_seconds: list[float]
+    step_samples: list[int]
+    data_wait_s: float
+    blocks: list[dict]            # {"steps", "samples", "seconds", "foreign_share", "disturbed"}
+
+    @classmethod
+    def from_steps(cls, steps: list[StepTime], min_skip: int = 1, check_disturbance: bool = False) -> "Timing":
+        import os
+
+        warmup = detect_warmup([s.seconds for s in steps], min_skip=min_skip)
+        timed = steps[warmup:]
+        cores = os.cpu_count() or 1
+        blocks, current = [], []
+        for i, step in enumerate(timed):
+            current.append(step)
+            if sum(s.seconds for s in current) >= BLOCK_SECONDS or i == len(timed) - 1:
+                blocks.append(_block(current, cores, check_disturbance))
+                current = []
+        clean = [s for b, group in _grouped(timed, blocks) if not b["disturbed"] for s in group]
+        return cls(warmup, [s.seconds for s in timed], [s.samples for s in timed],
+                   sum(s.data_wait_s for s in clean), blocks)
+
+    @property
+    def clean_blocks(self) -> list[dict]:
+        return [b for b in self.blocks if not b["disturbed"]]
+
+    @property
+    def clean_steps(self) -> int:
+        return sum(b["steps"] for b in self.clean_blocks)
+
+    @property
+    def seconds(self) -> float:
+        return sum(b["seconds"] for b in self.clean_blocks)
+
+    @property
+    def throughput(self) -> float:
+        return sum(b["samples"] for b in self.clean_blocks) / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"warmup_steps": self.warmup_steps, "timed_steps": self.clean_steps, "timed_seconds": self.seconds,
+                "throughput": self.throughput, "data_wait_s": self.data_wait_s,
+                "disturbed_steps": len(self.step_seconds) - self.clean_steps,
+                "step_seconds": self.step_seconds, "step_samples": self.step_samples, "blocks": self.blocks}
+
+
+def _block(steps: list[StepTime], cores: int, check: bool) -> dict:
+    seconds = sum(s.seconds for s in steps)
+    foreign = None
+    if check and all(s.machine_cpu_s is not None for s in steps) and seconds > 0:
+        other = sum(s.machine_cpu_s - s.own_cpu_s for s in steps)
+        foreign = max(0.0, other) / (seconds * cores)
+    return {"steps": len(steps), "samples": sum(s.samples for s in steps), "seconds": seconds,
+            "foreign_share": foreign, "disturbed": foreign is not None and foreign > DISTURBED_SHARE}
+
+
+def _grouped(steps: list[StepTime], blocks: list[dict]):
+    i = 0
+    for b in blocks:
+        yield b, steps[i:i + b["steps"]]
+        i += b["steps"]
+
+
+def steps_to_time(timing: Timing, min_steps: int, max_seconds: float, floor: int = 8) -> int:
+    """More steps needed for a timing of `min_steps` steady steps, or of at least `floor` steps once they
+    take `max_seconds` (a slow model is timed over fewer, longer steps: its windows are already long)."""
+    have = timing.clean_steps
+    per_step = timing.seconds / have if have else 0.0
+    affordable = int(max_seconds / per_step) if per_step > 0 else min_steps
+    target = max(floor, min(min_steps, affordable))
+    return max(0, target - have)
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -6,6 +6,7 @@ with the recipe that produced it and the machine it was measured on.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
@@ -19,7 +20,7 @@ from .techniques.precision import cpu_flags, level_note, opt_level
 if TYPE_CHECKING:
     from .ablate import AblationResult, Rung
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CPU_FLAGS_THAT_MATTER = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
 
 
@@ -72,8 +73,25 @@ def environment(device: torch.device) -> dict[str, Any]:
     return env
 
 
-def fmt_rate(x: float | None) -> str:
-    return "—" if x is None else f"{x:,.0f}"
+def fmt_sig(x: float | None, digits: int = 3) -> str:
+    """`x` with `digits` significant figures, trailing zeros kept (5.40, 45.3, 453; 1,234 stays whole)."""
+    if x is None:
+        return "—"
+    if x == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:,.{decimals}f}"
+
+
+def fmt_rate(x: float | None, spread: float | None = None) -> str:
+    """A rate to 3 significant figures, and its ± at the same decimals."""
+    if x is None:
+        return "—"
+    text = fmt_sig(x)
+    if spread is None:
+        return text
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return f"{text} ± {spread:,.{decimals}f}"
 
 
 def fmt_bytes(x: float | None) -> str:
@@ -95,21 +113,43 @@ def rung_label(rung: "Rung") -> str:
     return f"+{rung.name}{extra}"
 
 
-def table_rows(rungs: list["Rung"]) -> list[list[str]]:
+def fmt_speedup(r: dict) -> str:
+    if r.get("speedup") is None:
+        return "—"
+    lo, hi = r.get("speedup_interval") or (None, None)
+    return f"{r['speedup']:.2f}x" + (f" ({lo:.2f}–{hi:.2f})" if lo is not None and lo != hi else "")
+
+
+def short_verdict(v: dict | None) -> str:
+    """'faster by 77%' / 'slower by 8%' / 'no measurable difference' from a comparison's fields."""
+    if not v or "verdict" not in v:
+        return "—"
+    if v["verdict"] == "faster":
+        return f"faster by {100 * (v['speedup'] - 1):.0f}%"
+    if v["verdict"] == "slower":
+        return f"slower by {100 * (1 - v['speedup']):.0f}%"
+    return v["verdict"]
+
+
+def table_rows(rungs: list["Rung"], cumulative: bool = True) -> list[list[str]]:
     """The ablation table, shared by the live display and report.md."""
     rows = []
+    width = len(headers(cumulative))
     for rung in rungs:
         r = rung.result
+        label = rung_label(rung)
         if rung.status == "no-effect":
-            rows.append([rung_label(rung), "no effect on this device", "—", "—", "—", "—", "—", "—"])
+            rows.append([label, "no effect on this device"] + ["—"] * (width - 2))
             continue
         if rung.status == "failed":
-            rows.append([rung_label(rung), "failed: " + r.get("error", "")[:60], "—", "—", "—", "—", "—", "—"])
+            rows.append([label, "failed: " + r.get("error", "")[:60]] + ["—"] * (width - 2))
             continue
+        if not r or not rung.repeats:
+            rows.append([label, rung.status] + [""] * (width - 2))
+            continue
+        verdict = "reference" if rung.name == "baseline" else short_verdict(r)
         if rung.status != "done":
-            rows.append([rung_label(rung), rung.status, "", "", "", "", "", ""])
-            continue
-        speed = f"{r['speedup']:.2f}x" if r.get("speedup") else "—"
+            verdict += f" (so far: {len(rung.repeats)} repeat(s))"
         acc = f"{r['accuracy']:.3f}"
         if rung.name != "baseline" and "accuracy_delta" in r:
             acc += f" ({r['accuracy_delta']:+.3f}{' !' if r['accuracy_flag'] else ''})"
@@ -117,26 +157,33 @@ def table_rows(rungs: list["Rung"]) -> list[list[str]]:
         mem = fmt_bytes(r["peak_memory_bytes"])
         if r.get("memory_ratio") and rung.name != "baseline":
             mem += f" ({r['memory_ratio']:.2f}x)"
-        rows.append([rung_label(rung), f"{fmt_rate(r['throughput'])} ± {fmt_rate(r['throughput_spread'])}", speed,
-                     f"{r['epoch_time_s']:.1f}", mem, acc, f"{r['loss']:.3f}", frac])
+        row = [label, fmt_rate(r["throughput"], r.get("throughput_spread")), fmt_speedup(r), verdict]
+        if cumulative:
+            row.append(short_verdict(r.get("vs_previous")))
+        rows.append(row + [f"{r['epoch_time_s']:.1f}", mem, acc, frac])
     return rows
 
 
-HEADERS = ["rung", "samples/s (median ± IQR/2)", "speed-up", "epoch s", "peak memory", "val acc (Δ)", "val loss", "of ceiling"]
+def headers(cumulative: bool = True) -> list[str]:
+    cols = ["rung", "samples/s (± 95% CI)", "speed-up (95% CI)", "verdict vs baseline"]
+    if cumulative:
+        cols.append("vs rung above")
+    return cols + ["epoch s", "peak memory", "val acc (Δ)", "% of matmul peak"]
 
 
 class Display:
     """A rich live table plus a progress bar for the running rung; plain lines when not on a terminal."""
 
-    def __init__(self, rungs: list["Rung"], ceilings: dict[str, float], env: dict[str, Any], show: bool = True) -> None:
+    def __init__(self, rungs: list["Rung"], ceilings: dict[str, float], env: dict[str, Any], show: bool = True,
+                 cumulative: bool = True) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.rungs, self.ceilings, self.env, self.show = rungs, ceilings, env, show
+        self.rungs, self.ceilings, self.env, self.show, self.cumulative = rungs, ceilings, env, show, cumulative
         self.console = Console()
         if not self.console.is_terminal:
             # Piped or logged: no live redraws, and wide enough that the final table is not wrapped.
-            self.console = Console(width=max(self.console.width, 160))
+            self.console = Console(width=max(self.console.width, 230))
         self.progress_bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=self.console)
         self.task = None
@@ -147,9 +194,9 @@ class Display:
         from rich.table import Table
 
         table = Table(title=f"trainfast ablate — {self.env['device_name']} ({self.env['device']})")
-        for h in HEADERS:
+        for h in headers(self.cumulative):
             table.add_column(h, justify="left" if h == "rung" else "right")
-        for row in table_rows(self.rungs):
+        for row in table_rows(self.rungs, self.cumulative):
             table.add_row(*row)
         return Group(table, self.progress_bar)
 
@@ -158,7 +205,7 @@ class Display:
 
         if self.show:
             ceil = ", ".join(f"{k}: {v / 1e9:,.0f} GFLOP/s" for k, v in self.ceilings.items())
-            self.console.print(f"[bold]matmul ceiling[/bold] {ceil}")
+            self.console.print(f"[bold]measured matmul peak[/bold] {ceil}")
             if self.console.is_terminal:
                 self.live = Live(self._render(), console=self.console, refresh_per_second=4)
                 self.live.__enter__()
@@ -170,13 +217,18 @@ class Display:
             self.live.__exit__(*exc)
         return False
 
-    def start_rung(self, rung: "Rung") -> None:
+    def start_rung(self, rung: "Rung", repeat: int = 0, repeats: int = 1) -> None:
         if self.task is not None:
             self.progress_bar.remove_task(self.task)
-        self.task = self.progress_bar.add_task(rung_label(rung), total=None, loss="…")
+        what = f"{rung_label(rung)} — seed {rung.recipe.seed + repeat}, run {repeat + 1} of {repeats}"
+        self.task = self.progress_bar.add_task(what, total=None, loss="…")
         if self.show and self.live is None:
-            self.console.print(f"running {rung_label(rung)} …")
+            self.console.print(f"running {what} …")
         self.update()
+
+    def reused(self, rung: "Rung", repeat: int) -> None:
+        if self.show:
+            self.console.print(f"reused {rung_label(rung)}, run {repeat + 1} (finished before the interruption)")
 
     def progress(self, rung: "Rung", event: dict) -> None:
         self.progress_bar.update(self.task, completed=event["step"], total=event["total"], loss=f"{event['loss']:.3f}")
@@ -186,13 +238,29 @@ class Display:
         if self.live is not None:
             self.live.update(self._render())
 
-    def final(self, result: "AblationResult") -> None:
+    def final(self, result: "AblationResult", interrupted: bool = False) -> None:
         if not self.show:
             return
         if self.live is None:
             self.console.print(self._render().renderables[0])
-        self.console.print(f"best: [bold]{rung_label(next(r for r in result.rungs if r.name == result.best_name))}[/bold]"
-                           f" — report in {result.out_dir}/ (results.json, report.md, charts)")
+        if interrupted:
+            done = sum(len(r.repeats) for r in result.rungs)
+            self.console.print(f"[bold]interrupted[/bold]: {done} run(s) finished; partial report in "
+                               f"{result.out_dir}/; continue with the same command and --resume")
+            return
+        self.console.print(best_line(result) + f" — report in {result.out_dir}/ (results.json, report.md, charts)")
+
+
+def best_line(result: "AblationResult") -> str:
+    """The recommendation, and the tie it was chosen from when there is one."""
+    best = next(r for r in result.rungs if r.name == result.best_name)
+    text = f"recommended: {rung_label(best)}"
+    others = [n for n in result.tie if n != result.best_name]
+    if others:
+        labels = [rung_label(r) for r in result.rungs if r.name in others]
+        text += (f" (tied with {', '.join(labels)}: not measurably slower than the fastest, so the one "
+                 "with the fewest switches)")
+    return text
 
 
 def results_dict(result: "AblationResult") -> dict[str, Any]:
@@ -206,17 +274,21 @@ def results_dict(result: "AblationResult") -> dict[str, Any]:
             "effect": rung.effect,
             "effect_reason": rung.reason,
             "status": rung.status,
+            "verdict": {"no-effect": "no effect on this device", "failed": "failed"}.get(
+                rung.status, r.pop("verdict", None)),
         }
-        for key in ("throughput", "throughput_spread", "epoch_time_s", "peak_memory_bytes", "accuracy", "loss",
-                    "flops_per_s", "ceiling_fraction"):
+        for key in ("throughput", "throughput_interval", "throughput_spread", "speedup", "speedup_interval",
+                    "epoch_time_s", "peak_memory_bytes", "accuracy", "loss", "flops_per_s", "ceiling_fraction"):
             item[key] = r.pop(key, None)
         item.update(r)
+        item["runs"] = rung.repeats            # every process's own numbers, step times included
         rungs.append(item)
     return {
         "schema_version": SCHEMA_VERSION,
         "environment": result.environment,
+        "settings": result.settings,
         "ceilings_flops_per_s": result.ceilings,
-        "best": {"name": result.best_name, "recipe": result.best.to_dict()},
+        "best": {"name": result.best_name, "recipe": result.best.to_dict(), "tie": result.tie},
         "baseline_seeds": result.seed_runs,
         "rungs": rungs,
     }
@@ -237,18 +309,16 @@ def write_report(result: "AblationResult") -> None:
     charts = write_charts(result)
     env = result.environment
     base = result.rungs[0].result
+    cumulative = result.settings.get("mode", "cumulative") == "cumulative"
     lines = [
         "# trainfast ablation report", "",
         f"Measured on **{env['device_name']}** ({env['device']}, {env['cpu_cores']} cores, torch {env['torch']}, "
         f"git {env['git_sha'] or 'n/a'}). CPU flags: {', '.join(env['cpu_flags']) or 'none of note'}.", "",
-        "Matmul ceiling: " + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in result.ceilings.items()) + ".", "",
-        _markdown_table(HEADERS, table_rows(result.rungs)), "",
+        "Measured matmul peak (the roof for `% of matmul peak`): "
+        + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in result.ceilings.items()) + ".", "",
+        _markdown_table(headers(cumulative), table_rows(result.rungs, cumulative)), "",
         data_wait_line(result.rungs), "",
-        "How to read it: samples/s is the median over timing windows after the first window of each epoch "
-        "(compile, allocator and worker warm-up), ± half the interquartile range. Epoch time includes that "
-        "warm-up. Speed-up and memory are relative to the baseline. Peak memory is the CUDA allocator peak on "
-        "GPU, the rung process's peak RSS on CPU. `of ceiling` is achieved model FLOP/s over the matmul ceiling "
-        "in the rung's dtype.", "",
+        how_to_read(result), "",
     ]
     if base and "accuracy" in base:
         band = accuracy_note(result)
@@ -276,10 +346,36 @@ def write_report(result: "AblationResult") -> None:
         notes.append(f"- {above}")
     if notes:
         lines += ["## Notes", "", *notes, ""]
-    lines += ["## Best combination", "", f"**{result.best_name}**: the fastest rung whose accuracy is not below "
-              "the baseline's noise band (risky O3 rungs are measured, never picked).", "", "```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
+    lines += ["## Recommendation", "", best_line(result) + ".", "",
+              "Candidates are the measured rungs whose accuracy is not below the baseline's noise band (risky O3 "
+              "rungs are measured, never recommended). The fastest is recommended when its lead over every other "
+              "candidate is outside the noise; otherwise the candidates not measurably slower than it form a tie "
+              "(kept in results.json as `best.tie`), and the one with the fewest switches is recommended.", "",
+              "```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
     lines += ["## Charts", ""] + [f"![{c.stem}]({c.name})" for c in charts] + [""]
     (out / "report.md").write_text("\n".join(lines))
+
+
+def how_to_read(result: "AblationResult") -> str:
+    st = result.settings
+    budget = st.get("budget", {})
+    return (
+        f"How to read it: every rung ran {st.get('repeats')} time(s), each in a fresh process, in interleaved order "
+        "(every rung once, then every rung again; repeat i with seed + i in every rung), so a slow spell of the "
+        "machine hits all rungs alike. Each run is timed over its steady steps: warm-up (compilation, allocator, "
+        "worker start-up) ends where step times settle, detected per run, and the data is cycled past the epoch "
+        f"until at least {budget.get('steps')} steady steps (or {budget.get('floor')} once they take "
+        f"{budget.get('seconds'):g} s) are timed. samples/s is total samples over total time of those steps (what a "
+        "clock around them reads), the mean over repeats, ± the half-width of its 95% interval. The speed-up is "
+        "the geometric mean over paired repeats of rate(rung) / rate(reference); its 95% interval is a paired "
+        "bootstrap over repeats and over blocks of consecutive steps within each. A rung is `faster` or `slower` "
+        f"only when that interval excludes 1.0 and the effect is at least {100 * st.get('min_effect', 0):.0f}%; "
+        "otherwise `no measurable difference`. `vs rung above` judges what adding this rung's switch bought. "
+        "Epoch s is the mean wall time of the accuracy run's epochs, warm-up included (evaluation excluded). "
+        "Peak memory is the CUDA allocator peak on GPU, the rung process's peak RSS on CPU (the largest over "
+        "repeats). `% of matmul peak` is the model's FLOP/s (torch.utils.flop_counter) over the best matmul "
+        "FLOP/s measured in the rung's dtype on this machine before and after the ladder: a measured peak, "
+        "not the hardware's limit.")
 
 
 def above_ceiling_note(rungs: list["Rung"]) -> str | None:
@@ -287,9 +383,11 @@ def above_ceiling_note(rungs: list["Rung"]) -> str | None:
     above = [rung_label(r) for r in rungs if r.status == "done" and (r.result.get("ceiling_fraction") or 0) > 1]
     if not above:
         return None
-    return (f"{', '.join(above)} ran above the measured matmul ceiling: the machine's speed changed during the "
-            "run (a shared or throttled machine; the ceiling is measured before and after the ladder and the "
-            "higher kept), or the model's FLOP count overstates its work. Compare rungs with each other here.")
+    return (f"{', '.join(above)} ran above 100% of the measured matmul peak. The peak is the best of a few "
+            "2048x2048 products before and after the ladder; a model whose layers are larger or better fused than "
+            "one such product, a machine that ran faster during the ladder than during those probes (a shared or "
+            "throttled machine), or a FLOP count that overstates the model's work can all exceed it. Compare "
+            "the rungs with each other here, not with 100%.")
 
 
 def data_wait_line(rungs: list["Rung"]) -> str:
@@ -307,9 +405,11 @@ def accuracy_note(result: "AblationResult") -> str:
     flagged = [rung_label(r) for r in result.rungs if r.result.get("accuracy_flag")]
     accs = [s["accuracy"] for s in result.seed_runs if s.get("accuracy") is not None]
     seeds = ", ".join(f"{a:.3f}" for a in accs)
+    runs = result.settings.get("repeats", 1)
     text = (f"Accuracy noise band: ±{band:.3f} around the baseline's mean accuracy over {len(accs)} seed(s) "
             f"({seeds}) on {base['val_samples']} held-out samples: the larger of two binomial standard errors "
-            f"of a difference and two seed-to-seed standard deviations. Δ is measured from that mean. ")
+            f"of a difference and two seed-to-seed standard deviations (scaled for comparing a rung's mean over "
+            f"its {runs} seed(s) with that mean). Δ is measured from that mean. ")
     text += ("Outside it (marked !): " + ", ".join(flagged) + ".") if flagged else "Every rung is inside it."
     return text
 
@@ -324,9 +424,11 @@ def write_charts(result: "AblationResult") -> list[Path]:
     if not done:
         return []
     labels = [rung_label(r) for r in done]
+    rates = [r.result["throughput"] for r in done]
+    intervals = [r.result.get("throughput_interval") or (v, v) for r, v in zip(done, rates)]
+    rate_errors = [[v - lo for v, (lo, hi) in zip(rates, intervals)], [hi - v for v, (lo, hi) in zip(rates, intervals)]]
     specs = [
-        ("throughput", "samples/s (median, IQR/2 bars)", [r.result["throughput"] for r in done],
-         [r.result["throughput_spread"] for r in done]),
+        ("throughput", "samples/s (95% interval bars)", rates, rate_errors),
         ("peak_memory", "peak memory (MiB)", [r.result["peak_memory_bytes"] / 2**20 for r in done], None),
         ("accuracy", "held-out accuracy", [r.result["accuracy"] for r in done], None),
     ]
@@ -334,9 +436,13 @@ def write_charts(result: "AblationResult") -> list[Path]:
     for name, ylabel, values, errors in specs:
         fig, ax = plt.subplots(figsize=(8, 3.6), dpi=110)
         bars = ax.bar(range(len(values)), values, yerr=errors, capsize=3, color="#3b75af")
-        ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 10 else f"{v:.3f}" for v in values], fontsize=8, padding=2)
+        texts = [fmt_sig(v) for v in values]
+        if name == "throughput":     # the verdict against the baseline under each rate
+            texts = [t + ("" if r.name == "baseline" else "\n" + short_verdict(r.result).replace("no measurable difference", "no diff."))
+                     for t, r in zip(texts, done)]
+        ax.bar_label(bars, labels=texts, fontsize=7, padding=2)
         if name == "accuracy" and done[0].result.get("accuracy_band"):
-            base, band = done[0].result["accuracy"], done[0].result["accuracy_band"]
+            base, band = done[0].result.get("accuracy_reference", done[0].result["accuracy"]), done[0].result["accuracy_band"]
             ax.axhspan(base - band, base + band, color="#999", alpha=0.25, label="baseline noise band")
             ax.legend(loc="lower right", fontsize=8)
         ax.set_xticks(range(len(values)), labels, rotation=20, ha="right", fontsize=8)

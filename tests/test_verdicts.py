@@ -1,0 +1,149 @@
+"""The instrument's judgement: warm-up detection, intervals, verdicts, ties, disturbed blocks, and a rate
+that agrees with the clock. Synthetic step times where the truth is known; one real training loop for
+the clock."""
+import time
+
+import pytest
+import torch
+
+from conftest import noisy_repeat, scored_rung, tiny_resnet
+from trainfast import Recipe
+from trainfast.ablate import pick_best, score_rungs
+from trainfast.measure import StepTime, Timing, detect_warmup, steps_to_time
+from trainfast.report import fmt_rate, fmt_sig
+from trainfast.stats import FASTER, SAME, SLOWER, Candidate, Repeat, compare, rate_estimate, recommend
+
+# --- warm-up ------------------------------------------------------------------------------------------
+
+def test_warmup_ends_where_step_times_settle():
+    compile_start = [30.0, 4.0, 0.9] + [0.10, 0.11, 0.10, 0.09, 0.10] * 6
+    assert detect_warmup(compile_start) == 3
+    allocator_start = [0.25, 0.18, 0.10, 0.11, 0.10, 0.10, 0.11, 0.10, 0.10, 0.10]
+    assert detect_warmup(allocator_start) == 2
+    # already steady: only the first step (first touch of every buffer) is dropped
+    assert detect_warmup([0.1] * 20) == 1
+    # one noisy steady step (1.3x) does not end or extend warm-up beyond the slow start
+    assert detect_warmup([5.0, 0.1, 0.13, 0.1, 0.1, 0.1, 0.1, 0.1]) == 1
+
+
+def test_timing_rate_is_samples_over_seconds_of_the_steady_steps():
+    steps = [StepTime(3.0, 32, 0.0)] + [StepTime(0.1, 32, 0.01)] * 20
+    timing = Timing.from_steps(steps)
+    assert timing.warmup_steps == 1
+    assert timing.throughput == pytest.approx(32 / 0.1)
+    assert timing.clean_steps == 20 and timing.data_wait_s == pytest.approx(0.2)
+    assert sum(b["steps"] for b in timing.blocks) == 20 and all(b["seconds"] >= 0.2 for b in timing.blocks[:-1])
+
+
+def test_short_runs_are_extended_and_slow_models_timed_over_fewer_steps():
+    fast = Timing.from_steps([StepTime(1.0, 8, 0.0)] + [StepTime(0.05, 8, 0.0)] * 10)
+    assert steps_to_time(fast, min_steps=24, max_seconds=60) == 14           # 10 steady steps, 24 wanted
+    slow = Timing.from_steps([StepTime(60.0, 8, 0.0)] + [StepTime(6.0, 8, 0.0)] * 6)
+    assert steps_to_time(slow, min_steps=24, max_seconds=60) == 4            # 10 steps fit in 60 s
+    assert steps_to_time(slow, min_steps=24, max_seconds=10) == 2            # never fewer than 8
+
+
+def test_blocks_where_other_processes_took_the_machine_are_left_out():
+    cores = __import__("os").cpu_count()
+    quiet = StepTime(0.1, 32, 0.0, own_cpu_s=0.1 * cores, machine_cpu_s=0.1 * cores)
+    # another process ran on half of the machine: this process got half its CPU and the step took 3x
+    busy = StepTime(0.3, 32, 0.0, own_cpu_s=0.15 * cores, machine_cpu_s=0.3 * cores)
+    steps = [quiet] * 10 + [busy] * 4 + [quiet] * 24
+    checked = Timing.from_steps(steps, check_disturbance=True)
+    assert any(b["disturbed"] for b in checked.blocks)
+    assert checked.throughput == pytest.approx(320.0)                         # the quiet steps' rate
+    assert checked.clean_steps < len(steps) - checked.warmup_steps
+    unchecked = Timing.from_steps(steps, check_disturbance=False)             # CUDA, workers, several ranks
+    assert not any(b["disturbed"] for b in unchecked.blocks) and unchecked.throughput < 300
+
+
+# --- intervals and verdicts ---------------------------------------------------------------------------
+
+def test_clear_gain_clear_loss_and_pure_noise():
+    base = [noisy_repeat(100), noisy_repeat(97)]
+    gain = compare("gain", [noisy_repeat(170), noisy_repeat(166)], "base", base)
+    assert gain.verdict == FASTER and gain.speedup.low > 1.5 and "faster by" in gain.text
+    loss = compare("loss", [noisy_repeat(80), noisy_repeat(78)], "base", base)
+    assert loss.verdict == SLOWER and loss.speedup.high < 1
+    noise = compare("noise", [noisy_repeat(100), noisy_repeat(97)], "base", base)
+    assert noise.verdict == SAME and noise.speedup.low < 1 < noise.speedup.high
+
+
+def test_small_effects_and_disagreeing_repeats_are_not_called():
+    base = [noisy_repeat(100, noise=0.005), noisy_repeat(100, noise=0.005)]
+    tiny = compare("tiny", [noisy_repeat(102, noise=0.005), noisy_repeat(102, noise=0.005)], "base", base)
+    assert tiny.speedup.low > 1.0 and tiny.verdict == SAME          # real, but below the 5% minimum effect
+    # the two repeats disagree (one slow process): the interval covers both, no verdict
+    split = compare("split", [noisy_repeat(150), noisy_repeat(95)], "base", base)
+    assert split.speedup.low < 1.0 and split.verdict == SAME
+
+
+def test_interval_is_repeatable_and_covers_the_mean():
+    reps = [noisy_repeat(100), noisy_repeat(104)]
+    a, b = rate_estimate(reps), rate_estimate(reps)
+    assert a == b                                                     # seeded bootstrap: same data, same interval
+    assert a.low < a.value < a.high and a.value == pytest.approx((reps[0].rate + reps[1].rate) / 2)
+
+
+def test_a_tie_recommends_the_simplest():
+    base = Candidate("baseline", 0, [noisy_repeat(100), noisy_repeat(100)], 1.0)
+    amp = Candidate("amp", 1, [noisy_repeat(180), noisy_repeat(178)], 1.8)
+    more = Candidate("amp+more", 2, [noisy_repeat(183), noisy_repeat(181)], 1.83)
+    best, tie = recommend([base, amp, more])
+    assert best == "amp" and set(tie) == {"amp", "amp+more"}
+    clear = Candidate("amp+compile", 3, [noisy_repeat(260), noisy_repeat(258)], 2.6)
+    best, tie = recommend([base, amp, more, clear])
+    assert best == "amp+compile" and tie == ["amp+compile"]
+    # nothing beats the baseline outside the noise: the baseline is the recommendation
+    best, _ = recommend([base, Candidate("noise", 1, [noisy_repeat(101), noisy_repeat(99)], 1.0)])
+    assert best == "baseline"
+
+
+def test_ladder_scoring_judges_each_rung_against_baseline_and_the_rung_above():
+    rungs = [scored_rung("baseline", [100, 98], 0.90), scored_rung("amp", [175, 171], 0.90, precision="bf16"),
+             scored_rung("set_to_none", [176, 170], 0.90, precision="bf16", set_to_none=True),
+             scored_rung("wrong", [400, 395], 0.60, precision="bf16", set_to_none=True, channels_last=True)]
+    score_rungs(rungs, {"fp32": 1e12, "bf16": 2e12}, [0.90, 0.91, 0.89], flops_per_sample=1e9)
+    amp, stn, wrong = (r.result for r in rungs[1:])
+    assert amp["verdict"] == FASTER and stn["verdict"] == FASTER
+    assert stn["vs_previous"]["rung"] == "amp" and stn["vs_previous"]["verdict"] == SAME
+    assert wrong["accuracy_flag"] and wrong["accuracy_delta"] < 0
+    best, tie = pick_best(rungs)
+    assert best.name == "amp" and set(tie) == {"amp", "set_to_none"}     # "wrong" loses accuracy: excluded
+
+
+# --- numbers a person can read ------------------------------------------------------------------------
+
+def test_rates_have_three_significant_figures():
+    assert fmt_sig(5.4) == "5.40" and fmt_sig(45.27) == "45.3" and fmt_sig(453.2) == "453"
+    assert fmt_sig(1234.5) == "1,234" and fmt_sig(0.01234) == "0.0123"
+    assert fmt_rate(5.4, 0.163) == "5.40 ± 0.16" and fmt_rate(453.2, 12.4) == "453 ± 12"
+
+
+# --- the rate agrees with the clock -------------------------------------------------------------------
+
+def test_reported_rate_agrees_with_the_wall_clock(digits16):
+    """The Meter's steady rate against a clock read by the loop itself around the same steps."""
+    from trainfast.engine import train_one_epoch
+    from trainfast.recipe import resolve_device
+    from trainfast.trainer import build_meter, build_run, seed_everything
+    from trainfast.distributed import Dist
+
+    device = resolve_device("cpu")
+    recipe = Recipe(batch_size=32, log_every=5)
+    seed_everything(0)
+    dist = Dist(device)
+    state, train_batches, _ = build_run(tiny_resnet(), digits16, recipe, device, dist, torch.nn.CrossEntropyLoss())
+    stamps = []
+    meter = build_meter(state, dist)
+    t_start = time.perf_counter()
+    stats = train_one_epoch(state, train_batches, torch.nn.CrossEntropyLoss(), meter,
+                            after_step=lambda s: stamps.append(time.perf_counter()))
+    timing = Timing.from_steps(stats.steps)
+    w = timing.warmup_steps
+    start = stamps[w - 1] if w > 0 else t_start
+    clock_rate = sum(timing.step_samples) / (stamps[-1] - start)
+    assert len(stats.steps) == len(stamps) == len(train_batches)
+    assert timing.throughput == pytest.approx(clock_rate, rel=0.05)
+    # and the steps tile the epoch: their seconds add up to the loop's own wall time
+    assert sum(s.seconds for s in stats.steps) == pytest.approx(stamps[-1] - t_start, rel=0.05)
