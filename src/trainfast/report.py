@@ -329,7 +329,14 @@ def write_report(result: "AblationResult") -> None:
     for r in result.rungs:
         if r.status == "done" and r.result.get("data_wait_fraction", 0) > 0.2:
             notes.append(f"- **{rung_label(r)}**: input-bound — {100 * r.result['data_wait_fraction']:.0f}% of the "
-                         "epoch was spent waiting for data")
+                         "timed steps was spent waiting for data")
+        disturbed = sum(r.result.get("disturbed_steps") or [])
+        if r.status == "done" and disturbed:
+            clean = sum(r.result.get("timed_steps") or [])
+            notes.append(f"- **{rung_label(r)}**: {disturbed} step(s) left out as disturbed (other processes used "
+                         f"more than a quarter of the machine meanwhile); its rate comes from {clean} clean steps"
+                         + (" — too few for a firm verdict: run it again on a quieter machine"
+                            if min(r.result.get("timed_steps") or [0]) < 8 else ""))
         if r.status == "done" and r.result.get("skipped_files"):
             notes.append(f"- **{rung_label(r)}**: {r.result['skipped_files']} unreadable image(s) skipped "
                          "(paths in the rung's log)")
@@ -391,12 +398,12 @@ def above_ceiling_note(rungs: list["Rung"]) -> str | None:
 
 
 def data_wait_line(rungs: list["Rung"]) -> str:
-    """Input-bound or not, for every measured rung: the share of the epoch the loop spent waiting for
+    """Input-bound or not, for every measured rung: the share of the timed steps the loop spent waiting for
     the next batch (the rest is computing). Above 20%, faster input would speed the run up."""
     parts = [f"{rung_label(r)} {100 * r.result['data_wait_fraction']:.0f}%"
              + (" (input-bound)" if r.result["data_wait_fraction"] > 0.2 else "")
              for r in rungs if r.status == "done" and "data_wait_fraction" in r.result]
-    return "Time waiting for data (share of epoch time; the rest is computing): " + (", ".join(parts) or "—") + "."
+    return "Time waiting for data (share of the timed steps; the rest is computing): " + (", ".join(parts) or "—") + "."
 
 
 def accuracy_note(result: "AblationResult") -> str:
