@@ -53,7 +53,8 @@ def test_bench_data_workers_may_be_zero_or_auto_but_not_negative(capsys, no_work
     assert "argument --num-workers: must be 0 or more (or auto), got -1" in err
     parser = build_parser()
     for value, parsed in (("0", 0), ("3", 3), ("auto", "auto")):
-        assert parser.parse_args(["bench-data", "--data", "imagefolder:x", "--num-workers", value]).num_workers == parsed
+        args = parser.parse_args(["bench-data", "--data", "imagefolder:x", "--num-workers", value])
+        assert args.num_workers == parsed
 
 
 def test_a_value_that_is_not_a_number_is_refused_as_before(capsys, no_work):

@@ -94,7 +94,8 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="resnet9", help="built-in resnet9 (default) or any timm model name")
     parser.add_argument("--data", default="digits",
                         help="digits (default, ships with scikit-learn) | synthetic | imagefolder:PATH | cifar10:PATH")
-    parser.add_argument("--image-size", type=_positive_int, default=None, help="input resolution (default: 32 for digits)")
+    parser.add_argument("--image-size", type=_positive_int, default=None,
+                        help="input resolution (default: 32 for digits)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available) | cpu | cuda | cuda:N")
     parser.add_argument("--recipe", default=None, help="a preset (baseline, fast) or a YAML recipe file")
     add_recipe_flags(parser)

@@ -105,7 +105,8 @@ class RunTally:
         self.check_fraction(self.seen * ranks, self.skipped, note)
 
     def fail(self, what: str) -> None:
-        last = "; ".join(f"{s.path} ({s.reason})" for s in self.recent) or "none on this rank (see the other ranks' logs)"
+        last = ("; ".join(f"{s.path} ({s.reason})" for s in self.recent)
+                or "none on this rank (see the other ranks' logs)")
         raise BadFileError(f"stopping: {what}. Last unreadable files: {last}. Fix or remove them, or raise "
                            f"--max-bad-fraction (0 <= value < 1).")
 
