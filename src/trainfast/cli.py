@@ -30,6 +30,45 @@ def _int_or_auto(text: str):
 _int_or_auto.__name__ = "int"      # argparse's message: "invalid int value: 'two'"
 
 
+def _int_at_least(minimum: int, meaning: str):
+    """argparse type for the numeric flags outside the Recipe (the Recipe validates its own fields): a value
+    below `minimum` is refused at parse time, before any data or model is built, and argparse names the
+    flag: "argument --image-size: must be a positive integer, got 0" (exit code 2)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {meaning}, got {value}")
+        return value
+    parse.__name__ = "int"
+    return parse
+
+
+_positive_int = _int_at_least(1, "a positive integer")
+
+
+def _float_in(low: float, high: float | None, meaning: str):
+    """The float twin of _int_at_least: low < value (< high when given), refused at parse time."""
+    def parse(text: str) -> float:
+        value = float(text)
+        if not (value > low and (high is None or value < high)):
+            raise argparse.ArgumentTypeError(f"must be {meaning}, got {value:g}")
+        return value
+    parse.__name__ = "float"
+    return parse
+
+
+_positive_float = _float_in(0.0, None, "positive")
+_fraction = _float_in(-1e-12, 1.0, "a fraction in [0, 1), e.g. 0.05 for 5%")
+_worker_count = _int_at_least(0, "0 or more (or auto)")
+
+
+def _worker_count_or_auto(text: str):
+    return text if text == "auto" else _worker_count(text)
+
+
+_worker_count_or_auto.__name__ = "int"
+
+
 def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("recipe (one flag per Recipe field; default: the field's default)")
     hints = typing.get_type_hints(Recipe)
@@ -70,7 +109,8 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="resnet9", help="built-in resnet9 (default) or any timm model name")
     parser.add_argument("--data", default="digits",
                         help="digits (default, ships with scikit-learn) | synthetic | imagefolder:PATH | cifar10:PATH")
-    parser.add_argument("--image-size", type=int, default=None, help="input resolution (default: 32 for digits)")
+    parser.add_argument("--image-size", type=_positive_int, default=None,
+                        help="input resolution (default: 32 for digits)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available) | cpu | cuda | cuda:N")
     parser.add_argument("--recipe", default=None, help="a preset (baseline, fast) or a YAML recipe file")
     add_recipe_flags(parser)
@@ -89,22 +129,22 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--rungs", default=None, help=f"comma-separated subset of: {','.join(RUNGS)} (fp32 = baseline)")
     ab.add_argument("--amp-dtype", choices=("auto", "bf16", "fp16"), default="auto",
                     help="dtype of the AMP rung; auto = bf16 where the device has fast bf16, else fp16 + GradScaler")
-    ab.add_argument("--noise-seeds", type=int, default=3,
+    ab.add_argument("--noise-seeds", type=_positive_int, default=3,
                     help="train the baseline with this many seeds in all to measure accuracy noise (default 3; "
                          "the first --repeats of them are its timed repeats)")
-    ab.add_argument("--repeats", type=int, default=2,
+    ab.add_argument("--repeats", type=_positive_int, default=2,
                     help="fresh processes per rung, run in interleaved order; each speed-up's interval comes from "
                          "them (default 2; more repeats: tighter intervals, proportionally longer)")
-    ab.add_argument("--timing-steps", type=int, default=24,
+    ab.add_argument("--timing-steps", type=_positive_int, default=24,
                     help="steady steps (after warm-up) each run is timed over; short epochs are continued (default 24)")
-    ab.add_argument("--timing-seconds", type=float, default=60.0,
+    ab.add_argument("--timing-seconds", type=_positive_float, default=60.0,
                     help="...or at least 8 steady steps once they take this long (slow models; default 60)")
-    ab.add_argument("--min-effect", type=float, default=0.05,
+    ab.add_argument("--min-effect", type=_fraction, default=0.05,
                     help="smallest speed difference called a gain or a loss, as a fraction (default 0.05 = 5%%)")
     ab.add_argument("--resume", action="store_true",
                     help="continue an interrupted ablation in --out DIR: finished runs are reused, the rest run")
     ab.add_argument("--out", default=None, help="report folder (default: runs/ablate-<timestamp>)")
-    ab.add_argument("--nproc", type=int, default=1,
+    ab.add_argument("--nproc", type=_positive_int, default=1,
                     help="run every rung as N DDP processes (torch.distributed, gloo on CPU / nccl on CUDA)")
 
     tr = sub.add_parser("train", help="train with a recipe and write a run folder")
@@ -116,10 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bd = sub.add_parser("bench-data", help="images/s of the input pipeline alone, beside torchvision's default")
     bd.add_argument("--data", required=True, help="imagefolder:PATH")
-    bd.add_argument("--batch-size", type=int, default=64)
-    bd.add_argument("--num-workers", type=_int_or_auto, default=2, metavar="INT|auto")
-    bd.add_argument("--image-size", type=int, default=224)
-    bd.add_argument("--passes", type=int, default=5, help="timed passes over the folder per pipeline")
+    bd.add_argument("--batch-size", type=_positive_int, default=64)
+    bd.add_argument("--num-workers", type=_worker_count_or_auto, default=2, metavar="INT|auto")
+    bd.add_argument("--image-size", type=_positive_int, default=224)
+    bd.add_argument("--passes", type=_positive_int, default=5, help="timed passes over the folder per pipeline")
     bd.add_argument("--device", default="auto")
     return parser
 
@@ -153,9 +193,6 @@ def _ablate(args, recipe: Recipe) -> int:
     rungs = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out DIR: the folder of the ablation to continue")
-    for flag, value in (("--timing-steps", args.timing_steps), ("--timing-seconds", args.timing_seconds)):
-        if not value > 0:
-            raise ValueError(f"{flag} {value!r} must be positive")
     try:
         result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe, rungs=rungs,
                         mode=args.mode, amp_dtype=args.amp_dtype, device=args.device, out=args.out,

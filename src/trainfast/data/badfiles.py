@@ -6,12 +6,27 @@ path to the `Batch`; `GuardedLoader` (what `build_loader` returns) reads those p
 process, logs each one to the "trainfast.data" logger, keeps the tally and raises `BadFileError`
 past the threshold. The training step never sees any of this: batches stay (inputs, targets).
 
-Thresholds (checked in the main process, on this rank):
-- `max_fraction` (Recipe.max_bad_fraction, default 1%) of the samples read so far, checked once
-  `MIN_SAMPLES` samples have been read (before that a fraction is noise: one bad file among the first
-  ten is 10%) and at the end of every pass over the data;
-- `MAX_CONSECUTIVE` (10) bad samples in a row, checked from the first sample: with 1% of files bad, ten
-  in a row has odds of 1e-20 in a shuffled order, so it means the storage itself is failing.
+Two levels of counts. `BadFileTally`, one per loader: its skipped count per pass is what the metrics
+report per split (`skipped_last_pass`), and its run of consecutive failures. `RunTally`, one per run,
+shared by the run's train and val loaders (see `join_run_tally`): everything read so far in the run,
+both splits, all passes. The share of unreadable files is judged on the run's counts only: two bad files
+that happen to land in a 61-image validation split are 3% of that split but 0.7% of the run.
+
+Thresholds:
+- `max_fraction` (Recipe.max_bad_fraction, default 1%) of the images the run has read, judged only once
+  `MIN_SAMPLES` images have been read (before that a fraction is noise: one bad file among the first ten
+  is 10%), or once as many images as the run's datasets hold, when they hold fewer (then the fraction is
+  the exact share, not an estimate). The same rule for every check: after every batch on this rank, at
+  the end of every pass, and over all ranks in `skipped_last_pass`.
+- `MAX_CONSECUTIVE` (10) bad samples in a row from one loader, checked from the first sample: with 1% of
+  files bad, ten in a row has odds of 1e-20 in a shuffled order, so it means the storage itself is failing.
+
+Under torch.distributed the run-wide counts are summed over ranks in `skipped_last_pass`, a collective the
+training loop already calls on every rank at the same point after every pass: every rank sees the same
+sums and stops together. Between those points a rank judges alone, and stops alone only when its own
+unreadable files already exceed the fraction of what all ranks have read (its count x the world size,
+exact when the ranks read equal shares, as their samplers give them): a verdict no other rank's good
+files could overturn.
 """
 from __future__ import annotations
 
@@ -62,47 +77,88 @@ def collate_skipping(samples: list[Any]) -> Batch:
 
 
 @dataclass
-class BadFileTally:
-    """Counts on this rank (every worker's batches arrive here); see `reduce_count` for all ranks."""
+class RunTally:
+    """Everything one run has read on this rank: every loader built for the run (train and val), every
+    pass. `skipped_last_pass` sums it over ranks."""
     max_fraction: float = 0.01
-    max_consecutive: int = MAX_CONSECUTIVE
     seen: int = 0
     skipped: int = 0
-    consecutive: int = 0
-    pass_skipped: int = 0
-    last_pass_skipped: int = 0
+    population: int = 0        # images in the run's datasets, one pass over each loader (0: unknown)
+    reading: bool = False      # a loader has started reading: loaders built from now on are another run's
     recent: deque = field(default_factory=lambda: deque(maxlen=5))
+
+    def min_samples(self) -> int:
+        """Images to read before a fraction means something: MIN_SAMPLES, or all of a smaller dataset."""
+        return min(MIN_SAMPLES, self.population) if self.population else MIN_SAMPLES
+
+    def check_fraction(self, seen: int, skipped: int, note: str = "") -> None:
+        """Stop if `skipped` of `seen` is above max_fraction, once `seen` can support a fraction."""
+        if seen >= self.min_samples() and skipped > self.max_fraction * seen:
+            self.fail(f"{skipped} of {seen} images read ({100 * skipped / seen:.1f}%){note} were unreadable, "
+                      f"above max_bad_fraction={self.max_fraction:g}")
+
+    def check_on_this_rank(self) -> None:
+        # One process: the exact run-wide check. Under torchrun: this rank's unreadable files against what
+        # all ranks have read (see the module docstring), a verdict the other ranks' counts cannot undo.
+        ranks = world_size()
+        note = "" if ranks == 1 else f" (this rank's unreadable files, of about what all {ranks} ranks read)"
+        self.check_fraction(self.seen * ranks, self.skipped, note)
+
+    def fail(self, what: str) -> None:
+        last = ("; ".join(f"{s.path} ({s.reason})" for s in self.recent)
+                or "none on this rank (see the other ranks' logs)")
+        raise BadFileError(f"stopping: {what}. Last unreadable files: {last}. Fix or remove them, or raise "
+                           f"--max-bad-fraction (0 <= value < 1).")
+
+
+class BadFileTally:
+    """One loader's counts (every worker's batches arrive here, in the main process), added to the run's
+    `RunTally` too; a tally built alone gets a run of its own."""
+
+    def __init__(self, max_fraction: float = 0.01, max_consecutive: int = MAX_CONSECUTIVE,
+                 run: RunTally | None = None) -> None:
+        self.run = run if run is not None else RunTally(max_fraction)
+        self.max_consecutive = max_consecutive
+        self.seen = self.skipped = self.consecutive = 0
+        self.pass_skipped = self.last_pass_skipped = 0
 
     def record(self, batch: Batch) -> None:
         bad = dict(batch.skipped)
+        self.seen += batch.size
+        self.run.seen += batch.size
         for position in range(batch.size):
-            self.seen += 1
             if position not in bad:
                 self.consecutive = 0
                 continue
             self.consecutive += 1
             self.skipped += 1
+            self.run.skipped += 1
             self.pass_skipped += 1
-            self.recent.append(bad[position])
+            self.run.recent.append(bad[position])
             log.warning("skipped unreadable image %s (%s)", bad[position].path, bad[position].reason)
             if self.consecutive >= self.max_consecutive:
-                self.fail(f"{self.consecutive} unreadable images in a row")
-        if self.seen >= MIN_SAMPLES:
-            self.check_fraction()
+                self.run.fail(f"{self.consecutive} unreadable images in a row")
+        self.run.check_on_this_rank()
 
     def end_pass(self) -> None:
+        # No check of its own: record() judged these same counts after the pass's last batch, under the
+        # same minimum; the judgement over all ranks follows in skipped_last_pass.
         self.last_pass_skipped, self.pass_skipped = self.pass_skipped, 0
-        self.check_fraction()
 
-    def check_fraction(self) -> None:
-        if self.skipped > self.max_fraction * self.seen:
-            self.fail(f"{self.skipped} of {self.seen} images read ({100 * self.skipped / self.seen:.1f}%) were "
-                      f"unreadable, above max_bad_fraction={self.max_fraction:g}")
 
-    def fail(self, what: str) -> None:
-        last = "; ".join(f"{s.path} ({s.reason})" for s in self.recent)
-        raise BadFileError(f"stopping: {what}. Last unreadable files: {last}. Fix or remove them, or raise "
-                           f"--max-bad-fraction (0 <= value < 1).")
+def join_run_tally(split: Any, max_fraction: float, size: int) -> RunTally:
+    """The RunTally that a loader over `size` images built for `split` reports to. The loaders of one run
+    are built before any of them reads (trainer.build_run: train, then val) and share the tally, which
+    lives on the Split (`Split.bad_files`) because the Split is what they have in common. A loader built
+    once reading has begun starts a new run: a second `train()` on the same Split counts from zero.
+    Without a Split (`split=None`) the loader counts alone."""
+    run = getattr(split, "bad_files", None)
+    if run is None or run.reading:
+        run = RunTally(max_fraction)
+        if split is not None:
+            split.bad_files = run
+    run.population += size
+    return run
 
 
 class GuardedLoader:
@@ -121,6 +177,7 @@ class GuardedLoader:
         return getattr(self.loader, name)     # sampler, dataset, batch_size, num_workers, ...
 
     def __iter__(self) -> Iterator[Batch]:
+        self.tally.run.reading = True
         for batch in self.loader:
             if isinstance(batch, Batch):
                 self.tally.record(batch)
@@ -130,21 +187,40 @@ class GuardedLoader:
         self.tally.end_pass()
 
 
-def reduce_count(count: int, device: torch.device | None = None) -> int:
-    """Sum a count over ranks when torch.distributed is initialized (else return it). A collective: every
-    rank must call it at the same point. The tensor lives on `device` (NCCL needs CUDA tensors)."""
+def world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def reduce_counts(counts: list[int], device: torch.device | None = None) -> list[int]:
+    """Sum counts over ranks when torch.distributed is initialized (else return them), in one all-reduce. A
+    collective: every rank must call it at the same point. The tensor lives on `device` (NCCL needs CUDA
+    tensors)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return count
-    total = torch.tensor([count], dtype=torch.long, device=device)
+        return list(counts)
+    total = torch.tensor(counts, dtype=torch.long, device=device)
     dist.all_reduce(total)
-    return int(total.item())
+    return total.tolist()
+
+
+def reduce_count(count: int, device: torch.device | None = None) -> int:
+    """`reduce_counts` for one count."""
+    return reduce_counts([count], device)[0]
 
 
 def skipped_last_pass(batches: Any, device: torch.device | None = None) -> int:
     """Unreadable images skipped in the last pass over `batches` (DeviceBatches / Prefetcher / a loader),
-    summed over workers and ranks; 0 for data that cannot be unreadable (in-memory tensors)."""
-    loader = getattr(batches, "loader", batches)
-    tally = getattr(loader, "tally", None)
-    return reduce_count(tally.last_pass_skipped if tally is not None else 0, device)
+    summed over workers and ranks; 0 for data that cannot be unreadable (in-memory tensors).
+
+    A collective (the loop calls it on every rank after every pass), so it also judges the bad-file
+    fraction over all ranks: the run's counts ride in the same all-reduce, every rank sees the same sums
+    and raises BadFileError together, or none does."""
+    tally = getattr(batches, "tally", None) or getattr(getattr(batches, "loader", None), "tally", None)
+    counts = [tally.last_pass_skipped, tally.run.seen, tally.run.skipped] if tally is not None else [0, 0, 0]
+    last_pass, seen, skipped = reduce_counts(counts, device)
+    if tally is not None:
+        tally.run.check_fraction(seen, skipped, "" if world_size() == 1 else " on all ranks")
+    return last_pass

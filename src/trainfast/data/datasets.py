@@ -7,8 +7,9 @@ the same order, so both paths give the same numbers.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,9 @@ class Split:
     std: tuple[float, float, float]
     image_size: int
     name: str
+    # The bad-file RunTally that the train and val loaders of the current run share (badfiles.py's
+    # join_run_tally sets it): the fraction of unreadable files is judged over the run, not per split.
+    bad_files: Any = field(default=None, repr=False, compare=False)
 
 
 class TensorImages(Dataset):

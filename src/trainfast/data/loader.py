@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 
 from ..techniques.transfer import pin_memory_for
-from .badfiles import BadFileTally, GuardedLoader, collate_skipping
+from .badfiles import BadFileTally, GuardedLoader, collate_skipping, join_run_tally
 from .datasets import HostNormalized, Split
 from .sampler import ResumableBatchSampler
 
@@ -89,13 +89,15 @@ def worker_context() -> str | None:
 
 def build_loader(dataset: Dataset, recipe, device: torch.device, train: bool, split: Split,
                  sampler: Sampler | None = None, rank: int = 0) -> GuardedLoader:
-    """A DataLoader wrapped in the unreadable-file guard (badfiles.py); yields (inputs, targets)."""
+    """A DataLoader wrapped in the unreadable-file guard (badfiles.py); yields (inputs, targets). Loaders
+    built for the same `split` before either reads share one run-wide bad-file tally (join_run_tally)."""
     dataset = loader_dataset(dataset, recipe, split)
     workers = recipe.num_workers
     if workers == "auto":
         workers = choose_num_workers(dataset, recipe, device)
     loader = make_loader(dataset, recipe, device, train, sampler, rank, workers)
-    return GuardedLoader(loader, BadFileTally(recipe.max_bad_fraction))
+    run = join_run_tally(split, recipe.max_bad_fraction, len(dataset))
+    return GuardedLoader(loader, BadFileTally(run=run))
 
 
 def resolve_num_workers(recipe, split: Split, device: torch.device):

@@ -1,0 +1,153 @@
+"""Supervised child processes (trainfast.procs): results and errors come back, a hung child is stopped at
+its time limit, and nothing a child started outlives its parent, whether the parent is SIGKILLed or
+interrupted (issue 15, items 3 and 4)."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import procs_targets
+from trainfast.procs import run_supervised
+
+TESTS = Path(__file__).resolve().parent
+SPAWN = mp.get_context("spawn")
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie: an orphan that has exited stays a zombie until init reaps it."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def still_running_after(pids, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if running(p)]
+
+
+def test_events_are_relayed_in_order_and_the_result_returned():
+    events = []
+    result = run_supervised(SPAWN, procs_targets.report_steps_and_return, (5,), on_event=events.append)
+    assert events == [{"event": "progress", "step": step} for step in range(5)]
+    assert result["answer"] == 42 and result["steps"] == 5 and result["wall_time_s"] > 0
+    assert "error" not in result
+
+
+def test_events_from_the_childs_elastic_workers_reach_the_parent(tmp_path):
+    # `ablate --nproc`: the rung hands its Events to torch.distributed.elastic workers; rank 0 reports.
+    events = []
+    result = run_supervised(SPAWN, procs_targets.launch_ranks, (2,), on_event=events.append,
+                            log_path=tmp_path / "child.log")
+    assert result["rank"] == 0, result
+    assert events == [{"event": "progress", "rank": 0}]
+
+
+def test_a_child_that_raises_is_reported_with_its_error_and_log_tail(tmp_path):
+    log = tmp_path / "child.log"
+    result = run_supervised(SPAWN, procs_targets.fail_with, ("boom",), log_path=log)
+    assert result["error"] == f"ValueError: boom (see {log})"
+    assert "about to fail" in result["log_tail"] and "Traceback" in result["log_tail"]
+
+
+@pytest.mark.parametrize("how, said", [("exit", "process exited with code 3 without a result"),
+                                       ("sigkill", "process was killed by SIGKILL without a result")])
+def test_a_child_that_ends_without_a_result_is_an_error(how, said, tmp_path):
+    events = []
+    result = run_supervised(SPAWN, procs_targets.exit_without_result, (how,), on_event=events.append,
+                            log_path=tmp_path / "child.log")
+    assert result["error"].startswith(said) and events == [{"event": "progress", "step": 0}]
+
+
+def test_a_hung_child_is_stopped_at_its_time_limit_with_its_whole_group(tmp_path):
+    events = []
+    pid_file = tmp_path / "pids.json"
+    limit = 6.0       # the child's start-up (spawn, importing trainfast and torch) counts: ~2 s here
+    result = run_supervised(SPAWN, procs_targets.start_workers_and_hang, (str(pid_file),),
+                            on_event=events.append, log_path=tmp_path / "child.log", time_limit_s=limit, grace_s=2)
+    assert result["timed_out"] is True
+    assert result["error"].startswith("stopped after its time limit of 6 s")
+    assert limit <= result["wall_time_s"] < limit + 4
+    pids = json.loads(pid_file.read_text())
+    assert events == [{"event": "progress", "pids": pids}]
+    survivors = still_running_after(pids.values(), 2)
+    kill_survivors(survivors)
+    assert survivors == []
+
+
+def test_an_exception_in_the_parent_stops_the_child_group_and_propagates(tmp_path):
+    # What Ctrl-C does while the parent relays an event: KeyboardInterrupt raised in this thread.
+    def interrupt(event):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_supervised(SPAWN, procs_targets.start_workers_and_hang, (str(tmp_path / "pids.json"),),
+                       on_event=interrupt, log_path=tmp_path / "child.log", grace_s=2)
+    pids = json.loads((tmp_path / "pids.json").read_text())
+    survivors = still_running_after(pids.values(), 2)
+    kill_survivors(survivors)
+    assert survivors == []
+
+
+PARENT = textwrap.dedent("""
+    import multiprocessing as mp, signal, sys
+    import procs_targets
+    from trainfast.procs import run_supervised
+
+    if __name__ == "__main__":
+        # A shell's background job inherits SIGINT ignored; Ctrl-C must raise here as it does in a terminal.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            run_supervised(mp.get_context("spawn"), procs_targets.start_workers_and_hang, (sys.argv[1],))
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(130)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "ctrl-c"])
+def test_nothing_outlives_a_parent_that_is_killed_or_interrupted(sig, tmp_path):
+    pid_file, output = tmp_path / "pids.json", tmp_path / "parent.out"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])}
+    # Output to a file, not a pipe: survivors holding a pipe open would turn a failure into a hang.
+    with open(output, "w") as out:
+        parent = subprocess.Popen([sys.executable, "-c", PARENT, str(pid_file)], env=env, stdout=out,
+                                  stderr=subprocess.STDOUT)
+    pids = {}
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() and parent.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pid_file.exists(), output.read_text()
+        pids = json.loads(pid_file.read_text())
+        assert all(running(p) for p in pids.values())
+        os.kill(parent.pid, sig)
+        parent.wait(timeout=30)
+        assert still_running_after(pids.values(), 10) == []
+    finally:
+        parent.kill()
+        parent.wait()
+        kill_survivors(pids.values())
+    if sig == signal.SIGKILL:
+        assert parent.returncode == -signal.SIGKILL
+    else:
+        assert parent.returncode == 130 and "interrupted" in output.read_text()
+
+
+def kill_survivors(pids) -> None:
+    """A failing test must not leave its processes running on the machine."""
+    for pid in pids:
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
