@@ -11,10 +11,7 @@ import dataclasses
 import math
 import multiprocessing as mp
 import os
-import queue as queue_mod
 import statistics
-import time
-import traceback
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from .procs import run_supervised
 from .measure import count_train_flops, measure_ceiling, peak_memory_bytes, reset_peak_memory
 from .stats import MIN_EFFECT, Candidate, Repeat, compare, rate_estimate, recommend
 from .recipe import Recipe, RecipeError, resolve_device, validate_for_device
@@ -221,21 +219,13 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
     }
 
 
-def _rung_process(job: Job, recipe: Recipe, budget: TimingBudget | None, events, log_path: str) -> None:
-    # The rung's warnings and tracebacks go to its log file, not over the parent's live table.
-    with open(log_path, "w") as log:
-        os.dup2(log.fileno(), 2)
-        try:
-            if job.nproc > 1:
-                from .distributed import launch_local
+def _rung_main(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> dict[str, Any]:
+    """What a rung process runs (under procs.child_main: its own process group, its log, the parent watch)."""
+    if job.nproc > 1:
+        from .distributed import launch_local
 
-                result = launch_local(_rung_worker, (job, recipe, budget, events), job.nproc)
-            else:
-                result = run_rung(job, recipe, events.put, budget)
-            events.put({"event": "result", "result": result})
-        except BaseException as exc:  # report every failure to the parent, which keeps going
-            traceback.print_exc()
-            events.put({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
+        return launch_local(_rung_worker, (job, recipe, budget, events), job.nproc)
+    return run_rung(job, recipe, events.put, budget)
 
 
 def _rung_worker(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> dict[str, Any]:
@@ -410,7 +400,8 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
            rungs: list[str] | None = None, mode: str = "cumulative", amp_dtype: str = "auto",
            device: str = "auto", out: str | Path | None = None, mean=None, std=None,
            noise_seeds: int = 3, repeats: int = 2, budget: TimingBudget | None = None,
-           min_effect: float = MIN_EFFECT, resume: bool = False, show: bool = True, nproc: int = 1) -> AblationResult:
+           min_effect: float = MIN_EFFECT, resume: bool = False, rung_timeout: float | None = None, show: bool = True,
+           nproc: int = 1) -> AblationResult:
     """Run the ladder and write the report folder. `model` is a timm/built-in name or a picklable
     zero-argument factory (each rung runs in a spawned process, so lambdas cannot cross). With
     `train_set`/`val_set` the datasets are used instead of `data`.
@@ -422,7 +413,9 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     seed-to-seed training noise. `budget` sets how many steady steps each run is timed over. A difference
     below `min_effect` (a fraction) is never called a gain or a loss. With `nproc` > 1 every rung runs as
     that many DDP processes (torch.distributed.elastic, rendezvous on 127.0.0.1); rank 0 reports.
-    `resume=True` continues an interrupted ablation in `out`: finished runs are reused, not run again."""
+    `resume=True` continues an interrupted ablation in `out`: finished runs are reused, not run again.
+    A run that passes `rung_timeout` seconds (default: 10x the baseline's first run, at least 300 s) is
+    stopped with its whole process tree and reported failed with the tail of its log; the others go on."""
     from .data.datasets import load_data
     from .data.loader import resolve_num_workers
     from .models import build_model, check_model_name
@@ -434,6 +427,8 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     for flag, value in (("--noise-seeds", noise_seeds), ("--repeats", repeats), ("--nproc", nproc)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise RecipeError(f"{flag} {value!r} must be a positive integer")
+    if rung_timeout is not None and not rung_timeout > 0:
+        raise RecipeError(f"--rung-timeout {rung_timeout!r} must be a positive number of seconds")
     if not 0 <= min_effect < 1:
         raise RecipeError(f"--min-effect {min_effect!r} must be a fraction in [0, 1), e.g. 0.05 for 5%")
     dev = resolve_device(device)
@@ -481,6 +476,14 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
         seed_runs[:] = [_seed_summary(r) for r in plan[0].repeats + plan[0].seed_runs]
         score_rungs(plan, ceilings, [s["accuracy"] for s in seed_runs], flops_per_sample, mode, min_effect)
 
+    def limit(baseline: Rung) -> float | None:
+        """--rung-timeout, or by default 10x the baseline's first run (at least 5 minutes: compilation
+        alone can take that); the first run itself is unlimited by default."""
+        if rung_timeout is not None:
+            return rung_timeout
+        walls = [r["wall_time_s"] for r in baseline.repeats if r.get("wall_time_s")]
+        return max(300.0, 10 * walls[0]) if walls else None
+
     interrupted = False
     with display:
         try:
@@ -491,13 +494,15 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
                 if result is None:
                     rung.status = "running"
                     display.start_rung(rung, i, repeats if rung_budget else noise_seeds)
-                    result = _run_in_process(ctx, job, recipe_i, rung_budget, out_dir / f"rung-{key}.log", display, rung)
+                    result = _run_in_process(ctx, job, recipe_i, rung_budget, out_dir / f"rung-{key}.log", display,
+                                             rung, limit(plan[0]))
                     if "error" not in result:
                         store.save(key, result)
                 else:
                     display.reused(rung, i)
                 if "error" in result:
-                    rung.status, rung.result = "failed", {"error": result["error"]}
+                    rung.status = "failed"
+                    rung.result = {"error": result["error"], "log_tail": result.get("log_tail", "")}
                     rung.repeats.clear()
                 elif rung.status != "failed":
                     (rung.repeats if rung_budget else rung.seed_runs).append(result)
@@ -608,27 +613,9 @@ def _seed_summary(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_in_process(ctx, job: Job, recipe: Recipe, budget: TimingBudget | None, log_path: Path, display,
-                    rung: Rung) -> dict[str, Any]:
-    events = ctx.Queue()
-    # Not a daemon: daemonic processes may not have children, and the rung's DataLoader workers are its
-    # children (num_workers > 0 would fail with "daemonic processes are not allowed to have children").
-    proc = ctx.Process(target=_rung_process, args=(job, recipe, budget, events, str(log_path)), daemon=False)
-    t0 = time.perf_counter()
-    proc.start()
-    result: dict[str, Any] | None = None
-    while result is None:
-        try:
-            event = events.get(timeout=0.5)
-        except queue_mod.Empty:
-            if not proc.is_alive():
-                result = {"error": f"rung process exited with code {proc.exitcode} (see {log_path})"}
-            continue
-        if event["event"] == "progress":
-            display.progress(rung, event)
-        elif event["event"] == "result":
-            result = event["result"]
-        else:
-            result = {"error": f"{event['error']} (see {log_path})"}
-    proc.join(timeout=60)
-    result["wall_time_s"] = time.perf_counter() - t0
+                    rung: Rung, time_limit_s: float | None) -> dict[str, Any]:
+    """One run in a supervised process: it cannot outlive this one, is stopped at `time_limit_s`, and
+    always ends in a result or an error with the tail of its log (procs.run_supervised)."""
+    result = run_supervised(ctx, _rung_main, (job, recipe, budget), on_event=lambda e: display.progress(rung, e),
+                            log_path=log_path, time_limit_s=time_limit_s)
     return result

@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="...or at least 8 steady steps once they take this long (slow models; default 60)")
     ab.add_argument("--min-effect", type=_fraction, default=0.05,
                     help="smallest speed difference called a gain or a loss, as a fraction (default 0.05 = 5%%)")
+    ab.add_argument("--rung-timeout", type=_positive_float, default=None, metavar="SECONDS",
+                    help="stop a run that takes longer and report it failed (default: 10x the baseline's first run, "
+                         "at least 300 s)")
     ab.add_argument("--resume", action="store_true",
                     help="continue an interrupted ablation in --out DIR: finished runs are reused, the rest run")
     ab.add_argument("--out", default=None, help="report folder (default: runs/ablate-<timestamp>)")
@@ -198,7 +201,7 @@ def _ablate(args, recipe: Recipe) -> int:
                         mode=args.mode, amp_dtype=args.amp_dtype, device=args.device, out=args.out,
                         noise_seeds=args.noise_seeds, repeats=args.repeats, min_effect=args.min_effect,
                         budget=TimingBudget(steps=args.timing_steps, seconds=args.timing_seconds),
-                        resume=args.resume, nproc=args.nproc)
+                        resume=args.resume, rung_timeout=args.rung_timeout, nproc=args.nproc)
     except KeyboardInterrupt:
         return 130                        # the partial report is written; Display said where
 

@@ -16,11 +16,11 @@ How:
   that leaves the group on purpose) is stopped by one `killpg`. A Ctrl-C at the terminal then reaches the
   parent alone, which stops the child's group itself.
 - Parent death is seen in three ways, each covering what the others cannot:
-  1. `prctl(PR_SET_PDEATHSIG, SIGKILL)` (Linux): the kernel kills the child the moment the parent dies,
-     even when the child's interpreter is stuck inside C code;
-  2. a watcher thread in the child compares `os.getppid()` with the parent's pid (passed explicitly: a
-     child that looks only after its parent died would take its new parent for the real one) and kills
-     the child's group: the whole mechanism where prctl does not exist (macOS);
+  1. `prctl(PR_SET_PDEATHSIG, SIGKILL)` (Linux): the kernel kills the child the moment its direct parent
+     dies, even when the child's interpreter is stuck inside C code;
+  2. a watcher thread in the child waits for the supervisor's exit (its pid passed explicitly: from a fork
+     server the direct parent is the server, not the supervisor) on a pidfd, or by polling where there is
+     none, and kills the child's group: the whole mechanism where prctl does not exist (macOS);
   3. a group reaper, a tiny process in the child's group that watches its own parent (the child) the same
      way and kills the group once the child is gone, however it went (1., the OOM killer, a segfault):
      otherwise the child's own children that watch nothing (a `subprocess`) would be left running.
@@ -254,16 +254,14 @@ def lead_own_group() -> bool:
 
 
 def watch_parent(parent_pid: int, own_group: bool) -> None:
-    """Die, with everything this process started, as soon as `parent_pid` is no longer the parent."""
-    set_parent_death_signal(signal.SIGKILL)
+    """Die, with everything this process started, as soon as process `parent_pid` (the supervisor) ends.
+    The supervisor need not be the direct parent: from a fork server (ablate's rungs) the direct parent is
+    the server, which itself ends with the supervisor."""
+    set_parent_death_signal(signal.SIGKILL)          # the direct parent: the supervisor, or its fork server
     if own_group:
         start_group_reaper()
-    if os.getppid() != parent_pid:          # the parent died before the signal was armed
-        kill_own_tree(own_group)
-    threading.Thread(target=poll_parent, args=(parent_pid, own_group), name="trainfast-parent-watch",
+    threading.Thread(target=await_exit, args=(parent_pid, own_group), name="trainfast-parent-watch",
                      daemon=True).start()
-
-
 def set_parent_death_signal(sig: int) -> bool:
     """prctl(PR_SET_PDEATHSIG, sig) through libc; False off Linux or where libc refuses it."""
     if not sys.platform.startswith("linux"):
@@ -280,10 +278,33 @@ def start_group_reaper() -> None:
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def poll_parent(parent_pid: int, own_group: bool) -> None:
-    while os.getppid() == parent_pid:
-        time.sleep(WATCH_S)
+def await_exit(parent_pid: int, own_group: bool) -> None:
+    """Block until `parent_pid` has ended, then kill this process's tree. A pidfd (Linux 5.3+) cannot be
+    fooled by a reused pid and wakes at once; elsewhere poll: getppid() while the supervisor is the direct
+    parent, else whether the pid still exists."""
+    import select
+
+    try:
+        fd = os.pidfd_open(parent_pid)
+    except ProcessLookupError:                 # it ended before the watch began
+        kill_own_tree(own_group)
+    except (AttributeError, OSError):
+        direct = os.getppid() == parent_pid
+        while (os.getppid() == parent_pid) if direct else pid_exists(parent_pid):
+            time.sleep(WATCH_S)
+    else:
+        select.select([fd], [], [])            # readable once the process has exited
     kill_own_tree(own_group)
+
+
+def pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def kill_own_tree(own_group: bool) -> None:

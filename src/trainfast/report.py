@@ -325,7 +325,11 @@ def write_report(result: "AblationResult") -> None:
         lines += [band, ""]
     notes = [f"- **{rung_label(r)}**: no effect on this device — {r.reason}" for r in result.rungs if r.status == "no-effect"]
     notes += [f"- **{rung_label(r)}**: {r.reason}" for r in result.rungs if r.status == "done" and r.reason]
-    notes += [f"- **{rung_label(r)}**: failed — {r.result.get('error')}" for r in result.rungs if r.status == "failed"]
+    for r in result.rungs:
+        if r.status == "failed":
+            tail = r.result.get("log_tail") or ""
+            notes.append(f"- **{rung_label(r)}**: failed — {r.result.get('error')}"
+                         + ("\n\n  ```\n" + "\n".join("  " + line for line in tail.splitlines()) + "\n  ```" if tail else ""))
     for r in result.rungs:
         if r.status == "done" and r.result.get("data_wait_fraction", 0) > 0.2:
             notes.append(f"- **{rung_label(r)}**: input-bound — {100 * r.result['data_wait_fraction']:.0f}% of the "

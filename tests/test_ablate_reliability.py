@@ -1,0 +1,94 @@
+"""An ablation that survives what happens to long jobs: the parent killed mid-rung (no rung process or worker
+outlives it; the same command with --resume reuses every finished run), and a rung that hangs (stopped at its
+time limit, reported failed, the other rungs finish)."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from conftest import tiny_resnet
+from trainfast import Recipe, ablate
+
+
+def hangs_under_half_precision(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A loss that never returns in a bf16/fp16 rung (outputs in half precision under autocast), as a
+    deadlocked DataLoader worker or a stuck collective would never return."""
+    if outputs.dtype != torch.float32:
+        time.sleep(10_000)
+    return torch.nn.functional.cross_entropy(outputs, targets)
+
+
+def alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_killed_ablation_leaves_no_process_and_resumes(tmp_path):
+    out = tmp_path / "ablation"
+    cmd = [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",
+           "--rungs", "set_to_none", "--repeats", "1", "--noise-seeds", "1", "--out", str(out)]
+    parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: (out / "runs" / "baseline-r0.json").exists(), 240, "the baseline run to finish")
+        wait_for(lambda: (out / "rung-set_to_none-r0.log").exists(), 60, "the second rung to start")
+        time.sleep(2.0)                                   # well inside its training (3 epochs)
+        tree = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
+        assert len(alive(tree)) >= 2, "expected the fork server and a rung process below the ablation"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while alive(tree) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert alive(tree) == [], [psutil.Process(p).cmdline()[:4] for p in alive(tree)]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    finished = json.loads((out / "runs" / "baseline-r0.json").read_text())
+
+    # The same command again is refused without --resume, and with it reuses the finished baseline.
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "already holds an ablation" in refused.stderr
+    done = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "reused baseline (fp32), run 1" in done.stdout
+    results = json.loads((out / "results.json").read_text())
+    base, rung = results["rungs"]
+    assert base["runs"][0]["timing"] == finished["timing"] and base["accuracy"] == finished["accuracy"]
+    assert base["runs"][0]["reused"] and rung["status"] == "done" and rung["verdict"] != "failed"
+
+    # A changed plan is refused with the difference named.
+    changed = subprocess.run([*cmd, "--resume", "--batch-size", "16"], capture_output=True, text=True, timeout=60)
+    assert changed.returncode == 2 and "differs from this command in" in changed.stderr and "batch_size" in changed.stderr
+
+
+def test_a_hanging_rung_is_stopped_at_its_limit_and_the_others_finish(tmp_path, digits16):
+    t0 = time.monotonic()
+    result = ablate(tiny_resnet, digits16.train, digits16.val, hangs_under_half_precision, mean=digits16.mean,
+                    std=digits16.std, recipe=Recipe(batch_size=32), rungs=["amp", "set_to_none"], mode="each",
+                    repeats=1, noise_seeds=1, out=tmp_path, show=False, rung_timeout=25)
+    status = {r.name: r.status for r in result.rungs}
+    assert status == {"baseline": "done", "amp": "failed", "set_to_none": "done"}, status
+    amp = next(r for r in result.rungs if r.name == "amp")
+    assert "time limit of 25 s" in amp.result["error"]
+    assert time.monotonic() - t0 < 240
+    report = (tmp_path / "report.md").read_text()
+    assert "failed — " in report and "time limit" in report
