@@ -449,19 +449,22 @@ def refuse_rebuilt_step(optimizer, args, kwargs) -> None:
 class LogBuffer:
     """tf.log: values stay on the device (a detached copy each, no sync). When a key already holds
     `every` values, every pending key is read at once (one sync), averaged, averaged again over ranks (one
-    gloo all-reduce), and appended to `records`. Every rank must log the same keys as often (lockstep, like
-    the training step itself), since each read is a collective."""
+    gloo all-reduce), and appended to `records` as {"step": values of a key logged so far, key: mean}: with
+    one tf.log per step, the step the window ends at. Every rank must log the same keys as often (lockstep,
+    like the training step itself), since each read is a collective."""
 
     def __init__(self, every: int, device: torch.device, dist: Dist) -> None:
         self.every, self.device, self.dist = every, device, dist
         self.pending: dict[str, list[torch.Tensor]] = {}
+        self.counts: dict[str, int] = {}
         self.records: list[dict[str, float]] = []
 
-    def add(self, step: int, values: Mapping[str, Any]) -> None:
+    def add(self, values: Mapping[str, Any]) -> None:
         for name, value in values.items():
             if len(self.pending.get(name, ())) >= self.every:
-                self.flush(step)
+                self.flush()
             self.pending.setdefault(name, []).append(self.as_scalar(value))
+            self.counts[name] = self.counts.get(name, 0) + 1
 
     def as_scalar(self, value: Any) -> torch.Tensor:
         if isinstance(value, torch.Tensor):
@@ -469,14 +472,14 @@ class LogBuffer:
             return value if value.numel() == 1 else value.mean()
         return torch.tensor(float(value), device=self.device)
 
-    def flush(self, step: int) -> None:
+    def flush(self) -> None:
         if not self.pending:
             return
         names = sorted(self.pending)
         means = torch.stack([torch.stack([v.reshape(()) for v in self.pending[n]]).mean() for n in names]).tolist()
         self.pending = {}
         means = [m / self.dist.world_size for m in self.dist.sum(means)]
-        self.records.append({"step": step, **dict(zip(names, means))})
+        self.records.append({"step": max(self.counts[n] for n in names), **dict(zip(names, means))})
 
 
 # --- the public object -------------------------------------------------------------------------------
@@ -576,7 +579,7 @@ class Session:
                              "that name); rename it")
         total = self.require_state().backward(loss)
         if isinstance(loss, Mapping):
-            self.logs.add(self.state.step, {"loss": total, **loss})
+            self.logs.add({"loss": total, **loss})
         return total
 
     def autocast(self):
@@ -586,16 +589,16 @@ class Session:
     def log(self, **values: Any) -> None:
         """Record scalars (tensors stay on the device: no sync here); read every recipe.log_every values,
         averaged over the window and over ranks, into `tf.logged`. Every rank must call it alike."""
-        self.logs.add(self.state.step if self.state else 0, values)
+        self.logs.add(values)
 
     def flush_logs(self) -> list[dict[str, float]]:
         """Read what tf.log holds now (a sync, and a collective under torchrun: every rank must call it)."""
-        self.logs.flush(self.state.step if self.state else 0)
+        self.logs.flush()
         return self.logs.records
 
     @property
     def logged(self) -> list[dict[str, float]]:
-        """Windows read so far: [{"step": optimizer updates, name: mean, ...}, ...]."""
+        """Windows read so far: [{"step": values logged so far, name: mean, ...}, ...] (LogBuffer)."""
         return self.logs.records
 
     def report(self, **metrics: Any) -> None:
