@@ -23,38 +23,10 @@ from trainfast.techniques import compile as compile_
 CPU = torch.device("cpu")
 
 
-def digits_loader(split, recipe: Recipe, normalized: bool = True) -> DataLoader:
-    """What a user writes: a shuffled DataLoader with its own seeded generator (test_parity.plain_loop's)."""
-    dataset = HostNormalized(split.train, split.mean, split.std) if normalized else split.train
-    return DataLoader(dataset, batch_size=recipe.batch_size, shuffle=True, drop_last=True,
-                      generator=torch.Generator().manual_seed(recipe.seed))
-
-
-def session_loop(split, recipe: Recipe) -> tuple[nn.Module, list[float], Session]:
-    """test_parity.plain_loop with the three Session lines: Session(), setup(), tf.backward(). The uint8 images
-    are normalized by the Session (mean/std), as `trainfast.train` does."""
-    tf = Session(recipe, device="cpu")
-    model = tiny_resnet()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
-    model, optimizer, loader = tf.setup(model, optimizer, digits_loader(split, recipe, normalized=False),
-                                        mean=split.mean, std=split.std)
-    loss_fn = nn.CrossEntropyLoss()
-    losses = []
-    model.train()
-    for _ in range(recipe.epochs):
-        for inputs, targets in loader:
-            optimizer.zero_grad()
-            loss = loss_fn(model(inputs), targets)
-            tf.backward(loss)
-            optimizer.step()
-            losses.append(loss.item())
-    return model, losses, tf
-
-
 def test_fp32_session_loop_is_bit_identical_to_the_plain_loop(digits16):
     recipe = Recipe(epochs=1, batch_size=64)
     reference, reference_losses = plain_loop(digits16, recipe)
-    model, losses, _ = session_loop(digits16, recipe)
+    model, losses = plain_loop(digits16, recipe, adopt=True)
     assert len(losses) == len(digits16.train) // 64
     assert losses == reference_losses
     ours = model.state_dict()
@@ -62,22 +34,27 @@ def test_fp32_session_loop_is_bit_identical_to_the_plain_loop(digits16):
         assert torch.equal(tensor, ours[name]), f"{name} differs from the plain loop"
 
 
+@pytest.fixture(scope="module")
+def fp32_losses(digits16) -> list[float]:
+    return plain_loop(digits16, Recipe(epochs=1, batch_size=64))[1]
+
+
 @pytest.mark.parametrize("precision,level", [("bf16", "autocast"), ("bf16", "master"), ("fp16", "autocast"),
                                              ("fp16", "master")])
-def test_mixed_precision_session_loop_trains_like_the_builtin_loop(digits16, precision, level):
+def test_mixed_precision_session_loop_trains_like_the_builtin_loop(digits16, fp32_losses, precision, level):
     """The same code path as trainfast.train (the built-in loop is a Session loop), the same data order and
     initial weights, so the per-step losses are identical, not merely close: the user's loss is computed
     outside autocast on the fp32 outputs the Session hands it, which is what autocast's fp32 cross-entropy
-    computes inside it."""
+    computes inside it. (The user's loop normalizes in its dataset; trainfast.train in its loader.)"""
     recipe = Recipe(epochs=1, batch_size=64, log_every=11, precision=precision, precision_level=level)
     builtin = train(tiny_resnet, digits16, recipe=recipe, device="cpu")
     builtin_losses = [x for record in builtin.history for x in record["train_losses"]]
-    model, losses, tf = session_loop(digits16, recipe)
+    model, losses = plain_loop(digits16, recipe, adopt=True)
     assert losses == builtin_losses
-    assert tf.state.precision.metrics() == builtin.state.precision.metrics()
+    assert model.train_state.precision.metrics() == builtin.state.precision.metrics()
     for name, tensor in builtin.model.state_dict().items():
         assert torch.equal(tensor, model.state_dict()[name]), name
-    assert not all(math.isclose(a, b) for a, b in zip(losses, plain_loop(digits16, recipe)[1])), \
+    assert not all(math.isclose(a, b) for a, b in zip(losses, fp32_losses)), \
         "no difference from fp32: the precision was not applied"
 
 
