@@ -403,3 +403,24 @@ def test_any_batch_structure_arrives_prepared(prefetch):
         p.grad = torch.ones_like(p)
     optimizer.zero_grad(set_to_none=False)          # recipe.set_to_none=True wins over the caller's False
     assert all(p.grad is None for p in net.parameters())
+
+
+def test_a_users_loader_is_kept_unless_the_run_needs_a_change():
+    from trainfast.data.adopt import loader_changes
+    from trainfast.distributed import Dist
+
+    loader = DataLoader(tiny_data(), batch_size=8, shuffle=True)
+    one_process = Dist(CPU)
+    assert loader_changes(loader, Recipe(), CPU, one_process, None, None) == {}     # the same object: same order
+    assert loader_changes(loader, Recipe(prefetch=True), CPU, one_process, None, None) == {}
+    cuda = torch.device("cuda")                      # a device object: no GPU needed to decide
+    changes = loader_changes(loader, Recipe(prefetch=True), cuda, one_process, None, None)
+    assert changes["pin_memory"] is True and set(changes) == {"pin_memory", "worker_init_fn"}
+    # num_workers="auto": measured once, on the first loader, written into the recipe, used by every loader
+    tf = Session(Recipe(num_workers="auto"), device="cpu")
+    model = tiny_mlp()
+    _, _, train_loader, val_loader = tf.setup(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                                              DataLoader(tiny_data(16), batch_size=8))
+    workers = tf.recipe.num_workers
+    assert isinstance(workers, int) and train_loader.num_workers == val_loader.num_workers == workers
+    assert [len(x) for x, _ in train_loader] == [8] * 5 and len(list(val_loader)) == 2

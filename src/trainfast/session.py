@@ -329,6 +329,12 @@ class SessionOptimizer(torch.optim.Optimizer):
             raise AttributeError(name)
         return getattr(self.optimizer, name)
 
+    def __getstate__(self) -> dict[str, Any]:        # a plain object's, not Optimizer's (copy, pickle)
+        return self.__dict__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     def __repr__(self) -> str:
         return f"SessionOptimizer({self.optimizer!r})"
 
