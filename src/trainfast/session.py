@@ -43,7 +43,8 @@ What the returned objects do:
   - scheduler: steps once per optimizer update (not per micro-batch).
   - `tf.backward(loss)`: a tensor or a dict of losses (summed; each term logged); loss / grad_accum_steps;
     fp16 loss scaling; nonfinite=skip drops a non-finite loss. Where the recipe needs it (fp16 scaling,
-    accumulation, nonfinite=skip) a plain loss.backward() is refused with a message saying so.
+    accumulation, nonfinite=skip) a plain loss.backward() is refused with a message saying so. (nonfinite=stop
+    is the built-in loop's Meter reading every loss; in a user's loop a NaN loss shows in tf.log.)
 """
 from __future__ import annotations
 
@@ -556,9 +557,9 @@ class Session:
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"Session.setup(): the second argument must be the optimizer (or None), got "
                             f"{type(optimizer).__name__}: tf.setup(model, optimizer, loader)")
-        if self.recipe.strategy == "dp":
+        if self.recipe.strategy == "dp" and (optimizer is not None or loaders):
             raise RecipeError("strategy=dp computes the loss inside each replica, which only the built-in loop "
-                              "can do; use strategy=ddp under torchrun")
+                              "can do (trainfast.train); use strategy=ddp under torchrun")
         if loaders:
             self.recipe = resolve_loader_workers(loaders[0], self.recipe, self.device, mean, std)
         self.state = build_state(model, self.recipe, self.device, self.dist, self.precision, optimizer, scheduler)
