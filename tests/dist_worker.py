@@ -46,7 +46,37 @@ SCENARIOS = {                       # name -> (worker options); the test compare
     "unused": {"unused": 1},
     "nan": {"sabotage": "nan"},
     "hang": {"sabotage": "hang", "timeout": 15},   # generous: a loaded machine must not look silent
+    "session": {"loop": "session"},                # a user's own loop adopted with trainfast.Session
+    "session_fsdp": {"loop": "session", "strategy": "fsdp"},
 }
+
+
+def session_loop(recipe: Recipe, out: Path) -> dict:
+    """A user's loop: a plain shuffled DataLoader and SGD, adopted with the three Session lines (plus tf.log).
+    The Session shards the loader (DistributedSampler, set_epoch) and wraps the model (DDP or FSDP2, the
+    user's optimizer remapped onto FSDP2's shards)."""
+    from torch.utils.data import DataLoader
+
+    from dist_common import MEAN, STD
+    from trainfast import Session
+    from trainfast.checkpoint import atomic_save
+
+    tf = Session(recipe, device="cpu")
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=recipe.lr, momentum=0.9, weight_decay=0.0)
+    loader = DataLoader(make_split().train, batch_size=recipe.batch_size, shuffle=True)
+    model, optimizer, loader = tf.setup(model, optimizer, loader, mean=MEAN, std=STD)
+    for inputs, targets in loader:
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(inputs), targets)
+        tf.backward(loss)
+        optimizer.step()
+        tf.log(loss=loss)
+    weights = tf.dist.full_state_dict(tf.state.model)      # collective under FSDP2
+    if tf.is_main:
+        atomic_save(weights, out / "model.pt")
+    return {"steps": tf.state.step, "logged": tf.flush_logs(), "batches": len(loader),
+            "sampler": type(loader.sampler).__name__}
 
 
 def run(scenario: str, out: Path) -> dict:
@@ -60,12 +90,16 @@ def run(scenario: str, out: Path) -> dict:
     if "sabotage" in opts:
         model = Sabotage(model, rank=1, at=5, kind=opts["sabotage"])
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            result = train(model, make_split(), recipe=recipe, device="cpu", out=out / scenario)
-        report["warnings"] = [str(w.message) for w in caught]
-        report["steps"] = result.state.step
-        report["history"] = result.history
+        if opts.get("loop") == "session":
+            (out / scenario).mkdir(parents=True, exist_ok=True)
+            report.update(session_loop(recipe, out / scenario))
+        else:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                result = train(model, make_split(), recipe=recipe, device="cpu", out=out / scenario)
+            report["warnings"] = [str(w.message) for w in caught]
+            report["steps"] = result.state.step
+            report["history"] = result.history
     except Exception as exc:  # the test reads what each rank saw
         report["error"] = f"{type(exc).__name__}: {exc}"
         report["nonfinite"] = isinstance(exc, NonFiniteLossError)

@@ -71,7 +71,7 @@ def launches(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
     rdzv = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "two-nodes", WORKER, str(outs["nodes"]), "ddp"]
     procs = {
-        "main": launch(outs["main"], "ddp,accum,fsdp,unused,nan"),
+        "main": launch(outs["main"], "ddp,accum,fsdp,unused,session,session_fsdp,nan"),
         "repeat": launch(outs["repeat"], "ddp"),
         "hang": launch(outs["hang"], "hang"),
         "nodes": start(*rdzv),
@@ -87,7 +87,7 @@ def launches(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
 def two_procs(launches) -> Path:
     out, _, log = launches["main"]
     # The nan scenario makes the worker exit non-zero on purpose; every scenario must have reported.
-    for scenario in ("ddp", "accum", "fsdp", "unused", "nan"):
+    for scenario in ("ddp", "accum", "fsdp", "unused", "session", "session_fsdp", "nan"):
         assert (out / scenario / "rank1.json").exists(), log[-4000:]
     return out
 
@@ -145,6 +145,20 @@ def test_two_runs_are_bit_identical(two_procs, launches):
 def test_fsdp2_matches_ddp(two_procs):
     assert reports(two_procs, "fsdp")[0]["steps"] == STEPS
     assert_close(weights(two_procs / "fsdp" / "model.pt"), weights(two_procs / "ddp" / "model.pt"))
+
+
+def test_a_session_loop_under_torchrun_shards_its_loader_and_matches_one_process(two_procs):
+    """A user's plain shuffled DataLoader, adopted: DistributedSampler with set_epoch, DDP, the reduced log."""
+    ranks = reports(two_procs, "session")
+    assert [(r["steps"], r["batches"], r["sampler"]) for r in ranks] == [(STEPS, STEPS, "DistributedSampler")] * 2
+    assert ranks[0]["logged"] == ranks[1]["logged"] and [w["step"] for w in ranks[0]["logged"]] == [2, 4, 6, 8, 10,
+                                                                                                   12, 14, 16, 18, 20]
+    assert_close(weights(two_procs / "session" / "model.pt"), one_process_reference())
+
+
+def test_a_session_loop_under_fsdp2_remaps_the_users_optimizer_onto_the_shards(two_procs):
+    assert reports(two_procs, "session_fsdp")[0]["steps"] == STEPS
+    assert_close(weights(two_procs / "session_fsdp" / "model.pt"), weights(two_procs / "ddp" / "model.pt"))
 
 
 def test_nan_on_one_rank_stops_every_rank_at_the_same_step(two_procs):

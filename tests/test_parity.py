@@ -8,14 +8,16 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from conftest import tiny_resnet
-from trainfast import Recipe, train
+from trainfast import Recipe, Session, train
 from trainfast.data.datasets import HostNormalized
 
 EPOCHS = 2
 
 
-def plain_loop(split, recipe: Recipe) -> tuple[nn.Module, list[float]]:
-    """What a user writes by hand: seed, build, AdamW, shuffled DataLoader, zero_grad/forward/backward/step."""
+def plain_loop(split, recipe: Recipe, adopt: bool = False) -> tuple[nn.Module, list[float]]:
+    """What a user writes by hand: seed, build, AdamW, shuffled DataLoader, zero_grad/forward/backward/step.
+    adopt=True: the same loop adopted by trainfast.Session's three lines (Session, setup, tf.backward)."""
+    tf = Session(recipe, device="cpu") if adopt else None
     random.seed(recipe.seed)
     np.random.seed(recipe.seed)
     torch.manual_seed(recipe.seed)
@@ -23,6 +25,9 @@ def plain_loop(split, recipe: Recipe) -> tuple[nn.Module, list[float]]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     loader = DataLoader(HostNormalized(split.train, split.mean, split.std), batch_size=recipe.batch_size,
                         shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(recipe.seed))
+    if adopt:
+        model, optimizer, loader = tf.setup(model, optimizer, loader)
+    backward = tf.backward if adopt else torch.Tensor.backward
     loss_fn = nn.CrossEntropyLoss()
     losses = []
     model.train()
@@ -30,7 +35,7 @@ def plain_loop(split, recipe: Recipe) -> tuple[nn.Module, list[float]]:
         for inputs, targets in loader:
             optimizer.zero_grad()
             loss = loss_fn(model(inputs), targets)
-            loss.backward()
+            backward(loss)
             optimizer.step()
             losses.append(loss.item())
     return model, losses

@@ -257,6 +257,31 @@ def restore_rng(rng: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
+# --- the training state (the built-in loop's checkpoints and Session.save share it) -----------------
+
+def capture_state(state) -> dict[str, Any]:
+    """Everything of a session.TrainState that a resume needs, as tensors and plain types. The model is the
+    eager module's state_dict: no `module.` (DDP) or `_orig_mod.` (torch.compile) prefixes."""
+    return {
+        "step": state.step, "micro_step": state.micro_step, "epoch": state.epoch,
+        "model": state.model.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "scheduler": state.scheduler.state_dict(),
+        "precision": state.precision.state_dict(),     # loss scaler, skip counts, O2's fp32 masters
+        "nonfinite": state.nonfinite.state_dict(),
+    }
+
+
+def restore_state(state, payload: dict[str, Any]) -> None:
+    state.model.load_state_dict(payload["model"])
+    state.optimizer.load_state_dict(payload["optimizer"])
+    state.scheduler.load_state_dict(payload["scheduler"])
+    state.precision.load_state_dict(payload["precision"])
+    state.nonfinite.load_state_dict(payload["nonfinite"])
+    state.step, state.epoch = payload["step"], payload["epoch"]
+    state.micro_step = payload.get("micro_step", payload["step"])
+
+
 # --- the cadence object the trainer hands to the engine --------------------------------------------
 
 def _gather_single(obj: Any) -> list[Any]:
@@ -320,14 +345,9 @@ class Checkpointer:
             return None
         payload = {
             "format": "trainfast.checkpoint", "version": FORMAT_VERSION,
-            "step": state.step, "micro_step": state.micro_step, "epoch": state.epoch,
+            **capture_state(state),
             "position": 0 if at_epoch_end else position,
             "recipe": self.recipe.to_dict(),
-            "model": state.model.state_dict(),
-            "optimizer": state.optimizer.state_dict(),
-            "scheduler": state.scheduler.state_dict(),
-            "precision": state.precision.state_dict(),
-            "nonfinite": state.nonfinite.state_dict(),
             "world_size": len(ranks),
             "ranks": ranks,
         }
@@ -368,13 +388,7 @@ class Checkpointer:
         if world != len(mine):
             raise CheckpointError(f"{path}: written by {world} rank(s), this run has {len(mine)}; "
                                   f"resume with the same number of processes")
-        state.model.load_state_dict(payload["model"])
-        state.optimizer.load_state_dict(payload["optimizer"])
-        state.scheduler.load_state_dict(payload["scheduler"])
-        state.precision.load_state_dict(payload["precision"])
-        state.nonfinite.load_state_dict(payload["nonfinite"])
-        state.step, state.epoch = payload["step"], payload["epoch"]
-        state.micro_step = payload.get("micro_step", payload["step"])
+        restore_state(state, payload)
         self.data_order.load_state_dict(ranks[self.rank]["data"], skip=payload["position"])
         self._resumed_stats = ranks[self.rank]["epoch_stats"] if payload["position"] else None
         restore_rng(ranks[self.rank]["rng"])     # last: nothing after this may draw random numbers

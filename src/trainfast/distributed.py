@@ -10,7 +10,7 @@ Everything that knows about ranks lives here; the engine and the trainer only se
     "fsdp" (FSDP2 `fully_shard`, parameters sharded over ranks, mixed precision through its own
     MixedPrecisionPolicy), "dp" (legacy single-process nn.DataParallel with the loss computed inside each
     replica, CUDA only).
-  - gradient-sync control for accumulation (DDP `no_sync`, FSDP2 `set_requires_gradient_sync`).
+  - gradient-sync control for accumulation (what DDP's `no_sync` switches, FSDP2 `set_requires_gradient_sync`).
   - collective decisions: a non-finite loss on any rank stops every rank at the same step; a rank that
     stops answering is named within `dist_timeout_s` (a gloo `monitored_barrier`).
   - reductions of train/eval metrics, rank-0-only writing, `destroy_process_group` at the end.
@@ -32,7 +32,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
-from .engine import always_sync
+
+def always_sync(update: bool) -> None:
+    """One process (or DataParallel): nothing to hold back."""
 
 
 class RankTimeoutError(RuntimeError):
@@ -153,16 +155,18 @@ class Dist:
         return ParallelCriterion(loss_fn) if self.strategy == "dp" and torch.cuda.device_count() > 1 else loss_fn
 
     @staticmethod
-    def grad_sync(trained: nn.Module) -> Callable[[bool], contextlib.AbstractContextManager]:
-        """`sync(update)` for the engine's accumulation: gradients are all-reduced only on the micro-step
-        that ends in an optimizer update (DDP `no_sync` on the others, FSDP2's equivalent switch)."""
-        if hasattr(trained, "no_sync"):                      # DDP (also under torch.compile's wrapper)
-            return lambda update: contextlib.nullcontext() if update else trained.no_sync()
-        if hasattr(trained, "set_requires_gradient_sync"):   # FSDP2 module
-            def sync(update: bool):
-                trained.set_requires_gradient_sync(update)
-                return contextlib.nullcontext()
-            return sync
+    def grad_sync(trained: nn.Module) -> Callable[[bool], None]:
+        """`sync(update)` for gradient accumulation, called by the Session's module before each training
+        forward: whether the coming backward all-reduces gradients. Only the micro-step that ends in an
+        optimizer update does. DDP decides when the forward runs (its reducer prepares for the backward
+        there, exactly what its `no_sync()` context switches off); FSDP2 reads its switch in the backward.
+        Both settings persist until the next forward sets them again. A no-op in one process."""
+        if hasattr(trained, "require_backward_grad_sync"):    # DDP (the module before torch.compile wraps it)
+            def sync_ddp(update: bool) -> None:
+                trained.require_backward_grad_sync = update
+            return sync_ddp
+        if hasattr(trained, "set_requires_gradient_sync"):     # FSDP2 module
+            return trained.set_requires_gradient_sync
         return always_sync
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:

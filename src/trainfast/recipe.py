@@ -6,6 +6,8 @@ written verbatim next to every measured number (results.json, the run folder).
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -103,20 +105,67 @@ class Recipe:
     @classmethod
     def from_file(cls, path: str | Path) -> "Recipe":
         """Read a YAML (or JSON, a YAML subset) recipe with the safe loader: no python object tags."""
-        import yaml
+        return cls.from_dict(read_recipe_file(path), source=f"config file {path}")
 
-        path = Path(path)
-        if not path.is_file():
-            raise RecipeError(f"config file {path} does not exist")
+
+def read_recipe_file(path: str | Path, source: str = "config file") -> dict[str, Any]:
+    """The mapping of recipe fields in a YAML (or JSON) file, read with yaml.safe_load."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"{source} {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{source} {path}: not valid safe YAML ({exc})") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source} {path}: expected a mapping of recipe fields, got {type(data).__name__}")
+    return data
+
+
+# The environment variable through which a launcher (the ablation, a scheduler) sets recipe fields for a script
+# that builds its own Recipe: it wins over the script (defaults < the script's Recipe < this variable).
+RECIPE_ENV = "TRAINFAST_RECIPE"
+
+
+def env_recipe_fields(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The fields TRAINFAST_RECIPE sets: inline JSON (a value starting with "{") or the path of a YAML/JSON
+    file, either one a mapping of some or all recipe fields. Unset or empty: none. Anything that does not
+    parse, or names an unknown field, is a RecipeError naming the variable."""
+    import json
+
+    value = (os.environ if environ is None else environ).get(RECIPE_ENV, "").strip()
+    if not value:
+        return {}
+    if value.startswith("{"):
         try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise RecipeError(f"config file {path}: not valid safe YAML ({exc})") from exc
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise RecipeError(f"config file {path}: expected a mapping of recipe fields, got {type(data).__name__}")
-        return cls.from_dict(data, source=f"config file {path}")
+            data = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise RecipeError(f"{RECIPE_ENV}: inline value is not valid JSON ({exc}): {value[:200]!r}") from exc
+    else:
+        data = read_recipe_file(value, source=f"{RECIPE_ENV}: file")
+    if not isinstance(data, dict):
+        raise RecipeError(f"{RECIPE_ENV}: expected a mapping of recipe fields, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(RECIPE_FIELDS))
+    if unknown:
+        raise RecipeError(f"{RECIPE_ENV}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(RECIPE_FIELDS)}")
+    return data
+
+
+def apply_env_recipe(recipe: Recipe, environ: Mapping[str, str] | None = None) -> tuple[Recipe, dict[str, tuple]]:
+    """`recipe` with TRAINFAST_RECIPE's fields on top, and what the variable changed:
+    {field: (the script's value, the environment's value)} for every field whose value it changed."""
+    fields_set = env_recipe_fields(environ)
+    try:
+        merged = recipe.replace(**fields_set) if fields_set else recipe
+    except (RecipeError, TypeError) as exc:
+        raise RecipeError(f"{RECIPE_ENV}: {exc}") from exc
+    overridden = {name: (getattr(recipe, name), value) for name, value in fields_set.items()
+                  if getattr(recipe, name) != value}
+    return merged, overridden
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -1,110 +1,60 @@
-"""Assembling a run: seeding, the documented order in which techniques are applied, and the epoch loop
-behind `trainfast.train` / `trainfast train`.
+"""`trainfast.train` / `trainfast train`: the built-in run, a client of the Session (session.py).
 
-Order (each step needs the one before it):
-  1. process flags (cudnn.benchmark, deterministic), seed every RNG
-  2. model to the device, then channels_last, then the precision level's dtype (O2/O3: half weights, input and
-     output casts); the optimizer must see the final parameter tensors
-  3. optimizer (for-loop/foreach/fused) and warm-up scheduler on the precision's optimizer params (the eager
-     parameters, or O2's fp32 masters); the clipper clips the same tensors
-  4. torch.compile wraps the forward last, after the memory format and dtype are fixed
-  5. loaders (host or on-device normalization)
-Under torchrun (distributed.py): the process group first; DDP/FSDP2 wrap the model after step 2 and
-before the optimizer (FSDP2 swaps parameters for shards in place); DistributedSampler feeds the loaders.
+A run: open a Session (recipe precedence, process group under torchrun, flags, seeds), build the model (a
+factory is called after seeding, so its init is reproducible), set it up through the Session in the one
+documented order (session.py), build the loaders for the run's datasets (data/loader.py; their batches reach
+the device through data/device.py, as a Session loader's do), then run the epochs of the built-in
+Session loop (engine.py) with checkpoints and metrics. Under torchrun (distributed.py): DistributedSampler
+feeds the loaders and rank 0 alone writes.
 """
 from __future__ import annotations
 
 import json
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
 from .checkpoint import build_checkpointer
-from .data.datasets import Split, normalize, stats_tensors
 from .data.badfiles import skipped_last_pass
+from .data.datasets import Split
+from .data.device import build_device_batches
 from .data.imagefolder import with_decode_cache
 from .data.loader import build_loader, resolve_num_workers
-from .distributed import Dist, setup_distributed
-from .engine import Clipper, TrainState, evaluate, train_one_epoch
-from .faults import build_nonfinite_policy
+from .distributed import Dist
+from .engine import evaluate, train_one_epoch
 from .measure import Meter
-from .recipe import Recipe, resolve_device, validate_for_device
-from .techniques.compile import apply_compile
-from .techniques.memory_format import apply_memory_format, memory_format
-from .techniques.optimizer import build_optimizer, build_scheduler
-from .techniques.precision import Precision, build_precision
-from .techniques.prefetch import HostBuffers, Prefetcher
-from .techniques.runtime import apply_runtime_flags
-from .techniques.transfer import DeviceBatches
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)   # seeds CUDA generators too
-
-
-def build_prepare(split: Split, recipe: Recipe, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-    """What happens to an input batch once it is on the device: normalization if it arrived as uint8
-    (prefetch), then the memory format."""
-    fmt = memory_format(recipe.channels_last)
-    if recipe.prefetch and split.mean is not None:
-        mean, std = stats_tensors(split.mean, split.std, device=device)
-        buffers = HostBuffers(device)     # CPU: recycled output buffers; CUDA: the caching allocator's
-        return lambda x: normalize(x, mean, std, out=buffers.take(x.shape)).contiguous(memory_format=fmt)
-    return lambda x: x.contiguous(memory_format=fmt)
+from .recipe import Recipe
+from .session import Session, TrainState, build_state, seed_everything  # noqa: F401  (seed_everything: ablate, tests)
 
 
 def build_batches(dataset: Dataset, split: Split, recipe: Recipe, device: torch.device, train: bool,
                   sampler=None, rank: int = 0):
+    """A built-in loader for `dataset`, its batches on the device (prefetched with recipe.prefetch)."""
     loader = build_loader(dataset, recipe, device, train, split, sampler=sampler, rank=rank)
-    prepare = build_prepare(split, recipe, device)
-    if recipe.prefetch:
-        return Prefetcher(loader, device, prepare)
-    return DeviceBatches(loader, device, prepare, non_blocking=recipe.non_blocking)
+    return build_device_batches(loader, recipe, device, split.mean, split.std)
 
 
-def build_state(model: nn.Module, recipe: Recipe, device: torch.device, dist: Dist | None = None,
-                precision: Precision | None = None) -> TrainState:
-    """`precision` overrides the one the recipe names (tests and benchmarks tune the loss scaler with it)."""
-    dist = dist or Dist(device, strategy=recipe.strategy)
-    precision = precision or build_precision(dist.precision_name(recipe), device, recipe.precision_level)
-    model = precision.prepare_model(apply_memory_format(model.to(device), recipe.channels_last))
-    model.zero_grad(set_to_none=True)              # the engine zeroes after each update, not before
-    trained = dist.wrap(model, recipe)             # DDP / FSDP2 (in place) / DataParallel; `model` alone
-    params = precision.optimizer_params(model)     # the parameters, or O2's fp32 masters
-    optimizer = build_optimizer(params, recipe)
-    return TrainState(
-        model=model,
-        forward=apply_compile(trained, recipe.compile),
-        optimizer=optimizer,
-        scheduler=build_scheduler(optimizer, recipe.warmup_steps),
-        precision=precision,
-        clip=Clipper(recipe.grad_clip, params),
-        recipe=recipe,
-        nonfinite=build_nonfinite_policy(recipe, dist.agree_finite),
-        sync=dist.grad_sync(trained),
-    )
-
-
-def build_run(model: nn.Module, split: Split, recipe: Recipe, device: torch.device, dist: Dist,
-              loss_fn: Callable) -> tuple[TrainState, Any, Any]:
-    """One rank's state and batches: the unused-parameter probe (DDP only), the wrapped model, and the
-    loaders on this rank's shards (plain loaders in one process)."""
-    dist.probe_unused(model, loss_fn, split.train, recipe.batch_size)
-    state = build_state(model, recipe, device, dist)
+def build_loaders(split: Split, recipe: Recipe, device: torch.device, dist: Dist) -> tuple[Any, Any]:
+    """The run's training and evaluation batches, on this rank's shards (plain loaders in one process)."""
     train_batches = build_batches(split.train, split, recipe, device, train=True,
                                   sampler=dist.train_sampler(split.train, recipe.seed), rank=dist.rank)
     val_batches = build_batches(split.val, split, recipe, device, train=False,
                                 sampler=dist.val_sampler(split.val), rank=dist.rank)
-    return state, train_batches, val_batches
+    return train_batches, val_batches
+
+
+def build_run(model: nn.Module, split: Split, recipe: Recipe, device: torch.device, dist: Dist,
+              loss_fn: Callable) -> tuple[TrainState, Any, Any]:
+    """One rank's state and batches: the unused-parameter probe (DDP only), the model set up in the Session's
+    order, and the loaders. For callers that manage seeding and the process group themselves (ablate)."""
+    dist.probe_unused(model, loss_fn, split.train, recipe.batch_size)
+    state = build_state(model, recipe, device, dist)
+    return (state, *build_loaders(split, recipe, device, dist))
 
 
 def build_meter(state: TrainState, dist: Dist, on_window: Callable | None = None) -> Meter:
@@ -147,22 +97,20 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
     Returns the final state and per-epoch metrics; with `out`, writes the run folder (metrics.jsonl,
     recipe.json, model.pt, checkpoints/). resume="auto" continues from the newest good checkpoint in
     out/checkpoints (fresh start when there is none); a path resumes from that checkpoint file."""
-    recipe = recipe or Recipe()
-    device = device if isinstance(device, torch.device) else resolve_device(device)
-    validate_for_device(recipe, device)
-    split = as_split(train_set, val_set, mean=mean, std=std)
+    split = as_split(train_set, val_set, mean=mean, std=std)     # refused before anything starts
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     out_dir = Path(out) if out is not None else None
-    dist = setup_distributed(recipe, device)       # from torchrun's env; a no-op object in one process
-    device = dist.device
+    tf = Session(recipe, device=device)     # TRAINFAST_RECIPE wins over `recipe`; process group under torchrun
+    dist, device = tf.dist, tf.device
     writes = out_dir is not None and dist.is_main  # rank 0 alone writes the run folder
     on_window, on_epoch = (on_window, on_epoch) if dist.is_main else (None, None)
-    apply_runtime_flags(recipe, device)
-    seed_everything(recipe.seed)
     module = model() if callable(model) and not isinstance(model, nn.Module) else model
-    split = with_decode_cache(split, recipe, dist)        # image folders, when asked: decode once, read pixels
-    recipe = resolve_num_workers(recipe, split, device)   # "auto": measured once, recorded
-    state, train_batches, val_batches = build_run(module, split, recipe, device, dist, loss_fn)
+    split = with_decode_cache(split, tf.recipe, dist)        # image folders, when asked: decode once, read pixels
+    tf.recipe = recipe = resolve_num_workers(tf.recipe, split, device)   # "auto": measured once, recorded
+    dist.probe_unused(module, loss_fn, split.train, recipe.batch_size)
+    tf.setup(module)                               # the recipe's optimizer and warm-up schedule
+    state = tf.state
+    train_batches, val_batches = build_loaders(split, recipe, device, dist)
     result = TrainResult(state, out_dir=out_dir)
     checkpoints = build_checkpointer(out_dir, recipe, train_batches, dist.rank, dist.gather_objects)
     resumed = checkpoints.start(state, resume)     # restores state, RNGs and the data position
@@ -203,7 +151,7 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
         weights = dist.full_state_dict(state.model)   # collective under FSDP2
         if writes:
             save_weights(weights, out_dir / "model.pt")
-    dist.close()                                   # an error leaves it to process exit (atexit)
+    tf.close()                                     # an error leaves it to process exit (atexit)
     return result
 
 

@@ -88,8 +88,8 @@ class HostNormalized(Dataset):
         item = self.base[index]
         if isinstance(item, Skipped):
             return item
-        image, label = item
-        return normalize(image, self.mean, self.std), label
+        image, *rest = item       # (image, label) here; (image, target, ...) from a user's dataset
+        return (normalize(image, self.mean, self.std), *rest)
 
 
 def _channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -15,12 +15,13 @@ import logging
 import os
 import random
 import time
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 
-from ..techniques.transfer import pin_memory_for
+from ..techniques.transfer import pin_memory_for, tensors_in
 from .badfiles import BadFileTally, GuardedLoader, collate_skipping, join_run_tally
 from .datasets import HostNormalized, Split
 from .sampler import ResumableBatchSampler
@@ -105,7 +106,11 @@ def resolve_num_workers(recipe, split: Split, device: torch.device):
     val loaders share it and the recorded recipe says what ran). Unchanged if num_workers is a number."""
     if recipe.num_workers != "auto":
         return recipe
-    workers = choose_num_workers(loader_dataset(split.train, recipe, split), recipe, device)
+    return with_workers(recipe, choose_num_workers(loader_dataset(split.train, recipe, split), recipe, device))
+
+
+def with_workers(recipe, workers: int):
+    """The recipe with a measured worker count written out (no workers: nothing to keep or prefetch)."""
     if workers == 0:
         return recipe.replace(num_workers=0, persistent_workers=False, prefetch_factor=None)
     return recipe.replace(num_workers=workers)
@@ -126,32 +131,50 @@ def time_loader(loader: DataLoader, skip: int, timed: int) -> float:
         t0, samples = time.perf_counter(), 0
         for _ in range(timed):
             batch = next(iterator)
-            samples += batch.size if hasattr(batch, "size") else len(batch[1])
+            samples += count_samples(batch)
         return samples / max(1e-9, time.perf_counter() - t0)
     finally:
         del iterator     # shuts the candidate's workers down
 
 
+def count_samples(batch: Any) -> int:
+    """Samples in a batch: what the bad-file guard says it asked for, else the first tensor's length."""
+    size = getattr(batch, "size", None)          # data.badfiles.Batch (a tensor's .size is a method)
+    if isinstance(size, int):
+        return size
+    tensors = tensors_in(batch)
+    return int(tensors[0].shape[0]) if tensors and tensors[0].ndim else 1
+
+
 def choose_num_workers(dataset: Dataset, recipe, device: torch.device, candidates: list[int] | None = None,
-                       budget_s: float = AUTO_BUDGET_S) -> int:
+                       budget_s: float = AUTO_BUDGET_S, build: Callable[[int, Sampler], Iterable] | None = None,
+                       batch_size: int | None = None) -> int:
     """Time a few batches of this dataset (same batch size, transforms and normalization as the run) at
     each candidate worker count and return the fastest; a larger count must win by AUTO_MIN_GAIN.
     Costs a few seconds: (n + 1 + AUTO_TIMED_BATCHES) batches per candidate n, larger counts skipped once
     `budget_s` has passed. The RNGs of this process are restored afterwards, so the run that follows
     draws exactly what it would have drawn with the number written out.
     It times the loader alone: during training the step competes with the workers for the CPU, so on a
-    machine with few cores the best count for training can be lower than the one measured here."""
+    machine with few cores the best count for training can be lower than the one measured here.
+    `build(n, sampler)` makes the loader timed with n workers (default: the run's own loader on `dataset`;
+    the Session passes a copy of a user's loader, with its batch size and collate function)."""
     candidates = candidates or worker_candidates()
+    batch_size = batch_size or recipe.batch_size
+
+    def build_own(n: int, sampler: Sampler) -> DataLoader:
+        probe = recipe.replace(num_workers=n, persistent_workers=False, prefetch_factor=None)
+        return make_loader(dataset, probe, device, True, sampler)
+
+    build = build or build_own
     started = time.perf_counter()
     rates: dict[int, float] = {}
     python_state, numpy_state = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):
         for n in candidates:
-            needed = (n + 1 + AUTO_TIMED_BATCHES) * recipe.batch_size
+            needed = (n + 1 + AUTO_TIMED_BATCHES) * batch_size
             sampler = RandomSampler(dataset, replacement=True, num_samples=needed,
                                     generator=torch.Generator().manual_seed(recipe.seed))
-            probe = recipe.replace(num_workers=n, persistent_workers=False, prefetch_factor=None)
-            rates[n] = time_loader(make_loader(dataset, probe, device, True, sampler), n + 1, AUTO_TIMED_BATCHES)
+            rates[n] = time_loader(build(n, sampler), n + 1, AUTO_TIMED_BATCHES)
             if time.perf_counter() - started > budget_s:
                 break
     random.setstate(python_state)

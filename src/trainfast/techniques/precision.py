@@ -16,7 +16,8 @@ GradScaler refuses to unscale fp16 gradients (O3) and O2 unscales after the copy
 exponent range, so it needs no scaling.
 
 The interface: `prepare_model` (build time: dtype conversion and the input/output casts), `optimizer_params`
-(what the optimizer and the clipper see), `forward_context`, `backward`, `unscale_` (before clipping), `step`,
+(what the optimizer and the clipper see), `forward_context`, `cast_outputs` (what the model hands the loss),
+`backward`, `scales_loss` (whether a plain loss.backward() would be wrong), `unscale_` (before clipping), `step`,
 `metrics`, `state_dict`/`load_state_dict` (saved with checkpoints).
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 
 from .base import ACTS, Effect
+from .transfer import map_tensors
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LEVELS = ("autocast", "master", "pure")
@@ -83,11 +85,22 @@ class Precision:
         return model
 
     def optimizer_params(self, model: nn.Module) -> list[torch.Tensor]:
-        """The tensors the optimizer updates and the clipper clips (O2: the fp32 masters)."""
+        """The tensors the optimizer updates and the clipper clips (O2: the fp32 masters): one per trainable
+        parameter, in `model.parameters()` order (session.py maps a user's optimizer onto them by position)."""
         return [p for p in model.parameters() if p.requires_grad]
 
     def forward_context(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
+
+    def cast_outputs(self, outputs: Any) -> Any:
+        """What the model hands the loss. The identity except under O1 (see Autocast)."""
+        return outputs
+
+    @property
+    def scales_loss(self) -> bool:
+        """True when gradients must come from `backward` (fp16's loss scaling): a plain loss.backward() would
+        leave them unscaled and the scaler would then divide them by the scale."""
+        return False
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -155,6 +168,10 @@ class Scaled(Precision):
     scaler: Any
     skips: SkipTracker
 
+    @property
+    def scales_loss(self) -> bool:
+        return self.scaler.is_enabled()
+
     def metrics(self) -> dict[str, float]:
         if not self.scaler.is_enabled():
             return {}
@@ -184,6 +201,12 @@ class Autocast(Scaled):
 
     def forward_context(self) -> contextlib.AbstractContextManager:
         return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def cast_outputs(self, outputs: Any) -> Any:
+        """Half outputs to fp32, so a loss computed outside autocast (a user's loop) sees what autocast's fp32
+        ops (cross_entropy, softmax, norms...) would give it inside: they upcast their inputs the same way.
+        Costs one cast of the outputs (Accelerate's convert_to_fp32 does the same)."""
+        return cast_floats(outputs, torch.float32)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
@@ -257,13 +280,7 @@ class DynamicLossScaler:
 
 def cast_floats(obj: Any, dtype: torch.dtype) -> Any:
     """Cast the floating-point tensors of a (nested) tensor/tuple/list/dict; everything else passes through."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(cast_floats(o, dtype) for o in obj)
-    if isinstance(obj, dict):
-        return {k: cast_floats(v, dtype) for k, v in obj.items()}
-    return obj
+    return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t, obj)
 
 
 class HalfWeights(Scaled):

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
 from .base import ACTS, Effect
-from .transfer import Prepare
+from .transfer import Prepare, tensors_in, to_device
 
 
 def effect(device: torch.device) -> Effect:
@@ -26,6 +26,8 @@ def effect(device: torch.device) -> Effect:
 
 
 class Prefetcher:
+    """Any batch structure (techniques/transfer.map_tensors): every tensor in it is copied on the side stream."""
+
     def __init__(self, loader: Iterable, device: torch.device, prepare: Prepare) -> None:
         self.loader, self.device, self.prepare = loader, device, prepare
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -36,27 +38,25 @@ class Prefetcher:
     def _stream_context(self) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
-    def _load(self, iterator: Iterator):
+    def _load(self, iterator: Iterator) -> tuple[Any] | None:
         try:
-            inputs, targets = next(iterator)
+            batch = next(iterator)
         except StopIteration:
             return None
         with self._stream_context():
-            inputs = inputs.to(self.device, non_blocking=self.stream is not None)
-            targets = targets.to(self.device, non_blocking=self.stream is not None)
-            inputs = self.prepare(inputs)
-        return inputs, targets
+            batch = self.prepare(to_device(batch, self.device, non_blocking=self.stream is not None))
+        return (batch,)          # a box: a batch may itself be None-like or empty
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Any]:
         iterator = iter(self.loader)
         upcoming = self._load(iterator)
         while upcoming is not None:
             if self.stream is not None:
                 current = torch.cuda.current_stream(self.device)
                 current.wait_stream(self.stream)
-                for tensor in upcoming:
+                for tensor in tensors_in(upcoming[0]):
                     tensor.record_stream(current)
-            batch = upcoming
+            (batch,) = upcoming
             upcoming = self._load(iterator)   # queue the next copy before the caller computes on `batch`
             yield batch
 

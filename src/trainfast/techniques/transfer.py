@@ -1,14 +1,20 @@
 """non_blocking + pin_memory (seeds 000, 003): the host->device copy of a batch from page-locked memory
-runs asynchronously, so the host can queue the next kernels. On CPU there is no copy to overlap."""
+runs asynchronously, so the host can queue the next kernels. On CPU there is no copy to overlap.
+
+Batches may have any structure (a tensor, tuples, lists, namedtuples, dicts, nested: detection targets
+are lists of dicts); `map_tensors` walks it, so the same transfer serves (inputs, targets) pairs and a
+user's own batches."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+import copy
+from collections.abc import Mapping
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
 from .base import Effect, cuda_only
 
-Prepare = Callable[[torch.Tensor], torch.Tensor]
+Prepare = Callable[[Any], Any]
 
 
 def effect(device: torch.device) -> Effect:
@@ -21,9 +27,42 @@ def pin_memory_for(recipe, device: torch.device) -> bool:
     return bool(recipe.pin_memory or recipe.prefetch) and device.type == "cuda"
 
 
+def map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
+    """`obj` with `fn` applied to every tensor in it; everything else passes through. Namedtuples and
+    mappings keep their type; other tuple subclasses (e.g. data.badfiles.Batch, whose constructor takes
+    more than its items) become plain tuples."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple):
+        items = [map_tensors(fn, o) for o in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    if isinstance(obj, list):
+        return [map_tensors(fn, o) for o in obj]
+    if isinstance(obj, Mapping):
+        mapped = {k: map_tensors(fn, v) for k, v in obj.items()}
+        try:                      # dict subclasses (OrderedDict, a tokenizer's BatchEncoding) keep their type
+            clone = copy.copy(obj)
+            clone.update(mapped)
+            return clone
+        except (TypeError, AttributeError):
+            return mapped
+    return obj
+
+
+def tensors_in(obj: Any) -> list[torch.Tensor]:
+    """Every tensor of a (nested) batch, in order."""
+    found: list[torch.Tensor] = []
+    map_tensors(found.append, obj)
+    return found
+
+
+def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    return map_tensors(lambda t: t.to(device, non_blocking=non_blocking), batch)
+
+
 class DeviceBatches:
-    """Moves each (inputs, targets) batch to the device, then prepares the inputs there (normalize,
-    memory format). The plain path: the copy is on the compute stream."""
+    """Moves each batch to the device, then prepares it there (normalize, memory format). The plain path:
+    the copy is on the compute stream."""
 
     def __init__(self, loader: Iterable, device: torch.device, prepare: Prepare, non_blocking: bool = False) -> None:
         self.loader, self.device, self.prepare, self.non_blocking = loader, device, prepare, non_blocking
@@ -31,8 +70,6 @@ class DeviceBatches:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for inputs, targets in self.loader:
-            inputs = inputs.to(self.device, non_blocking=self.non_blocking)
-            targets = targets.to(self.device, non_blocking=self.non_blocking)
-            yield self.prepare(inputs), targets
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader:
+            yield self.prepare(to_device(batch, self.device, self.non_blocking))
