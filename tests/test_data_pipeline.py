@@ -405,7 +405,7 @@ def test_report_says_when_a_rung_ran_above_the_ceiling():
                   result={"ceiling_fraction": 1.3})]
     assert above_ceiling_note(rungs[:1]) is None
     note = above_ceiling_note(rungs)
-    assert note.startswith("+channels_last ran above the measured matmul ceiling") and "baseline" not in note
+    assert note.startswith("+channels_last ran above 100% of the measured matmul peak") and "baseline" not in note
 
 
 def test_bench_data_runs_both_pipelines_and_refuses_other_data(tmp_path):

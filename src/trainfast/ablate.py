@@ -177,6 +177,7 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
         skipped += skipped_last_pass(train_batches, device)
     metrics = dist.reduce_eval(evaluate(state.model, val_batches, loss_fn, state.precision))
     train_loss, train_accuracy = dist.reduce_train(sum(losses) / max(1, len(losses)), correct, seen)
+    updates = state.step            # the accuracy run's optimizer steps (the timing steps below add more)
 
     # Timing: the steps after warm-up, continued past the accuracy run (after its evaluation, so the metric
     # is untouched) until the budget is met. Every rank runs the same number of extra steps (the most any
@@ -212,7 +213,7 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
         "train_losses": losses,             # rank 0's
         "train_accuracy": train_accuracy,
         "world_size": dist.world_size,
-        "steps": state.step,
+        "steps": updates,
         "precision_state": state.precision.metrics(),
         "num_workers": recipe.num_workers,
         "skipped_files": skipped + skipped_last_pass(val_batches, device),   # unreadable images, all epochs
@@ -304,7 +305,8 @@ def aggregate(rung: Rung) -> None:
         "epoch_time_s": statistics.fmean(r["epoch_time_s"] for r in reps),
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in reps),
         "data_wait_fraction": statistics.fmean(r["data_wait_fraction"] for r in reps),
-        "skipped_files": sum(r["skipped_files"] for r in reps),
+        "skipped_files": max(r["skipped_files"] for r in reps),      # each run reads the same files
+        "steps": first["steps"],
         "warmup_steps": [r["timing"]["warmup_steps"] for r in reps],
         "disturbed_steps": [r["timing"].get("disturbed_steps", 0) for r in reps],
         "timed_steps": [r["timing"]["timed_steps"] for r in reps],
