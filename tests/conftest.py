@@ -56,7 +56,7 @@ def scored_rung(name: str, rates: list[float], accuracy: float, **changes) -> "R
                   for n, s in rep.blocks]
         rung.repeats.append({"seed": seed, "accuracy": accuracy, "loss": 0.3, "train_loss": 0.3, "epoch_time_s": 1.0,
                              "peak_memory_bytes": 2**28, "data_wait_fraction": 0.0, "skipped_files": 0,
-                             "val_samples": 400, "world_size": 1, "num_workers": 0, "precision_state": {},
+                             "val_samples": 400, "world_size": 1, "num_workers": 0, "precision_state": {}, "steps": 10,
                              "train_losses": [], "timing": {"blocks": blocks, "warmup_steps": 1, "timed_steps": 24,
                                                             "timed_seconds": 1.0, "disturbed_steps": 0}})
     return rung

@@ -92,3 +92,28 @@ def test_a_hanging_rung_is_stopped_at_its_limit_and_the_others_finish(tmp_path, 
     assert time.monotonic() - t0 < 240
     report = (tmp_path / "report.md").read_text()
     assert "failed — " in report and "time limit" in report
+
+
+def test_ctrl_c_stops_the_rung_and_writes_the_partial_report(tmp_path):
+    out = tmp_path / "ablation"
+    cmd = [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",
+           "--rungs", "set_to_none", "--repeats", "1", "--noise-seeds", "1", "--out", str(out)]
+    parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (out / "runs" / "baseline-r0.json").exists(), 240, "the baseline run to finish")
+        wait_for(lambda: (out / "rung-set_to_none-r0.log").exists(), 60, "the second rung to start")
+        time.sleep(1.0)
+        tree = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
+        parent.send_signal(signal.SIGINT)                 # what Ctrl-C sends the parent
+        stdout, stderr = parent.communicate(timeout=60)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    assert parent.returncode == 130, stderr[-2000:]
+    assert "interrupted" in stdout and "1 run(s) finished" in stdout and "--resume" in stdout
+    deadline = time.monotonic() + 10
+    while alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive(tree) == []
+    results = json.loads((out / "results.json").read_text())       # the partial report
+    assert results["rungs"][0]["status"] == "done" and results["rungs"][1]["status"] != "done"

@@ -486,7 +486,7 @@ def test_ablation_prefetch_rung_reads_the_folder_and_reports_waiting_and_skips(t
     make_folder(root / "val", per_class=4)
     result = ablate("resnet9", data=f"imagefolder:{root}", image_size=16, rungs=["prefetch"],
                     recipe=Recipe(batch_size=8, num_workers=1, max_bad_fraction=0.2, log_every=2),
-                    device="cpu", out=tmp_path / "report", show=False)
+                    device="cpu", out=tmp_path / "report", show=False, repeats=1, noise_seeds=1)
     assert [r.status for r in result.rungs] == ["done", "done"], [r.result.get("error") for r in result.rungs]
     data = json.loads((tmp_path / "report" / "results.json").read_text())
     for rung in data["rungs"]:

@@ -95,7 +95,7 @@ def test_other_ranks_wait_for_the_builder(tmp_path):
 def test_the_ablation_rung_is_no_effect_on_in_memory_data(tmp_path):
     from trainfast.ablate import ablate
 
-    result = ablate("resnet9", data="synthetic", image_size=8, rungs=["decode_cache"], noise_seeds=1,
+    result = ablate("resnet9", data="synthetic", image_size=8, rungs=["decode_cache"], noise_seeds=1, repeats=1,
                     recipe=Recipe(batch_size=16), device="cpu", out=tmp_path / "r", show=False)
     rung = result.rungs[1]
     assert rung.name == "decode_cache" and rung.status == "no-effect" and "image folders" in rung.reason

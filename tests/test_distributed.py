@@ -208,7 +208,7 @@ def test_ablate_nproc_runs_each_rung_under_torch_distributed(tmp_path):
 
     result = ablate(make_model, make_split(), recipe=Recipe(optimizer="sgd", lr=LR, batch_size=BATCH,
                                                              log_every=2), rungs=["baseline"],
-                    device="cpu", out=tmp_path, show=False, nproc=2, noise_seeds=1)
+                    device="cpu", out=tmp_path, show=False, nproc=2, noise_seeds=1, repeats=1)
     rung = result.rungs[0]
     assert rung.status == "done", rung.result
     assert rung.result["world_size"] == 2 and rung.result["steps"] == STEPS

@@ -11,7 +11,10 @@ from trainfast import Recipe
 from trainfast.ablate import pick_best, score_rungs
 from trainfast.measure import StepTime, Timing, detect_warmup, steps_to_time
 from trainfast.report import fmt_rate, fmt_sig
-from trainfast.stats import FASTER, SAME, SLOWER, Candidate, Repeat, compare, rate_estimate, recommend
+import numpy as np
+
+from trainfast.stats import (FASTER, SAME, SLOWER, Candidate, compare, pooled_noise, rate_estimate, recommend,
+                             speedup_estimate)
 
 # --- warm-up ------------------------------------------------------------------------------------------
 
@@ -147,3 +150,35 @@ def test_reported_rate_agrees_with_the_wall_clock(digits16):
     assert timing.throughput == pytest.approx(clock_rate, rel=0.05)
     # and the steps tile the epoch: their seconds add up to the loop's own wall time
     assert sum(s.seconds for s in stats.steps) == pytest.approx(stamps[-1] - t_start, rel=0.05)
+
+
+# --- noise pooled over the rungs ------------------------------------------------------------------------
+
+def _ladder(true_rates: list[float], passes: int, sigma: float, drift: list[float]) -> list[list]:
+    """Rungs x passes of repeats: rate x the pass's drift x log-normal process noise."""
+    rng = np.random.default_rng(1)
+    return [[noisy_repeat(rate * drift[i] * float(np.exp(sigma * rng.standard_normal())), noise=0.005)
+             for i in range(passes)] for rate in true_rates]
+
+
+def test_pooled_noise_sees_process_noise_and_not_the_drift_between_passes():
+    table = _ladder([100, 170, 175, 180, 190, 200, 205, 210], passes=3, sigma=0.05, drift=[1.0, 0.7, 1.2])
+    noise = pooled_noise(table)
+    assert noise.df == 7 * 2 and 0.025 < noise.variance ** 0.5 < 0.09     # the 30% drift is not in it
+    s = speedup_estimate(table[1], table[0], noise)                        # pairing cancels the drift too
+    assert s.low < 1.7 < s.high and s.high / s.low < 1.4
+    assert pooled_noise(table[:1]) is None and pooled_noise([row[:1] for row in table]) is None
+
+
+def test_the_ladder_climbs_only_on_a_measurable_gain_over_the_recommendation():
+    def candidates(rates):
+        table = _ladder(rates, passes=3, sigma=0.02, drift=[1.0, 0.9, 1.1])
+        noise = pooled_noise(table)
+        return [Candidate(f"r{k}", k, reps, rates[k] / rates[0]) for k, reps in enumerate(table)], noise
+
+    # amp buys 70%; the next switches 1-2% each: inside the noise, so amp is recommended and they tie with it
+    pool, noise = candidates([100, 170, 172, 174])
+    assert recommend(pool, noise=noise, ladder=True) == ("r1", ["r1", "r2", "r3"])
+    # small steps that add up to a measurable gain over the recommendation are climbed to
+    pool, noise = candidates([100, 170, 178, 205])
+    assert recommend(pool, noise=noise, ladder=True)[0] == "r3"

@@ -21,7 +21,7 @@ import torch
 
 from .procs import run_supervised
 from .measure import count_train_flops, measure_ceiling, peak_memory_bytes, reset_peak_memory
-from .stats import MIN_EFFECT, Candidate, Repeat, compare, rate_estimate, recommend
+from .stats import MIN_EFFECT, Candidate, Noise, Repeat, compare, pooled_noise, rate_estimate, recommend
 from .recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from .data.imagefolder import with_decode_cache
 from .techniques import changes_effect
@@ -114,7 +114,7 @@ class TimingBudget:
     """How long a rung is timed, in steps after warm-up, whatever the epoch length: at least `steps`
     steady steps, or at least `floor` of them once they take `seconds` (slow models: fewer, longer steps).
     Short epochs are continued past the accuracy run (the data cycled) until the budget is met."""
-    steps: int = 24
+    steps: int = 16
     seconds: float = 60.0
     floor: int = 8
 
@@ -283,15 +283,15 @@ def rung_repeats(rung: Rung) -> list[Repeat]:
     return out
 
 
-def aggregate(rung: Rung) -> None:
+def aggregate(rung: Rung, noise: Noise | None) -> None:
     """The rung's numbers over its repeats: means for accuracy and times, the worst peak memory, and the
-    rate with its bootstrap interval."""
+    rate with its interval."""
     reps = rung.repeats
     if not reps:
         return
     first = reps[0]
     timed = rung_repeats(rung)
-    rate = rate_estimate(timed) if timed else None
+    rate = rate_estimate(timed, noise) if timed else None
     rung.result = {
         **{k: first[k] for k in ("val_samples", "world_size", "num_workers", "precision_state", "train_losses")},
         "repeats": len(reps),
@@ -320,9 +320,11 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
                 min_effect: float = MIN_EFFECT) -> None:
     """Speed-up with its interval and verdict against the baseline (and, cumulative, against the rung
     before: what adding this switch bought), memory ratio, ceiling fraction and accuracy flags. Accuracy is
-    judged against the baseline's mean over its seeds."""
+    judged against the baseline's mean over its seeds. The noise behind every interval is pooled over all
+    the measured rungs (stats.pooled_noise)."""
+    noise = pooled_noise([rung_repeats(r) for r in rungs if r.status in ("done", "partial")])
     for rung in rungs:
-        aggregate(rung)
+        aggregate(rung, noise)
     base = rungs[0] if rungs and rungs[0].status == "done" and rungs[0].result else None
     if base:
         seeds = seed_accuracies or base.result["accuracies"]
@@ -341,11 +343,11 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
         if base and rung is not base:
             mine = rung_repeats(rung)
             if mine and base_repeats:
-                versus = compare(rung.name, mine, "baseline", base_repeats, min_effect)
+                versus = compare(rung.name, mine, "baseline", base_repeats, min_effect, noise)
                 r["speedup"], r["speedup_interval"] = versus.speedup.value, [versus.speedup.low, versus.speedup.high]
                 r["verdict"], r["verdict_text"] = versus.verdict, versus.text
                 if mode == "cumulative" and rung_repeats(previous):
-                    step = compare(rung.name, mine, previous.name, rung_repeats(previous), min_effect)
+                    step = compare(rung.name, mine, previous.name, rung_repeats(previous), min_effect, noise)
                     r["vs_previous"] = {"rung": previous.name, **step.to_dict(), "text": step.text}
             r["memory_ratio"] = r["peak_memory_bytes"] / base.result["peak_memory_bytes"]
             r["accuracy_delta"] = r["accuracy"] - reference
@@ -355,6 +357,7 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
             r["speedup"], r["speedup_interval"], r["verdict"] = 1.0, [1.0, 1.0], "reference"
             r["accuracy_reference"] = reference
             r["accuracy_band"] = accuracy_band(reference, r["val_samples"], seeds, runs=r["repeats"])
+        r["noise"] = {"sigma_log": math.sqrt(noise.variance), "df": noise.df} if noise else None
         previous = rung
 
 
@@ -370,20 +373,21 @@ def first_readable(dataset, tries: int = 100) -> torch.Tensor:
     raise DataError(f"none of the first {min(tries, len(dataset))} training images could be read")
 
 
-def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT) -> tuple[Rung, list[str]]:
-    """The recommendation and the tie it was chosen from. Candidates: the measured rungs whose accuracy is
-    not below the baseline's noise band, and that are not risky by construction (O3 `pure` levels: one short
-    run inside the band does not show that updates below half precision's spacing were not lost; they are
-    measured and shown, never recommended). Among them the fastest, unless others are not measurably slower
-    than it: then the simplest of that tie (stats.recommend). The baseline if nothing qualifies."""
+def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT, mode: str = "cumulative") -> tuple[Rung, list[str]]:
+    """The recommendation and its tie (stats.recommend). Candidates: the baseline and the measured rungs whose
+    accuracy is not below the baseline's noise band and that are not risky by construction (O3 `pure`
+    levels: one short run inside the band does not show that updates below half precision's spacing were
+    not lost; they are measured and shown, never recommended). A rung is recommended over a simpler one only
+    when it is measurably faster; the baseline if nothing is."""
     base = rungs[0]
-    candidates = [r for r in rungs if r.status == "done" and rung_repeats(r) and level_note(r.recipe) is None
-                  and not (r.result.get("accuracy_flag") and r.result.get("accuracy_delta", 0) < 0)]
-    if not candidates:
+    if base.status != "done" or not rung_repeats(base):
         return base, [base.name]
+    candidates = [base] + [r for r in rungs[1:] if r.status == "done" and rung_repeats(r) and level_note(r.recipe) is None
+                           and not (r.result.get("accuracy_flag") and r.result.get("accuracy_delta", 0) < 0)]
     pool = [Candidate(r.name, switch_count(base.recipe, r.recipe), rung_repeats(r), r.result.get("speedup", 1.0))
             for r in candidates]
-    name, tie = recommend(pool, min_effect)
+    noise = pooled_noise([rung_repeats(r) for r in rungs if r.status == "done"])
+    name, tie = recommend(pool, min_effect, noise, ladder=mode == "cumulative")
     return next(r for r in rungs if r.name == name), tie
 
 
@@ -401,7 +405,7 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
            data: str = "digits", image_size: int | None = None, recipe: Recipe | None = None,
            rungs: list[str] | None = None, mode: str = "cumulative", amp_dtype: str = "auto",
            device: str = "auto", out: str | Path | None = None, mean=None, std=None,
-           noise_seeds: int = 3, repeats: int = 2, budget: TimingBudget | None = None,
+           noise_seeds: int = 3, repeats: int = 3, budget: TimingBudget | None = None,
            min_effect: float = MIN_EFFECT, resume: bool = False, rung_timeout: float | None = None, show: bool = True,
            nproc: int = 1) -> AblationResult:
     """Run the ladder and write the report folder. `model` is a timm/built-in name or a picklable
@@ -521,7 +525,7 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
             if rung.status == "partial" and interrupted:
                 rung.status = "done"            # a partial report still shows what was measured
         rescore()
-    best, tie = pick_best(plan, min_effect)
+    best, tie = pick_best(plan, min_effect, mode)
     result = AblationResult(plan, env, out_dir, best.recipe, best.name, ceilings, seed_runs, tie, settings)
     write_report(result)
     display.final(result, interrupted)

@@ -132,11 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--noise-seeds", type=_positive_int, default=3,
                     help="train the baseline with this many seeds in all to measure accuracy noise (default 3; "
                          "the first --repeats of them are its timed repeats)")
-    ab.add_argument("--repeats", type=_positive_int, default=2,
+    ab.add_argument("--repeats", type=_positive_int, default=3,
                     help="fresh processes per rung, run in interleaved order; each speed-up's interval comes from "
-                         "them (default 2; more repeats: tighter intervals, proportionally longer)")
-    ab.add_argument("--timing-steps", type=_positive_int, default=24,
-                    help="steady steps (after warm-up) each run is timed over; short epochs are continued (default 24)")
+                         "them (default %(default)s; more repeats: tighter intervals, proportionally longer)")
+    ab.add_argument("--timing-steps", type=_positive_int, default=16,
+                    help="steady steps (after warm-up) each run is timed over; short epochs are continued (default %(default)s)")
     ab.add_argument("--timing-seconds", type=_positive_float, default=60.0,
                     help="...or at least 8 steady steps once they take this long (slow models; default 60)")
     ab.add_argument("--min-effect", type=_fraction, default=0.05,

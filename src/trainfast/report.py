@@ -252,14 +252,14 @@ class Display:
 
 
 def best_line(result: "AblationResult") -> str:
-    """The recommendation, and the tie it was chosen from when there is one."""
+    """The recommendation, and the rungs not measurably different from it."""
     best = next(r for r in result.rungs if r.name == result.best_name)
     text = f"recommended: {rung_label(best)}"
     others = [n for n in result.tie if n != result.best_name]
     if others:
         labels = [rung_label(r) for r in result.rungs if r.name in others]
-        text += (f" (tied with {', '.join(labels)}: not measurably slower than the fastest, so the one "
-                 "with the fewest switches)")
+        text += (f" (tied with {', '.join(labels)}: not measurably different from it; a rung is recommended "
+                 "over a simpler one only when it is measurably faster)")
     return text
 
 
@@ -358,10 +358,12 @@ def write_report(result: "AblationResult") -> None:
     if notes:
         lines += ["## Notes", "", *notes, ""]
     lines += ["## Recommendation", "", best_line(result) + ".", "",
-              "Candidates are the measured rungs whose accuracy is not below the baseline's noise band (risky O3 "
-              "rungs are measured, never recommended). The fastest is recommended when its lead over every other "
-              "candidate is outside the noise; otherwise the candidates not measurably slower than it form a tie "
-              "(kept in results.json as `best.tie`), and the one with the fewest switches is recommended.", "",
+              "Candidates are the baseline and the measured rungs whose accuracy is not below the baseline's noise "
+              "band (risky O3 rungs are measured, never recommended). A rung is recommended over a simpler one only "
+              "when it is measurably faster than it: in a cumulative ladder the recommendation climbs rung by rung "
+              "while the next candidate is measurably faster than the current recommendation; with independent "
+              "rungs (`--mode each`) the fastest, or the simplest of the rungs not measurably slower than it. The "
+              "rungs not measurably different from the recommendation are its tie (`best.tie` in results.json).", "",
               "```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
     lines += ["## Charts", ""] + [f"![{c.stem}]({c.name})" for c in charts] + [""]
     (out / "report.md").write_text("\n".join(lines))
@@ -379,7 +381,8 @@ def how_to_read(result: "AblationResult") -> str:
         f"{budget.get('seconds'):g} s) are timed. samples/s is total samples over total time of those steps (what a "
         "clock around them reads), the mean over repeats, ± the half-width of its 95% interval. The speed-up is "
         "the geometric mean over paired repeats of rate(rung) / rate(reference); its 95% interval is a paired "
-        "bootstrap over repeats and over blocks of consecutive steps within each. A rung is `faster` or `slower` "
+        "t-interval with the process-to-process noise pooled over every rung (log rate = rung + pass + noise; "
+        "with one repeat, a block bootstrap over the steps of that process instead). A rung is `faster` or `slower` "
         f"only when that interval excludes 1.0 and the effect is at least {100 * st.get('min_effect', 0):.0f}%; "
         "otherwise `no measurable difference`. `vs rung above` judges what adding this rung's switch bought. "
         "Epoch s is the mean wall time of the accuracy run's epochs, warm-up included (evaluation excluded). "

@@ -1,15 +1,17 @@
 """Intervals and verdicts: when is a rung faster, slower, or not measurably different?
 
-The data of a rung is its repeats (one fresh process each, run in interleaved order with the other rungs:
-repeat i of every rung runs before repeat i + 1 of any), and inside each repeat its steady steps, grouped
-in consecutive blocks. A speed-up is the geometric mean over repeats of rate(rung, i) / rate(reference, i):
-pairing repeat i with repeat i cancels a slow spell of a shared machine, which hits both alike.
+The data of a rung is its repeats: one fresh process each, run in passes (every rung once, then every rung
+again), so repeat i of every rung ran close in time. A speed-up is the geometric mean over passes of
+rate(rung, i) / rate(reference, i): pairing within a pass cancels a slow spell of a shared machine.
 
-Its interval is a paired, two-level bootstrap (percentile, 95%): draw the repeats with replacement (the
-same draw for both rungs, keeping the pairs), then inside each drawn repeat draw its blocks with
-replacement, and recompute the speed-up. The first level carries the process-to-process noise, the second
-the step-to-step noise; blocks of consecutive steps keep their short-range correlation. The generator is
-seeded, so the same measurements always give the same interval.
+Its interval is a paired t-interval on the log scale, with the process-to-process noise *pooled over every
+rung of the ablation*: log rate = rung effect + pass effect + noise (a two-way additive model), the noise
+variance estimated from the residuals with (rungs - 1) x (passes - 1) degrees of freedom. With 2 repeats a
+rung alone would give one degree of freedom (t = 12.7: useless) or, bootstrapped, an interval too narrow
+by half; the seven rungs of a ladder together give six, and the interval is honest about the spread between
+processes, which on a shared VM is far larger than the spread between steps of one process. With a single
+repeat there is no such noise estimate: then the interval is a block bootstrap over the steady steps of the
+one process (seeded: the same measurements always give the same interval), and is narrower than the truth.
 
 A verdict needs both: the interval excludes 1.0 *and* the effect is at least `min_effect` (default 5%).
 Below that a difference is not called, however tight the interval: a 2% effect would flip between
@@ -22,6 +24,7 @@ import statistics
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 FASTER, SLOWER, SAME = "faster", "slower", "no measurable difference"
 MIN_EFFECT = 0.05
@@ -55,6 +58,30 @@ class Estimate:
     @property
     def half_width(self) -> float:
         return (self.high - self.low) / 2
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Process-to-process noise of log rates, pooled over the rungs of one ablation."""
+    variance: float
+    df: int
+
+    def t(self, confidence: float = CONFIDENCE) -> float:
+        return float(scipy_stats.t.ppf(0.5 + confidence / 2, self.df))
+
+
+def pooled_noise(table: list[list[Repeat]]) -> Noise | None:
+    """`table[k]`: rung k's repeats in pass order. The residual variance of the two-way additive model
+    (rung + pass) on log rates, over the rungs that have every pass; None with fewer than 2 such rungs or
+    fewer than 2 passes (no degrees of freedom)."""
+    passes = max((len(row) for row in table), default=0)
+    rows = [row for row in table if len(row) == passes]
+    if passes < 2 or len(rows) < 2:
+        return None
+    y = np.log([[r.rate for r in row] for row in rows])
+    residual = y - y.mean(axis=1, keepdims=True) - y.mean(axis=0, keepdims=True) + y.mean()
+    df = (len(rows) - 1) * (passes - 1)
+    return Noise(float((residual ** 2).sum() / df), df)
 
 
 @dataclass(frozen=True)
@@ -96,8 +123,14 @@ def _resampled_rates(blocks: list[np.ndarray], picks: np.ndarray, rng: np.random
     return out
 
 
-def rate_estimate(repeats: list[Repeat], confidence: float = CONFIDENCE, resamples: int = RESAMPLES) -> Estimate:
-    """A rung's rate (samples/s): the mean over its repeats, with the two-level bootstrap interval."""
+def rate_estimate(repeats: list[Repeat], noise: Noise | None = None, confidence: float = CONFIDENCE,
+                  resamples: int = RESAMPLES) -> Estimate:
+    """A rung's rate (samples/s): the mean over its repeats, with a t-interval from the pooled noise (on the
+    log scale), or the two-level bootstrap interval without one."""
+    if noise is not None:
+        value = float(np.mean([r.rate for r in repeats]))
+        half = noise.t(confidence) * math.sqrt(noise.variance / len(repeats))
+        return Estimate(value, value * math.exp(-half), value * math.exp(half))
     rng = _rng()
     blocks = [r.array() for r in repeats]
     picks = rng.integers(0, len(repeats), size=(resamples, len(repeats)))
@@ -106,22 +139,26 @@ def rate_estimate(repeats: list[Repeat], confidence: float = CONFIDENCE, resampl
     return Estimate(float(np.mean([r.rate for r in repeats])), *map(float, np.quantile(rates, [a, 1 - a])))
 
 
-def speedup_estimate(rung: list[Repeat], reference: list[Repeat], confidence: float = CONFIDENCE,
-                     resamples: int = RESAMPLES) -> Estimate:
-    """Geometric mean over paired repeats of rate(rung) / rate(reference), with the paired bootstrap
-    interval. Repeats beyond the shorter list are unpaired and left out."""
+def speedup_estimate(rung: list[Repeat], reference: list[Repeat], noise: Noise | None = None,
+                     confidence: float = CONFIDENCE, resamples: int = RESAMPLES) -> Estimate:
+    """Geometric mean over paired repeats of rate(rung) / rate(reference), with the paired t-interval from
+    the pooled noise (the difference of two rungs' noises: variance 2 sigma^2 / pairs), or the paired
+    bootstrap interval without one. Repeats beyond the shorter list are unpaired and left out."""
     k = min(len(rung), len(reference))
     if k == 0:
         raise ValueError("speedup_estimate needs at least one repeat of each rung")
     rung, reference = rung[:k], reference[:k]
+    log_ratio = statistics.fmean(math.log(a.rate / b.rate) for a, b in zip(rung, reference))
+    if noise is not None:
+        half = noise.t(confidence) * math.sqrt(2 * noise.variance / k)
+        return Estimate(math.exp(log_ratio), math.exp(log_ratio - half), math.exp(log_ratio + half))
     rng = _rng()
     picks = rng.integers(0, k, size=(resamples, k))
     mine = _resampled_rates([r.array() for r in rung], picks, rng)
     theirs = _resampled_rates([r.array() for r in reference], picks, rng)
     ratios = np.exp(np.log(mine / theirs).mean(axis=1))
-    point = math.exp(statistics.fmean(math.log(a.rate / b.rate) for a, b in zip(rung, reference)))
     a = (1 - confidence) / 2
-    return Estimate(point, *map(float, np.quantile(ratios, [a, 1 - a])))
+    return Estimate(math.exp(log_ratio), *map(float, np.quantile(ratios, [a, 1 - a])))
 
 
 def verdict(speedup: Estimate, min_effect: float = MIN_EFFECT) -> str:
@@ -134,8 +171,8 @@ def verdict(speedup: Estimate, min_effect: float = MIN_EFFECT) -> str:
 
 
 def compare(name: str, rung: list[Repeat], reference_name: str, reference: list[Repeat],
-            min_effect: float = MIN_EFFECT) -> Comparison:
-    s = speedup_estimate(rung, reference)
+            min_effect: float = MIN_EFFECT, noise: Noise | None = None) -> Comparison:
+    s = speedup_estimate(rung, reference, noise)
     return Comparison(name, reference_name, s, verdict(s, min_effect))
 
 
@@ -145,18 +182,33 @@ class Candidate:
     name: str
     switches: int
     repeats: list[Repeat]
-    speedup: float          # point estimate against the baseline, for ranking
+    speedup: float          # point estimate against the baseline
 
 
-def recommend(candidates: list[Candidate], min_effect: float = MIN_EFFECT) -> tuple[str, list[str]]:
-    """(recommended, tie). The fastest candidate by point estimate is compared with every other one; the
-    ones not measurably slower than it form the tie, and the simplest of the tie (fewest switches, then
-    the faster) is recommended: a switch whose gain is inside the noise is not worth turning on. The
-    baseline is a candidate too, so when nothing beats it, it is the recommendation."""
+def recommend(candidates: list[Candidate], min_effect: float = MIN_EFFECT, noise: Noise | None = None,
+              ladder: bool = False) -> tuple[str, list[str]]:
+    """(recommended, tie). The baseline (the first candidate) is where the search starts; a candidate
+    replaces the recommendation only when it is measurably faster than it, so a rung is never recommended
+    for a gain inside the noise. `ladder` (cumulative rungs, each adding to the one before): candidates are
+    taken in ladder order and climbed. Otherwise (independent rungs): the fastest candidate is compared with
+    the baseline, and among the candidates not measurably slower than the fastest the simplest (fewest
+    switches) is recommended. The tie: the candidates not measurably different from the recommendation."""
     if not candidates:
         raise ValueError("recommend needs at least one candidate")
-    top = max(candidates, key=lambda c: c.speedup)
-    tie = [c for c in candidates
-           if c is top or compare(c.name, c.repeats, top.name, top.repeats, min_effect).verdict != SLOWER]
-    best = min(tie, key=lambda c: (c.switches, -c.speedup))
-    return best.name, [c.name for c in sorted(tie, key=lambda c: -c.speedup)]
+
+    def differs(c: Candidate, ref: Candidate) -> str:
+        return compare(c.name, c.repeats, ref.name, ref.repeats, min_effect, noise).verdict
+
+    best = candidates[0]
+    if ladder:
+        for c in candidates[1:]:
+            if differs(c, best) == FASTER:
+                best = c
+    else:
+        base, top = best, max(candidates, key=lambda c: c.speedup)
+        if top is not base and differs(top, base) == FASTER:
+            near = [c for c in candidates[1:] if c is top or
+                    (differs(c, base) == FASTER and differs(c, top) != SLOWER)]
+            best = min(near, key=lambda c: (c.switches, -c.speedup))
+    tie = [c.name for c in candidates if c is best or differs(c, best) == SAME]
+    return best.name, tie
