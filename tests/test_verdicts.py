@@ -32,7 +32,7 @@ def test_warmup_ends_where_step_times_settle():
 def test_timing_rate_is_samples_over_seconds_of_the_steady_steps():
     steps = [StepTime(3.0, 32, 0.0)] + [StepTime(0.1, 32, 0.01)] * 20
     timing = Timing.from_steps(steps)
-    assert timing.warmup_steps == 1
+    assert timing.warmup_steps == 1 and timing.warmup_seconds == [3.0]
     assert timing.throughput == pytest.approx(32 / 0.1)
     assert timing.clean_steps == 20 and timing.data_wait_s == pytest.approx(0.2)
     assert sum(b["steps"] for b in timing.blocks) == 20 and all(b["seconds"] >= 0.2 for b in timing.blocks[:-1])

@@ -237,6 +237,7 @@ class Timing:
     step_samples: list[int]
     data_wait_s: float
     blocks: list[dict]            # {"steps", "samples", "seconds", "foreign_share", "disturbed"}
+    warmup_seconds: list[float] = field(default_factory=list)   # the left-out steps (compilation shows here)
 
     @classmethod
     def from_steps(cls, steps: list[StepTime], min_skip: int = 1, check_disturbance: bool = False) -> "Timing":
@@ -253,7 +254,7 @@ class Timing:
                 current = []
         clean = [s for b, group in _grouped(timed, blocks) if not b["disturbed"] for s in group]
         return cls(warmup, [s.seconds for s in timed], [s.samples for s in timed],
-                   sum(s.data_wait_s for s in clean), blocks)
+                   sum(s.data_wait_s for s in clean), blocks, [s.seconds for s in steps[:warmup]])
 
     @property
     def clean_blocks(self) -> list[dict]:
@@ -275,7 +276,8 @@ class Timing:
         return {"warmup_steps": self.warmup_steps, "timed_steps": self.clean_steps, "timed_seconds": self.seconds,
                 "throughput": self.throughput, "data_wait_s": self.data_wait_s,
                 "disturbed_steps": len(self.step_seconds) - self.clean_steps,
-                "step_seconds": self.step_seconds, "step_samples": self.step_samples, "blocks": self.blocks}
+                "warmup_seconds": self.warmup_seconds, "step_seconds": self.step_seconds,
+                "step_samples": self.step_samples, "blocks": self.blocks}
 
 
 def _block(steps: list[StepTime], cores: int, check: bool) -> dict:
