@@ -455,6 +455,8 @@ def write_charts(result: "AblationResult") -> list[Path]:
             texts = [t + ("" if r.name == "baseline" else "\n" + short_verdict(r.result).replace("no measurable difference", "no diff."))
                      for t, r in zip(texts, done)]
         ax.bar_label(bars, labels=texts, fontsize=7, padding=2)
+        tops = [v + (errors[1][i] if errors else 0) for i, v in enumerate(values)]
+        ax.set_ylim(0, max(tops) * 1.25)          # room for the labels above the tallest bar
         if name == "accuracy" and done[0].result.get("accuracy_band"):
             base, band = done[0].result.get("accuracy_reference", done[0].result["accuracy"]), done[0].result["accuracy_band"]
             ax.axhspan(base - band, base + band, color="#999", alpha=0.25, label="baseline noise band")
