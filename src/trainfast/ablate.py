@@ -283,6 +283,12 @@ def rung_repeats(rung: Rung) -> list[Repeat]:
     return out
 
 
+def ladder_noise(rungs: list[Rung]) -> Noise | None:
+    """The process-to-process noise behind every interval of this ablation, pooled over its measured rungs;
+    one definition for the scores and the recommendation, so the two never judge with different noise."""
+    return pooled_noise([rung_repeats(r) for r in rungs if r.status in ("done", "partial")])
+
+
 def aggregate(rung: Rung, noise: Noise | None) -> None:
     """The rung's numbers over its repeats: means for accuracy and times, the worst peak memory, and the
     rate with its interval."""
@@ -322,7 +328,7 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
     before: what adding this switch bought), memory ratio, ceiling fraction and accuracy flags. Accuracy is
     judged against the baseline's mean over its seeds. The noise behind every interval is pooled over all
     the measured rungs (stats.pooled_noise)."""
-    noise = pooled_noise([rung_repeats(r) for r in rungs if r.status in ("done", "partial")])
+    noise = ladder_noise(rungs)
     for rung in rungs:
         aggregate(rung, noise)
     base = rungs[0] if rungs and rungs[0].status == "done" and rungs[0].result else None
@@ -386,7 +392,7 @@ def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT, mode: str = "cu
                            and not (r.result.get("accuracy_flag") and r.result.get("accuracy_delta", 0) < 0)]
     pool = [Candidate(r.name, switch_count(base.recipe, r.recipe), rung_repeats(r), r.result.get("speedup", 1.0))
             for r in candidates]
-    noise = pooled_noise([rung_repeats(r) for r in rungs if r.status == "done"])
+    noise = ladder_noise(rungs)
     name, tie = recommend(pool, min_effect, noise, ladder=mode == "cumulative")
     return next(r for r in rungs if r.name == name), tie
 

@@ -52,9 +52,6 @@ class Estimate:
     low: float
     high: float
 
-    def to_dict(self) -> dict:
-        return {"value": self.value, "low": self.low, "high": self.high}
-
     @property
     def half_width(self) -> float:
         return (self.high - self.low) / 2
