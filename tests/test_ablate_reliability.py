@@ -49,7 +49,7 @@ def test_killed_ablation_leaves_no_process_and_resumes(tmp_path):
     parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: (out / "runs" / "baseline-r0.json").exists(), 240, "the baseline run to finish")
-        wait_for(lambda: (out / "rung-set_to_none-r0.log").exists(), 60, "the second rung to start")
+        wait_for(lambda: (out / "rungs" / "set_to_none-r0" / "log.txt").exists(), 60, "the second rung to start")
         time.sleep(2.0)                                   # well inside its training (3 epochs)
         tree = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
         assert len(alive(tree)) >= 2, "expected the fork server and a rung process below the ablation"
@@ -101,7 +101,7 @@ def test_ctrl_c_stops_the_rung_and_writes_the_partial_report(tmp_path):
     parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: (out / "runs" / "baseline-r0.json").exists(), 240, "the baseline run to finish")
-        wait_for(lambda: (out / "rung-set_to_none-r0.log").exists(), 60, "the second rung to start")
+        wait_for(lambda: (out / "rungs" / "set_to_none-r0" / "log.txt").exists(), 60, "the second rung to start")
         time.sleep(1.0)
         tree = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
         parent.send_signal(signal.SIGINT)                 # what Ctrl-C sends the parent

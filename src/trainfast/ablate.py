@@ -15,12 +15,12 @@ import statistics
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from .procs import run_supervised
-from .measure import count_train_flops, measure_ceiling, peak_memory_bytes, reset_peak_memory
+from .measure import count_train_flops, measure_ceiling, reset_peak_memory
 from .stats import MIN_EFFECT, Candidate, Noise, Repeat, compare, pooled_noise, rate_estimate, recommend
 from .recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from .data.imagefolder import with_decode_cache
@@ -117,6 +117,7 @@ class TimingBudget:
     steps: int = 16
     seconds: float = 60.0
     floor: int = 8
+    min_seconds: float = 2.0    # millisecond steps are timed over at least this long: enough blocks for a spread
 
 
 def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], budget: TimingBudget | None = None) -> dict[str, Any]:
@@ -133,13 +134,15 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], budget: Tim
 
 def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, device,
                   budget: TimingBudget | None) -> dict[str, Any]:
+    """The built-in run, measured by the same probe as a user's script under `ablate -- COMMAND` (probe.py):
+    its steps are timed by the state's StepTimer, its evaluation goes in as reported metrics."""
     from itertools import islice
 
     from torch import nn
 
     from .data.datasets import load_data
-    from .measure import Timing, steps_to_time
     from .models import build_model
+    from .probe import MeasureSpec, Probe
     from .techniques.runtime import apply_runtime_flags
     from .data.badfiles import skipped_last_pass
     from .trainer import build_meter, build_run, seed_everything
@@ -153,9 +156,12 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
     model = build_model(job.model, split.num_classes, split.image_size) if isinstance(job.model, str) else job.model()
     reset_peak_memory(device)
     state, train_batches, val_batches = build_run(model, split, recipe, device, dist, loss_fn)
+    timed, budget = budget is not None, budget or TimingBudget()
+    probe = Probe(MeasureSpec("", "full", **dataclasses.asdict(budget)))
+    probe.watch(state, recipe.num_workers)
 
     total_steps = len(train_batches) * recipe.epochs
-    steps, losses, epoch_times, correct, seen, skipped = [], [], [], 0, 0, 0
+    losses, epoch_times, correct, seen, skipped = [], [], 0, 0, 0
 
     def on_window(step: int, stats) -> None:
         emit({"event": "progress", "step": step, "total": total_steps, "loss": stats.losses[-1]})
@@ -164,9 +170,7 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
         dist.set_epoch(epoch)
         meter = build_meter(state, dist, on_window)
         with dist.watch():
-            stats = train_one_epoch(state, batches, dist.criterion(loss_fn), meter)
-        steps.extend(stats.steps)
-        return stats
+            return train_one_epoch(state, batches, dist.criterion(loss_fn), meter)
 
     for epoch in range(recipe.epochs):
         stats = run_pass(epoch, train_batches)
@@ -181,43 +185,36 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
 
     # Timing: the steps after warm-up, continued past the accuracy run (after its evaluation, so the metric
     # is untouched) until the budget is met. Every rank runs the same number of extra steps (the most any
-    # rank needs), so their collectives stay matched.
-    # On CPU in one process, blocks of steps during which other processes used the machine are left out
-    # and more steps are run instead (up to 3x the budget): see measure.Timing.
-    check = device.type == "cpu" and dist.world_size == 1 and recipe.num_workers == 0
-    timing = Timing.from_steps(steps, check_disturbance=check)
-    extra_passes, limit = 0, len(steps) + 3 * (budget.steps if budget else 0)
-    while budget is not None and len(steps) < limit:
-        need = max(dist.gather(steps_to_time(timing, budget.steps, budget.seconds, budget.floor)))
-        if need == 0:
+    # rank needs: probe.steps_needed is a collective), so their collectives stay matched. On CPU in one
+    # process, blocks of steps during which other processes used the machine are left out and more steps
+    # are run instead (up to 3x the budget): see measure.Timing. The accuracy-only runs (the baseline's
+    # extra noise seeds) are not timed further.
+    extra_passes, limit = 0, None
+    while timed:
+        need = probe.steps_needed()
+        limit = limit or state.timer.updates + 3 * max(budget.steps, need)
+        need = min(need, limit - state.timer.updates)
+        if need <= 0:
             break
-        need = min(need, limit - len(steps))
-        total_steps = len(steps) + need
+        total_steps = state.timer.updates + need
         run_pass(recipe.epochs + extra_passes, islice(train_batches, need))
         extra_passes += 1
-        timing = Timing.from_steps(steps, check_disturbance=check)
-    return {
+    probe.reported = {"accuracy": metrics["accuracy"], "loss": metrics["loss"]}
+    probe.extra = {
         "seed": recipe.seed,
-        # Ranks step in lockstep (gradient all-reduce), so the job's throughput is world_size x one rank's.
-        "throughput": timing.throughput * dist.world_size,
-        "timing": timing.to_dict(),
-        "steps_run": len(steps),
         "epoch_time_s": sum(epoch_times) / len(epoch_times),
         "epoch_times_s": epoch_times,
-        "data_wait_fraction": timing.data_wait_s / timing.seconds if timing.seconds else 0.0,
-        "peak_memory_bytes": peak_memory_bytes(device),
         "accuracy": metrics["accuracy"],
         "loss": metrics["loss"],
         "val_samples": metrics["samples"],
         "train_loss": train_loss,
         "train_losses": losses,             # rank 0's
         "train_accuracy": train_accuracy,
-        "world_size": dist.world_size,
         "steps": updates,
-        "precision_state": state.precision.metrics(),
         "num_workers": recipe.num_workers,
         "skipped_files": skipped + skipped_last_pass(val_batches, device),   # unreadable images, all epochs
     }
+    return probe.result("accuracy run ended" + (", then the timing budget" if extra_passes else ""))
 
 
 def _rung_main(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> dict[str, Any]:
@@ -257,16 +254,19 @@ class AblationResult:
         return results_dict(self)
 
 
-def accuracy_band(accuracy: float, n: int, seed_accuracies: list[float] | None = None, runs: int = 1) -> float:
+def accuracy_band(accuracy: float, n: int | None, seed_accuracies: list[float] | None = None, runs: int = 1) -> float:
     """Half-width of the band within which a rung's accuracy is indistinguishable from the baseline's.
 
     Two noise sources: evaluation sampling (n held-out samples: two binomial standard errors of a
     difference, sqrt(2) x one run's) and training itself (another seed, or the numerics of a technique,
     sends SGD down another path: two standard deviations of the baseline over its k seeds, scaled by
     sqrt(1/runs + 1/k) for comparing the mean of a rung's `runs` repeats against the mean of k). The band
-    is the larger of the two."""
-    p = min(max(accuracy, 1.0 / max(1, n)), 1 - 1.0 / max(1, n))
-    band = 2 * math.sqrt(2 * p * (1 - p) / max(1, n))
+    is the larger of the two. A script's own metric (n None: not a proportion of held-out samples that we
+    know of) has the training-noise part only."""
+    band = 0.0
+    if n:
+        p = min(max(accuracy, 1.0 / n), 1 - 1.0 / n)
+        band = 2 * math.sqrt(2 * p * (1 - p) / n)
     if seed_accuracies and len(seed_accuracies) >= 2:
         k = len(seed_accuracies)
         band = max(band, 2 * statistics.stdev(seed_accuracies) * math.sqrt(1 / max(1, runs) + 1 / k))
@@ -289,30 +289,40 @@ def ladder_noise(rungs: list[Rung]) -> Noise | None:
     return pooled_noise([rung_repeats(r) for r in rungs if r.status in ("done", "partial")])
 
 
-def aggregate(rung: Rung, noise: Noise | None) -> None:
-    """The rung's numbers over its repeats: means for accuracy and times, the worst peak memory, and the
-    rate with its interval."""
+def aggregate(rung: Rung, noise: Noise | None, metric: str | None = "accuracy") -> None:
+    """The rung's numbers over its repeats: means for the metric and times, the worst peak memory, and the
+    rate with its interval. A user's script has no epoch time, held-out samples or training loss of ours:
+    those are None for it."""
     reps = rung.repeats
     if not reps:
         return
     first = reps[0]
     timed = rung_repeats(rung)
     rate = rate_estimate(timed, noise) if timed else None
+    values = [run_metric(r, metric) for r in reps]
+    known = None not in values
+
+    def mean(key: str) -> float | None:
+        vals = [r.get(key) for r in reps]
+        return statistics.fmean(vals) if None not in vals else None
+
     rung.result = {
-        **{k: first[k] for k in ("val_samples", "world_size", "num_workers", "precision_state", "train_losses")},
+        **{k: first.get(k) for k in ("val_samples", "world_size", "num_workers", "precision_state", "train_losses",
+                                     "rate_unit", "session", "compile", "overridden")},
         "repeats": len(reps),
         "throughput": rate.value if rate else 0.0,
-        "throughput_interval": [rate.low, rate.high] if rate else None,
+        "throughput_interval": rate.interval if rate else None,
         "throughput_spread": rate.half_width if rate else None,
-        "accuracy": statistics.fmean(r["accuracy"] for r in reps),
-        "accuracies": [r["accuracy"] for r in reps],
-        "loss": statistics.fmean(r["loss"] for r in reps),
-        "train_loss": statistics.fmean(r["train_loss"] for r in reps),
-        "epoch_time_s": statistics.fmean(r["epoch_time_s"] for r in reps),
+        "accuracy": statistics.fmean(values) if known else None,
+        "accuracies": values if known else [],
+        "loss": mean("loss"),
+        "train_loss": mean("train_loss"),
+        "epoch_time_s": mean("epoch_time_s"),
+        "wall_s": statistics.fmean(r["wall_time_s"] for r in reps) if all(r.get("wall_time_s") for r in reps) else None,
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in reps),
         "data_wait_fraction": statistics.fmean(r["data_wait_fraction"] for r in reps),
-        "skipped_files": max(r["skipped_files"] for r in reps),      # each run reads the same files
-        "steps": first["steps"],
+        "skipped_files": max(r.get("skipped_files") or 0 for r in reps),      # each run reads the same files
+        "steps": first.get("steps", first.get("steps_run")),
         "warmup_steps": [r["timing"]["warmup_steps"] for r in reps],
         "disturbed_steps": [r["timing"].get("disturbed_steps", 0) for r in reps],
         "timed_steps": [r["timing"]["timed_steps"] for r in reps],
@@ -323,18 +333,22 @@ def aggregate(rung: Rung, noise: Noise | None) -> None:
 
 def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: list[float] | None = None,
                 flops_per_sample: float | None = None, mode: str = "cumulative",
-                min_effect: float = MIN_EFFECT) -> None:
+                min_effect: float = MIN_EFFECT, metric: tuple[str | None, str | None] = ("accuracy", "max")) -> None:
     """Speed-up with its interval and verdict against the baseline (and, cumulative, against the rung
-    before: what adding this switch bought), memory ratio, ceiling fraction and accuracy flags. Accuracy is
-    judged against the baseline's mean over its seeds. The noise behind every interval is pooled over all
-    the measured rungs (stats.pooled_noise)."""
+    before: what adding this switch bought), memory ratio, ceiling fraction and accuracy flags. Accuracy (or
+    a script's reported `metric`) is judged against the baseline's mean over its seeds; a flag marks a rung
+    outside the band, `accuracy_worse` one outside it on the wrong side (below for a metric to maximize).
+    The noise behind every interval is pooled over all the measured rungs (stats.pooled_noise)."""
+    name, goal = metric
+    sign = -1.0 if (goal or metric_goal(name)) == "min" else 1.0
     noise = ladder_noise(rungs)
     for rung in rungs:
-        aggregate(rung, noise)
+        aggregate(rung, noise, name)
     base = rungs[0] if rungs and rungs[0].status == "done" and rungs[0].result else None
+    reference = None
     if base:
-        seeds = seed_accuracies or base.result["accuracies"]
-        reference = statistics.fmean(seeds)
+        seeds = [a for a in (seed_accuracies or base.result["accuracies"]) if a is not None]
+        reference = statistics.fmean(seeds) if seeds and base.result["accuracy"] is not None else None
         base_repeats = rung_repeats(base)
     previous = base
     for rung in rungs:
@@ -350,21 +364,30 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
             mine = rung_repeats(rung)
             if mine and base_repeats:
                 versus = compare(rung.name, mine, "baseline", base_repeats, min_effect, noise)
-                r["speedup"], r["speedup_interval"] = versus.speedup.value, [versus.speedup.low, versus.speedup.high]
+                r["speedup"], r["speedup_interval"] = versus.speedup.value, versus.speedup.interval
                 r["verdict"], r["verdict_text"] = versus.verdict, versus.text
                 if mode == "cumulative" and rung_repeats(previous):
                     step = compare(rung.name, mine, previous.name, rung_repeats(previous), min_effect, noise)
                     r["vs_previous"] = {"rung": previous.name, **step.to_dict(), "text": step.text}
             r["memory_ratio"] = r["peak_memory_bytes"] / base.result["peak_memory_bytes"]
-            r["accuracy_delta"] = r["accuracy"] - reference
-            r["accuracy_band"] = accuracy_band(reference, base.result["val_samples"], seeds, runs=r["repeats"])
-            r["accuracy_flag"] = abs(r["accuracy_delta"]) > r["accuracy_band"]
+            if reference is not None and r["accuracy"] is not None:
+                r["accuracy_delta"] = r["accuracy"] - reference
+                r["accuracy_band"] = accuracy_band(reference, base.result["val_samples"], seeds, runs=r["repeats"])
+                r["accuracy_flag"] = abs(r["accuracy_delta"]) > r["accuracy_band"]
+                r["accuracy_worse"] = r["accuracy_flag"] and sign * r["accuracy_delta"] < 0
         elif rung is base:
             r["speedup"], r["speedup_interval"], r["verdict"] = 1.0, [1.0, 1.0], "reference"
-            r["accuracy_reference"] = reference
-            r["accuracy_band"] = accuracy_band(reference, r["val_samples"], seeds, runs=r["repeats"])
+            if reference is not None:
+                r["accuracy_reference"] = reference
+                r["accuracy_band"] = accuracy_band(reference, r["val_samples"], seeds, runs=r["repeats"])
         r["noise"] = {"sigma_log": math.sqrt(noise.variance), "df": noise.df} if noise else None
         previous = rung
+
+
+def metric_goal(name: str | None) -> str:
+    """Whether a metric is better high or low, from its name: losses, errors and perplexities are minimized."""
+    lowered = (name or "").lower()
+    return "min" if any(word in lowered for word in ("loss", "err", "perplexity", "wer", "mse", "mae")) else "max"
 
 
 def first_readable(dataset, tries: int = 100) -> torch.Tensor:
@@ -389,7 +412,7 @@ def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT, mode: str = "cu
     if base.status != "done" or not rung_repeats(base):
         return base, [base.name]
     candidates = [base] + [r for r in rungs[1:] if r.status == "done" and rung_repeats(r) and level_note(r.recipe) is None
-                           and not (r.result.get("accuracy_flag") and r.result.get("accuracy_delta", 0) < 0)]
+                           and not r.result.get("accuracy_worse")]
     pool = [Candidate(r.name, switch_count(base.recipe, r.recipe), rung_repeats(r), r.result.get("speedup", 1.0))
             for r in candidates]
     noise = ladder_noise(rungs)
@@ -431,18 +454,11 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     from .data.datasets import load_data
     from .data.loader import resolve_num_workers
     from .models import build_model, check_model_name
-    from .report import Display, environment, write_report
     from .trainer import as_split
 
     base = recipe or Recipe()
     budget = budget or TimingBudget()
-    for flag, value in (("--noise-seeds", noise_seeds), ("--repeats", repeats), ("--nproc", nproc)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise RecipeError(f"{flag} {value!r} must be a positive integer")
-    if rung_timeout is not None and not rung_timeout > 0:
-        raise RecipeError(f"--rung-timeout {rung_timeout!r} must be a positive number of seconds")
-    if not 0 <= min_effect < 1:
-        raise RecipeError(f"--min-effect {min_effect!r} must be a fraction in [0, 1), e.g. 0.05 for 5%")
+    check_counts(noise_seeds=noise_seeds, repeats=repeats, nproc=nproc, rung_timeout=rung_timeout, min_effect=min_effect)
     dev = resolve_device(device)
     validate_for_device(base, dev)
     if isinstance(model, str):
@@ -467,17 +483,107 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     # not the spec to load again: loading the built-in data costs each process more than its training.
     job = Job(model, split, split.image_size or image_size, loss_fn, device, nproc)
 
-    out_dir = Path(out) if out is not None else default_out_dir()
     settings = {"model": model if isinstance(model, str) else getattr(model, "__qualname__", repr(model)),
                 "data": data if train_set is None else split.name, "image_size": split.image_size or image_size,
                 "mode": mode, "repeats": repeats, "noise_seeds": noise_seeds, "nproc": nproc, "device": str(dev),
                 "budget": dataclasses.asdict(budget), "min_effect": min_effect,
                 "rungs": {r.name: r.recipe.to_dict() for r in plan if r.status != "no-effect"}}
+    ctx = rung_context()
+
+    def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
+        return run_supervised(ctx, _rung_main, (job, recipe, run_budget), on_event=lambda e: display.progress(rung, e),
+                              log_path=run_dir / "log.txt", time_limit_s=limit)
+
+    return run_ladder(plan, launch, settings, out, dev, repeats=repeats, noise_seeds=noise_seeds, budget=budget,
+                      min_effect=min_effect, mode=mode, resume=resume, rung_timeout=rung_timeout, show=show,
+                      flops_per_sample=flops_per_sample)
+
+
+def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, rungs: list[str] | None = None,
+                   mode: str = "cumulative", amp_dtype: str = "auto", device: str = "auto",
+                   out: str | Path | None = None, measure: str = "speed", metric: str | None = None,
+                   goal: str | None = None, noise_seeds: int = 3, repeats: int = 3,
+                   budget: TimingBudget | None = None, min_effect: float = MIN_EFFECT, resume: bool = False,
+                   rung_timeout: float | None = None, show: bool = True, nproc: int = 1) -> AblationResult:
+    """`trainfast ablate -- COMMAND`: the ladder on a user's own training command (launch.py). Every run starts
+    the command with the rung's switches in TRAINFAST_RECIPE; the probe in it (probe.py) times its steps and
+    writes the result. `measure="speed"`: each run stops once warm-up plus the timing budget is timed.
+    `measure="full"`: each runs to its end and the metric it reports with `tf.report` (`metric`, default the
+    first one reported; `goal` "max" or "min", default "min" for names with loss/error in them) is compared
+    with the baseline's noise band, as the built-in ablation compares accuracy. A command that never creates
+    a trainfast.Session is measured too (steps/s from the global optimizer hook); every other rung is then
+    reported as having no effect on it. The other arguments are ablate()'s."""
+    from .launch import Command, check_command, command_main, run_environment
+    from .probe import MODES, MeasureSpec
+    from .report import NO_SESSION
+
+    base = recipe or Recipe()
+    budget = budget or TimingBudget()
+    check_counts(noise_seeds=noise_seeds, repeats=repeats, nproc=nproc, rung_timeout=rung_timeout, min_effect=min_effect)
+    if measure not in MODES:
+        raise RecipeError(f"--measure {measure!r} is not one of {', '.join(MODES)}")
+    if goal not in (None, "max", "min"):
+        raise RecipeError(f"--metric-goal {goal!r} must be max or min")
+    cmd = Command(tuple(command), nproc, measure)
+    check_command(cmd)
+    dev = resolve_device(device)
+    plan = plan_rungs(base, rungs, mode, amp_dtype, dev)
+    # The environment carries only the fields some rung switches (and the seed), so the script's own settings
+    # (its grad_accum_steps, log_every...) stand, and the baseline turns off whatever the script turned on.
+    switched = sorted({k for r in plan for k in r.changes} | {"seed"})
+    settings = {"command": list(cmd.argv), "measure": measure, "metric": {"name": metric, "goal": goal},
+                "mode": mode, "repeats": repeats, "noise_seeds": noise_seeds if measure == "full" else repeats,
+                "nproc": nproc, "device": str(dev), "budget": dataclasses.asdict(budget), "min_effect": min_effect,
+                "cwd": os.getcwd(), "rungs": {r.name: {k: r.recipe.to_dict()[k] for k in switched} for r in plan}}
+
+    def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
+        fields = {k: recipe.to_dict()[k] for k in switched}
+        spec = MeasureSpec(str((run_dir / "result.json").resolve()), measure if run_budget else "full",
+                           **dataclasses.asdict(budget))
+        env = run_environment(fields, spec)
+        argv = cmd.launch_argv()
+        _atomic_write(run_dir / "command.json", {"argv": argv, "env": env, "cwd": os.getcwd()})
+        return run_supervised(rung_context(), command_main, (argv, env, str(run_dir)), log_path=run_dir / "log.txt",
+                              time_limit_s=limit)
+
+    def after_run(rung: Rung, result: dict[str, Any]) -> None:
+        """The baseline tells whether the script uses a Session; without one no switch can reach it."""
+        if rung is plan[0] and "error" not in result and not result.get("session", True):
+            for other in plan[1:]:
+                other.status, other.effect = "no-effect", NO_SESSION
+                other.reason = "the script does not use trainfast.Session, so the recipe cannot reach it"
+
+    return run_ladder(plan, launch, settings, out, dev, repeats=repeats,
+                      noise_seeds=noise_seeds if measure == "full" else repeats, budget=budget,
+                      min_effect=min_effect, mode=mode, resume=resume, rung_timeout=rung_timeout, show=show,
+                      after_run=after_run, metric=(metric, goal))
+
+
+def check_counts(*, noise_seeds: int, repeats: int, nproc: int, rung_timeout: float | None, min_effect: float) -> None:
+    for flag, value in (("--noise-seeds", noise_seeds), ("--repeats", repeats), ("--nproc", nproc)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise RecipeError(f"{flag} {value!r} must be a positive integer")
+    if rung_timeout is not None and not rung_timeout > 0:
+        raise RecipeError(f"--rung-timeout {rung_timeout!r} must be a positive number of seconds")
+    if not 0 <= min_effect < 1:
+        raise RecipeError(f"--min-effect {min_effect!r} must be a fraction in [0, 1), e.g. 0.05 for 5%")
+
+
+def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out: str | Path | None,
+               dev: torch.device, *, repeats: int, noise_seeds: int, budget: TimingBudget, min_effect: float,
+               mode: str, resume: bool, rung_timeout: float | None, show: bool, flops_per_sample: float | None = None,
+               after_run: Callable[[Rung, dict], None] | None = None,
+               metric: tuple[str | None, str | None] = ("accuracy", "max")) -> AblationResult:
+    """The one ablation loop, for the built-in run and a user's command alike: the interleaved runs, each
+    started by `launch(rung, recipe, budget or None, run_dir, display, time_limit)` and returning the probe's
+    result (or {"error", "log_tail"}), kept in the RunStore, scored after every run, then the report."""
+    from .report import Display, environment, write_report
+
+    out_dir = Path(out) if out is not None else default_out_dir()
     store = RunStore(out_dir, settings, resume)
     ceilings = {p: measure_ceiling(dev, DTYPES[p]) for p in dict.fromkeys(r.recipe.precision for r in plan)}
     env = environment(dev)
-    display = Display(plan, ceilings, env, show=show, cumulative=mode == "cumulative")
-    ctx = rung_context()
+    display = Display(plan, ceilings, env, show=show, settings=settings)
     measured = [r for r in plan if r.status != "no-effect"]
     # Interleaved: repeat 0 of every rung, then repeat 1 of every rung, ...; the baseline's extra seeds last.
     runs = [(rung, i, budget) for i in range(repeats) for rung in measured]
@@ -485,8 +591,8 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     seed_runs: list[dict[str, Any]] = []
 
     def rescore() -> None:
-        seed_runs[:] = [_seed_summary(r) for r in plan[0].repeats + plan[0].seed_runs]
-        score_rungs(plan, ceilings, [s["accuracy"] for s in seed_runs], flops_per_sample, mode, min_effect)
+        seed_runs[:] = [_seed_summary(r, metric[0]) for r in plan[0].repeats + plan[0].seed_runs]
+        score_rungs(plan, ceilings, [s["accuracy"] for s in seed_runs], flops_per_sample, mode, min_effect, metric)
 
     def limit(baseline: Rung) -> float | None:
         """--rung-timeout, or by default 10x the baseline's first run (at least 5 minutes: compilation
@@ -500,14 +606,18 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     with display:
         try:
             for rung, i, rung_budget in runs:
+                if rung.status == "no-effect":          # found out by an earlier run (a script without a Session)
+                    continue
                 recipe_i = rung.recipe.replace(seed=rung.recipe.seed + i)
                 key = f"{rung.name}-r{i}"
                 result = store.load(key)
                 if result is None:
                     rung.status = "running"
                     display.start_rung(rung, i, repeats if rung_budget else noise_seeds)
-                    result = _run_in_process(ctx, job, recipe_i, rung_budget, out_dir / f"rung-{key}.log", display,
-                                             rung, limit(plan[0]))
+                    run_dir = out_dir / "rungs" / key
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    _atomic_write(run_dir / "recipe.json", recipe_i.to_dict())
+                    result = launch(rung, recipe_i, rung_budget, run_dir, display, limit(plan[0]))
                     if "error" not in result:
                         store.save(key, result)
                 else:
@@ -519,6 +629,8 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
                 elif rung.status != "failed":
                     (rung.repeats if rung_budget else rung.seed_runs).append(result)
                     rung.status = "done" if len(rung.repeats) == repeats else "partial"
+                if after_run is not None:
+                    after_run(rung, result)
                 rescore()
                 display.update()
         except KeyboardInterrupt:
@@ -620,14 +732,15 @@ def _atomic_write(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def _seed_summary(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: result.get(k) for k in ("seed", "accuracy", "loss", "throughput")}
+def _seed_summary(result: dict[str, Any], metric: str | None) -> dict[str, Any]:
+    return {**{k: result.get(k) for k in ("seed", "loss", "throughput")}, "accuracy": run_metric(result, metric)}
 
 
-def _run_in_process(ctx, job: Job, recipe: Recipe, budget: TimingBudget | None, log_path: Path, display,
-                    rung: Rung, time_limit_s: float | None) -> dict[str, Any]:
-    """One run in a supervised process: it cannot outlive this one, is stopped at `time_limit_s`, and
-    always ends in a result or an error with the tail of its log (procs.run_supervised)."""
-    result = run_supervised(ctx, _rung_main, (job, recipe, budget), on_event=lambda e: display.progress(rung, e),
-                            log_path=log_path, time_limit_s=time_limit_s)
-    return result
+def run_metric(result: dict[str, Any], metric: str | None) -> float | None:
+    """The number a run is judged on for accuracy: the built-in run's held-out accuracy, or what a user's
+    script reported under `metric` (default: the first thing it reported); None in speed mode."""
+    reported = result.get("reported") or {}
+    if metric is None:
+        metric = next(iter(reported), None)
+    value = reported.get(metric, result.get(metric)) if metric is not None else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -148,7 +148,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="continue an interrupted ablation in --out DIR: finished runs are reused, the rest run")
     ab.add_argument("--out", default=None, help="report folder (default: runs/ablate-<timestamp>)")
     ab.add_argument("--nproc", type=_positive_int, default=1,
-                    help="run every rung as N DDP processes (torch.distributed, gloo on CPU / nccl on CUDA)")
+                    help="run every rung as N DDP processes (torch.distributed, gloo on CPU / nccl on CUDA; with a "
+                         "COMMAND: under torchrun)")
+    cmd = ab.add_argument_group("your own script: trainfast ablate [flags] -- python train.py ARGS")
+    cmd.add_argument("--measure", choices=("speed", "full"), default="speed",
+                     help="speed (default): stop each run once warm-up and the timing budget are timed; full: run "
+                          "the script to its end and compare the metric it reports (tf.report) with the baseline's "
+                          "noise band")
+    cmd.add_argument("--metric", default=None,
+                     help="with --measure full: which tf.report(...) value to compare (default: the first reported)")
+    cmd.add_argument("--metric-goal", choices=("max", "min"), default=None,
+                     help="whether the metric is better high or low (default: min for names with loss/err, else max)")
 
     tr = sub.add_parser("train", help="train with a recipe and write a run folder")
     add_common(tr)
@@ -169,7 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `trainfast ablate [flags] -- COMMAND ...`: everything after the first `--` is the user's command, as is.
+    command = argv[argv.index("--") + 1:] if "--" in argv else None
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     args = parser.parse_args(argv)     # unknown flags and bad types exit here, before any work
+    args.user_command = command
+    if command is not None and args.command != "ablate":
+        parser.error(f"`-- COMMAND` is for `trainfast ablate`, not `trainfast {args.command}`")
     try:
         if args.command == "bench-data":
             from .bench_data import bench_data
@@ -189,19 +206,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ablate(args, recipe: Recipe) -> int:
-    from .ablate import ablate
-
-    from .ablate import TimingBudget
+    from .ablate import TimingBudget, ablate, ablate_command
 
     rungs = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out DIR: the folder of the ablation to continue")
+    budget = TimingBudget(steps=args.timing_steps, seconds=args.timing_seconds)
     try:
-        result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe, rungs=rungs,
-                        mode=args.mode, amp_dtype=args.amp_dtype, device=args.device, out=args.out,
-                        noise_seeds=args.noise_seeds, repeats=args.repeats, min_effect=args.min_effect,
-                        budget=TimingBudget(steps=args.timing_steps, seconds=args.timing_seconds),
-                        resume=args.resume, rung_timeout=args.rung_timeout, nproc=args.nproc)
+        if args.user_command is not None:
+            result = ablate_command(args.user_command, recipe=recipe, rungs=rungs, mode=args.mode,
+                                    amp_dtype=args.amp_dtype, device=args.device, out=args.out, measure=args.measure,
+                                    metric=args.metric, goal=args.metric_goal, noise_seeds=args.noise_seeds,
+                                    repeats=args.repeats, budget=budget, min_effect=args.min_effect,
+                                    resume=args.resume, rung_timeout=args.rung_timeout, nproc=args.nproc)
+        else:
+            result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe, rungs=rungs,
+                            mode=args.mode, amp_dtype=args.amp_dtype, device=args.device, out=args.out,
+                            noise_seeds=args.noise_seeds, repeats=args.repeats, min_effect=args.min_effect,
+                            budget=budget, resume=args.resume, rung_timeout=args.rung_timeout, nproc=args.nproc)
     except KeyboardInterrupt:
         return 130                        # the partial report is written; Display said where
 

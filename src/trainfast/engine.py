@@ -25,7 +25,7 @@ def train_one_epoch(state: TrainState, batches: Iterable, loss_fn: Callable, met
                     after_step: Callable[[TrainState], None] = no_op) -> EpochStats:
     forward, optimizer, scheduler = state.forward, state.optimizer, state.scheduler
     state.model.train()
-    for inputs, targets in meter.iterate(state.track_last(batches)):   # accumulation: the epoch ends an update
+    for inputs, targets in meter.iterate(state.batches(batches)):   # timed; accumulation ends with the epoch
         with state.autocast():
             outputs = forward(inputs)
             loss = loss_fn(outputs, targets)

@@ -7,6 +7,7 @@ import math
 import resource
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
@@ -74,9 +75,15 @@ class StepClock:
         return time.perf_counter(), time.process_time(), machine_busy_seconds()
 
     def start(self) -> None:
+        """A new pass begins: steps already taken are kept (read now), and the next step is timed from here, so
+        whatever ran in between (evaluation, a checkpoint) belongs to no step."""
+        self.read()
         self._marks, self._pending = [self._mark()], []
 
     def step(self, samples: int, data_wait_s: float) -> None:
+        if not self._marks:                   # never started: this step only starts the clock
+            self._marks = [self._mark()]
+            return
         self._marks.append(self._mark())
         self._pending.append((samples, data_wait_s))
 
@@ -93,6 +100,64 @@ class StepClock:
         self.steps.extend(new)
         self._marks, self._pending = self._marks[-1:], []
         return new
+
+
+def batch_samples(batch) -> int:
+    """Samples in a batch of any structure: a tensor's first dimension; in a tuple, list or dict, that of its
+    first element (`(inputs, targets)`, `{"image": ...}`), where a list of per-sample items (detection's list of
+    images of different sizes) counts its items."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, Mapping):
+        return batch_samples(next(iter(batch.values()))) if batch else 0
+    if isinstance(batch, (list, tuple)) and batch:
+        first = batch[0]
+        if isinstance(first, (list, tuple)):
+            return len(first)
+        return batch_samples(first)
+    return 0
+
+
+class StepTimer:
+    """The training step's clock, one per run (the Session's TrainState owns it; the ablation's probe reads it):
+    `batches()` wraps the training batches, timing how long the loop waits for each and counting its samples;
+    `step()` is called at each optimizer update (the Session's optimizer.step(), or the global optimizer hook
+    for a script without a Session) and closes one step: its samples and wait are those of the micro-batches
+    since the previous update. Every pass restarts the clock (StepClock.start), so evaluation between epochs
+    belongs to no step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.clock = StepClock(device)
+        self.clock.start()                    # a loop that never hands its batches to batches(): from here
+        self._samples, self._wait = 0, 0.0
+        self.updates = 0
+
+    @property
+    def steps(self) -> list[StepTime]:
+        """Every step read so far (call read() first for the latest: on CUDA that waits for the device)."""
+        return self.clock.steps
+
+    def batches(self, batches: Iterable) -> Iterator:
+        self.clock.start()
+        self._samples, self._wait = 0, 0.0
+        iterator = iter(batches)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            self._wait += time.perf_counter() - t0
+            self._samples += batch_samples(batch)
+            yield batch
+
+    def step(self) -> None:
+        self.clock.step(self._samples, self._wait)
+        self._samples, self._wait = 0, 0.0
+        self.updates += 1
+
+    def read(self) -> list[StepTime]:
+        return self.clock.read()
 
 
 @dataclass
@@ -117,12 +182,14 @@ class EpochStats:
 class Meter:
     """Accumulates loss and accuracy on the device (no per-step `.item()`, which would stall the host
     until the device caught up) and reads them every `log_every` steps. Each read is one sync, after
-    which the wall clock is read: a window's time covers exactly the work of its steps."""
+    which the wall clock is read: a window's time covers exactly the work of its steps. Step times and
+    the data wait come from the run's StepTimer (the Session's), read at the same moment."""
 
     def __init__(self, device: torch.device, log_every: int,
                  on_window: Callable[[int, "EpochStats"], None] | None = None, first_step: int = 0,
                  stop_on_nonfinite: bool = True,
-                 agree: Callable[[int | None], list[tuple[int, int]]] | None = None) -> None:
+                 agree: Callable[[int | None], list[tuple[int, int]]] | None = None,
+                 timer: StepTimer | None = None) -> None:
         self.device = device
         self.stop_on_nonfinite = stop_on_nonfinite   # False under nonfinite=skip (faults.py decides per step)
         # agree(first bad step or None) -> [(rank, first bad step)] over all ranks: under torchrun every
@@ -133,29 +200,17 @@ class Meter:
         self.on_window = on_window
         self.step = first_step
         self.stats = EpochStats()
+        self.timer = timer
         self._losses = torch.zeros(log_every, device=device)
         self._correct = torch.zeros((), dtype=torch.long, device=device)
         self._pending = 0
         self._pending_samples = 0
-        self._wait = 0.0
-        self._step_wait = 0.0
-        self.clock = StepClock(device)
-        self.clock.start()
         self._t_epoch = self._t_window = time.perf_counter()
 
     def iterate(self, batches: Iterable) -> Iterator:
-        """Yields batches while timing how long the loop waits for each one (input-bound or not)."""
-        self.clock.start()
-        iterator = iter(batches)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
-            self._step_wait = time.perf_counter() - t0
-            self._wait += self._step_wait
-            yield batch
+        """Yields the epoch's batches; reads the last window when they run out."""
+        self._t_epoch = self._t_window = time.perf_counter()
+        yield from batches
         self.flush()
         self.stats.seconds = time.perf_counter() - self._t_epoch
 
@@ -164,7 +219,6 @@ class Meter:
         self._correct += (outputs.detach().argmax(dim=-1) == targets).sum()
         self._pending += 1
         self._pending_samples += targets.shape[0]
-        self.clock.step(targets.shape[0], self._step_wait)
         self.step += 1
         if self._pending == self.log_every:
             self.flush()
@@ -174,17 +228,18 @@ class Meter:
             return
         losses = self._losses[: self._pending].tolist()       # the one sync of this window
         correct = int(self._correct.item())
-        self.stats.steps.extend(self.clock.read())
+        steps = self.timer.read() if self.timer is not None else []
+        self.stats.steps.extend(steps)
+        wait = sum(s.data_wait_s for s in steps)
         now = time.perf_counter()
         first = self.step - self._pending
-        self.stats.windows.append(Window(self._pending, self._pending_samples, now - self._t_window, self._wait))
-        self.stats.data_wait_s += self._wait
+        self.stats.windows.append(Window(self._pending, self._pending_samples, now - self._t_window, wait))
+        self.stats.data_wait_s += wait
         self.stats.losses.extend(losses)
         self.stats.correct += correct
         self.stats.samples += self._pending_samples
         self._correct.zero_()
         self._pending = self._pending_samples = 0
-        self._wait = 0.0
         bad = [first + i for i, v in enumerate(losses) if not math.isfinite(v)]
         ranks = self.agree(bad[0] if bad else None) if self.stop_on_nonfinite else []
         if ranks:
@@ -297,13 +352,16 @@ def _grouped(steps: list[StepTime], blocks: list[dict]):
         i += b["steps"]
 
 
-def steps_to_time(timing: Timing, min_steps: int, max_seconds: float, floor: int = 8) -> int:
+def steps_to_time(timing: Timing, min_steps: int, max_seconds: float, floor: int = 8, min_seconds: float = 0.0) -> int:
     """More steps needed for a timing of `min_steps` steady steps, or of at least `floor` steps once they
-    take `max_seconds` (a slow model is timed over fewer, longer steps: its windows are already long)."""
+    take `max_seconds` (a slow model is timed over fewer, longer steps: its windows are already long), and in
+    any case of at least `min_seconds` (millisecond steps: enough blocks for a spread)."""
     have = timing.clean_steps
     per_step = timing.seconds / have if have else 0.0
     affordable = int(max_seconds / per_step) if per_step > 0 else min_steps
     target = max(floor, min(min_steps, affordable))
+    if per_step > 0 and min_seconds > 0:
+        target = max(target, math.ceil(min_seconds / per_step))
     return max(0, target - have)
 
 

@@ -236,7 +236,8 @@ def child_main(target: Callable[..., Any], args: tuple, conn, parent_pid: int, l
     try:
         result = target(*args, events)
     except BaseException as exc:  # every failure reaches the parent, which goes on with its next child
-        traceback.print_exc()
+        if not getattr(exc, "explained", False):     # a failure that explains itself leaves the log's tail alone
+            traceback.print_exc()
         events.put({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
         return
     if result is not None:

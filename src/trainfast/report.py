@@ -6,6 +6,7 @@ with the recipe that produced it and the machine it was measured on.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 import math
 import os
 import platform
@@ -131,15 +132,41 @@ def short_verdict(v: dict | None) -> str:
     return v["verdict"]
 
 
-def table_rows(rungs: list["Rung"], cumulative: bool = True) -> list[list[str]]:
+NO_SESSION = "no-session"     # a rung's effect when the measured script never creates a trainfast.Session
+
+
+@dataclass(frozen=True)
+class Columns:
+    """What the ablation table shows: the built-in run's epoch time and held-out accuracy, or for a user's
+    script (`ablate -- COMMAND`) its run time, the metric it reported and its rate unit (steps/s when the
+    samples of a step are unknown)."""
+    cumulative: bool = True
+    unit: str = "samples/s"
+    time_label: str = "epoch s"
+    time_key: str = "epoch_time_s"
+    metric_label: str = "val acc"
+
+    @classmethod
+    def for_settings(cls, settings: dict[str, Any], rungs: list["Rung"] | None = None) -> "Columns":
+        cumulative = settings.get("mode", "cumulative") == "cumulative"
+        if not settings.get("command"):
+            return cls(cumulative)
+        units = {run.get("rate_unit") for r in rungs or [] for run in r.repeats}
+        metric = settings.get("metric") or {}
+        return cls(cumulative, "steps/s" if "steps/s" in units else "samples/s", "run s", "wall_s",
+                   metric.get("name") or "metric")
+
+
+def table_rows(rungs: list["Rung"], columns: Columns = Columns()) -> list[list[str]]:
     """The ablation table, shared by the live display and report.md."""
     rows = []
-    width = len(headers(cumulative))
+    width = len(headers(columns))
     for rung in rungs:
         r = rung.result
         label = rung_label(rung)
         if rung.status == "no-effect":
-            rows.append([label, "no effect on this device"] + ["—"] * (width - 2))
+            rows.append([label, "no effect: " + rung.reason if rung.effect == NO_SESSION else "no effect on this device"]
+                        + ["—"] * (width - 2))
             continue
         if rung.status == "failed":
             rows.append([label, "failed: " + r.get("error", "")[:60]] + ["—"] * (width - 2))
@@ -150,7 +177,7 @@ def table_rows(rungs: list["Rung"], cumulative: bool = True) -> list[list[str]]:
         verdict = "reference" if rung.name == "baseline" else short_verdict(r)
         if rung.status != "done":
             verdict += f" (so far: {len(rung.repeats)} repeat(s))"
-        acc = f"{r['accuracy']:.3f}"
+        acc = "—" if r.get("accuracy") is None else f"{r['accuracy']:.3f}"
         if rung.name != "baseline" and "accuracy_delta" in r:
             acc += f" ({r['accuracy_delta']:+.3f}{' !' if r['accuracy_flag'] else ''})"
         frac = f"{100 * r['ceiling_fraction']:.1f}%" if r.get("ceiling_fraction") is not None else "—"
@@ -158,28 +185,29 @@ def table_rows(rungs: list["Rung"], cumulative: bool = True) -> list[list[str]]:
         if r.get("memory_ratio") and rung.name != "baseline":
             mem += f" ({r['memory_ratio']:.2f}x)"
         row = [label, fmt_rate(r["throughput"], r.get("throughput_spread")), fmt_speedup(r), verdict]
-        if cumulative:
+        if columns.cumulative:
             row.append(short_verdict(r.get("vs_previous")))
-        rows.append(row + [f"{r['epoch_time_s']:.1f}", mem, acc, frac])
+        seconds = r.get(columns.time_key)
+        rows.append(row + ["—" if seconds is None else f"{seconds:.1f}", mem, acc, frac])
     return rows
 
 
-def headers(cumulative: bool = True) -> list[str]:
-    cols = ["rung", "samples/s (± 95% CI)", "speed-up (95% CI)", "verdict vs baseline"]
-    if cumulative:
+def headers(columns: Columns = Columns()) -> list[str]:
+    cols = ["rung", f"{columns.unit} (± 95% CI)", "speed-up (95% CI)", "verdict vs baseline"]
+    if columns.cumulative:
         cols.append("vs rung above")
-    return cols + ["epoch s", "peak memory", "val acc (Δ)", "% of matmul peak"]
+    return cols + [columns.time_label, "peak memory", f"{columns.metric_label} (Δ)", "% of matmul peak"]
 
 
 class Display:
     """A rich live table plus a progress bar for the running rung; plain lines when not on a terminal."""
 
     def __init__(self, rungs: list["Rung"], ceilings: dict[str, float], env: dict[str, Any], show: bool = True,
-                 cumulative: bool = True) -> None:
+                 settings: dict[str, Any] | None = None) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.rungs, self.ceilings, self.env, self.show, self.cumulative = rungs, ceilings, env, show, cumulative
+        self.rungs, self.ceilings, self.env, self.show, self.settings = rungs, ceilings, env, show, settings or {}
         self.console = Console()
         if not self.console.is_terminal:
             # Piped or logged: no live redraws, and wide enough that the final table is not wrapped.
@@ -194,9 +222,10 @@ class Display:
         from rich.table import Table
 
         table = Table(title=f"trainfast ablate — {self.env['device_name']} ({self.env['device']})")
-        for h in headers(self.cumulative):
+        columns = Columns.for_settings(self.settings, self.rungs)
+        for h in headers(columns):
             table.add_column(h, justify="left" if h == "rung" else "right")
-        for row in table_rows(self.rungs, self.cumulative):
+        for row in table_rows(self.rungs, columns):
             table.add_row(*row)
         return Group(table, self.progress_bar)
 
@@ -309,21 +338,22 @@ def write_report(result: "AblationResult") -> None:
     charts = write_charts(result)
     env = result.environment
     base = result.rungs[0].result
-    cumulative = result.settings.get("mode", "cumulative") == "cumulative"
+    columns = Columns.for_settings(result.settings, result.rungs)
     lines = [
         "# trainfast ablation report", "",
         f"Measured on **{env['device_name']}** ({env['device']}, {env['cpu_cores']} cores, torch {env['torch']}, "
         f"git {env['git_sha'] or 'n/a'}). CPU flags: {', '.join(env['cpu_flags']) or 'none of note'}.", "",
         "Measured matmul peak (the roof for `% of matmul peak`): "
         + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in result.ceilings.items()) + ".", "",
-        _markdown_table(headers(cumulative), table_rows(result.rungs, cumulative)), "",
+        _markdown_table(headers(columns), table_rows(result.rungs, columns)), "",
         data_wait_line(result.rungs), "",
         how_to_read(result), "",
     ]
-    if base and "accuracy" in base:
+    if base and base.get("accuracy") is not None:
         band = accuracy_note(result)
         lines += [band, ""]
-    notes = [f"- **{rung_label(r)}**: no effect on this device — {r.reason}" for r in result.rungs if r.status == "no-effect"]
+    notes = [f"- **{rung_label(r)}**: no effect{'' if r.effect == NO_SESSION else ' on this device'} — {r.reason}"
+             for r in result.rungs if r.status == "no-effect"]
     notes += [f"- **{rung_label(r)}**: {r.reason}" for r in result.rungs if r.status == "done" and r.reason]
     for r in result.rungs:
         if r.status == "failed":
@@ -441,11 +471,14 @@ def write_charts(result: "AblationResult") -> list[Path]:
     rates = [r.result["throughput"] for r in done]
     intervals = [r.result.get("throughput_interval") or (v, v) for r, v in zip(done, rates)]
     rate_errors = [[v - lo for v, (lo, hi) in zip(rates, intervals)], [hi - v for v, (lo, hi) in zip(rates, intervals)]]
+    columns = Columns.for_settings(result.settings, result.rungs)
     specs = [
-        ("throughput", "samples/s (95% interval bars)", rates, rate_errors),
+        ("throughput", f"{columns.unit} (95% interval bars)", rates, rate_errors),
         ("peak_memory", "peak memory (MiB)", [r.result["peak_memory_bytes"] / 2**20 for r in done], None),
-        ("accuracy", "held-out accuracy", [r.result["accuracy"] for r in done], None),
     ]
+    if all(r.result.get("accuracy") is not None for r in done):
+        specs.append(("accuracy", "held-out accuracy" if not result.settings.get("command") else columns.metric_label,
+                      [r.result["accuracy"] for r in done], None))
     paths = []
     for name, ylabel, values, errors in specs:
         fig, ax = plt.subplots(figsize=(8, 3.6), dpi=110)

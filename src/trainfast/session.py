@@ -71,12 +71,18 @@ from .techniques.optimizer import apply_optimizer_impl, build_optimizer, build_s
 from .techniques.precision import Precision, build_precision
 from .techniques.runtime import apply_runtime_flags
 from .techniques.transfer import tensors_in
+from .measure import StepTimer
+from . import probe
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)   # seeds CUDA generators too
+
+
+def no_op() -> None:
+    pass
 
 
 class BackwardOutsideSession(RuntimeError):
@@ -94,6 +100,8 @@ class TrainState:
                  precision: Precision, clip: Clipper, recipe: Recipe, nonfinite, sync: Callable[[bool], None],
                  guard_optimizer: bool) -> None:
         self.model = model                    # the eager module: owns the parameters, evaluation, saving
+        self.timer = StepTimer(precision.device)   # one step = one optimizer update (measure.StepTimer)
+        self.after_update: Callable[[], None] = no_op    # the ablation's probe, when it measures this run
         self.precision, self.clip, self.recipe = precision, clip, recipe
         self.nonfinite = nonfinite            # the non-finite loss policy (faults.py)
         self.sync = sync                      # DDP/FSDP2: does the coming backward all-reduce (distributed.py)
@@ -117,6 +125,11 @@ class TrainState:
 
     def autocast(self):
         return self.precision.forward_context()
+
+    def batches(self, batches: Iterable) -> Iterator:
+        """The training batches of one pass, timed (how long each is waited for, its samples) and, when
+        accumulating, with the epoch's last one marked (track_last)."""
+        return self.timer.batches(self.track_last(batches))
 
     def track_last(self, batches: Iterable) -> Iterator:
         """The batches of one epoch. When accumulating, `last_batch` is set while the epoch's last one is out,
@@ -169,6 +182,8 @@ class TrainState:
         self.step += 1
         self.accumulated = 0
         self.update_due = False
+        self.timer.step()                     # the step's end: its samples and data wait since the last one
+        self.after_update()
 
     def zero_grad(self, set_to_none: bool) -> None:
         if self.accumulated == 0:             # never the gradients an accumulation is still gathering
@@ -394,7 +409,7 @@ class SessionLoader:
         if sampler is not None:
             sampler.set_epoch(self.epoch)
         self.epoch += 1
-        return self.train_state.track_last(self.batches) if self.marks_last else iter(self.batches)
+        return self.train_state.batches(self.batches) if self.marks_last else iter(self.batches)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "generators": [g.get_state() for g in loader_generators(self.loader)]}
@@ -516,6 +531,9 @@ class Session:
         self.loaders: list[SessionLoader] = []
         self.reported: dict[str, Any] = {}
         self.logs = LogBuffer(self.recipe.log_every, self.device, self.dist)
+        self.probe = probe.current()          # the ablation measures this run (probe.py): it times our steps
+        if self.probe is not None:
+            self.probe.attach(self)
         if self.overridden and self.dist.is_main:
             changed = ", ".join(f"{name} {old!r} -> {new!r}" for name, (old, new) in self.overridden.items())
             log_stderr(f"trainfast: {RECIPE_ENV} overrides the script's recipe: {changed}")
@@ -564,6 +582,9 @@ class Session:
             self.recipe = resolve_loader_workers(loaders[0], self.recipe, self.device, mean, std)
         self.state = build_state(model, self.recipe, self.device, self.dist, self.precision, optimizer, scheduler)
         self.loaders = [self.adopt(loader, i == 0, mean, std) for i, loader in enumerate(loaders)]
+        if self.probe is not None:
+            workers = getattr(self.loaders[0].loader, "num_workers", 0) if self.loaders else None
+            self.probe.watch(self.state, workers)
         returned = (self.state.forward, self.state.optimizer, *self.loaders)
         return returned + (self.state.scheduler,) if scheduler is not None else returned
 

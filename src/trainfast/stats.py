@@ -11,7 +11,9 @@ rung alone would give one degree of freedom (t = 12.7: useless) or, bootstrapped
 by half; the seven rungs of a ladder together give six, and the interval is honest about the spread between
 processes, which on a shared VM is far larger than the spread between steps of one process. With a single
 repeat there is no such noise estimate: then the interval is a block bootstrap over the steady steps of the
-one process (seeded: the same measurements always give the same interval), and is narrower than the truth.
+one process (seeded: the same measurements always give the same interval), and is narrower than the truth;
+with fewer than MIN_BLOCKS blocks in a process there is no interval at all, and no verdict but "no
+measurable difference".
 
 A verdict needs both: the interval excludes 1.0 *and* the effect is at least `min_effect` (default 5%).
 Below that a difference is not called, however tight the interval: a 2% effect would flip between
@@ -30,6 +32,8 @@ FASTER, SLOWER, SAME = "faster", "slower", "no measurable difference"
 MIN_EFFECT = 0.05
 CONFIDENCE = 0.95
 RESAMPLES = 2000
+MIN_BLOCKS = 4          # a bootstrap over fewer blocks than this has no spread to speak of: no interval at all
+UNKNOWN = (0.0, math.inf)
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,17 @@ class Estimate:
     high: float
 
     @property
-    def half_width(self) -> float:
-        return (self.high - self.low) / 2
+    def known(self) -> bool:
+        return math.isfinite(self.high)
+
+    @property
+    def half_width(self) -> float | None:
+        return (self.high - self.low) / 2 if self.known else None
+
+    @property
+    def interval(self) -> list[float] | None:
+        """[low, high], or None when there is no interval (JSON has no infinity)."""
+        return [self.low, self.high] if self.known else None
 
 
 @dataclass(frozen=True)
@@ -90,12 +103,15 @@ class Comparison:
     verdict: str
 
     def to_dict(self) -> dict:
-        return {"reference": self.reference, "speedup": self.speedup.value, "low": self.speedup.low,
-                "high": self.speedup.high, "verdict": self.verdict}
+        s = self.speedup
+        return {"reference": self.reference, "speedup": s.value, "low": s.low if s.known else None,
+                "high": s.high if s.known else None, "verdict": self.verdict}
 
     @property
     def text(self) -> str:
         s = self.speedup
+        if not s.known:
+            return f"no measurable difference ({s.value:.2f}x; no interval: too few timed blocks in one repeat)"
         if self.verdict == SAME:
             return f"no measurable difference ({s.value:.2f}x, {s.low:.2f}-{s.high:.2f})"
         pct = 100 * (s.value - 1) if self.verdict == FASTER else 100 * (1 - s.value)
@@ -128,6 +144,8 @@ def rate_estimate(repeats: list[Repeat], noise: Noise | None = None, confidence:
         value = float(np.mean([r.rate for r in repeats]))
         half = noise.t(confidence) * math.sqrt(noise.variance / len(repeats))
         return Estimate(value, value * math.exp(-half), value * math.exp(half))
+    if any(len(r.blocks) < MIN_BLOCKS for r in repeats):
+        return Estimate(float(np.mean([r.rate for r in repeats])), *UNKNOWN)
     rng = _rng()
     blocks = [r.array() for r in repeats]
     picks = rng.integers(0, len(repeats), size=(resamples, len(repeats)))
@@ -149,6 +167,8 @@ def speedup_estimate(rung: list[Repeat], reference: list[Repeat], noise: Noise |
     if noise is not None:
         half = noise.t(confidence) * math.sqrt(2 * noise.variance / k)
         return Estimate(math.exp(log_ratio), math.exp(log_ratio - half), math.exp(log_ratio + half))
+    if any(len(r.blocks) < MIN_BLOCKS for r in rung + reference):
+        return Estimate(math.exp(log_ratio), *UNKNOWN)
     rng = _rng()
     picks = rng.integers(0, k, size=(resamples, k))
     mine = _resampled_rates([r.array() for r in rung], picks, rng)

@@ -63,7 +63,7 @@ def build_meter(state: TrainState, dist: Dist, on_window: Callable | None = None
     recipe = state.recipe
     return Meter(dist.device, recipe.log_every, on_window=on_window, first_step=state.micro_step,
                  stop_on_nonfinite=recipe.nonfinite == "stop",
-                 agree=dist.agree_nonfinite if dist.enabled else None)
+                 agree=dist.agree_nonfinite if dist.enabled else None, timer=state.timer)
 
 
 @dataclass

@@ -1,0 +1,259 @@
+"""The probe: how a run measured by the ablation reports back (`trainfast ablate -- COMMAND`, and the
+built-in ablation's runs, which are the same kind of run).
+
+The ablation starts every run with TRAINFAST_MEASURE in its environment (JSON: where to write the result,
+the mode, the timing budget) next to TRAINFAST_RECIPE (the rung's switches). In the run:
+
+  - a script that creates a `trainfast.Session` is measured through it: the Session's StepTimer (one step =
+    one optimizer update, its samples and data wait from the training loader given to setup()) and what the
+    script passed to `tf.report(...)`;
+  - a script that never creates a Session is measured from the outside: trainfast's sitecustomize (put on
+    PYTHONPATH by the ablation) registers torch's global optimizer-step hook, so every optimizer.step() of
+    any optimizer closes a step. Its rate is in steps/s (the samples of a step are unknown) and the result
+    says `session: false`, so the ablation reports the rungs that need a Session as "no effect" instead of
+    timing the same script again under another name.
+
+Modes: "speed" stops the run once warm-up is over and the budget of steady steps is timed (every rank at
+the same update: the decision is a collective at every CHECK_EVERY-th update); "full" lets the run end by
+itself and writes the result at exit. Rank 0 writes the result file (atomically); a run that ends without
+one (crashed before its first step, os._exit) is reported by the ablation with the tail of its log.
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MEASURE_ENV = "TRAINFAST_MEASURE"
+MODES = ("speed", "full")
+CHECK_EVERY = 8          # updates between two speed-mode decisions (each a collective under torchrun)
+MAX_BUDGETS = 4          # speed mode stops after this many times the steps first asked for, met or not
+
+
+class MeasureError(ValueError):
+    """TRAINFAST_MEASURE does not parse; names the variable and the value."""
+
+
+@dataclass(frozen=True)
+class MeasureSpec:
+    result: str                  # where rank 0 writes the result (JSON)
+    mode: str = "full"
+    steps: int = 16              # the timing budget (ablate.TimingBudget)
+    seconds: float = 60.0
+    floor: int = 8
+    min_seconds: float = 2.0
+
+    def to_env(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "MeasureSpec | None":
+        text = (os.environ if environ is None else environ).get(MEASURE_ENV)
+        if not text:
+            return None
+        try:
+            spec = cls(**json.loads(text))
+        except (ValueError, TypeError) as exc:
+            raise MeasureError(f"{MEASURE_ENV}={text!r} is not a measurement spec: {exc}") from None
+        if spec.mode not in MODES:
+            raise MeasureError(f"{MEASURE_ENV}: mode {spec.mode!r} is not one of {', '.join(MODES)}")
+        return spec
+
+
+class StopRun(SystemExit):
+    """Speed mode: the budget is timed, the result written; the run ends here with exit status 0 (a
+    SystemExit, so a script's `except Exception` does not swallow it; its `finally` blocks still run)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
+class Probe:
+    def __init__(self, spec: MeasureSpec) -> None:
+        self.spec = spec
+        self.session = None          # the Session that measures this run, once one is created
+        self.timer = None            # its StepTimer, or the global hook's own
+        self.device: torch.device | None = None
+        self.check_disturbance = False
+        self.written = False
+        self.cap: int | None = None
+        self.started = time.perf_counter()
+        self.extra: dict[str, Any] = {}          # more numbers for the result (the built-in run's evaluation)
+        self.reported: dict[str, Any] = {}       # metrics of a run without a Session (the built-in run's)
+
+    # --- where steps come from ------------------------------------------------------------------------
+
+    def _global_step(self, optimizer, args, kwargs) -> None:
+        if self.session is not None:         # the Session times its own updates (O2 masters, fp16 skips)
+            return
+        if self.timer is None:
+            from .measure import StepTimer
+
+            self.device = next((p.device for g in optimizer.param_groups for p in g["params"]), torch.device("cpu"))
+            self.timer = StepTimer(self.device)
+        self.timer.step()
+        self.after_update()
+
+    def attach(self, session) -> None:
+        """Called by Session() in a measured run; its setup() then hands over the step timer (watch)."""
+        self.session = session
+
+    def watch(self, state, num_workers: int | None) -> None:
+        """The Session's TrainState: its timer is the run's clock, its updates drive speed mode. Disturbance
+        (other processes using the CPU, see measure.Timing) can only be judged in one process on the CPU with
+        no loader workers; elsewhere nothing is left out."""
+        self.timer = state.timer
+        self.device = state.precision.device
+        self.check_disturbance = (self.device.type == "cpu" and self.world_size == 1 and num_workers == 0)
+        state.after_update = self.after_update
+
+    # --- speed mode ----------------------------------------------------------------------------------
+
+    def after_update(self) -> None:
+        if self.spec.mode != "speed" or self.timer.updates % CHECK_EVERY:
+            return
+        need = self.steps_needed()
+        # A run whose steps never settle, or whose blocks keep being disturbed, stops at a cap set by the
+        # first count: MAX_BUDGETS times what it asked for then.
+        self.cap = self.cap or self.timer.updates + MAX_BUDGETS * max(need, self.spec.steps)
+        if need == 0 or self.timer.updates >= self.cap:
+            self.write("speed budget timed" if need == 0 else "step cap reached before the budget was timed")
+            raise StopRun()
+
+    def steps_needed(self) -> int:
+        """More steps this run needs for its timing budget: the most any rank needs (a collective)."""
+        from .measure import steps_to_time
+
+        spec = self.spec
+        need = steps_to_time(self.timing(), spec.steps, spec.seconds, spec.floor, spec.min_seconds)
+        return self.agree_max(need)
+
+    def agree_max(self, value: int) -> int:
+        if self.session is not None:
+            return max(self.session.dist.gather(value))
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return value
+        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        tensor = torch.tensor([value], device=device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return int(tensor.item())
+
+    # --- the result ------------------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        if self.session is not None:
+            return self.session.world_size
+        return int(os.environ.get("WORLD_SIZE", "1"))
+
+    @property
+    def is_main(self) -> bool:
+        if self.session is not None:
+            return self.session.is_main
+        return os.environ.get("RANK", "0") == "0"
+
+    def timing(self):
+        from .measure import Timing
+
+        self.timer.read()
+        steps = self.timer.steps
+        if steps and not any(s.samples for s in steps):      # samples unknown: one "sample" per step
+            steps = [dataclasses.replace(s, samples=1) for s in steps]
+        return Timing.from_steps(steps, check_disturbance=self.check_disturbance)
+
+    def result(self, stopped: str) -> dict[str, Any]:
+        """Every measured number of this run (the ablation's per-run record)."""
+        from .measure import peak_memory_bytes
+
+        timing = self.timing()
+        samples_known = any(s.samples for s in self.timer.steps)
+        session = self.session
+        precision = session.state.precision.metrics() if session is not None and session.state else {}
+        return {
+            "session": session is not None,
+            "mode": self.spec.mode,
+            "stopped": stopped,
+            # Ranks step in lockstep (gradient all-reduce), so the job's rate is world_size x one rank's.
+            "throughput": timing.throughput * self.world_size,
+            "rate_unit": "samples/s" if samples_known else "steps/s",
+            "timing": timing.to_dict(),
+            "steps_run": self.timer.updates,
+            "data_wait_fraction": timing.data_wait_s / timing.seconds if timing.seconds else 0.0,
+            "peak_memory_bytes": peak_memory_bytes(self.device or torch.device("cpu")),
+            "world_size": self.world_size,
+            "precision_state": precision,
+            "scaler_skips": precision.get("skipped_steps"),
+            "compile": compile_counters(),
+            "reported": {**self.reported, **(session.reported if session is not None else {})},
+            "overridden": {k: list(v) for k, v in session.overridden.items()} if session is not None else {},
+            "run_seconds": time.perf_counter() - self.started,
+            **self.extra,
+        }
+
+    def write(self, stopped: str) -> None:
+        if self.written or not self.is_main:
+            self.written = True
+            return
+        self.written = True
+        path = Path(self.spec.result)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.result(stopped), default=str))
+        os.replace(tmp, path)
+
+    def at_exit(self) -> None:
+        """Full mode (or a speed run that ended before its budget): the result as the run ends. A process that
+        never stepped (a DataLoader worker, the torchrun launcher) writes nothing."""
+        if not self.written and self.timer is not None and self.timer.updates:
+            try:
+                self.write("script ended")
+            except Exception as exc:        # at exit nothing else can report it
+                print(f"trainfast: could not write the measurement {self.spec.result}: {exc}", file=sys.stderr)
+
+
+def compile_counters() -> dict[str, Any] | None:
+    """torch.compile's graphs, graph breaks (with their first reasons) and frames compiled in this process;
+    None when dynamo was never imported (nothing was compiled)."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    from torch._dynamo.utils import counters
+
+    breaks = counters.get("graph_break", {})
+    return {"graphs": counters.get("stats", {}).get("unique_graphs", 0),
+            "frames": counters.get("frames", {}).get("ok", 0),
+            "graph_breaks": sum(breaks.values()),
+            "break_reasons": [reason.splitlines()[0] for reason in list(breaks)[:5]]}
+
+
+_PROBE: Probe | None = None
+_LOADED = False
+
+
+def current() -> Probe | None:
+    """This process's probe when the ablation measures it (TRAINFAST_MEASURE is set), else None."""
+    global _PROBE, _LOADED
+    if not _LOADED:
+        _LOADED = True
+        spec = MeasureSpec.from_env()
+        if spec is not None:
+            _PROBE = Probe(spec)
+            atexit.register(_PROBE.at_exit)
+    return _PROBE
+
+
+def install() -> None:
+    """What trainfast's sitecustomize calls in a measured run: the probe with its global optimizer hook."""
+    probe = current()
+    if probe is not None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(probe._global_step)
