@@ -2,13 +2,15 @@
 
 plain_loop.py: the handwritten digits that ship with scikit-learn (no download), a small conv net, AdamW, a few
 dozen steps, then the held-out accuracy. adopted_loop.py: the same file with the import and three changed
-lines (Session(), setup(...), tf.backward(loss)); the model, the data and the loss are untouched. With the
+lines (Session(), setup(...), tf.backward(loss)), plus one optional line (tf.report) for the ablation's full
+mode; the model, the data and the loss are untouched. With the
 default recipe (fp32, every technique off) both print the same numbers, bit for bit; with a recipe, from the
 code or from the TRAINFAST_RECIPE environment variable, the adopted loop runs with the recipe's techniques:
 
     python examples/plain_loop.py
     python examples/adopted_loop.py
     TRAINFAST_RECIPE='{"precision": "bf16", "channels_last": true}' python examples/adopted_loop.py
+    trainfast ablate -- python examples/adopted_loop.py --epochs 60     # what each switch buys in this loop
 """
 import argparse
 

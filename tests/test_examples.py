@@ -31,6 +31,7 @@ def final(proc: subprocess.CompletedProcess) -> tuple[float, float]:
 
 
 def test_the_adopted_loop_changes_three_lines_and_the_import():
+    """Plus one optional line, tf.report, for the ablation's full mode."""
     plain = (EXAMPLES / "plain_loop.py").read_text().splitlines()
     adopted = (EXAMPLES / "adopted_loop.py").read_text().splitlines()
     diff = [line for line in difflib.unified_diff(plain, adopted, lineterm="", n=0)
@@ -40,7 +41,8 @@ def test_the_adopted_loop_changes_three_lines_and_the_import():
     assert removed == ["loss.backward()"]
     assert added == ["import trainfast", "tf = trainfast.Session()",
                      "model, optimizer, train_loader, val_loader = tf.setup(model, optimizer, train_loader, val_loader)",
-                     "tf.backward(loss)"]
+                     "tf.backward(loss)",
+                     "tf.report(val_accuracy=accuracy)            # optional: what `trainfast ablate --measure full` compares"]
 
 
 def test_the_adopted_loop_gives_the_plain_loops_result_in_fp32_and_takes_a_recipe_from_the_environment():

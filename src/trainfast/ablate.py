@@ -39,6 +39,7 @@ LADDER: dict[str, dict[str, Any]] = {
     "fused": {"optimizer_impl": "fused"},
 }
 MODES = ("cumulative", "each")
+FIRST_REPORTED = "<first reported>"     # ablate --measure full without --metric: what the script reports first
 # Every rung --rungs accepts, in ladder order: the precision-level rungs (issue 3: O1/O2/O3 in bf16/fp16) sit
 # where "amp" sits and are opt-in only, so the default ladder stays LADDER. Each sets precision and
 # precision_level, so in cumulative mode it replaces the previous level. "fp32" names the baseline (O0).
@@ -254,7 +255,8 @@ class AblationResult:
         return results_dict(self)
 
 
-def accuracy_band(accuracy: float, n: int | None, seed_accuracies: list[float] | None = None, runs: int = 1) -> float:
+def accuracy_band(accuracy: float, n: int | None, seed_accuracies: list[float] | None = None,
+                  runs: int = 1) -> float | None:
     """Half-width of the band within which a rung's accuracy is indistinguishable from the baseline's.
 
     Two noise sources: evaluation sampling (n held-out samples: two binomial standard errors of a
@@ -262,7 +264,9 @@ def accuracy_band(accuracy: float, n: int | None, seed_accuracies: list[float] |
     sends SGD down another path: two standard deviations of the baseline over its k seeds, scaled by
     sqrt(1/runs + 1/k) for comparing the mean of a rung's `runs` repeats against the mean of k). The band
     is the larger of the two. A script's own metric (n None: not a proportion of held-out samples that we
-    know of) has the training-noise part only."""
+    know of) has the training-noise part only, and no band at all (None) from fewer than two seeds."""
+    if not n and len(seed_accuracies or []) < 2:
+        return None
     band = 0.0
     if n:
         p = min(max(accuracy, 1.0 / n), 1 - 1.0 / n)
@@ -373,7 +377,7 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
             if reference is not None and r["accuracy"] is not None:
                 r["accuracy_delta"] = r["accuracy"] - reference
                 r["accuracy_band"] = accuracy_band(reference, base.result["val_samples"], seeds, runs=r["repeats"])
-                r["accuracy_flag"] = abs(r["accuracy_delta"]) > r["accuracy_band"]
+                r["accuracy_flag"] = r["accuracy_band"] is not None and abs(r["accuracy_delta"]) > r["accuracy_band"]
                 r["accuracy_worse"] = r["accuracy_flag"] and sign * r["accuracy_delta"] < 0
         elif rung is base:
             r["speedup"], r["speedup_interval"], r["verdict"] = 1.0, [1.0, 1.0], "reference"
@@ -528,13 +532,19 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, rung
     check_command(cmd)
     dev = resolve_device(device)
     plan = plan_rungs(base, rungs, mode, amp_dtype, dev)
+    for rung in plan[1:]:              # what the device alone rules out (the script's model is not known yet)
+        effect = changes_effect(rung.changes, dev, None)
+        rung.effect, rung.reason = effect.label, effect.reason
+        if not effect.acts:
+            rung.status = "no-effect"
     # The environment carries only the fields some rung switches (and the seed), so the script's own settings
     # (its grad_accum_steps, log_every...) stand, and the baseline turns off whatever the script turned on.
     switched = sorted({k for r in plan for k in r.changes} | {"seed"})
     settings = {"command": list(cmd.argv), "measure": measure, "metric": {"name": metric, "goal": goal},
                 "mode": mode, "repeats": repeats, "noise_seeds": noise_seeds if measure == "full" else repeats,
                 "nproc": nproc, "device": str(dev), "budget": dataclasses.asdict(budget), "min_effect": min_effect,
-                "cwd": os.getcwd(), "rungs": {r.name: {k: r.recipe.to_dict()[k] for k in switched} for r in plan}}
+                "cwd": os.getcwd(),
+                "rungs": {r.name: {k: r.recipe.to_dict()[k] for k in switched} for r in plan if r.status != "no-effect"}}
 
     def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
         fields = {k: recipe.to_dict()[k] for k in switched}
@@ -556,7 +566,7 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, rung
     return run_ladder(plan, launch, settings, out, dev, repeats=repeats,
                       noise_seeds=noise_seeds if measure == "full" else repeats, budget=budget,
                       min_effect=min_effect, mode=mode, resume=resume, rung_timeout=rung_timeout, show=show,
-                      after_run=after_run, metric=(metric, goal))
+                      after_run=after_run, metric=(metric or FIRST_REPORTED, goal) if measure == "full" else (None, None))
 
 
 def check_counts(*, noise_seeds: int, repeats: int, nproc: int, rung_timeout: float | None, min_effect: float) -> None:
@@ -738,9 +748,12 @@ def _seed_summary(result: dict[str, Any], metric: str | None) -> dict[str, Any]:
 
 def run_metric(result: dict[str, Any], metric: str | None) -> float | None:
     """The number a run is judged on for accuracy: the built-in run's held-out accuracy, or what a user's
-    script reported under `metric` (default: the first thing it reported); None in speed mode."""
+    script reported under `metric` (FIRST_REPORTED: the first thing it reported); None for no metric (speed
+    mode: its runs stop at different points, so what they reported is not comparable)."""
     reported = result.get("reported") or {}
     if metric is None:
+        return None
+    if metric == FIRST_REPORTED:
         metric = next(iter(reported), None)
     value = reported.get(metric, result.get(metric)) if metric is not None else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

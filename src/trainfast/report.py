@@ -153,8 +153,10 @@ class Columns:
             return cls(cumulative)
         units = {run.get("rate_unit") for r in rungs or [] for run in r.repeats}
         metric = settings.get("metric") or {}
+        name = metric.get("name") or next((k for r in rungs or [] for run in r.repeats for k in run.get("reported", {})),
+                                          None)
         return cls(cumulative, "steps/s" if "steps/s" in units else "samples/s", "run s", "wall_s",
-                   metric.get("name") or "metric")
+                   name if settings.get("measure") == "full" and name else "metric")
 
 
 def table_rows(rungs: list["Rung"], columns: Columns = Columns()) -> list[list[str]]:
@@ -445,11 +447,23 @@ def data_wait_line(rungs: list["Rung"]) -> str:
 
 def accuracy_note(result: "AblationResult") -> str:
     base = result.rungs[0].result
-    band = next((r.result.get("accuracy_band") for r in result.rungs if r.result.get("accuracy_band")), None)
+    band = next((r.result.get("accuracy_band") for r in result.rungs if r.result.get("accuracy_band") is not None), None)
     flagged = [rung_label(r) for r in result.rungs if r.result.get("accuracy_flag")]
     accs = [s["accuracy"] for s in result.seed_runs if s.get("accuracy") is not None]
     seeds = ", ".join(f"{a:.3f}" for a in accs)
     runs = result.settings.get("repeats", 1)
+    if base.get("val_samples") is None:         # a script's own metric: seed-to-seed noise only
+        name = Columns.for_settings(result.settings, result.rungs).metric_label
+        if band is None:
+            return (f"{name}: no noise band (one baseline run); give the baseline more seeds with --noise-seeds "
+                    "to judge the metric.")
+        text = (f"{name} noise band: ±{band:.3g} around the baseline's mean over {len(accs)} seed(s) ({seeds}): two "
+                f"seed-to-seed standard deviations, scaled for comparing a rung's mean over its {runs} seed(s) with "
+                "that mean. Δ is measured from that mean. ")
+        if band == 0:
+            text += ("The seeds all gave the same value: if the script seeds its own random generators after "
+                     "creating the Session, the ablation's seeds do not reach it and any change is flagged. ")
+        return text + (("Outside it (marked !): " + ", ".join(flagged) + ".") if flagged else "Every rung is inside it.")
     text = (f"Accuracy noise band: ±{band:.3f} around the baseline's mean accuracy over {len(accs)} seed(s) "
             f"({seeds}) on {base['val_samples']} held-out samples: the larger of two binomial standard errors "
             f"of a difference and two seed-to-seed standard deviations (scaled for comparing a rung's mean over "

@@ -12,9 +12,10 @@ from . import memory_format, prefetch, runtime, transfer
 from .base import ACTS, Effect
 
 
-def field_effect(field: str, device: torch.device, model: nn.Module, split=None) -> Effect:
+def field_effect(field: str, device: torch.device, model: nn.Module | None, split=None) -> Effect:
     """`split`: the run's data (data.datasets.Split), for the techniques that act on files only; when
-    it is not given they count as acting."""
+    it is not given they count as acting. `model` None (a user's script: its model is not known before it
+    runs): the techniques that depend on the model count as acting."""
     if field == "decode_cache":
         from ..data.decoded_cache import effect as decode_cache_effect
 
@@ -24,7 +25,7 @@ def field_effect(field: str, device: torch.device, model: nn.Module, split=None)
     if field == "prefetch":
         return prefetch.effect(device)
     if field == "channels_last":
-        return memory_format.effect(model)
+        return memory_format.effect(model) if model is not None else ACTS
     if field == "compile":
         return compile_.effect(device)
     if field == "cudnn_benchmark":
@@ -32,7 +33,7 @@ def field_effect(field: str, device: torch.device, model: nn.Module, split=None)
     return ACTS
 
 
-def changes_effect(changed: dict, device: torch.device, model: nn.Module, split=None) -> Effect:
+def changes_effect(changed: dict, device: torch.device, model: nn.Module | None, split=None) -> Effect:
     """A set of switched fields acts if any one of them acts; otherwise say why none does."""
     effects = [field_effect(name, device, model, split) for name in changed]
     if not effects or any(e.acts for e in effects):

@@ -1,0 +1,164 @@
+"""`trainfast ablate -- COMMAND`: a user's own script, run once per rung with the rung's recipe in its
+environment and measured by the probe (speed and full mode, a failing rung, a script without a Session,
+--nproc 2 under torchrun, commands refused before any run)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ADOPTED = str(ROOT / "examples" / "adopted_loop.py")
+
+
+def ablate(out: Path, *flags: str, command: list[str], check: bool = True) -> tuple[subprocess.CompletedProcess, dict]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("TRAINFAST_RECIPE", None)
+    proc = subprocess.run([sys.executable, "-m", "trainfast", "ablate", "--out", str(out), *flags, "--", *command],
+                          env=env, capture_output=True, text=True, timeout=900)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
+    return proc, results
+
+
+def rungs(results: dict) -> dict[str, dict]:
+    return {r["name"]: r for r in results["rungs"]}
+
+
+@pytest.mark.slow
+def test_speed_mode_measures_every_rung_the_device_supports(tmp_path):
+    out = tmp_path / "speed"
+    proc, results = ablate(out, "--repeats", "1", "--timing-steps", "16",
+                           command=[sys.executable, ADOPTED, "--epochs", "200"])
+    by_name = rungs(results)
+    measured = [r for r in results["rungs"] if r["status"] == "done"]
+    skipped = [r for r in results["rungs"] if r["status"] == "no-effect"]
+    assert {r["name"] for r in measured} | {r["name"] for r in skipped} == set(by_name)
+    assert len(measured) >= 5 and not [r for r in results["rungs"] if r["status"] == "failed"]
+    for rung in measured:
+        run = rung["runs"][0]
+        assert run["session"] and run["mode"] == "speed" and run["rate_unit"] == "samples/s"
+        assert run["stopped"] == "speed budget timed"          # stopped early: 200 epochs would take minutes
+        assert run["timing"]["timed_seconds"] >= 2.0 and run["timing"]["timed_steps"] >= 16
+        assert rung["throughput"] > 0
+    # the rung's recipe reached the script through the environment, and the run recorded what it overrode
+    assert by_name["amp"]["runs"][0]["overridden"]["precision"] == ["fp32", "bf16"]
+    assert "precision" not in by_name["baseline"]["runs"][0]["overridden"]
+    # each run keeps its folder: the command, the recipe, the log, the result
+    run_dir = out / "rungs" / "amp-r0"
+    command = json.loads((run_dir / "command.json").read_text())
+    assert command["argv"][-3:] == [ADOPTED, "--epochs", "200"]
+    assert json.loads(command["env"]["TRAINFAST_RECIPE"])["precision"] == "bf16"
+    assert (run_dir / "log.txt").exists() and json.loads((run_dir / "result.json").read_text())["session"]
+    assert "TRAINFAST_RECIPE overrides the script's recipe" in (run_dir / "log.txt").read_text()
+    report = (out / "report.md").read_text()
+    assert "samples/s" in report and "run s" in report
+
+
+@pytest.mark.slow
+def test_full_mode_compares_the_reported_metric_with_the_baselines_band(tmp_path):
+    out = tmp_path / "full"
+    script = str(ROOT / "tests" / "scripts" / "report_loop.py")
+    proc, results = ablate(out, "--measure", "full", "--rungs", "amp", "--repeats", "2", "--noise-seeds", "3",
+                           command=[sys.executable, script])
+    by_name = rungs(results)
+    base, amp = by_name["baseline"], by_name["amp"]
+    assert results["settings"]["measure"] == "full"
+    for rung in (base, amp):
+        assert rung["status"] == "done"
+        assert all(run["stopped"] == "script ended" and "val_accuracy" in run["reported"] for run in rung["runs"])
+        assert 0.2 < rung["accuracy"] <= 1.0                  # the metric the script reported (chance is 0.1)
+    assert len(results["baseline_seeds"]) == 3                # the baseline's seeds make the band
+    assert amp["accuracy_band"] > 0 and "accuracy_delta" in amp and isinstance(amp["accuracy_flag"], bool)
+    report = (out / "report.md").read_text()
+    assert "val_accuracy (Δ)" in report and "val_accuracy noise band" in report
+    # --metric picks another reported value; a loss is judged as lower-is-better
+    proc, results = ablate(tmp_path / "loss", "--measure", "full", "--rungs", "amp", "--repeats", "2",
+                           "--noise-seeds", "2", "--metric", "val_loss", command=[sys.executable, script])
+    loss = rungs(results)["amp"]
+    assert loss["accuracy"] == pytest.approx(sum(r["reported"]["val_loss"] for r in loss["runs"]) / 2)
+    assert results["settings"]["metric"]["name"] == "val_loss"
+
+
+@pytest.mark.slow
+def test_a_failing_rung_is_reported_and_the_others_finish(tmp_path):
+    out = tmp_path / "fail"
+    script = str(ROOT / "tests" / "scripts" / "custom_optimizer_loop.py")
+    proc, results = ablate(out, "--rungs", "set_to_none,fused", "--repeats", "1", command=[sys.executable, script],
+                           check=False)
+    assert proc.returncode == 1                               # a failed rung: the exit status says so
+    by_name = rungs(results)
+    assert by_name["baseline"]["status"] == "done" and by_name["set_to_none"]["status"] == "done"
+    fused = by_name["fused"]
+    assert fused["status"] == "failed" and "exited with status 1" in fused["error"]
+    assert "HandSGD takes no foreach/fused argument" in fused["log_tail"]
+    assert "HandSGD takes no foreach/fused argument" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_script_without_a_session_is_timed_and_the_other_rungs_have_no_effect(tmp_path):
+    out = tmp_path / "plain"
+    proc, results = ablate(out, "--rungs", "amp,set_to_none", "--repeats", "1",
+                           command=[sys.executable, str(ROOT / "examples" / "plain_loop.py"), "--epochs", "100"])
+    by_name = rungs(results)
+    base = by_name["baseline"]
+    assert base["status"] == "done" and base["runs"][0]["session"] is False
+    assert base["runs"][0]["rate_unit"] == "steps/s" and base["throughput"] > 0
+    for name in ("amp", "set_to_none"):
+        assert by_name[name]["status"] == "no-effect" and by_name[name]["throughput"] is None
+        assert "does not use trainfast.Session" in by_name[name]["effect_reason"]
+    assert not (out / "rungs" / "amp-r0").exists()            # never run: nothing could reach the script
+    assert "steps/s" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_nproc_2_runs_every_rung_under_torchrun(tmp_path):
+    out = tmp_path / "ddp"
+    proc, results = ablate(out, "--rungs", "amp", "--repeats", "1", "--nproc", "2",
+                           command=[sys.executable, ADOPTED, "--epochs", "200"])
+    by_name = rungs(results)
+    for name in ("baseline", "amp"):
+        run = by_name[name]["runs"][0]
+        assert by_name[name]["status"] == "done" and run["world_size"] == 2 and run["stopped"] == "speed budget timed"
+    argv = json.loads((out / "rungs" / "amp-r0" / "command.json").read_text())["argv"]
+    assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+
+
+def test_commands_that_cannot_run_are_refused_before_any_run(tmp_path):
+    cases = [([], "no command after `--`"),
+             (["no-such-program-xyz"], "'no-such-program-xyz' is not an executable on PATH"),
+             ([sys.executable, str(tmp_path / "missing.py")], "missing.py' does not exist"),
+             (["true"], None)]
+    for command, message in cases[:3]:
+        proc, _ = ablate(tmp_path / "refused", command=command, check=False)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert not (tmp_path / "refused").exists()
+    proc, _ = ablate(tmp_path / "nproc", "--nproc", "2", command=["true"], check=False)
+    assert proc.returncode == 2 and "give the command as `python your_script.py ...`" in proc.stderr
+
+
+def test_a_command_that_fails_or_never_steps_is_reported_with_its_log(tmp_path):
+    out = tmp_path / "bad"
+    script = tmp_path / "nostep.py"
+    script.write_text("import sys\nprint('loading data...')\nsys.exit(0 if len(sys.argv) > 1 else 3)\n")
+    proc, results = ablate(out, "--rungs", "set_to_none", "--repeats", "1", command=[sys.executable, str(script)],
+                           check=False)
+    assert proc.returncode == 1
+    for rung in results["rungs"]:
+        assert rung["status"] == "failed" and "exited with status 3" in rung["error"]
+        assert "loading data..." in rung["log_tail"]
+    proc, results = ablate(tmp_path / "bad2", "--rungs", "set_to_none", "--repeats", "1",
+                           command=[sys.executable, str(script), "ok"], check=False)
+    assert all("without a single optimizer step" in r["error"] for r in results["rungs"])
+
+
+def test_a_recipe_in_the_environment_that_does_not_parse_names_the_variable(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TRAINFAST_RECIPE": '{"precision": "fp8"}'}
+    proc = subprocess.run([sys.executable, ADOPTED, "--epochs", "1"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0 and "TRAINFAST_RECIPE" in proc.stderr and "fp8" in proc.stderr
