@@ -43,8 +43,11 @@ def test_speed_mode_measures_every_rung_the_device_supports(tmp_path):
     for rung in measured:
         run = rung["runs"][0]
         assert run["session"] and run["mode"] == "speed" and run["rate_unit"] == "samples/s"
-        assert run["stopped"] == "speed budget timed"          # stopped early: 200 epochs would take minutes
-        assert run["timing"]["timed_seconds"] >= 2.0 and run["timing"]["timed_steps"] >= 16
+        # stopped early (200 epochs would take minutes): once timed, or at the step cap on a busy machine
+        assert run["stopped"] in ("speed budget timed", "step cap reached before the budget was timed")
+        assert run["steps_run"] < 200 * 22 and run["timing"]["timed_steps"] > 0
+        if run["stopped"] == "speed budget timed":
+            assert run["timing"]["timed_seconds"] >= 2.0 and run["timing"]["timed_steps"] >= 16
         assert rung["throughput"] > 0
     # the rung's recipe reached the script through the environment, and the run recorded what it overrode
     assert by_name["amp"]["runs"][0]["overridden"]["precision"] == ["fp32", "bf16"]
@@ -65,24 +68,34 @@ def test_full_mode_compares_the_reported_metric_with_the_baselines_band(tmp_path
     out = tmp_path / "full"
     script = str(ROOT / "tests" / "scripts" / "report_loop.py")
     proc, results = ablate(out, "--measure", "full", "--rungs", "amp", "--repeats", "2", "--noise-seeds", "3",
-                           command=[sys.executable, script])
+                           "--metric", "val_loss", command=[sys.executable, script])
     by_name = rungs(results)
     base, amp = by_name["baseline"], by_name["amp"]
-    assert results["settings"]["measure"] == "full"
+    assert results["settings"]["measure"] == "full" and results["settings"]["metric"]["name"] == "val_loss"
     for rung in (base, amp):
         assert rung["status"] == "done"
         assert all(run["stopped"] == "script ended" and "val_accuracy" in run["reported"] for run in rung["runs"])
-        assert 0.2 < rung["accuracy"] <= 1.0                  # the metric the script reported (chance is 0.1)
+        # the metric compared is the one named, the mean over the rung's runs
+        assert rung["accuracy"] == pytest.approx(sum(r["reported"]["val_loss"] for r in rung["runs"]) / 2)
     assert len(results["baseline_seeds"]) == 3                # the baseline's seeds make the band
+    seeds = [s["accuracy"] for s in results["baseline_seeds"]]
+    assert len(set(seeds)) == 3                               # the ablation's seed reached the script
     assert amp["accuracy_band"] > 0 and "accuracy_delta" in amp and isinstance(amp["accuracy_flag"], bool)
+    # a loss is minimized: worse means higher
+    assert amp["accuracy_worse"] == (amp["accuracy_flag"] and amp["accuracy_delta"] > 0)
     report = (out / "report.md").read_text()
-    assert "val_accuracy (Δ)" in report and "val_accuracy noise band" in report
-    # --metric picks another reported value; a loss is judged as lower-is-better
-    proc, results = ablate(tmp_path / "loss", "--measure", "full", "--rungs", "amp", "--repeats", "2",
-                           "--noise-seeds", "2", "--metric", "val_loss", command=[sys.executable, script])
-    loss = rungs(results)["amp"]
-    assert loss["accuracy"] == pytest.approx(sum(r["reported"]["val_loss"] for r in loss["runs"]) / 2)
-    assert results["settings"]["metric"]["name"] == "val_loss"
+    assert "val_loss (Δ)" in report and "val_loss noise band" in report
+
+
+@pytest.mark.slow
+def test_full_mode_measures_every_rung_of_the_adopted_example(tmp_path):
+    out = tmp_path / "full-ladder"
+    proc, results = ablate(out, "--measure", "full", "--repeats", "1", "--noise-seeds", "1",
+                           command=[sys.executable, ADOPTED, "--epochs", "2"])
+    measured = [r for r in results["rungs"] if r["status"] == "done"]
+    assert len(measured) >= 5 and all(r["status"] in ("done", "no-effect") for r in results["rungs"])
+    for rung in measured:
+        assert rung["runs"][0]["stopped"] == "script ended" and 0.2 < rung["accuracy"] <= 1.0   # val_accuracy
 
 
 @pytest.mark.slow
@@ -124,7 +137,7 @@ def test_nproc_2_runs_every_rung_under_torchrun(tmp_path):
     by_name = rungs(results)
     for name in ("baseline", "amp"):
         run = by_name[name]["runs"][0]
-        assert by_name[name]["status"] == "done" and run["world_size"] == 2 and run["stopped"] == "speed budget timed"
+        assert by_name[name]["status"] == "done" and run["world_size"] == 2 and run["stopped"] != "script ended"
     argv = json.loads((out / "rungs" / "amp-r0" / "command.json").read_text())["argv"]
     assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 
