@@ -13,7 +13,8 @@ from trainfast.measure import StepTime, Timing, detect_warmup, steps_to_time
 from trainfast.report import fmt_rate, fmt_sig
 import numpy as np
 
-from trainfast.stats import (FASTER, SAME, SLOWER, Candidate, compare, pooled_noise, rate_estimate, recommend,
+from trainfast.stats import (FASTER, SAME, SLOWER, Candidate, Estimate, Noise, compare, pooled_noise, rate_estimate,
+                             recommend, rerun_agreement,
                              speedup_estimate)
 
 # --- warm-up ------------------------------------------------------------------------------------------
@@ -182,3 +183,44 @@ def test_the_ladder_climbs_only_on_a_measurable_gain_over_the_recommendation():
     # small steps that add up to a measurable gain over the recommendation are climbed to
     pool, noise = candidates([100, 170, 178, 205])
     assert recommend(pool, noise=noise, ladder=True)[0] == "r3"
+
+
+# --- repeatability: how often a rerun would give the same verdict -----------------------------------------
+
+def test_rerun_agreement_is_high_far_from_the_threshold_and_a_coin_flip_on_it():
+    noise = Noise(variance=0.08 ** 2, df=12)                  # 8% per process, as this VM measures
+    se = (2 * noise.variance / 3) ** 0.5
+    threshold = max(noise.t() * se, np.log(1.05))
+    at = float(np.exp(threshold))                              # a speed-up exactly on the decision threshold
+    assert rerun_agreement(Estimate(1.70, 1.5, 1.9), FASTER, 0.05, noise, 3) > 0.99    # amp's +70%
+    assert rerun_agreement(Estimate(1.0, 0.85, 1.17), SAME, 0.05, noise, 3) > 0.8      # nothing at all
+    assert abs(rerun_agreement(Estimate(at, 1.0, 1.3), FASTER, 0.05, noise, 3) - 0.5) < 0.01
+    # more repeats make the same +15% firm
+    assert rerun_agreement(Estimate(1.15, 1.0, 1.3), FASTER, 0.05, noise, 3) < 0.8
+    assert rerun_agreement(Estimate(1.15, 1.1, 1.2), FASTER, 0.05, noise, 30) > 0.8
+    # the detectable effect and the repeats that reach 10% follow from the same noise
+    assert 0.15 < noise.detectable(3) < 0.35 and noise.detectable(30) < 0.10 <= noise.detectable(12)
+    assert noise.detectable(noise.repeats_for(0.10)) <= 0.10 + 1e-9
+
+
+def test_a_gain_a_rerun_would_not_repeat_is_marked_and_not_climbed_to():
+    errors = ([0.5, -0.3, 0.1], [0.2, 0.1, -0.4], [-0.6, 0.4, 0.3], [0.9, -0.5, 0.4])     # x 8% per process
+
+    def table(top: float):
+        return [[noisy_repeat(rate * float(np.exp(0.08 * e)), noise=0.005) for e in errs]
+                for rate, errs in zip([100, 170, 168, top], errors)]
+
+    # the last rung gains ~11% on the one before: significant in this draw, but near the threshold
+    shaky = table(184)
+    noise = pooled_noise(shaky)
+    step = compare("r3", shaky[3], "r2", shaky[2], 0.05, noise)
+    assert step.verdict == FASTER and not step.firm and step.to_dict()["firm"] is False
+    pool = [Candidate(f"r{k}", k, reps, 1.0) for k, reps in enumerate(shaky)]
+    best, tie = recommend(pool, noise=noise, ladder=True)
+    assert best == "r1" and "r3" in tie                         # amp, tied with the shaky gain
+    # the same ladder with a +25% last step: firm, and climbed to
+    firm = table(204)
+    noise = pooled_noise(firm)
+    assert compare("r3", firm[3], "r2", firm[2], 0.05, noise).firm
+    assert recommend([Candidate(f"r{k}", k, reps, 1.0) for k, reps in enumerate(firm)], noise=noise,
+                     ladder=True)[0] == "r3"

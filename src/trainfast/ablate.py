@@ -370,6 +370,7 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
                 versus = compare(rung.name, mine, "baseline", base_repeats, min_effect, noise)
                 r["speedup"], r["speedup_interval"] = versus.speedup.value, versus.speedup.interval
                 r["verdict"], r["verdict_text"] = versus.verdict, versus.text
+                r["agreement"], r["firm"] = versus.agreement, versus.firm
                 if mode == "cumulative" and rung_repeats(previous):
                     step = compare(rung.name, mine, previous.name, rung_repeats(previous), min_effect, noise)
                     r["vs_previous"] = {"rung": previous.name, **step.to_dict(), "text": step.text}
@@ -384,8 +385,18 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
             if reference is not None:
                 r["accuracy_reference"] = reference
                 r["accuracy_band"] = accuracy_band(reference, r["val_samples"], seeds, runs=r["repeats"])
-        r["noise"] = {"sigma_log": math.sqrt(noise.variance), "df": noise.df} if noise else None
+        r["noise"] = noise_summary(noise, r["repeats"], min_effect)
         previous = rung
+
+
+def noise_summary(noise: Noise | None, pairs: int, min_effect: float) -> dict[str, Any] | None:
+    """The noise behind a rung's intervals, and what it means for repeatability: the smallest speed-up its
+    comparisons detect in 80% of runs, and the repeats that would detect `min_effect` (or 10%, if larger)."""
+    if noise is None or pairs < 1:
+        return None
+    target = max(min_effect, 0.10)
+    return {"sigma_log": math.sqrt(noise.variance), "df": noise.df, "detectable_effect": noise.detectable(pairs),
+            "repeats_for": {f"{target:.2f}": noise.repeats_for(target)}}
 
 
 def metric_goal(name: str | None) -> str:

@@ -122,14 +122,16 @@ def fmt_speedup(r: dict) -> str:
 
 
 def short_verdict(v: dict | None) -> str:
-    """'faster by 77%' / 'slower by 8%' / 'no measurable difference' from a comparison's fields."""
+    """'faster by 77%' / 'slower by 8%' / 'no measurable difference' from a comparison's fields; a verdict a
+    rerun would not reliably repeat (stats.rerun_agreement) ends in '?'."""
     if not v or "verdict" not in v:
         return "—"
+    mark = "" if v.get("firm", True) else " ?"
     if v["verdict"] == "faster":
-        return f"faster by {100 * (v['speedup'] - 1):.0f}%"
+        return f"faster by {100 * (v['speedup'] - 1):.0f}%{mark}"
     if v["verdict"] == "slower":
-        return f"slower by {100 * (1 - v['speedup']):.0f}%"
-    return v["verdict"]
+        return f"slower by {100 * (1 - v['speedup']):.0f}%{mark}"
+    return v["verdict"] + mark
 
 
 NO_SESSION = "no-session"     # a rung's effect when the measured script never creates a trainfast.Session
@@ -279,6 +281,9 @@ class Display:
             self.console.print(f"[bold]interrupted[/bold]: {done} run(s) finished; partial report in "
                                f"{result.out_dir}/; continue with the same command and --resume")
             return
+        repeatability = repeatability_line(result)
+        if repeatability:
+            self.console.print(repeatability)
         self.console.print(best_line(result) + f" — report in {result.out_dir}/ (results.json, report.md, charts)")
 
 
@@ -349,6 +354,7 @@ def write_report(result: "AblationResult") -> None:
         + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in result.ceilings.items()) + ".", "",
         _markdown_table(headers(columns), table_rows(result.rungs, columns)), "",
         data_wait_line(result.rungs), "",
+        *([repeatability_line(result), ""] if repeatability_line(result) else []),
         how_to_read(result), "",
     ]
     if base and base.get("accuracy") is not None:
@@ -434,6 +440,29 @@ def above_ceiling_note(rungs: list["Rung"]) -> str | None:
             "one such product, a machine that ran faster during the ladder than during those probes (a shared or "
             "throttled machine), or a FLOP count that overstates the model's work can all exceed it. Compare "
             "the rungs with each other here, not with 100%.")
+
+
+def repeatability_line(result: "AblationResult") -> str | None:
+    """How repeatable these verdicts are, from the measured process-to-process noise: the smallest difference
+    found in 80% of runs, the verdicts a rerun may not repeat (marked ?), and the repeats that would make 10%
+    (or --min-effect, if larger) detectable. None without a pooled noise estimate (one repeat)."""
+    noise = next((r.result.get("noise") for r in result.rungs if r.status == "done" and r.result.get("noise")), None)
+    if not noise:
+        return None
+    shaky = [rung_label(r) + ("" if r.result.get("firm", True) else " (vs baseline)")
+             for r in result.rungs if r.status == "done" and r.name != "baseline"
+             and (not r.result.get("firm", True) or not (r.result.get("vs_previous") or {}).get("firm", True))]
+    (target, repeats), = noise["repeats_for"].items()
+    text = (f"Repeatability: the process-to-process noise is {100 * noise['sigma_log']:.1f}% per run (pooled over the "
+            f"rungs, {noise['df']} df); with {result.settings.get('repeats')} repeats a speed-up below "
+            f"~{100 * noise['detectable_effect']:.0f}% between two rungs is found in fewer than 80% of runs. ")
+    if shaky:
+        text += (f"Verdicts marked ? ({', '.join(shaky)}) would be repeated by a rerun less than 80% of the time: "
+                 "their differences sit near the decision threshold, within the noise, and another run may call "
+                 "them otherwise. ")
+    else:
+        text += "Every verdict here would be repeated by a rerun at least 80% of the time. "
+    return text + f"`--repeats {repeats}` would make a {100 * float(target):.0f}% difference detectable."
 
 
 def data_wait_line(rungs: list["Rung"]) -> str:

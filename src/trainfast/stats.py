@@ -32,6 +32,8 @@ FASTER, SLOWER, SAME = "faster", "slower", "no measurable difference"
 MIN_EFFECT = 0.05
 CONFIDENCE = 0.95
 RESAMPLES = 2000
+POWER = 0.8             # "detectable": found in 80% of runs (Noise.detectable)
+FIRM = 0.8              # a verdict a rerun repeats at least this often is firm; below, the report marks it
 MIN_BLOCKS = 4          # a bootstrap over fewer blocks than this has no spread to speak of: no interval at all
 UNKNOWN = (0.0, math.inf)
 
@@ -79,6 +81,19 @@ class Noise:
     def t(self, confidence: float = CONFIDENCE) -> float:
         return float(scipy_stats.t.ppf(0.5 + confidence / 2, self.df))
 
+    def detectable(self, pairs: int, power: float = POWER, confidence: float = CONFIDENCE) -> float:
+        """The smallest speed-up (as a fraction, 0.2 = 20%) that a paired comparison over `pairs` repeats finds
+        with probability `power`: (t_conf + t_power) x the standard error of a log ratio. A true difference
+        smaller than this is called in some runs and not in others: the same command twice may disagree
+        about it, and both answers are within the noise."""
+        t_power = float(scipy_stats.t.ppf(power, self.df))
+        return math.exp((self.t(confidence) + t_power) * math.sqrt(2 * self.variance / pairs)) - 1
+
+    def repeats_for(self, effect: float, power: float = POWER, confidence: float = CONFIDENCE) -> int:
+        """Repeats per rung for `effect` (a fraction) to be detectable (the t quantiles at this df)."""
+        t = self.t(confidence) + float(scipy_stats.t.ppf(power, self.df))
+        return max(2, math.ceil(2 * self.variance * (t / math.log1p(effect)) ** 2))
+
 
 def pooled_noise(table: list[list[Repeat]]) -> Noise | None:
     """`table[k]`: rung k's repeats in pass order. The residual variance of the two-way additive model
@@ -101,11 +116,18 @@ class Comparison:
     reference: str
     speedup: Estimate
     verdict: str
+    agreement: float | None = None      # the chance a rerun gives the same verdict (rerun_agreement)
+
+    @property
+    def firm(self) -> bool:
+        """A verdict a rerun of the same command repeats at least FIRM of the time."""
+        return self.agreement is None or self.agreement >= FIRM
 
     def to_dict(self) -> dict:
         s = self.speedup
         return {"reference": self.reference, "speedup": s.value, "low": s.low if s.known else None,
-                "high": s.high if s.known else None, "verdict": self.verdict}
+                "high": s.high if s.known else None, "verdict": self.verdict, "agreement": self.agreement,
+                "firm": self.firm}
 
     @property
     def text(self) -> str:
@@ -190,7 +212,25 @@ def verdict(speedup: Estimate, min_effect: float = MIN_EFFECT) -> str:
 def compare(name: str, rung: list[Repeat], reference_name: str, reference: list[Repeat],
             min_effect: float = MIN_EFFECT, noise: Noise | None = None) -> Comparison:
     s = speedup_estimate(rung, reference, noise)
-    return Comparison(name, reference_name, s, verdict(s, min_effect))
+    v = verdict(s, min_effect)
+    pairs = min(len(rung), len(reference))
+    agreement = rerun_agreement(s, v, min_effect, noise, pairs) if noise is not None and s.known else None
+    return Comparison(name, reference_name, s, v, agreement)
+
+
+def rerun_agreement(speedup: Estimate, current: str, min_effect: float, noise: Noise, pairs: int) -> float:
+    """The chance that the same command, run again, gives this comparison the same verdict. The rerun's log
+    speed-up is predicted as normal around this one's, with twice its variance (this estimate's error and
+    the rerun's own: 2 x 2 sigma^2 / pairs); it is called faster above max(t x its standard error, log(1 +
+    min_effect)) and slower below the negative of that, as `verdict` does. A verdict near that threshold
+    is a coin flip: the report marks it, since both answers are within the noise."""
+    se = math.sqrt(2 * noise.variance / pairs)
+    threshold = max(noise.t() * se, math.log1p(min_effect))
+    spread = se * math.sqrt(2)
+    m = math.log(speedup.value)
+    p_faster = float(scipy_stats.norm.sf((threshold - m) / spread))
+    p_slower = float(scipy_stats.norm.cdf((-threshold - m) / spread))
+    return {FASTER: p_faster, SLOWER: p_slower}.get(current, 1.0 - p_faster - p_slower)
 
 
 @dataclass(frozen=True)
@@ -209,12 +249,15 @@ def recommend(candidates: list[Candidate], min_effect: float = MIN_EFFECT, noise
     for a gain inside the noise. `ladder` (cumulative rungs, each adding to the one before): candidates are
     taken in ladder order and climbed. Otherwise (independent rungs): the fastest candidate is compared with
     the baseline, and among the candidates not measurably slower than the fastest the simplest (fewest
-    switches) is recommended. The tie: the candidates not measurably different from the recommendation."""
+    switches) is recommended. The tie: the candidates not measurably different from the recommendation.
+    "Measurably" means a firm verdict here: one a rerun would repeat (Comparison.firm); a gain that a rerun
+    would call half the time is no reason to add a switch, and would make the recommendation a coin flip."""
     if not candidates:
         raise ValueError("recommend needs at least one candidate")
 
     def differs(c: Candidate, ref: Candidate) -> str:
-        return compare(c.name, c.repeats, ref.name, ref.repeats, min_effect, noise).verdict
+        versus = compare(c.name, c.repeats, ref.name, ref.repeats, min_effect, noise)
+        return versus.verdict if versus.firm else SAME
 
     best = candidates[0]
     if ladder:
