@@ -466,52 +466,80 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     `resume=True` continues an interrupted ablation in `out`: finished runs are reused, not run again.
     A run that passes `rung_timeout` seconds (default: 10x the baseline's first run, at least 300 s) is
     stopped with its whole process tree and reported failed with the tail of its log; the others go on."""
+    budget = budget or TimingBudget()
+    check_counts(noise_seeds=noise_seeds, repeats=repeats, nproc=nproc, rung_timeout=rung_timeout, min_effect=min_effect)
+    work = prepare_builtin(model, train_set, val_set, loss_fn, data=data, image_size=image_size, recipe=recipe,
+                           device=device, mean=mean, std=std, nproc=nproc)
+    plan = plan_rungs(work.base, rungs, mode, amp_dtype, work.dev)
+    work.mark_effects(plan)
+    settings = {**work.settings, "mode": mode, "repeats": repeats, "noise_seeds": noise_seeds, "nproc": nproc,
+                "budget": dataclasses.asdict(budget), "min_effect": min_effect,
+                "rungs": {r.name: r.recipe.to_dict() for r in plan if r.status != "no-effect"}}
+    return run_ladder(plan, work.launcher(), settings, out, work.dev, repeats=repeats, noise_seeds=noise_seeds,
+                      budget=budget, min_effect=min_effect, mode=mode, resume=resume, rung_timeout=rung_timeout,
+                      show=show, flops_per_sample=work.flops_per_sample)
+
+
+@dataclass
+class Builtin:
+    """The built-in run's model and data, loaded and checked once in the parent (prepare_builtin), and what
+    starts one run of it: a process forked from the warm fork server (rung_context) running _rung_main."""
+    job: Job
+    dev: torch.device
+    base: Recipe                         # the recipe with num_workers="auto" resolved
+    split: Any
+    probe_model: torch.nn.Module
+    flops_per_sample: float | None
+    settings: dict[str, Any]
+
+    def mark_effects(self, plan: list[Rung]) -> None:
+        """Rungs whose switches cannot act on this device, model or data are not run (no-effect, with why);
+        the decode cache rung's cache is built once here, opened by the rungs."""
+        for rung in plan[1:]:
+            effect = changes_effect(rung.changes, self.dev, self.probe_model, self.split)
+            rung.effect, rung.reason = effect.label, effect.reason
+            if not effect.acts:
+                rung.status = "no-effect"
+        if any(r.recipe.decode_cache and r.status != "no-effect" for r in plan):
+            with_decode_cache(self.split, self.base.replace(decode_cache=True))
+
+    def launcher(self) -> Callable:
+        ctx, job = rung_context(), self.job
+
+        def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
+            return run_supervised(ctx, _rung_main, (job, recipe, run_budget),
+                                  on_event=lambda e: display.progress(rung, e), log_path=run_dir / "log.txt",
+                                  time_limit_s=limit)
+        return launch
+
+
+def prepare_builtin(model, train_set=None, val_set=None, loss_fn=None, *, data: str = "digits",
+                    image_size: int | None = None, recipe: Recipe | None = None, device: str = "auto", mean=None,
+                    std=None, nproc: int = 1) -> Builtin:
+    """Everything the built-in runs need, checked here, before the first run starts."""
     from .data.datasets import load_data
     from .data.loader import resolve_num_workers
     from .models import build_model, check_model_name
     from .trainer import as_split
 
     base = recipe or Recipe()
-    budget = budget or TimingBudget()
-    check_counts(noise_seeds=noise_seeds, repeats=repeats, nproc=nproc, rung_timeout=rung_timeout, min_effect=min_effect)
     dev = resolve_device(device)
     validate_for_device(base, dev)
     if isinstance(model, str):
         check_model_name(model)
-    # Everything the rungs need is checked here, before the first rung starts.
     split = as_split(train_set, val_set, mean=mean, std=std) if train_set is not None else load_data(data, image_size)
     # num_workers="auto" is measured once, here: every rung then runs with the same worker count, so the
     # differences between rungs come from their techniques, not from a noisy per-rung choice.
     base = resolve_num_workers(base, split, dev)
-    plan = plan_rungs(base, rungs, mode, amp_dtype, dev)
     probe_model = build_model(model, split.num_classes, split.image_size) if isinstance(model, str) else model()
-    for rung in plan[1:]:
-        effect = changes_effect(rung.changes, dev, probe_model, split)
-        rung.effect, rung.reason = effect.label, effect.reason
-        if not effect.acts:
-            rung.status = "no-effect"
     flops_per_sample = count_flops_per_sample(probe_model, loss_fn, split, base)
-    del probe_model
-    if any(r.recipe.decode_cache and r.status != "no-effect" for r in plan):
-        with_decode_cache(split, base.replace(decode_cache=True))   # built once here, opened by the rungs
     # The rungs get the loaded split itself (a spawned process receives its tensors through shared memory),
     # not the spec to load again: loading the built-in data costs each process more than its training.
     job = Job(model, split, split.image_size or image_size, loss_fn, device, nproc)
-
     settings = {"model": model if isinstance(model, str) else getattr(model, "__qualname__", repr(model)),
                 "data": data if train_set is None else split.name, "image_size": split.image_size or image_size,
-                "mode": mode, "repeats": repeats, "noise_seeds": noise_seeds, "nproc": nproc, "device": str(dev),
-                "budget": dataclasses.asdict(budget), "min_effect": min_effect,
-                "rungs": {r.name: r.recipe.to_dict() for r in plan if r.status != "no-effect"}}
-    ctx = rung_context()
-
-    def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
-        return run_supervised(ctx, _rung_main, (job, recipe, run_budget), on_event=lambda e: display.progress(rung, e),
-                              log_path=run_dir / "log.txt", time_limit_s=limit)
-
-    return run_ladder(plan, launch, settings, out, dev, repeats=repeats, noise_seeds=noise_seeds, budget=budget,
-                      min_effect=min_effect, mode=mode, resume=resume, rung_timeout=rung_timeout, show=show,
-                      flops_per_sample=flops_per_sample)
+                "device": str(dev)}
+    return Builtin(job, dev, base, split, probe_model, flops_per_sample, settings)
 
 
 def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, rungs: list[str] | None = None,
