@@ -59,6 +59,10 @@ def test_blocks_where_other_processes_took_the_machine_are_left_out():
     assert checked.clean_steps < len(steps) - checked.warmup_steps
     unchecked = Timing.from_steps(steps, check_disturbance=False)             # CUDA, workers, several ranks
     assert not any(b["disturbed"] for b in unchecked.blocks) and unchecked.throughput < 300
+    # a machine busy throughout: every block disturbed; the rate comes from all of them, and says so
+    always = Timing.from_steps([busy] * 20, check_disturbance=True)
+    assert all(b["disturbed"] for b in always.blocks) and always.throughput == pytest.approx(32 / 0.3)
+    assert always.to_dict()["all_disturbed"] and not checked.to_dict()["all_disturbed"]
 
 
 # --- intervals and verdicts ---------------------------------------------------------------------------

@@ -281,7 +281,8 @@ def rung_repeats(rung: Rung) -> list[Repeat]:
     """The rung's timed steps, one Repeat per finished process (samples x world size: the job's rate)."""
     out = []
     for r in rung.repeats:
-        blocks = tuple((b["samples"] * r["world_size"], b["seconds"]) for b in r["timing"]["blocks"] if not b["disturbed"])
+        kept = [b for b in r["timing"]["blocks"] if not b["disturbed"]] or r["timing"]["blocks"]   # as Timing does
+        blocks = tuple((b["samples"] * r["world_size"], b["seconds"]) for b in kept)
         if blocks:
             out.append(Repeat(blocks))
     return out

@@ -160,6 +160,22 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--metric-goal", choices=("max", "min"), default=None,
                      help="whether the metric is better high or low (default: min for names with loss/err, else max)")
 
+    tu = sub.add_parser("tune", help="find the fastest recipe that keeps accuracy; writes best.yaml")
+    add_common(tu)
+    tu.add_argument("--budget", default="15m", help="time for the whole search, e.g. 600, 10m, 1h (default 15m); "
+                                                    "stages that would not fit are shortened and the report says so")
+    tu.add_argument("--repeats", type=_positive_int, default=3, help="fresh processes per candidate (default 3)")
+    tu.add_argument("--planned-steps", type=_positive_int, default=None,
+                    help="optimizer steps of the run the recipe is for (decides compile; default: the recipe's epochs)")
+    tu.add_argument("--timing-steps", type=_positive_int, default=16, help="steady steps each run is timed over")
+    tu.add_argument("--amp-dtype", choices=("auto", "bf16", "fp16"), default="auto")
+    tu.add_argument("--min-effect", type=_fraction, default=0.05)
+    tu.add_argument("--switches", default=None, help="comma-separated subset to search (default: every switch that "
+                                                      "can act here: O1/O2 levels, set_to_none, prefetch, "
+                                                      "channels_last, compile, fused, decode_cache)")
+    tu.add_argument("--out", default=None, help="search folder (default: runs/tune-<timestamp>)")
+    tu.add_argument("--resume", action="store_true", help="continue an interrupted search in --out DIR")
+
     tr = sub.add_parser("train", help="train with a recipe and write a run folder")
     add_common(tr)
     tr.add_argument("--out", default=None, help="run folder (default: runs/train-<timestamp>)")
@@ -196,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         recipe = recipe_from_args(args)
         if args.command == "ablate":
             return _ablate(args, recipe)
+        if args.command == "tune":
+            return _tune(args, recipe)
         return _train(args, recipe)
     except (RecipeError, ValueError, FileNotFoundError) as exc:
         print(f"trainfast {args.command}: error: {exc}", file=sys.stderr)
@@ -228,6 +246,23 @@ def _ablate(args, recipe: Recipe) -> int:
         return 130                        # the partial report is written; Display said where
 
     return 0 if all(r.status != "failed" for r in result.rungs) else 1
+
+
+def _tune(args, recipe: Recipe) -> int:
+    from .ablate import TimingBudget
+    from .tune import parse_budget, tune
+
+    if args.resume and args.out is None:
+        raise ValueError("--resume needs --out DIR: the folder of the search to continue")
+    try:
+        tune(args.model, data=args.data, image_size=args.image_size, recipe=recipe, device=args.device, out=args.out,
+             amp_dtype=args.amp_dtype, repeats=args.repeats, budget_s=parse_budget(args.budget),
+             planned_steps=args.planned_steps, timing=TimingBudget(steps=args.timing_steps),
+             min_effect=args.min_effect, resume=args.resume,
+             switches=[n.strip() for n in args.switches.split(",") if n.strip()] if args.switches else None)
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 def _train(args, recipe: Recipe) -> int:

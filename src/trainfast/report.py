@@ -372,6 +372,10 @@ def write_report(result: "AblationResult") -> None:
         if r.status == "done" and r.result.get("data_wait_fraction", 0) > 0.2:
             notes.append(f"- **{rung_label(r)}**: input-bound — {100 * r.result['data_wait_fraction']:.0f}% of the "
                          "timed steps was spent waiting for data")
+        if r.status == "done" and any(run["timing"].get("all_disturbed") for run in r.repeats):
+            notes.append(f"- **{rung_label(r)}**: in some run every block of steps was disturbed (other processes "
+                         "used more than a quarter of the machine throughout): its rate comes from disturbed steps; "
+                         "run it again on a quieter machine")
         disturbed = sum(r.result.get("disturbed_steps") or [])
         if r.status == "done" and disturbed:
             clean = sum(r.result.get("timed_steps") or [])

@@ -1,0 +1,325 @@
+"""`trainfast tune`: the fastest recipe for this model, data and machine that keeps accuracy.
+
+Switches interact (channels_last pays in bf16 and not in fp32; compile pays only on a long enough run; O2
+beats O1 on some models), so the top of a cumulative ladder is not always the best recipe. The search, in
+two stages of the ablation's own run loop (ablate.run_ladder: interleaved repeats in fresh processes,
+pooled-noise intervals, firm verdicts), each stage a folder of its own so an interrupted search resumes:
+
+  1. singles/  every switch alone against the baseline: the precision levels (O1 and O2 in the device's
+     fast half type), set_to_none, prefetch, channels_last, compile, fused, and for an image folder the
+     decode cache and DataLoader workers.
+  2. combine/  the switches that gained (a firm "faster" that kept accuracy; one precision level, the
+     fastest) together, against the baseline, the best single switch, and the combination without each
+     one of them in turn: a switch whose removal makes the combination firmly faster hurts in combination
+     and is dropped. compile joins only if the planned run repays its compilation (break_even_steps).
+
+The recommendation is the combination (without what hurt) when it is firmly faster than the best single
+switch, else the best single switch (the simpler recipe), else the baseline; every run of stage 2 trains
+to the end and is evaluated, so the accuracy guard is the combination's own accuracy against the
+baseline's noise band: a recipe that loses accuracy is not recommended, and the report says what was
+dropped. Output: best.yaml (a recipe file `trainfast train --recipe best.yaml` takes as is), tune.md,
+tune.json.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .ablate import (MIN_EFFECT, AblationResult, Rung, TimingBudget, _atomic_write, check_counts, plan_rungs,
+                     prepare_builtin, rung_repeats, run_ladder)
+from .recipe import Recipe, RecipeError
+from .stats import FASTER, compare, pooled_noise
+from .techniques.precision import auto_amp_dtype
+
+PRECISION_FIELDS = ("precision", "precision_level")
+
+
+@dataclass
+class Decision:
+    """What the search found; everything the report and tune.json say."""
+    recipe: Recipe
+    name: str
+    gainers: list[str] = field(default_factory=list)        # singles with a firm gain that kept accuracy
+    combined: list[str] = field(default_factory=list)       # the switches put together
+    dropped: dict[str, str] = field(default_factory=dict)   # switch -> why it is not in the recipe
+    notes: list[str] = field(default_factory=list)
+    speedup: float = 1.0
+    speedup_interval: list[float] | None = None
+
+
+def single_names(amp: str, image_folder: bool) -> list[str]:
+    names = [f"autocast-{amp}", f"master-{amp}", "set_to_none", "prefetch", "channels_last", "compile", "fused"]
+    return names + (["decode_cache"] if image_folder else [])
+
+
+def firm_gain(rung: Rung) -> bool:
+    r = rung.result
+    return rung.status == "done" and r.get("verdict") == FASTER and r.get("firm", True) and not r.get("accuracy_worse")
+
+
+def break_even_steps(compiled: Rung, eager: Rung) -> float:
+    """Steps after which compile has repaid its compilation: the extra warm-up time (warm-up beyond what
+    the same steps take once steady, compiled minus eager) over the steady time it saves per step.
+    Infinite when it saves nothing."""
+    def excess_and_step(rung: Rung) -> tuple[float, float]:
+        excess, steps = [], []
+        for run in rung.repeats:
+            t = run["timing"]
+            step = t["timed_seconds"] / t["timed_steps"] if t["timed_steps"] else math.inf
+            excess.append(sum(t["warmup_seconds"]) - step * len(t["warmup_seconds"]))
+            steps.append(step)
+        return statistics.fmean(excess), statistics.fmean(steps)
+
+    extra_c, step_c = excess_and_step(compiled)
+    extra_e, step_e = excess_and_step(eager)
+    saving = step_e - step_c
+    return max(0.0, extra_c - extra_e) / saving if saving > 0 else math.inf
+
+
+def combine(base: Recipe, singles: list[Rung], planned_steps: int | None) -> tuple[Recipe, list[str], dict[str, str]]:
+    """The combination of the singles that gained: one precision level (the fastest that gained), every
+    other gaining switch; compile only when `planned_steps` reaches its break-even. Returns the recipe, the
+    switch names in it and why each other single is not."""
+    baseline = singles[0]
+    dropped: dict[str, str] = {}
+    chosen: list[Rung] = []
+    for rung in singles[1:]:
+        r = rung.result
+        if rung.status != "done":
+            dropped[rung.name] = {"no-effect": "no effect here", "failed": "failed"}.get(rung.status, rung.status)
+        elif r.get("accuracy_worse"):
+            dropped[rung.name] = f"lost accuracy ({r['accuracy_delta']:+.3f}, outside the baseline's band)"
+        elif not firm_gain(rung):
+            dropped[rung.name] = f"no firm gain alone ({r.get('verdict_text', r.get('verdict'))})"
+        else:
+            chosen.append(rung)
+    levels = [r for r in chosen if any(k in r.changes for k in PRECISION_FIELDS)]
+    if len(levels) > 1:
+        fastest = max(levels, key=lambda r: r.result["speedup"])
+        for r in levels:
+            if r is not fastest:
+                dropped[r.name] = f"a precision level slower than {fastest.name} ({r.result['speedup']:.2f}x vs " \
+                                  f"{fastest.result['speedup']:.2f}x)"
+        chosen = [r for r in chosen if r not in levels or r is fastest]
+    compiled = next((r for r in chosen if r.changes.get("compile")), None)
+    if compiled is not None:
+        steps = break_even_steps(compiled, baseline)
+        if planned_steps is not None and planned_steps < steps:
+            dropped[compiled.name] = (f"compile repays its compilation after ~{steps:.0f} steps; the planned run "
+                                      f"has {planned_steps}")
+            chosen.remove(compiled)
+    recipe = base
+    for rung in chosen:
+        recipe = recipe.replace(**rung.changes)
+    return recipe, [r.name for r in chosen], dropped
+
+
+def combine_stage(base: Recipe, singles: list[Rung], combined: Recipe, names: list[str]) -> list[Rung]:
+    """Stage 2's rungs: the baseline, the best single switch, the combination, and the combination without
+    each of its switches in turn (two switches or more)."""
+    best = max((r for r in singles[1:] if r.name in names), key=lambda r: r.result["speedup"])
+    rungs = [Rung("baseline", {}, base), Rung(f"single-{best.name}", dict(best.changes), best.recipe),
+             Rung("combined", _diff(base, combined), combined)]
+    if len(names) > 1:
+        by_name = {r.name: r for r in singles}
+        for name in names:
+            without = base
+            for other in names:
+                if other != name:
+                    without = without.replace(**by_name[other].changes)
+            rungs.append(Rung(f"without-{name}", _diff(base, without), without))
+    return rungs
+
+
+def decide(stage: list[Rung], min_effect: float = MIN_EFFECT) -> Decision:
+    """The recommendation from stage 2 (rungs as combine_stage made them, scored)."""
+    base, single, combined = stage[0], stage[1], stage[2]
+    without = stage[3:]
+    noise = pooled_noise([rung_repeats(r) for r in stage if r.status in ("done", "partial")])
+
+    def firmly_faster(a: Rung, b: Rung) -> tuple[bool, Any]:
+        if a.status != "done" or b.status != "done":
+            return False, None
+        versus = compare(a.name, rung_repeats(a), b.name, rung_repeats(b), min_effect, noise)
+        return versus.verdict == FASTER and versus.firm, versus
+
+    decision = Decision(base.recipe, "baseline")
+    final = combined
+    for rung in without:                 # a switch whose removal makes the combination faster hurts in it
+        better, versus = firmly_faster(rung, final)
+        if better:
+            name = rung.name.removeprefix("without-")
+            decision.dropped[name] = f"hurts in combination: the combination without it is {versus.text}"
+            final = rung
+    if final.status == "done" and final.result.get("accuracy_worse"):
+        decision.dropped[final.name] = (f"loses accuracy ({final.result['accuracy_delta']:+.3f}, outside the "
+                                        "baseline's band)")
+        final = None
+    if final is not None:
+        beats, versus = firmly_faster(final, single)
+        if beats:
+            decision.recipe, decision.name = final.recipe, final.name
+        elif versus is not None:
+            decision.notes.append(f"the combination ({final.name}) does not beat the best single switch "
+                                  f"{single.name.removeprefix('single-')}: {versus.text}; the simpler recipe is recommended")
+    if decision.name == "baseline" and firm_gain(single):
+        decision.recipe, decision.name = single.recipe, single.name
+    chosen = next(r for r in stage if r.name == decision.name)
+    decision.speedup = chosen.result.get("speedup", 1.0)
+    decision.speedup_interval = chosen.result.get("speedup_interval")
+    return decision
+
+
+def _diff(base: Recipe, recipe: Recipe) -> dict[str, Any]:
+    a, b = base.to_dict(), recipe.to_dict()
+    return {k: b[k] for k in b if a[k] != b[k]}
+
+
+def parse_budget(text: str) -> float:
+    """'600', '600s', '10m', '1h' -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    value = text.strip().lower()
+    try:
+        seconds = float(value[:-1]) * units[value[-1]] if value and value[-1] in units else float(value)
+    except ValueError:
+        raise RecipeError(f"--budget {text!r}: a time like 600, 600s, 10m or 1h") from None
+    if not seconds > 0:
+        raise RecipeError(f"--budget {text!r} must be positive")
+    return seconds
+
+
+def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, data: str = "digits",
+         image_size: int | None = None, recipe: Recipe | None = None, device: str = "auto",
+         out: str | Path | None = None, amp_dtype: str = "auto", repeats: int = 3, budget_s: float = 900.0,
+         planned_steps: int | None = None, timing: TimingBudget | None = None, min_effect: float = MIN_EFFECT,
+         resume: bool = False, show: bool = True, mean=None, std=None, switches: list[str] | None = None) -> Decision:
+    """Search for the fastest recipe that keeps accuracy (module docstring). `planned_steps`: the optimizer
+    steps of the run the recipe is for (default: the recipe's epochs x steps per epoch), which decides
+    compile. `budget_s`: the search plans within it; a stage that would not fit is shortened (fewer
+    repeats, no leave-one-out rungs) or skipped, and the report says so. `switches`: search only these
+    (names as single_names gives them, e.g. autocast-bf16, channels_last)."""
+    from datetime import datetime
+
+    started = time.monotonic()
+    timing = timing or TimingBudget()
+    check_counts(noise_seeds=repeats, repeats=repeats, nproc=1, rung_timeout=None, min_effect=min_effect)
+    out_dir = Path(out) if out is not None else Path("runs") / datetime.now().strftime("tune-%Y%m%d-%H%M%S")
+    if out_dir.exists() and not resume and any(out_dir.iterdir()):
+        raise RecipeError(f"{out_dir} already holds a search: pass --resume to continue it, or choose another --out")
+    work = prepare_builtin(model, train_set, val_set, loss_fn, data=data, image_size=image_size, recipe=recipe,
+                           device=device, mean=mean, std=std)
+    amp = auto_amp_dtype(work.dev) if amp_dtype == "auto" else amp_dtype
+    from .data.decoded_cache import effect as decode_cache_effect
+
+    names = single_names(amp, decode_cache_effect(work.split).acts)
+    if switches:
+        unknown = [n for n in switches if n not in names]
+        if unknown:
+            raise RecipeError(f"--switches: {', '.join(unknown)} not among {', '.join(names)}")
+        names = [n for n in names if n in switches]
+    singles = plan_rungs(work.base, names, "each", amp, work.dev)
+    singles = [r for r in singles if r.name == "baseline" or r.name in names]
+    work.mark_effects(singles)
+    common = {**work.settings, "repeats": repeats, "budget": dataclasses.asdict(timing), "min_effect": min_effect}
+    launch = work.launcher()
+
+    def stage(name: str, rungs: list[Rung], stage_repeats: int) -> AblationResult:
+        settings = {**common, "stage": name, "mode": "each", "repeats": stage_repeats, "noise_seeds": stage_repeats,
+                    "rungs": {r.name: r.recipe.to_dict() for r in rungs if r.status != "no-effect"}}
+        return run_ladder(rungs, launch, settings, out_dir / name, work.dev, repeats=stage_repeats,
+                          noise_seeds=stage_repeats, budget=timing, min_effect=min_effect, mode="each",
+                          resume=resume, rung_timeout=None, show=show, flops_per_sample=work.flops_per_sample)
+
+    first = stage("singles", singles, repeats)
+    spent = time.monotonic() - started
+    per_run = statistics.fmean([run.get("wall_time_s") or 0 for r in singles for run in r.repeats] or [0])
+    steps = planned_steps or next((run.get("steps") for run in singles[0].repeats), None)
+    combined, in_combination, dropped = combine(work.base, singles, steps)
+    skipped: list[str] = []
+    second = None
+    if not in_combination:
+        decision = Decision(work.base, "baseline", dropped=dropped,
+                            notes=["no switch gained firmly on its own: the baseline is recommended"])
+    elif len(in_combination) == 1:
+        only = next(r for r in singles if r.name == in_combination[0])
+        decision = Decision(only.recipe, only.name, gainers=list(in_combination), combined=list(in_combination),
+                            dropped=dropped, speedup=only.result["speedup"],
+                            speedup_interval=only.result.get("speedup_interval"),
+                            notes=["one switch gained: nothing to combine"])
+    else:
+        rungs = combine_stage(work.base, singles, combined, in_combination)
+        stage_repeats = repeats
+        left = budget_s - spent
+        if per_run * len(rungs) * stage_repeats > left and stage_repeats > 2:
+            stage_repeats = 2
+            skipped.append(f"stage 2 ran {stage_repeats} repeats instead of {repeats} to fit the budget")
+        if per_run * len(rungs) * stage_repeats > left:
+            rungs = rungs[:3]
+            skipped.append("the leave-one-out rungs (the combination without each switch) were skipped to fit "
+                           "the budget: harmful interactions were not looked for")
+        second = stage("combine", rungs, stage_repeats)
+        decision = decide(second.rungs, min_effect)
+        decision.gainers = list(in_combination)
+        decision.combined = list(in_combination)
+        decision.dropped = {**dropped, **decision.dropped}
+    compiled = next((r for r in singles if r.changes.get("compile") and r.status == "done"), None)
+    if compiled is not None and singles[0].status == "done":
+        even = break_even_steps(compiled, singles[0])
+        decision.notes.append(f"compile repays its compilation after ~{even:.0f} steps" if math.isfinite(even) else
+                              "compile saved no time per step here: it never repays its compilation")
+    decision.notes += skipped
+    write_outputs(out_dir, decision, first, second if in_combination and len(in_combination) > 1 else None,
+                  time.monotonic() - started, budget_s, steps)
+    if show:
+        print(f"recommended: {decision.name} ({decision.speedup:.2f}x the baseline) — {out_dir}/best.yaml, "
+              f"{out_dir}/tune.md")
+    return decision
+
+
+def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, combined: AblationResult | None,
+                  seconds: float, budget_s: float, planned_steps: int | None) -> None:
+    import yaml
+
+    from .report import Columns, _markdown_table, headers, table_rows
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / "best.yaml.tmp"
+    tmp.write_text("# trainfast tune: the recommended recipe (trainfast train --recipe best.yaml)\n"
+                   + yaml.safe_dump(decision.recipe.to_dict(), sort_keys=False))
+    tmp.replace(out_dir / "best.yaml")
+
+    def summary(result: AblationResult | None) -> dict[str, Any]:
+        return {r.name: {"status": r.status, "changes": r.changes, "verdict": r.result.get("verdict"),
+                         "speedup": r.result.get("speedup"), "speedup_interval": r.result.get("speedup_interval"),
+                         "firm": r.result.get("firm"), "accuracy": r.result.get("accuracy"),
+                         "accuracy_worse": r.result.get("accuracy_worse")}
+                for r in (result.rungs if result else [])}
+
+    data = {"recommended": decision.name, "recipe": decision.recipe.to_dict(), "speedup": decision.speedup,
+            "speedup_interval": decision.speedup_interval, "combined": decision.combined,
+            "dropped": decision.dropped, "notes": decision.notes, "search_seconds": seconds, "budget_seconds": budget_s,
+            "planned_steps": planned_steps, "singles": summary(singles), "combine": summary(combined)}
+    _atomic_write(out_dir / "tune.json", data)
+    interval = decision.speedup_interval
+    columns = Columns(cumulative=False)
+    lines = ["# trainfast tune", "",
+             f"Recommended: **{decision.name}**, {decision.speedup:.2f}x the baseline"
+             + (f" (95% interval {interval[0]:.2f}–{interval[1]:.2f})" if interval else "") + ", written to "
+             f"[best.yaml](best.yaml). The search took {seconds:.0f} s (budget {budget_s:.0f} s); planned run: "
+             f"{planned_steps} optimizer steps.", "",
+             "## Each switch alone (stage 1)", "", _markdown_table(headers(columns), table_rows(singles.rungs, columns)),
+             "", "Details: [singles/report.md](singles/report.md).", ""]
+    if combined is not None:
+        lines += ["## Together (stage 2)", "", f"Combined: {', '.join(decision.combined)}; the best single switch "
+                  "and the combination without each switch in turn, against the same baseline.", "",
+                  _markdown_table(headers(columns), table_rows(combined.rungs, columns)), "",
+                  "Details: [combine/report.md](combine/report.md).", ""]
+    lines += ["## Not in the recipe", ""] + [f"- **{name}**: {why}" for name, why in decision.dropped.items()]
+    if decision.notes:
+        lines += ["", "## Notes", ""] + [f"- {note}" for note in decision.notes]
+    (out_dir / "tune.md").write_text("\n".join(lines) + "\n")

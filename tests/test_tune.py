@@ -1,0 +1,138 @@
+"""trainfast tune: the combination logic on synthetic measurements (independent gains combine, a harmful
+interaction is dropped, a switch that loses accuracy is excluded, compile's break-even), best.yaml, and a
+real search on the built-in data that resumes where it stopped."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import scored_rung
+from trainfast import Recipe
+from trainfast.ablate import Rung, score_rungs
+from trainfast.tune import break_even_steps, combine, combine_stage, decide, parse_budget, tune
+
+ROOT = Path(__file__).resolve().parents[1]
+O1 = {"precision": "bf16", "precision_level": "autocast"}
+O2 = {"precision": "bf16", "precision_level": "master"}
+
+
+def rung(name: str, rate: float, accuracy: float = 0.95, **changes) -> Rung:
+    return scored_rung(name, [rate * 0.99, rate, rate * 1.01], accuracy, **changes)
+
+
+def scored(rungs: list[Rung]) -> list[Rung]:
+    score_rungs(rungs, {"fp32": 1e12, "bf16": 1e12}, [0.95, 0.951, 0.949], mode="each")
+    return rungs
+
+
+def test_independent_gains_combine_and_the_rest_is_dropped_with_the_reason():
+    singles = scored([rung("baseline", 100), rung("autocast-bf16", 170, **O1), rung("master-bf16", 180, **O2),
+                      rung("set_to_none", 101, set_to_none=True), rung("channels_last", 130, channels_last=True),
+                      rung("fused", 160, accuracy=0.80, optimizer_impl="fused")])
+    recipe, names, dropped = combine(Recipe(), singles, planned_steps=1000)
+    assert names == ["master-bf16", "channels_last"]                   # one precision level: the faster
+    assert recipe.precision_level == "master" and recipe.channels_last and not recipe.set_to_none
+    assert recipe.optimizer_impl == "default"                          # fused lost accuracy: excluded
+    assert "lost accuracy" in dropped["fused"] and "no firm gain" in dropped["set_to_none"]
+    assert "slower than master-bf16" in dropped["autocast-bf16"]
+
+
+def test_a_switch_that_hurts_in_combination_is_dropped():
+    base = Recipe()
+    singles = scored([rung("baseline", 100), rung("master-bf16", 180, **O2), rung("channels_last", 130, channels_last=True)])
+    combined, names, _ = combine(base, singles, planned_steps=None)
+    stage = combine_stage(base, singles, combined, names)
+    assert [r.name for r in stage] == ["baseline", "single-master-bf16", "combined", "without-master-bf16",
+                                       "without-channels_last"]
+    # measured: together they are slower than O2 alone would suggest; without channels_last it is fastest
+    rates = {"baseline": 100, "single-master-bf16": 180, "combined": 150, "without-master-bf16": 130,
+             "without-channels_last": 181}
+    measured = scored([rung(r.name, rates[r.name], **r.changes) for r in stage])
+    for made, got in zip(stage, measured):
+        got.recipe = made.recipe
+    decision = decide(measured)
+    assert "channels_last" in decision.dropped and "hurts in combination" in decision.dropped["channels_last"]
+    # the combination without channels_last is O2 alone again: not firmly faster than the best single switch
+    assert decision.name == "single-master-bf16" and decision.recipe.precision_level == "master"
+    assert any("does not beat the best single switch" in n for n in decision.notes)
+
+
+def test_a_combination_that_beats_the_best_single_is_recommended_and_one_that_loses_accuracy_is_not():
+    base = Recipe()
+    singles = scored([rung("baseline", 100), rung("master-bf16", 180, **O2), rung("channels_last", 130, channels_last=True)])
+    combined, names, _ = combine(base, singles, planned_steps=None)
+    stage = combine_stage(base, singles, combined, names)
+    for accuracy, expected in ((0.95, "combined"), (0.70, "single-master-bf16")):
+        rates = {"baseline": 100, "single-master-bf16": 180, "combined": 230, "without-master-bf16": 130,
+                 "without-channels_last": 180}
+        measured = scored([rung(r.name, rates[r.name], accuracy if r.name == "combined" else 0.95, **r.changes)
+                           for r in stage])
+        for made, got in zip(stage, measured):
+            got.recipe = made.recipe
+        decision = decide(measured)
+        assert decision.name == expected
+        if expected == "combined":
+            assert decision.recipe.channels_last and decision.speedup == pytest.approx(2.3, rel=0.03)
+        else:
+            assert "loses accuracy" in decision.dropped["combined"]
+
+
+def _timed(rung: Rung, warmup: list[float], step: float) -> Rung:
+    for run in rung.repeats:
+        run["timing"].update(warmup_seconds=warmup, timed_seconds=step * 100, timed_steps=100)
+    return rung
+
+
+def test_compile_joins_only_when_the_planned_run_repays_its_compilation():
+    eager = _timed(rung("baseline", 100), [0.5], 0.10)
+    compiled = _timed(rung("compile", 125, compile=True), [20.0, 0.3], 0.08)
+    # 20.3 s of warm-up is 20.14 s beyond two steady steps, the eager warm-up 0.4 s: 19.74 s / 0.02 s per step
+    assert break_even_steps(compiled, eager) == pytest.approx(987, rel=0.01)
+    assert break_even_steps(eager, compiled) == math.inf           # slower per step: never repays
+    singles = scored([eager, compiled])
+    for steps, joins in ((500, False), (5000, True)):
+        recipe, names, dropped = combine(Recipe(), singles, planned_steps=steps)
+        assert recipe.compile is joins and (("compile" in names) is joins)
+        if not joins:
+            assert "repays its compilation after ~987 steps" in dropped["compile"]
+
+
+def test_best_yaml_round_trips_and_budgets_parse(tmp_path):
+    from trainfast.tune import Decision, write_outputs
+
+    recipe = Recipe(precision="bf16", precision_level="master", channels_last=True, epochs=3)
+    singles = scored([rung("baseline", 100), rung("master-bf16", 180, **O2)])
+
+    class Stage:
+        rungs = singles
+    write_outputs(tmp_path, Decision(recipe, "combined", speedup=1.8), Stage, None, 12.0, 600.0, 66)
+    assert Recipe.from_file(tmp_path / "best.yaml") == recipe
+    assert "master-bf16" in (tmp_path / "tune.md").read_text()
+    assert [parse_budget(t) for t in ("600", "90s", "10m", "1h")] == [600, 90, 600, 3600]
+    with pytest.raises(ValueError, match="--budget"):
+        parse_budget("ten minutes")
+
+
+@pytest.mark.slow
+def test_a_real_search_writes_best_yaml_resumes_and_trains_with_it(tmp_path):
+    out = tmp_path / "tune"
+    kwargs = dict(data="digits", image_size=16, out=out, repeats=1, show=False, recipe=Recipe(batch_size=128),
+                  switches=["autocast-bf16", "set_to_none", "channels_last"])
+    first = tune("resnet9", **kwargs)
+    assert (out / "best.yaml").exists() and (out / "tune.md").exists() and (out / "singles" / "results.json").exists()
+    again = tune("resnet9", resume=True, **kwargs)                    # every run is reused, nothing re-run
+    assert again.name == first.name and again.recipe == first.recipe
+    runs = list((out / "singles" / "runs").glob("*.json"))
+    assert runs and all('"reused"' not in p.read_text() for p in runs)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "trainfast", "train", "--recipe", str(out / "best.yaml"),
+                           "--image-size", "16", "--out", str(tmp_path / "train")], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with pytest.raises(ValueError, match="already holds a search"):
+        tune("resnet9", **kwargs)
