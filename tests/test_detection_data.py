@@ -44,17 +44,18 @@ def test_boxes_inside_their_image_with_positive_size_and_valid_labels(shapes):
             assert labels.min() >= 1 and labels.max() <= len(dataset.categories)
 
 
-def test_objects_are_visible_inside_their_boxes(shapes):
-    # The box is where the object was pasted: the pixels inside differ from a fresh crop of the same
-    # background (same generator draws up to the first object) far more than outside.
-    image, target = shapes[2]
-    x1, y1, x2, y2 = target["boxes"][0].long().tolist()
-    inside = image[:, y1:y2, x1:x2].float()
-    # a pasted object is a single colour over its mask: the rectangle/ellipse/triangle core is flat
-    cy, cx = (y1 + y2) // 2, (x1 + x2) // 2
-    core = image[:, cy - 2:cy + 3, cx - 2:cx + 3].float()
-    assert core.std(dim=(1, 2)).max() < 1.0, "the object's centre is one flat colour"
-    assert inside.numel() > 0
+def test_objects_are_where_their_boxes_say(shapes):
+    # A pasted shape is one flat colour over its mask, and every shape covers its box's centre: the centre
+    # of each box that no later object overlaps is flat (a photo's 5x5 patch almost never is).
+    flat = 0
+    for i in range(6):
+        image, target = shapes[i]
+        for x1, y1, x2, y2 in target["boxes"].long().tolist():
+            cy, cx = (y1 + y2) // 2, (x1 + x2) // 2
+            core = image[:, cy - 2:cy + 3, cx - 2:cx + 3].float()
+            flat += int(core.std(dim=(1, 2)).max() < 1.0)
+    total = sum(len(shapes[i][1]["labels"]) for i in range(6))
+    assert flat >= total - 2, (flat, total)      # at most a couple covered by a later object's 10% overlap
 
 
 def test_mixed_sizes_and_categories():
