@@ -116,6 +116,27 @@ def test_grouped_sampler_visits_each_index_once_and_groups(drop_last):
     assert list(sampler) == epochs[1]                         # the same order for the same (seed, epoch)
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_grouped_sampler_deals_whole_batches_evenly_over_ranks(ranks):
+    sizes = SyntheticDetection(50, seed=0).sizes
+    groups = aspect_ratio_groups(sizes)
+    single = GroupedBatchSampler(sizes, batch_size=4, seed=2)
+    single.set_epoch(3)
+    per_rank = []
+    for rank in range(ranks):
+        sampler = GroupedBatchSampler(sizes, batch_size=4, seed=2, num_replicas=ranks, rank=rank)
+        sampler.set_epoch(3)
+        per_rank.append(list(sampler))
+        assert len(per_rank[-1]) == len(sampler)
+    assert len({len(batches) for batches in per_rank}) == 1                      # same step count everywhere
+    dealt = [b for batches in per_rank for b in batches]
+    assert all(len({groups[i] for i in b}) == 1 for b in dealt)
+    assert {tuple(b) for b in dealt} == {tuple(b) for b in single}               # the single-rank batches, dealt
+    assert len(dealt) - len(single) == (-len(single)) % ranks                     # only the evening-out repeats
+    with pytest.raises(ValueError, match="rank must be in"):
+        GroupedBatchSampler(sizes, 4, num_replicas=2, rank=2)
+
+
 def test_grouping_reduces_padding():
     sizes = SyntheticDetection(192, seed=0).sizes
     grouped = list(GroupedBatchSampler(sizes, batch_size=4, seed=0))

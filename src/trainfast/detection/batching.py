@@ -70,25 +70,49 @@ class GroupedBatchSampler(Sampler[list[int]]):
     open batch, which is yielded when full. The groups' remainders follow, one partial batch per group (or
     are dropped with drop_last). Call `set_epoch(epoch)` before each epoch, as with DistributedSampler:
     the same (seed, epoch) gives the same batches on every run. shuffle=False walks 0..N-1 (evaluation).
+
+    Under DDP (num_replicas > 1) every rank builds the same epoch's batches and takes every
+    num_replicas-th one, starting at its rank. Whole batches are dealt, not indices: grouping per rank
+    would leave each rank its own group remainders, so the ranks would run different numbers of steps and
+    the last all-reduce would hang. When the batch count does not divide, the first batches are dealt
+    again to even it out (at most num_replicas - 1 repeated batches per epoch, as DistributedSampler
+    repeats indices); one rank alone visits every index exactly once.
     """
 
     def __init__(self, sizes: Sequence[tuple[int, int]], batch_size: int, group_factor: int = 3, seed: int = 0,
-                 shuffle: bool = True, drop_last: bool = False) -> None:
+                 shuffle: bool = True, drop_last: bool = False, num_replicas: int = 1, rank: int = 0) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas}), got rank={rank}")
         self.groups = aspect_ratio_groups(sizes, group_factor)
         self.batch_size, self.seed, self.shuffle, self.drop_last = batch_size, seed, shuffle, drop_last
+        self.num_replicas, self.rank = num_replicas, rank
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
+        return -(-self.total_batches() // self.num_replicas)
+
+    def total_batches(self) -> int:
+        """Batches per epoch over all ranks, before the repeats that even out the ranks."""
         counts = np.bincount(self.groups) if self.groups else np.zeros(0, dtype=int)
         rounding = (lambda n: n // self.batch_size) if self.drop_last else (lambda n: -(-n // self.batch_size))
         return int(sum(rounding(int(n)) for n in counts))
 
     def __iter__(self) -> Iterator[list[int]]:
+        batches = list(self.all_batches())
+        if self.num_replicas == 1:
+            yield from batches
+            return
+        per_rank = len(self)
+        padded = (batches * per_rank)[:per_rank * self.num_replicas] if batches else []
+        yield from padded[self.rank::self.num_replicas]
+
+    def all_batches(self) -> Iterator[list[int]]:
+        """This epoch's batches over all ranks, in order."""
         n = len(self.groups)
         order = np.random.default_rng([self.seed, self.epoch]).permutation(n) if self.shuffle else np.arange(n)
         open_batches: dict[int, list[int]] = {}
