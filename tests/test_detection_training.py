@@ -30,7 +30,7 @@ def train_steps(model, loader, epochs, lr=1e-3, sampler=None):
             optimizer.step()
             if epoch == 0:
                 warmup.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
     return losses
 
 

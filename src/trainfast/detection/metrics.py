@@ -33,6 +33,9 @@ class MapMeter:
         from torchmetrics.detection import MeanAveragePrecision
 
         self.metric = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend="pycocotools")
+        # SSDlite returns up to 300 detections per image; COCO scores the 100 best of each (image, category),
+        # which is the standard number, so torchmetrics' warning about it would only be noise in every run.
+        self.metric.warn_on_many_detections = False
         self.images = self.ground_truth = self.detections = 0
 
     def update(self, predictions: Sequence[dict], targets: Sequence[dict]) -> None:

@@ -145,6 +145,8 @@ class SyntheticDetection(Dataset):
     def __init__(self, length: int, objects: str = "shapes", seed: int = 0, split: str = "train") -> None:
         if objects not in ("shapes", "digits"):
             raise DataError(f"synthetic detection objects are 'shapes' or 'digits', not {objects!r}")
+        if split not in SPLIT_STREAMS:
+            raise DataError(f"synthetic detection split is 'train' or 'val', not {split!r}")
         if length < 1:
             raise DataError(f"synthetic detection dataset needs at least one image, got length={length}")
         self.length, self.objects, self.seed, self.stream = length, objects, seed, SPLIT_STREAMS[split]
