@@ -7,7 +7,9 @@ pooled-noise intervals, firm verdicts), each stage a folder of its own so an int
 
   1. singles/  every switch alone against the baseline: the precision levels (O1 and O2 in the device's
      fast half type), set_to_none, prefetch, channels_last, compile, fused, and for an image folder the
-     decode cache and DataLoader workers.
+     decode cache.
+ 1b. on-level/ when a precision level gained: every other switch again, on top of that level (precision
+     changes every kernel: channels_last, for one, pays in bf16 and not in fp32).
   2. combine/  the switches that gained (a firm "faster" that kept accuracy; one precision level, the
      fastest) together, against the baseline, the best single switch, and the combination without each
      one of them in turn: a switch whose removal makes the combination firmly faster hurts in combination
@@ -82,8 +84,8 @@ def break_even_steps(compiled: Rung, eager: Rung) -> float:
 
 
 def combine(base: Recipe, singles: list[Rung], planned_steps: int | None) -> tuple[Recipe, list[str], dict[str, str]]:
-    """The combination of the singles that gained: one precision level (the fastest that gained), every
-    other gaining switch; compile only when `planned_steps` reaches its break-even. Returns the recipe, the
+    """The combination of the singles that gained: one precision level (O1, or another one firmly faster than
+    it), every other gaining switch; compile only when `planned_steps` reaches its break-even. Returns the recipe, the
     switch names in it and why each other single is not."""
     baseline = singles[0]
     dropped: dict[str, str] = {}
@@ -100,12 +102,19 @@ def combine(base: Recipe, singles: list[Rung], planned_steps: int | None) -> tup
             chosen.append(rung)
     levels = [r for r in chosen if any(k in r.changes for k in PRECISION_FIELDS)]
     if len(levels) > 1:
-        fastest = max(levels, key=lambda r: r.result["speedup"])
+        # One level: O1 (fp32 weights, the safer numerics) unless another is firmly faster than it.
+        noise = pooled_noise([rung_repeats(r) for r in singles if r.status == "done"])
+        levels.sort(key=lambda r: r.recipe.precision_level != "autocast")
+        level = levels[0]
+        for r in levels[1:]:
+            versus = compare(r.name, rung_repeats(r), level.name, rung_repeats(level), MIN_EFFECT, noise)
+            if versus.verdict == FASTER and versus.firm:
+                level = r
         for r in levels:
-            if r is not fastest:
-                dropped[r.name] = f"a precision level slower than {fastest.name} ({r.result['speedup']:.2f}x vs " \
-                                  f"{fastest.result['speedup']:.2f}x)"
-        chosen = [r for r in chosen if r not in levels or r is fastest]
+            if r is not level:
+                versus = compare(r.name, rung_repeats(r), level.name, rung_repeats(level), MIN_EFFECT, noise)
+                dropped[r.name] = f"a precision level not firmly faster than {level.name} ({versus.text})"
+        chosen = [r for r in chosen if r not in levels or r is level]
     compiled = next((r for r in chosen if r.changes.get("compile")), None)
     if compiled is not None:
         steps = break_even_steps(compiled, baseline)
@@ -119,19 +128,22 @@ def combine(base: Recipe, singles: list[Rung], planned_steps: int | None) -> tup
     return recipe, [r.name for r in chosen], dropped
 
 
-def combine_stage(base: Recipe, singles: list[Rung], combined: Recipe, names: list[str]) -> list[Rung]:
-    """Stage 2's rungs: the baseline, the best single switch, the combination, and the combination without
-    each of its switches in turn (two switches or more)."""
-    best = max((r for r in singles[1:] if r.name in names), key=lambda r: r.result["speedup"])
+def combine_stage(base: Recipe, singles: list[Rung], combined: Recipe, names: list[str],
+                  changes: dict[str, dict] | None = None) -> list[Rung]:
+    """Stage 2's rungs: the baseline, the best single switch (alone against fp32: the simplest recipe to
+    beat), the combination, and the combination without each of its switches in turn (two switches or
+    more). `changes`: each switch's fields, where they come from another stage than `singles`."""
+    gained = [r for r in singles[1:] if r.name in names] or [r for r in singles[1:] if firm_gain(r)]
+    best = max(gained, key=lambda r: r.result["speedup"])
     rungs = [Rung("baseline", {}, base), Rung(f"single-{best.name}", dict(best.changes), best.recipe),
              Rung("combined", _diff(base, combined), combined)]
     if len(names) > 1:
-        by_name = {r.name: r for r in singles}
+        fields = changes or {r.name: r.changes for r in singles}
         for name in names:
             without = base
             for other in names:
                 if other != name:
-                    without = without.replace(**by_name[other].changes)
+                    without = without.replace(**fields[other])
             rungs.append(Rung(f"without-{name}", _diff(base, without), without))
     return rungs
 
@@ -241,18 +253,36 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
     steps = planned_steps or next((run.get("steps") for run in singles[0].repeats), None)
     combined, in_combination, dropped = combine(work.base, singles, steps)
     skipped: list[str] = []
-    second = None
+    second = on_level = None
+    level = next((r for r in singles if r.name in in_combination and any(k in r.changes for k in PRECISION_FIELDS)),
+                 None)
+    others = [r for r in singles[1:] if r.status != "no-effect" and not any(k in r.changes for k in PRECISION_FIELDS)]
+    if level is not None and others:
+        # Precision changes every kernel, so the other switches are judged again on top of the chosen level:
+        # channels_last, for one, pays in bf16 and not in fp32.
+        rungs = [Rung(f"on-{level.name}", dict(level.changes), level.recipe)]
+        rungs += [Rung(r.name, dict(r.changes), level.recipe.replace(**r.changes)) for r in others]
+        if per_run * len(rungs) * repeats <= budget_s - (time.monotonic() - started):
+            on_level = stage("on-level", rungs, repeats)
+            on_top, names_on_top, dropped_on_top = combine(level.recipe, rungs, steps)
+            combined, in_combination = on_top, [level.name, *names_on_top]
+            levels = {r.name for r in singles if any(k in r.changes for k in PRECISION_FIELDS)}
+            dropped = {k: v for k, v in dropped.items() if k in levels}     # the others: judged on top instead
+            dropped.update({k: f"on top of {level.name}: {v}" for k, v in dropped_on_top.items()})
+        else:
+            skipped.append(f"the switches were not judged again on top of {level.name} (would not fit the budget)")
     if not in_combination:
         decision = Decision(work.base, "baseline", dropped=dropped,
                             notes=["no switch gained firmly on its own: the baseline is recommended"])
     elif len(in_combination) == 1:
-        only = next(r for r in singles if r.name == in_combination[0])
+        only = next(r for r in singles if r.name == in_combination[0])    # a level alone: nothing gained on top
         decision = Decision(only.recipe, only.name, gainers=list(in_combination), combined=list(in_combination),
                             dropped=dropped, speedup=only.result["speedup"],
                             speedup_interval=only.result.get("speedup_interval"),
                             notes=["one switch gained: nothing to combine"])
     else:
-        rungs = combine_stage(work.base, singles, combined, in_combination)
+        rungs = combine_stage(work.base, singles, combined, in_combination,
+                              {r.name: r.changes for r in [*singles, *(on_level.rungs if on_level else [])]})
         stage_repeats = repeats
         left = budget_s - spent
         if per_run * len(rungs) * stage_repeats > left and stage_repeats > 2:
@@ -273,8 +303,7 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
         decision.notes.append(f"compile repays its compilation after ~{even:.0f} steps" if math.isfinite(even) else
                               "compile saved no time per step here: it never repays its compilation")
     decision.notes += skipped
-    write_outputs(out_dir, decision, first, second if in_combination and len(in_combination) > 1 else None,
-                  time.monotonic() - started, budget_s, steps)
+    write_outputs(out_dir, decision, first, second, time.monotonic() - started, budget_s, steps, on_level)
     if show:
         print(f"recommended: {decision.name} ({decision.speedup:.2f}x the baseline) — {out_dir}/best.yaml, "
               f"{out_dir}/tune.md")
@@ -282,7 +311,8 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
 
 
 def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, combined: AblationResult | None,
-                  seconds: float, budget_s: float, planned_steps: int | None) -> None:
+                  seconds: float, budget_s: float, planned_steps: int | None,
+                  on_level: AblationResult | None = None) -> None:
     import yaml
 
     from .report import Columns, _markdown_table, headers, table_rows
@@ -303,7 +333,8 @@ def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, co
     data = {"recommended": decision.name, "recipe": decision.recipe.to_dict(), "speedup": decision.speedup,
             "speedup_interval": decision.speedup_interval, "combined": decision.combined,
             "dropped": decision.dropped, "notes": decision.notes, "search_seconds": seconds, "budget_seconds": budget_s,
-            "planned_steps": planned_steps, "singles": summary(singles), "combine": summary(combined)}
+            "planned_steps": planned_steps, "singles": summary(singles), "on_level": summary(on_level),
+            "combine": summary(combined)}
     _atomic_write(out_dir / "tune.json", data)
     interval = decision.speedup_interval
     columns = Columns(cumulative=False)
@@ -314,6 +345,11 @@ def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, co
              f"{planned_steps} optimizer steps.", "",
              "## Each switch alone (stage 1)", "", _markdown_table(headers(columns), table_rows(singles.rungs, columns)),
              "", "Details: [singles/report.md](singles/report.md).", ""]
+    if on_level is not None:
+        lines += [f"## On top of {on_level.rungs[0].name.removeprefix('on-')} (stage 1b)", "",
+                  "Every other switch again, against the precision level alone.", "",
+                  _markdown_table(headers(columns), table_rows(on_level.rungs, columns)), "",
+                  "Details: [on-level/report.md](on-level/report.md).", ""]
     if combined is not None:
         lines += ["## Together (stage 2)", "", f"Combined: {', '.join(decision.combined)}; the best single switch "
                   "and the combination without each switch in turn, against the same baseline.", "",
