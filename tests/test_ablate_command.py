@@ -21,9 +21,14 @@ def ablate(out: Path, *flags: str, command: list[str], check: bool = True) -> tu
     proc = subprocess.run([sys.executable, "-m", "trainfast", "ablate", "--out", str(out), *flags, "--", *command],
                           env=env, capture_output=True, text=True, timeout=900)
     if check:
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + run_logs(out)
     results = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
     return proc, results
+
+
+def run_logs(out: Path) -> str:
+    """The end of every run's log: the report's table cuts a failed run's message short."""
+    return "".join(f"\n== {log}\n{log.read_text()[-2000:]}" for log in sorted(out.glob("rungs/*/log.txt")))
 
 
 def rungs(results: dict) -> dict[str, dict]:

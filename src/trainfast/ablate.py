@@ -436,10 +436,15 @@ def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT, mode: str = "cu
     return next(r for r in rungs if r.name == name), tie
 
 
+def recipe_changes(base: Recipe, recipe: Recipe) -> dict[str, Any]:
+    """The fields of `recipe` that differ from `base`'s, with their values."""
+    a, b = base.to_dict(), recipe.to_dict()
+    return {k: b[k] for k in b if a[k] != b[k]}
+
+
 def switch_count(base: Recipe, recipe: Recipe) -> int:
     """How many Recipe fields differ from the baseline's: the rung's complexity for a tie-break."""
-    a, b = base.to_dict(), recipe.to_dict()
-    return sum(a[k] != b[k] for k in a if k != "seed")
+    return len(recipe_changes(base, recipe).keys() - {"seed"})
 
 
 def default_out_dir() -> Path:
@@ -580,14 +585,18 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, rung
     # The environment carries only the fields some rung switches (and the seed), so the script's own settings
     # (its grad_accum_steps, log_every...) stand, and the baseline turns off whatever the script turned on.
     switched = sorted({k for r in plan for k in r.changes} | {"seed"})
+
+    def switched_fields(recipe: Recipe) -> dict[str, Any]:
+        fields = recipe.to_dict()
+        return {k: fields[k] for k in switched}
     settings = {"command": list(cmd.argv), "measure": measure, "metric": {"name": metric, "goal": goal},
                 "mode": mode, "repeats": repeats, "noise_seeds": noise_seeds if measure == "full" else repeats,
                 "nproc": nproc, "device": str(dev), "budget": dataclasses.asdict(budget), "min_effect": min_effect,
                 "cwd": os.getcwd(),
-                "rungs": {r.name: {k: r.recipe.to_dict()[k] for k in switched} for r in plan if r.status != "no-effect"}}
+                "rungs": {r.name: switched_fields(r.recipe) for r in plan if r.status != "no-effect"}}
 
     def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
-        fields = {k: recipe.to_dict()[k] for k in switched}
+        fields = switched_fields(recipe)
         spec = MeasureSpec(str((run_dir / "result.json").resolve()), measure if run_budget else "full",
                            **dataclasses.asdict(budget))
         env = run_environment(fields, spec)
@@ -777,9 +786,9 @@ def _jsonable(value: Any) -> Any:
 def _atomic_write(path: Path, data: Any) -> None:
     import json
 
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
+    from .checkpoint import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, indent=1, default=str))
 
 
 def _seed_summary(result: dict[str, Any], metric: str | None) -> dict[str, Any]:

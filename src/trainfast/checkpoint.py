@@ -78,6 +78,11 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     fsync_folder(path.parent)
 
 
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """A text file (JSON, YAML) written as atomic_write writes: whole or not at all."""
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
 def fsync_folder(folder: Path) -> None:
     dir_fd = os.open(folder, os.O_RDONLY)
     try:

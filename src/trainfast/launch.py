@@ -60,15 +60,16 @@ def check_command(command: Command) -> None:
     if not command.argv:
         raise RecipeError("ablate -- COMMAND: no command after `--` (e.g. `trainfast ablate -- python train.py`)")
     program = command.argv[0]
+    python = Path(program).name.startswith("python")
     if shutil.which(program) is None:
         raise RecipeError(f"ablate -- COMMAND: {program!r} is not an executable on PATH")
-    if Path(program).name.startswith("python") and len(command.argv) > 1 and not command.argv[1].startswith("-"):
+    if python and len(command.argv) > 1 and not command.argv[1].startswith("-"):
         script = Path(command.argv[1])
         if not script.is_file():
             raise RecipeError(f"ablate -- COMMAND: the script {str(script)!r} does not exist "
                               f"(from {os.getcwd()})")
     command.launch_argv()
-    if Path(program).name.startswith("python"):
+    if python:
         # The probe is imported by the command's own Python: one without trainfast would run unmeasured.
         probe = [program, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('trainfast') is None)"]
         if subprocess.run(probe, capture_output=True).returncode != 0:

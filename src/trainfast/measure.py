@@ -81,9 +81,6 @@ class StepClock:
         self._marks, self._pending = [self._mark()], []
 
     def step(self, samples: int, data_wait_s: float) -> None:
-        if not self._marks:                   # never started: this step only starts the clock
-            self._marks = [self._mark()]
-            return
         self._marks.append(self._mark())
         self._pending.append((samples, data_wait_s))
 

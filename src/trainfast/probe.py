@@ -27,7 +27,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -126,6 +125,9 @@ class Probe:
         self.cap = self.cap or self.timer.updates + MAX_BUDGETS * max(need, self.spec.steps)
         if need == 0 or self.timer.updates >= self.cap:
             self.write("speed budget timed" if need == 0 else "step cap reached before the budget was timed")
+            # Every rank leaves together, after rank 0 has written: no rank tears its process group down
+            # while another still works (a CI run once lost a rank at this point, exit status 1).
+            self.agree_max(0)
             raise StopRun()
 
     def steps_needed(self) -> int:
@@ -205,10 +207,9 @@ class Probe:
             self.written = True
             return
         self.written = True
-        path = Path(self.spec.result)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.result(stopped), default=str))
-        os.replace(tmp, path)
+        from .checkpoint import atomic_write_text
+
+        atomic_write_text(self.spec.result, json.dumps(self.result(stopped), default=str))
 
     def at_exit(self) -> None:
         """Full mode (or a speed run that ended before its budget): the result as the run ends. A process that

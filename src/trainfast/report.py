@@ -346,6 +346,7 @@ def write_report(result: "AblationResult") -> None:
     env = result.environment
     base = result.rungs[0].result
     columns = Columns.for_settings(result.settings, result.rungs)
+    repeatability = repeatability_line(result)
     lines = [
         "# trainfast ablation report", "",
         f"Measured on **{env['device_name']}** ({env['device']}, {env['cpu_cores']} cores, torch {env['torch']}, "
@@ -354,7 +355,7 @@ def write_report(result: "AblationResult") -> None:
         + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in result.ceilings.items()) + ".", "",
         _markdown_table(headers(columns), table_rows(result.rungs, columns)), "",
         data_wait_line(result.rungs), "",
-        *([repeatability_line(result), ""] if repeatability_line(result) else []),
+        *([repeatability, ""] if repeatability else []),
         how_to_read(result), "",
     ]
     if base and base.get("accuracy") is not None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .ablate import (MIN_EFFECT, AblationResult, Rung, TimingBudget, _atomic_write, check_counts, plan_rungs,
-                     prepare_builtin, rung_repeats, run_ladder)
+                     prepare_builtin, recipe_changes, rung_repeats, run_ladder)
 from .recipe import Recipe, RecipeError
 from .stats import FASTER, compare, pooled_noise
 from .techniques.precision import auto_amp_dtype
@@ -136,7 +136,7 @@ def combine_stage(base: Recipe, singles: list[Rung], combined: Recipe, names: li
     gained = [r for r in singles[1:] if r.name in names] or [r for r in singles[1:] if firm_gain(r)]
     best = max(gained, key=lambda r: r.result["speedup"])
     rungs = [Rung("baseline", {}, base), Rung(f"single-{best.name}", dict(best.changes), best.recipe),
-             Rung("combined", _diff(base, combined), combined)]
+             Rung("combined", recipe_changes(base, combined), combined)]
     if len(names) > 1:
         fields = changes or {r.name: r.changes for r in singles}
         for name in names:
@@ -144,7 +144,7 @@ def combine_stage(base: Recipe, singles: list[Rung], combined: Recipe, names: li
             for other in names:
                 if other != name:
                     without = without.replace(**fields[other])
-            rungs.append(Rung(f"without-{name}", _diff(base, without), without))
+            rungs.append(Rung(f"without-{name}", recipe_changes(base, without), without))
     return rungs
 
 
@@ -185,11 +185,6 @@ def decide(stage: list[Rung], min_effect: float = MIN_EFFECT) -> Decision:
     decision.speedup = chosen.result.get("speedup", 1.0)
     decision.speedup_interval = chosen.result.get("speedup_interval")
     return decision
-
-
-def _diff(base: Recipe, recipe: Recipe) -> dict[str, Any]:
-    a, b = base.to_dict(), recipe.to_dict()
-    return {k: b[k] for k in b if a[k] != b[k]}
 
 
 def parse_budget(text: str) -> float:
@@ -315,13 +310,11 @@ def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, co
                   on_level: AblationResult | None = None) -> None:
     import yaml
 
+    from .checkpoint import atomic_write_text
     from .report import Columns, _markdown_table, headers, table_rows
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / "best.yaml.tmp"
-    tmp.write_text("# trainfast tune: the recommended recipe (trainfast train --recipe best.yaml)\n"
-                   + yaml.safe_dump(decision.recipe.to_dict(), sort_keys=False))
-    tmp.replace(out_dir / "best.yaml")
+    atomic_write_text(out_dir / "best.yaml", "# trainfast tune: the recommended recipe (trainfast train --recipe "
+                      "best.yaml)\n" + yaml.safe_dump(decision.recipe.to_dict(), sort_keys=False))
 
     def summary(result: AblationResult | None) -> dict[str, Any]:
         return {r.name: {"status": r.status, "changes": r.changes, "verdict": r.result.get("verdict"),
