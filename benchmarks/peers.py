@@ -1,0 +1,185 @@
+"""trainfast against what users run today, side by side on the same model, data and settings (issue 12).
+
+Per tool and workload, the per-epoch cost by whole-process timing: the wall time of an E_long-epoch run minus
+that of an E_short-epoch run, divided by the extra epochs, so interpreter start-up, imports, model build,
+worker start and warm-up cancel. Every tool evaluates val/ once per epoch and writes one checkpoint per epoch
+(what timm's train.py and Lightning do by default). Runs are interleaved (repeat r runs every tool before
+repeat r+1, in a rotated order) and the per-epoch costs are medians over repeats.
+
+Tools:
+  plain      benchmarks/peers/plain_timm_style.py: timm train.py `--amp` reduced to this workload (torchvision
+             ImageFolder pipeline, autocast, GradScaler with fp16)
+  lightning  benchmarks/peers/lightning_trainer.py: a Lightning Trainer, precision="bf16-mixed" (its best flag
+             on a CPU with fast bf16); `lightning` is installed into benchmarks/.peers-lib on first use
+  trainfast  `trainfast train --precision bf16`: the same settings, no other technique
+  tuned      `trainfast train --recipe FILE` (--tuned-recipe, e.g. the best.yaml of `trainfast tune` on this
+             workload); model, data, batch size, epochs, lr and workers are set here, the rest from FILE
+
+    PYTHONPATH=src python benchmarks/peers.py --workloads r18-128 --repeats 2
+    PYTHONPATH=src python benchmarks/peers.py --tuned-recipe runs/tune-r18/best.yaml --workloads r18-128
+
+Nothing else may run on the machine meanwhile: these are wall-clock timings.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+LIB = HERE / ".peers-lib"
+WORKLOADS = {                       # name -> (timm model, image size, batch size, training photos)
+    "vit-224": ("vit_small_patch16_224", 224, 32, 320),
+    "r18-224": ("resnet18", 224, 64, 1596),
+    "r18-128": ("resnet18", 128, 128, 1596),
+}
+TOOLS = ("plain", "lightning", "trainfast", "tuned")
+LIGHTNING = ["lightning==2.6.*", "lightning-utilities", "fsspec", "tqdm"]
+
+
+def ensure_lightning() -> None:
+    """lightning into its own folder, without dependencies trainfast's environment already has (torch,
+    torchmetrics, PyYAML, packaging): the peer runs on the same torch build as the others."""
+    probe = subprocess.run([sys.executable, "-c", "import lightning"], env=env_for("lightning"), capture_output=True)
+    if probe.returncode == 0:
+        return
+    print(f"installing {' '.join(LIGHTNING)} into {LIB} (not a trainfast dependency)", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(LIB), *LIGHTNING],
+                   check=True)
+
+
+def env_for(tool: str) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(ROOT / "src")] + ([str(LIB)] if tool == "lightning" else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env["PYTHONPATH"]] if env.get("PYTHONPATH") else paths)
+    env.pop("TRAINFAST_RECIPE", None)
+    return env
+
+
+def command(tool: str, workload: str, data: Path, epochs: int, out: Path, tuned: Path | None) -> list[str]:
+    model, size, batch, _ = WORKLOADS[workload]
+    if tool in ("plain", "lightning"):
+        script = HERE / "peers" / ("plain_timm_style.py" if tool == "plain" else "lightning_trainer.py")
+        return [sys.executable, str(script), "--data", str(data), "--model", model, "--image-size", str(size),
+                "--batch-size", str(batch), "--epochs", str(epochs), "--workers", "2", "--precision", "bf16",
+                "--out", str(out)]
+    cmd = [sys.executable, "-m", "trainfast", "train", "--model", model, "--data", f"imagefolder:{data}",
+           "--image-size", str(size), "--batch-size", str(batch), "--epochs", str(epochs), "--num-workers", "2",
+           "--persistent-workers", "--out", str(out)]
+    return cmd + (["--recipe", str(tuned)] if tool == "tuned" else ["--precision", "bf16"])
+
+
+def run_once(cmd: list[str], tool: str, log: Path) -> tuple[float, float | None]:
+    """Wall seconds of the whole process, and the final val accuracy it printed (None if it printed none)."""
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env_for(tool), capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"{tool} failed (exit {proc.returncode}); log: {log}\n{(proc.stdout + proc.stderr)[-2000:]}")
+    return seconds, final_accuracy(proc.stdout, cmd)
+
+
+def final_accuracy(stdout: str, cmd: list[str]) -> float | None:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{") and "val_accuracy" in line:
+            return json.loads(line)["val_accuracy"]
+    if "--out" in cmd:                      # trainfast train: the run folder's metrics.jsonl
+        metrics = Path(cmd[cmd.index("--out") + 1]) / "metrics.jsonl"
+        if metrics.is_file():
+            return json.loads(metrics.read_text().splitlines()[-1])["val_accuracy"]
+    return None
+
+
+def photo_folder(root: Path, images: int) -> Path:
+    """train/ and val/ of real photos (benchmarks/make_photo_folder.py), made once and reused."""
+    sys.path.insert(0, str(HERE))
+    from make_photo_folder import make_photo_folder
+
+    data = root / f"photos-{images}"
+    if not (data / "val").is_dir():
+        make_photo_folder(data / "train", images=images, classes=4, seed=0)
+        make_photo_folder(data / "val", images=max(8, images // 10), classes=4, seed=1)
+    return data
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated: {', '.join(WORKLOADS)}")
+    p.add_argument("--tools", default="plain,lightning,trainfast", help=f"comma-separated: {', '.join(TOOLS)}")
+    p.add_argument("--tuned-recipe", type=Path, default=None, help="recipe file for the `tuned` column")
+    p.add_argument("--images", type=int, default=None,
+                   help="training photos (default: the workload's, 320 for ViT and 1,596 for ResNet-18; val: a tenth)")
+    p.add_argument("--epochs", default="1,3", help="short,long epoch counts (default 1,3)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "peers")
+    args = p.parse_args()
+
+    workloads = args.workloads.split(",")
+    tools = args.tools.split(",") + (["tuned"] if args.tuned_recipe and "tuned" not in args.tools else [])
+    bad = [w for w in workloads if w not in WORKLOADS] + [t for t in tools if t not in TOOLS]
+    if bad:
+        raise SystemExit(f"unknown workload/tool: {', '.join(bad)}")
+    if "tuned" in tools and (args.tuned_recipe is None or not args.tuned_recipe.is_file()):
+        raise SystemExit(f"--tuned-recipe {args.tuned_recipe}: not a file (the `tuned` column needs one)")
+    short, long = (int(e) for e in args.epochs.split(","))
+    if not 0 < short < long:
+        raise SystemExit(f"--epochs {args.epochs}: need short,long with 0 < short < long")
+    if "lightning" in tools:
+        ensure_lightning()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    from trainfast.report import _cpu_name
+
+    results: dict = {"machine": _cpu_name(), "cpus": os.cpu_count(),
+                     "epochs": [short, long], "workloads": {}}
+    for workload in workloads:
+        data = photo_folder(args.out, args.images or WORKLOADS[workload][3])
+        per_epoch: dict[str, list[float]] = {t: [] for t in tools}
+        accuracy: dict[str, list[float]] = {t: [] for t in tools}
+        for r in range(args.repeats):
+            order = tools[r % len(tools):] + tools[: r % len(tools)]       # rotate: no tool always first
+            for tool in order:
+                walls = []
+                for epochs in (short, long):
+                    run_dir = args.out / "runs" / f"{workload}-{tool}-e{epochs}-r{r}"
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                    run_dir.mkdir(parents=True)
+                    cmd = command(tool, workload, data, epochs, run_dir / "out", args.tuned_recipe)
+                    seconds, acc = run_once(cmd, tool, run_dir / "log.txt")
+                    walls.append(seconds)
+                    if epochs == long and acc is not None:
+                        accuracy[tool].append(acc)
+                per_epoch[tool].append((walls[1] - walls[0]) / (long - short))
+                print(f"{workload} {tool:9s} r{r}: {walls[0]:6.1f} s / {walls[1]:6.1f} s -> "
+                      f"{per_epoch[tool][-1]:6.2f} s per epoch", flush=True)
+        medians = {t: statistics.median(v) for t, v in per_epoch.items()}
+        fastest_peer = min((medians[t] for t in ("plain", "lightning") if t in medians), default=None)
+        results["workloads"][workload] = {
+            "model": WORKLOADS[workload], "data": str(data), "per_epoch_s": per_epoch, "median_per_epoch_s": medians,
+            "val_accuracy": accuracy,
+            "vs_fastest_peer": {t: fastest_peer / m for t, m in medians.items()} if fastest_peer else {}}
+    (args.out / "peers.json").write_text(json.dumps(results, indent=2))
+    print_table(results, tools)
+
+
+def print_table(results: dict, tools: list[str]) -> None:
+    print(f"\nseconds per epoch (median of {len(next(iter(results['workloads'].values()))['per_epoch_s'][tools[0]])} "
+          f"repeats; x = fastest peer's time / this tool's), {results['cpus']} CPUs, {results['machine']}")
+    print("| workload | " + " | ".join(tools) + " |")
+    print("|---|" + "---|" * len(tools))
+    for name, w in results["workloads"].items():
+        cells = [f"{w['median_per_epoch_s'][t]:.1f} s ({w['vs_fastest_peer'].get(t, float('nan')):.2f}x)"
+                 for t in tools]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
