@@ -147,3 +147,32 @@ def test_a_real_search_writes_best_yaml_resumes_and_trains_with_it(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     with pytest.raises(ValueError, match="already holds a search"):
         tune("resnet9", **kwargs)
+
+
+@pytest.mark.slow
+def test_a_search_on_a_users_own_command_finds_both_gains_and_guards_with_its_metric(tmp_path):
+    # tune -- COMMAND: the singles are timed in speed mode (stopped once timed), stage 2 runs every candidate to
+    # the script's end and reads the metric it reports; the recipe reaches the script through the environment.
+    from trainfast.ablate import TimingBudget
+
+    out = tmp_path / "tune-cmd"
+    script = str(ROOT / "tests" / "scripts" / "paced_loop.py")
+    decision = tune(command=[sys.executable, script, "--steps", "120"], out=out, repeats=1, show=False,
+                    switches=["autocast-bf16", "set_to_none"], timing=TimingBudget(steps=16, min_seconds=1.2),
+                    planned_steps=120)
+    assert decision.name == "combined", decision
+    assert decision.recipe.precision == "bf16" and decision.recipe.set_to_none
+    assert Recipe.from_file(out / "best.yaml") == decision.recipe
+    import json
+
+    singles = json.loads((out / "singles" / "results.json").read_text())
+    for rung_result in singles["rungs"]:
+        assert all(run["mode"] == "speed" and run["stopped"] != "script ended" for run in rung_result["runs"])
+    combined = json.loads((out / "combine" / "results.json").read_text())
+    for rung_result in combined["rungs"]:
+        assert rung_result["status"] == "done"
+        assert all(run["stopped"] == "script ended" and "val_accuracy" in run["reported"] for run in rung_result["runs"])
+    env = json.loads((out / "combine" / "rungs" / "combined-r0" / "command.json").read_text())["env"]
+    fields = json.loads(env["TRAINFAST_RECIPE"])
+    assert set(fields) == {"precision", "precision_level", "set_to_none", "seed"}       # the script's own rest stands
+    assert fields["precision"] == "bf16" and fields["set_to_none"] is True

@@ -509,7 +509,19 @@ class Builtin:
         if any(r.recipe.decode_cache and r.status != "no-effect" for r in plan):
             with_decode_cache(self.split, self.base.replace(decode_cache=True))
 
-    def launcher(self) -> Callable:
+    @staticmethod
+    def metric(measure: str = "speed", name: str | None = None, goal: str | None = None) -> tuple[str, str]:
+        """A built-in run is always trained to its end and evaluated (and timed on the way): its accuracy."""
+        return ("accuracy", "max")
+
+    @staticmethod
+    def after_run(plan: list[Rung]) -> None:
+        """Nothing a run can reveal changes the plan: the model and data were checked in the parent."""
+        return None
+
+    def launcher(self, measure: str = "speed") -> Callable:
+        """One forked run of the built-in job; `measure` is CommandWork's (a built-in run is timed, then
+        continued to the end of its epochs for accuracy, either way)."""
         ctx, job = rung_context(), self.job
 
         def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
@@ -548,74 +560,121 @@ def prepare_builtin(model, train_set=None, val_set=None, loss_fn=None, *, data: 
     return Builtin(job, dev, base, split, probe_model, flops_per_sample, settings)
 
 
+@dataclass
+class CommandWork:
+    """A user's training command (launch.py) as the ablation's and the search's work: what starts one run of it
+    (the command with the run's switches in TRAINFAST_RECIPE, timed by the probe in it, probe.py) and what
+    the first run tells about it. Checked (check_command) before the first run starts."""
+    cmd: Any                             # launch.Command
+    dev: torch.device
+    base: Recipe
+    switched: list[str]                  # the Recipe fields any run may switch (plus the seed)
+    budget: TimingBudget
+    settings: dict[str, Any]
+    flops_per_sample: float | None = None     # the script's model is not known here
+
+    def fields(self, recipe: Recipe) -> dict[str, Any]:
+        """What reaches the script: only the switched fields, so its own settings (grad_accum_steps,
+        log_every...) stand and the baseline turns off whatever the script turned on."""
+        values = recipe.to_dict()
+        return {k: values[k] for k in self.switched}
+
+    def mark_effects(self, plan: list[Rung]) -> None:
+        """What the device alone rules out (the script's model and data are not known before it runs)."""
+        for rung in plan[1:]:
+            effect = changes_effect(rung.changes, self.dev, None)
+            rung.effect, rung.reason = effect.label, effect.reason
+            if not effect.acts:
+                rung.status = "no-effect"
+
+    def launcher(self, measure: str) -> Callable:
+        """measure "speed": a run stops once warm-up and the timing budget are timed; "full": it runs to its
+        end (the metric it reports is compared). A run without a budget (a baseline noise seed) is full."""
+        from .launch import command_main, run_environment
+        from .probe import MeasureSpec
+
+        def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
+            spec = MeasureSpec(str((run_dir / "result.json").resolve()), measure if run_budget else "full",
+                               **dataclasses.asdict(self.budget))
+            env = run_environment(self.fields(recipe), spec)
+            argv = self.cmd.launch_argv()
+            _atomic_write(run_dir / "command.json", {"argv": argv, "env": env, "cwd": os.getcwd()})
+            return run_supervised(rung_context(), command_main, (argv, env, str(run_dir)),
+                                  log_path=run_dir / "log.txt", time_limit_s=limit)
+        return launch
+
+    @staticmethod
+    def metric(measure: str, name: str | None, goal: str | None) -> tuple[str | None, str | None]:
+        """What run_ladder compares with the baseline's band: in full mode the value the script reports with
+        tf.report (the first one unless named); in speed mode nothing (the runs stop before the end)."""
+        return (name or FIRST_REPORTED, goal) if measure == "full" else (None, None)
+
+    @staticmethod
+    def after_run(plan: list[Rung]) -> Callable[[Rung, dict], None]:
+        """The baseline tells whether the script uses a Session; without one no switch can reach it."""
+        from .report import NO_SESSION
+
+        def after(rung: Rung, result: dict[str, Any]) -> None:
+            if rung is plan[0] and "error" not in result and not result.get("session", True):
+                for other in plan[1:]:
+                    other.status, other.effect = "no-effect", NO_SESSION
+                    other.reason = "the script does not use trainfast.Session, so the recipe cannot reach it"
+        return after
+
+
+def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], *, recipe: Recipe | None,
+                    device: str, nproc: int, measure: str, budget: TimingBudget) -> CommandWork:
+    """The command checked before any run (empty, not on PATH, a missing script, a Python that cannot import
+    trainfast), and the fields its runs may switch: every field some candidate changes."""
+    from .launch import Command, check_command
+
+    cmd = Command(tuple(command), nproc, measure)
+    check_command(cmd)
+    switched = sorted({k for changes in plan_changes for k in changes} | {"seed"})
+    settings = {"command": list(cmd.argv), "nproc": nproc, "cwd": os.getcwd()}
+    return CommandWork(cmd, resolve_device(device), recipe or Recipe(), switched, budget, settings)
+
+
 def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, rungs: list[str] | None = None,
                    mode: str = "cumulative", amp_dtype: str = "auto", device: str = "auto",
                    out: str | Path | None = None, measure: str = "speed", metric: str | None = None,
                    goal: str | None = None, noise_seeds: int = 3, repeats: int = 3,
                    budget: TimingBudget | None = None, min_effect: float = MIN_EFFECT, resume: bool = False,
                    rung_timeout: float | None = None, show: bool = True, nproc: int = 1) -> AblationResult:
-    """`trainfast ablate -- COMMAND`: the ladder on a user's own training command (launch.py). Every run starts
-    the command with the rung's switches in TRAINFAST_RECIPE; the probe in it (probe.py) times its steps and
-    writes the result. `measure="speed"`: each run stops once warm-up plus the timing budget is timed.
-    `measure="full"`: each runs to its end and the metric it reports with `tf.report` (`metric`, default the
-    first one reported; `goal` "max" or "min", default "min" for names with loss/error in them) is compared
-    with the baseline's noise band, as the built-in ablation compares accuracy. A command that never creates
-    a trainfast.Session is measured too (steps/s from the global optimizer hook); every other rung is then
-    reported as having no effect on it. The other arguments are ablate()'s."""
-    from .launch import Command, check_command, command_main, run_environment
-    from .probe import MODES, MeasureSpec
-    from .report import NO_SESSION
-
+    """`trainfast ablate -- COMMAND`: the ladder on a user's own training command (CommandWork). Every run
+    starts the command with the rung's switches in TRAINFAST_RECIPE; the probe in it (probe.py) times its
+    steps and writes the result. `measure="speed"`: each run stops once warm-up plus the timing budget is
+    timed. `measure="full"`: each runs to its end and the metric it reports with `tf.report` (`metric`,
+    default the first one reported; `goal` "max" or "min", default "min" for names with loss/error in them)
+    is compared with the baseline's noise band, as the built-in ablation compares accuracy. A command that
+    never creates a trainfast.Session is measured too (steps/s from the global optimizer hook); every other
+    rung is then reported as having no effect on it. The other arguments are ablate()'s."""
     base = recipe or Recipe()
     budget = budget or TimingBudget()
     check_counts(noise_seeds=noise_seeds, repeats=repeats, nproc=nproc, rung_timeout=rung_timeout, min_effect=min_effect)
+    check_measure(measure, goal)
+    dev = resolve_device(device)
+    plan = plan_rungs(base, rungs, mode, amp_dtype, dev)
+    work = prepare_command(command, [r.changes for r in plan], recipe=base, device=device, nproc=nproc,
+                           measure=measure, budget=budget)
+    work.mark_effects(plan)
+    noise_seeds = noise_seeds if measure == "full" else repeats
+    settings = {**work.settings, "measure": measure, "metric": {"name": metric, "goal": goal}, "mode": mode,
+                "repeats": repeats, "noise_seeds": noise_seeds, "device": str(dev),
+                "budget": dataclasses.asdict(budget), "min_effect": min_effect,
+                "rungs": {r.name: work.fields(r.recipe) for r in plan if r.status != "no-effect"}}
+    return run_ladder(plan, work.launcher(measure), settings, out, dev, repeats=repeats, noise_seeds=noise_seeds,
+                      budget=budget, min_effect=min_effect, mode=mode, resume=resume, rung_timeout=rung_timeout,
+                      show=show, after_run=work.after_run(plan), metric=work.metric(measure, metric, goal))
+
+
+def check_measure(measure: str, goal: str | None) -> None:
+    from .probe import MODES
+
     if measure not in MODES:
         raise RecipeError(f"--measure {measure!r} is not one of {', '.join(MODES)}")
     if goal not in (None, "max", "min"):
         raise RecipeError(f"--metric-goal {goal!r} must be max or min")
-    cmd = Command(tuple(command), nproc, measure)
-    check_command(cmd)
-    dev = resolve_device(device)
-    plan = plan_rungs(base, rungs, mode, amp_dtype, dev)
-    for rung in plan[1:]:              # what the device alone rules out (the script's model is not known yet)
-        effect = changes_effect(rung.changes, dev, None)
-        rung.effect, rung.reason = effect.label, effect.reason
-        if not effect.acts:
-            rung.status = "no-effect"
-    # The environment carries only the fields some rung switches (and the seed), so the script's own settings
-    # (its grad_accum_steps, log_every...) stand, and the baseline turns off whatever the script turned on.
-    switched = sorted({k for r in plan for k in r.changes} | {"seed"})
-
-    def switched_fields(recipe: Recipe) -> dict[str, Any]:
-        fields = recipe.to_dict()
-        return {k: fields[k] for k in switched}
-    settings = {"command": list(cmd.argv), "measure": measure, "metric": {"name": metric, "goal": goal},
-                "mode": mode, "repeats": repeats, "noise_seeds": noise_seeds if measure == "full" else repeats,
-                "nproc": nproc, "device": str(dev), "budget": dataclasses.asdict(budget), "min_effect": min_effect,
-                "cwd": os.getcwd(),
-                "rungs": {r.name: switched_fields(r.recipe) for r in plan if r.status != "no-effect"}}
-
-    def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
-        fields = switched_fields(recipe)
-        spec = MeasureSpec(str((run_dir / "result.json").resolve()), measure if run_budget else "full",
-                           **dataclasses.asdict(budget))
-        env = run_environment(fields, spec)
-        argv = cmd.launch_argv()
-        _atomic_write(run_dir / "command.json", {"argv": argv, "env": env, "cwd": os.getcwd()})
-        return run_supervised(rung_context(), command_main, (argv, env, str(run_dir)), log_path=run_dir / "log.txt",
-                              time_limit_s=limit)
-
-    def after_run(rung: Rung, result: dict[str, Any]) -> None:
-        """The baseline tells whether the script uses a Session; without one no switch can reach it."""
-        if rung is plan[0] and "error" not in result and not result.get("session", True):
-            for other in plan[1:]:
-                other.status, other.effect = "no-effect", NO_SESSION
-                other.reason = "the script does not use trainfast.Session, so the recipe cannot reach it"
-
-    return run_ladder(plan, launch, settings, out, dev, repeats=repeats,
-                      noise_seeds=noise_seeds if measure == "full" else repeats, budget=budget,
-                      min_effect=min_effect, mode=mode, resume=resume, rung_timeout=rung_timeout, show=show,
-                      after_run=after_run, metric=(metric or FIRST_REPORTED, goal) if measure == "full" else (None, None))
 
 
 def check_counts(*, noise_seeds: int, repeats: int, nproc: int, rung_timeout: float | None, min_effect: float) -> None:

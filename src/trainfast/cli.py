@@ -175,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "channels_last, compile, fused, decode_cache)")
     tu.add_argument("--out", default=None, help="search folder (default: runs/tune-<timestamp>)")
     tu.add_argument("--resume", action="store_true", help="continue an interrupted search in --out DIR")
+    tcmd = tu.add_argument_group("your own script: trainfast tune [flags] -- python train.py ARGS")
+    tcmd.add_argument("--nproc", type=_positive_int, default=1, help="run the command as N processes under torchrun")
+    tcmd.add_argument("--metric", default=None,
+                      help="the tf.report(...) value the accuracy guard compares (default: the first reported)")
+    tcmd.add_argument("--metric-goal", choices=("max", "min"), default=None,
+                      help="whether the metric is better high or low (default: min for names with loss/err, else max)")
 
     tr = sub.add_parser("train", help="train with a recipe and write a run folder")
     add_common(tr)
@@ -196,13 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    # `trainfast ablate [flags] -- COMMAND ...`: everything after the first `--` is the user's command, as is.
+    # `trainfast ablate|tune [flags] -- COMMAND ...`: everything after the first `--` is the user's command, as is.
     command = argv[argv.index("--") + 1:] if "--" in argv else None
     argv = argv[:argv.index("--")] if "--" in argv else argv
     args = parser.parse_args(argv)     # unknown flags and bad types exit here, before any work
     args.user_command = command
-    if command is not None and args.command != "ablate":
-        parser.error(f"`-- COMMAND` is for `trainfast ablate`, not `trainfast {args.command}`")
+    if command is not None and args.command not in ("ablate", "tune"):
+        parser.error(f"`-- COMMAND` is for `trainfast ablate` and `trainfast tune`, not `trainfast {args.command}`")
     try:
         if args.command == "bench-data":
             from .bench_data import bench_data
@@ -258,7 +264,8 @@ def _tune(args, recipe: Recipe) -> int:
         tune(args.model, data=args.data, image_size=args.image_size, recipe=recipe, device=args.device, out=args.out,
              amp_dtype=args.amp_dtype, repeats=args.repeats, budget_s=parse_budget(args.budget),
              planned_steps=args.planned_steps, timing=TimingBudget(steps=args.timing_steps),
-             min_effect=args.min_effect, resume=args.resume,
+             min_effect=args.min_effect, resume=args.resume, command=args.user_command, nproc=args.nproc,
+             metric=args.metric, goal=args.metric_goal,
              switches=[n.strip() for n in args.switches.split(",") if n.strip()] if args.switches else None)
     except KeyboardInterrupt:
         return 130

@@ -30,11 +30,11 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from .ablate import (MIN_EFFECT, AblationResult, Rung, TimingBudget, _atomic_write, check_counts, plan_rungs,
-                     prepare_builtin, recipe_changes, rung_repeats, run_ladder)
-from .recipe import Recipe, RecipeError
+from .ablate import (MIN_EFFECT, AblationResult, Rung, TimingBudget, _atomic_write, check_counts, check_measure,
+                     plan_rungs, prepare_builtin, prepare_command, recipe_changes, rung_repeats, run_ladder)
+from .recipe import Recipe, RecipeError, resolve_device
 from .stats import FASTER, compare, pooled_noise
 from .techniques.precision import auto_amp_dtype
 
@@ -204,12 +204,20 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
          image_size: int | None = None, recipe: Recipe | None = None, device: str = "auto",
          out: str | Path | None = None, amp_dtype: str = "auto", repeats: int = 3, budget_s: float = 900.0,
          planned_steps: int | None = None, timing: TimingBudget | None = None, min_effect: float = MIN_EFFECT,
-         resume: bool = False, show: bool = True, mean=None, std=None, switches: list[str] | None = None) -> Decision:
+         resume: bool = False, show: bool = True, mean=None, std=None, switches: list[str] | None = None,
+         command: Sequence[str] | None = None, nproc: int = 1, metric: str | None = None,
+         goal: str | None = None) -> Decision:
     """Search for the fastest recipe that keeps accuracy (module docstring). `planned_steps`: the optimizer
     steps of the run the recipe is for (default: the recipe's epochs x steps per epoch), which decides
     compile. `budget_s`: the search plans within it; a stage that would not fit is shortened (fewer
     repeats, no leave-one-out rungs) or skipped, and the report says so. `switches`: search only these
-    (names as single_names gives them, e.g. autocast-bf16, channels_last)."""
+    (names as single_names gives them, e.g. autocast-bf16, channels_last).
+
+    `command`: search on a user's own training command instead of the built-in run (`trainfast tune --
+    python train.py ...`; ablate.CommandWork): stages 1 and 1b time each run in speed mode; stage 2 runs every
+    candidate to its end, so the accuracy guard compares the metric the script reports with `tf.report`
+    (`metric`, `goal` as in ablate_command) with the baseline's band. `planned_steps` then decides compile
+    (the script's run length is not known before it ends)."""
     from datetime import datetime
 
     started = time.monotonic()
@@ -218,36 +226,51 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
     out_dir = Path(out) if out is not None else Path("runs") / datetime.now().strftime("tune-%Y%m%d-%H%M%S")
     if out_dir.exists() and not resume and any(out_dir.iterdir()):
         raise RecipeError(f"{out_dir} already holds a search: pass --resume to continue it, or choose another --out")
-    work = prepare_builtin(model, train_set, val_set, loss_fn, data=data, image_size=image_size, recipe=recipe,
-                           device=device, mean=mean, std=std)
-    amp = auto_amp_dtype(work.dev) if amp_dtype == "auto" else amp_dtype
-    from .data.decoded_cache import effect as decode_cache_effect
+    check_measure("full", goal)
+    if command is None:
+        from .data.decoded_cache import effect as decode_cache_effect
 
-    names = single_names(amp, decode_cache_effect(work.split).acts)
+        work = prepare_builtin(model, train_set, val_set, loss_fn, data=data, image_size=image_size,
+                               recipe=recipe, device=device, mean=mean, std=std)
+        base, dev, image_folder = work.base, work.dev, decode_cache_effect(work.split).acts
+    else:
+        base, dev, image_folder = recipe or Recipe(), resolve_device(device), False
+    amp = auto_amp_dtype(dev) if amp_dtype == "auto" else amp_dtype
+    names = single_names(amp, image_folder)
     if switches:
         unknown = [n for n in switches if n not in names]
         if unknown:
             raise RecipeError(f"--switches: {', '.join(unknown)} not among {', '.join(names)}")
         names = [n for n in names if n in switches]
-    singles = plan_rungs(work.base, names, "each", amp, work.dev)
+    singles = plan_rungs(base, names, "each", amp, dev)
     singles = [r for r in singles if r.name == "baseline" or r.name in names]
+    if command is not None:
+        # Every candidate is a combination of the singles' fields: those are all a run may switch.
+        work = prepare_command(command, [r.changes for r in singles], recipe=base, device=device, nproc=nproc,
+                               measure="speed", budget=timing)
     work.mark_effects(singles)
-    common = {**work.settings, "repeats": repeats, "budget": dataclasses.asdict(timing), "min_effect": min_effect}
-    launch = work.launcher()
+    common = {**work.settings, "repeats": repeats, "budget": dataclasses.asdict(timing), "min_effect": min_effect,
+              "device": str(dev)}
 
-    def stage(name: str, rungs: list[Rung], stage_repeats: int) -> AblationResult:
+    def stage(name: str, rungs: list[Rung], stage_repeats: int, measure: str = "speed") -> AblationResult:
+        """One stage: speed for the singles (a command's runs stop once timed), full for stage 2, whose
+        candidates are also judged on the metric (the built-in run always trains to its end)."""
         settings = {**common, "stage": name, "mode": "each", "repeats": stage_repeats, "noise_seeds": stage_repeats,
-                    "rungs": {r.name: r.recipe.to_dict() for r in rungs if r.status != "no-effect"}}
-        return run_ladder(rungs, launch, settings, out_dir / name, work.dev, repeats=stage_repeats,
+                    "measure": measure, "rungs": {r.name: r.recipe.to_dict() for r in rungs if r.status != "no-effect"}}
+        return run_ladder(rungs, work.launcher(measure), settings, out_dir / name, dev, repeats=stage_repeats,
                           noise_seeds=stage_repeats, budget=timing, min_effect=min_effect, mode="each",
-                          resume=resume, rung_timeout=None, show=show, flops_per_sample=work.flops_per_sample)
+                          resume=resume, rung_timeout=None, show=show, flops_per_sample=work.flops_per_sample,
+                          after_run=work.after_run(rungs), metric=work.metric(measure, metric, goal))
 
     first = stage("singles", singles, repeats)
     spent = time.monotonic() - started
     per_run = statistics.fmean([run.get("wall_time_s") or 0 for r in singles for run in r.repeats] or [0])
     steps = planned_steps or next((run.get("steps") for run in singles[0].repeats), None)
-    combined, in_combination, dropped = combine(work.base, singles, steps)
+    combined, in_combination, dropped = combine(base, singles, steps)
     skipped: list[str] = []
+    if steps is None and "compile" in in_combination:
+        skipped.append("the planned run's length is not known (a command's runs stop once timed): compile was "
+                       "kept without its break-even check; pass --planned-steps to decide it")
     second = on_level = None
     level = next((r for r in singles if r.name in in_combination and any(k in r.changes for k in PRECISION_FIELDS)),
                  None)
@@ -267,7 +290,7 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
         else:
             skipped.append(f"the switches were not judged again on top of {level.name} (would not fit the budget)")
     if not in_combination:
-        decision = Decision(work.base, "baseline", dropped=dropped,
+        decision = Decision(base, "baseline", dropped=dropped,
                             notes=["no switch gained firmly on its own: the baseline is recommended"])
     elif len(in_combination) == 1:
         only = next(r for r in singles if r.name == in_combination[0])    # a level alone: nothing gained on top
@@ -276,7 +299,7 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
                             speedup_interval=only.result.get("speedup_interval"),
                             notes=["one switch gained: nothing to combine"])
     else:
-        rungs = combine_stage(work.base, singles, combined, in_combination,
+        rungs = combine_stage(base, singles, combined, in_combination,
                               {r.name: r.changes for r in [*singles, *(on_level.rungs if on_level else [])]})
         stage_repeats = repeats
         left = budget_s - spent
@@ -287,7 +310,7 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
             rungs = rungs[:3]
             skipped.append("the leave-one-out rungs (the combination without each switch) were skipped to fit "
                            "the budget: harmful interactions were not looked for")
-        second = stage("combine", rungs, stage_repeats)
+        second = stage("combine", rungs, stage_repeats, measure="full")
         decision = decide(second.rungs, min_effect)
         decision.gainers = list(in_combination)
         decision.combined = list(in_combination)
