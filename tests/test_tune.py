@@ -14,7 +14,8 @@ import pytest
 from conftest import scored_rung
 from trainfast import Recipe
 from trainfast.ablate import Rung, score_rungs
-from trainfast.tune import break_even_steps, combine, combine_stage, decide, parse_budget, tune
+from trainfast.tune import (batch_finding, batch_rungs, break_even_steps, combine, combine_stage, decide, parse_budget,
+                            tune)
 
 ROOT = Path(__file__).resolve().parents[1]
 O1 = {"precision": "bf16", "precision_level": "autocast"}
@@ -28,6 +29,31 @@ def rung(name: str, rate: float, accuracy: float = 0.95, **changes) -> Rung:
 def scored(rungs: list[Rung]) -> list[Rung]:
     score_rungs(rungs, {"fp32": 1e12, "bf16": 1e12}, [0.95, 0.951, 0.949], mode="each")
     return rungs
+
+
+def test_batch_size_search_climbs_while_firmly_faster_with_accuracy_kept_and_is_reported_apart():
+    from trainfast.ablate import AblationResult, pick_best
+
+    base = Recipe(batch_size=64, precision="bf16")
+    assert [r.recipe.batch_size for r in batch_rungs(base, train_size=1000)] == [64, 128, 256]   # 2 steps an epoch
+    assert [r.recipe.batch_size for r in batch_rungs(base, train_size=100)] == [64]
+    assert all(r.recipe.precision == "bf16" for r in batch_rungs(base, train_size=10_000))   # the recipe, rescaled
+
+    def search(rates: list[float], accuracies: list[float]) -> dict:
+        rungs = [scored_rung(f"batch-{b}", [rate * 0.99, rate, rate * 1.01], acc, **({"batch_size": b} if b != 64 else {}))
+                 for b, rate, acc in zip((64, 128, 256, 512), rates, accuracies)]
+        score_rungs(rungs, {"fp32": 1e12}, [0.95, 0.951, 0.949], mode="cumulative")
+        best, tie = pick_best(rungs, mode="cumulative")
+        return batch_finding(AblationResult(rungs, {}, Path("."), best.recipe, best.name, {}, tie=tie))
+
+    # 128 firmly faster than 64, 256 and 512 not firmly faster than 128: 128
+    assert search([100, 150, 152, 151], [0.95] * 4)["batch_size"] == 128
+    # a size that does not gain is passed over when a larger one gains against the size chosen so far
+    assert search([100, 150, 152, 300], [0.95] * 4)["batch_size"] == 512
+    # 256 gains, but loses accuracy outside the band: it is not a candidate, 128 is kept
+    found = search([100, 150, 200, 210], [0.95, 0.95, 0.80, 0.80])
+    assert found["batch_size"] == 128 and found["sizes"]["batch-256"]["accuracy_worse"]
+    assert search([100, 101, 99, 100], [0.95] * 4)["batch_size"] == 64          # nothing gains: the size stays
 
 
 def test_independent_gains_combine_and_the_rest_is_dropped_with_the_reason():
@@ -136,8 +162,12 @@ def test_a_real_search_writes_best_yaml_resumes_and_trains_with_it(tmp_path):
         on_level = json.loads((out / "on-level" / "results.json").read_text())
         assert [r["name"] for r in on_level["rungs"]] == ["on-autocast-bf16", "set_to_none", "channels_last"]
         assert all(r["recipe"]["precision"] == "bf16" for r in on_level["rungs"])
-    again = tune("resnet9", resume=True, **kwargs)                    # every run is reused, nothing re-run
+    again = tune("resnet9", resume=True, batch_size_search=True, **kwargs)    # stages 1-2 reused, then batch/
     assert again.name == first.name and again.recipe == first.recipe
+    found = json.loads((out / "tune.json").read_text())["batch_search"]
+    assert set(found["sizes"]) == {"batch-128", "batch-256", "batch-512"} and found["from"] == 128
+    assert found["batch_size"] in (128, 256, 512) and Recipe.from_file(out / "best.yaml").batch_size == 128
+    assert "Larger batches (reported apart" in (out / "tune.md").read_text()
     runs = list((out / "singles" / "runs").glob("*.json"))
     assert runs and all('"reused"' not in p.read_text() for p in runs)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}

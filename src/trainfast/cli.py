@@ -175,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "channels_last, compile, fused, decode_cache)")
     tu.add_argument("--out", default=None, help="search folder (default: runs/tune-<timestamp>)")
     tu.add_argument("--resume", action="store_true", help="continue an interrupted search in --out DIR")
+    tu.add_argument("--batch-size-search", action="store_true",
+                    help="then try the recommended recipe at 2x, 4x, 8x its batch size; the largest that is still "
+                         "firmly faster and keeps accuracy is reported apart (not written into best.yaml)")
     tcmd = tu.add_argument_group("your own script: trainfast tune [flags] -- python train.py ARGS")
     tcmd.add_argument("--nproc", type=_positive_int, default=1, help="run the command as N processes under torchrun")
     tcmd.add_argument("--metric", default=None,
@@ -265,7 +268,7 @@ def _tune(args, recipe: Recipe) -> int:
              amp_dtype=args.amp_dtype, repeats=args.repeats, budget_s=parse_budget(args.budget),
              planned_steps=args.planned_steps, timing=TimingBudget(steps=args.timing_steps),
              min_effect=args.min_effect, resume=args.resume, command=args.user_command, nproc=args.nproc,
-             metric=args.metric, goal=args.metric_goal,
+             metric=args.metric, goal=args.metric_goal, batch_size_search=args.batch_size_search,
              switches=[n.strip() for n in args.switches.split(",") if n.strip()] if args.switches else None)
     except KeyboardInterrupt:
         return 130

@@ -52,6 +52,7 @@ class Decision:
     notes: list[str] = field(default_factory=list)
     speedup: float = 1.0
     speedup_interval: list[float] | None = None
+    batch: dict[str, Any] | None = None      # --batch-size-search: reported apart, not in best.yaml
 
 
 def single_names(amp: str, image_folder: bool) -> list[str]:
@@ -148,6 +149,35 @@ def combine_stage(base: Recipe, singles: list[Rung], combined: Recipe, names: li
     return rungs
 
 
+BATCH_FACTORS = (2, 4, 8)
+
+
+def batch_rungs(recipe: Recipe, train_size: int) -> list[Rung]:
+    """The recommended recipe at its batch size and at 2x, 4x, 8x of it, while an epoch keeps at least two
+    optimizer steps (a batch near the dataset's size would measure nothing but its last partial step)."""
+    rungs = [Rung(f"batch-{recipe.batch_size}", {}, recipe)]
+    for factor in BATCH_FACTORS:
+        size = recipe.batch_size * factor
+        if size * recipe.grad_accum_steps * 2 > train_size:
+            break
+        rungs.append(Rung(f"batch-{size}", {"batch_size": size}, recipe.replace(batch_size=size)))
+    return rungs
+
+
+def batch_finding(result: AblationResult) -> dict[str, Any]:
+    """The largest batch that fits (its runs did not fail) and still gains: the ladder climbs from the
+    recommended recipe's batch size while the next size is firmly faster in samples/s and keeps accuracy
+    (ablate.pick_best on a cumulative ladder); what each size measured, for the report."""
+    rungs = result.rungs
+    sizes = {r.name: {"batch_size": r.recipe.batch_size, "status": r.status, "speedup": r.result.get("speedup"),
+                      "speedup_interval": r.result.get("speedup_interval"), "verdict": r.result.get("verdict_text"),
+                      "accuracy": r.result.get("accuracy"), "accuracy_worse": r.result.get("accuracy_worse"),
+                      "peak_memory_bytes": r.result.get("peak_memory_bytes")} for r in rungs}
+    failed = [r.recipe.batch_size for r in rungs if r.status == "failed"]
+    return {"batch_size": result.best.batch_size, "from": rungs[0].recipe.batch_size, "tie": result.tie,
+            "does_not_fit_or_failed": failed, "sizes": sizes}
+
+
 def decide(stage: list[Rung], min_effect: float = MIN_EFFECT) -> Decision:
     """The recommendation from stage 2 (rungs as combine_stage made them, scored)."""
     base, single, combined = stage[0], stage[1], stage[2]
@@ -206,7 +236,7 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
          planned_steps: int | None = None, timing: TimingBudget | None = None, min_effect: float = MIN_EFFECT,
          resume: bool = False, show: bool = True, mean=None, std=None, switches: list[str] | None = None,
          command: Sequence[str] | None = None, nproc: int = 1, metric: str | None = None,
-         goal: str | None = None) -> Decision:
+         goal: str | None = None, batch_size_search: bool = False) -> Decision:
     """Search for the fastest recipe that keeps accuracy (module docstring). `planned_steps`: the optimizer
     steps of the run the recipe is for (default: the recipe's epochs x steps per epoch), which decides
     compile. `budget_s`: the search plans within it; a stage that would not fit is shortened (fewer
@@ -217,7 +247,12 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
     python train.py ...`; ablate.CommandWork): stages 1 and 1b time each run in speed mode; stage 2 runs every
     candidate to its end, so the accuracy guard compares the metric the script reports with `tf.report`
     (`metric`, `goal` as in ablate_command) with the baseline's band. `planned_steps` then decides compile
-    (the script's run length is not known before it ends)."""
+    (the script's run length is not known before it ends).
+
+    `batch_size_search`: afterwards, the recommended recipe at 2x, 4x, 8x its batch size (stage batch/, a
+    cumulative ladder): the largest that fits and is still firmly faster with accuracy kept is reported
+    apart (decision.batch, tune.md), never written into best.yaml: a larger batch changes the optimization
+    (steps per epoch, the learning rate it wants), which the user decides."""
     from datetime import datetime
 
     started = time.monotonic()
@@ -227,6 +262,9 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
     if out_dir.exists() and not resume and any(out_dir.iterdir()):
         raise RecipeError(f"{out_dir} already holds a search: pass --resume to continue it, or choose another --out")
     check_measure("full", goal)
+    if batch_size_search and command is not None:
+        raise RecipeError("--batch-size-search: a script sets its own DataLoader batch size, which the recipe "
+                          "cannot change; search it with the built-in run, or in the script")
     if command is None:
         from .data.decoded_cache import effect as decode_cache_effect
 
@@ -252,13 +290,14 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
     common = {**work.settings, "repeats": repeats, "budget": dataclasses.asdict(timing), "min_effect": min_effect,
               "device": str(dev)}
 
-    def stage(name: str, rungs: list[Rung], stage_repeats: int, measure: str = "speed") -> AblationResult:
+    def stage(name: str, rungs: list[Rung], stage_repeats: int, measure: str = "speed",
+              mode: str = "each") -> AblationResult:
         """One stage: speed for the singles (a command's runs stop once timed), full for stage 2, whose
         candidates are also judged on the metric (the built-in run always trains to its end)."""
-        settings = {**common, "stage": name, "mode": "each", "repeats": stage_repeats, "noise_seeds": stage_repeats,
+        settings = {**common, "stage": name, "mode": mode, "repeats": stage_repeats, "noise_seeds": stage_repeats,
                     "measure": measure, "rungs": {r.name: r.recipe.to_dict() for r in rungs if r.status != "no-effect"}}
         return run_ladder(rungs, work.launcher(measure), settings, out_dir / name, dev, repeats=stage_repeats,
-                          noise_seeds=stage_repeats, budget=timing, min_effect=min_effect, mode="each",
+                          noise_seeds=stage_repeats, budget=timing, min_effect=min_effect, mode=mode,
                           resume=resume, rung_timeout=None, show=show, flops_per_sample=work.flops_per_sample,
                           after_run=work.after_run(rungs), metric=work.metric(measure, metric, goal))
 
@@ -320,8 +359,18 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
         even = break_even_steps(compiled, singles[0])
         decision.notes.append(f"compile repays its compilation after ~{even:.0f} steps" if math.isfinite(even) else
                               "compile saved no time per step here: it never repays its compilation")
+    batch = None
+    if batch_size_search:
+        rungs = batch_rungs(decision.recipe, len(work.split.train))
+        if len(rungs) < 2:
+            skipped.append("--batch-size-search: no larger batch leaves two steps an epoch on this data")
+        elif per_run * len(rungs) * repeats > budget_s - (time.monotonic() - started):
+            skipped.append("--batch-size-search was skipped: it would not fit the budget")
+        else:
+            batch = stage("batch", rungs, repeats, mode="cumulative")
+            decision.batch = batch_finding(batch)
     decision.notes += skipped
-    write_outputs(out_dir, decision, first, second, time.monotonic() - started, budget_s, steps, on_level)
+    write_outputs(out_dir, decision, first, second, time.monotonic() - started, budget_s, steps, on_level, batch)
     if show:
         print(f"recommended: {decision.name} ({decision.speedup:.2f}x the baseline) — {out_dir}/best.yaml, "
               f"{out_dir}/tune.md")
@@ -330,7 +379,7 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
 
 def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, combined: AblationResult | None,
                   seconds: float, budget_s: float, planned_steps: int | None,
-                  on_level: AblationResult | None = None) -> None:
+                  on_level: AblationResult | None = None, batch: AblationResult | None = None) -> None:
     import yaml
 
     from .checkpoint import atomic_write_text
@@ -350,7 +399,7 @@ def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, co
             "speedup_interval": decision.speedup_interval, "combined": decision.combined,
             "dropped": decision.dropped, "notes": decision.notes, "search_seconds": seconds, "budget_seconds": budget_s,
             "planned_steps": planned_steps, "singles": summary(singles), "on_level": summary(on_level),
-            "combine": summary(combined)}
+            "combine": summary(combined), "batch_search": decision.batch}
     _atomic_write(out_dir / "tune.json", data)
     interval = decision.speedup_interval
     columns = Columns(cumulative=False)
@@ -371,6 +420,18 @@ def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, co
                   "and the combination without each switch in turn, against the same baseline.", "",
                   _markdown_table(headers(columns), table_rows(combined.rungs, columns)), "",
                   "Details: [combine/report.md](combine/report.md).", ""]
+    if batch is not None and decision.batch is not None:
+        found = decision.batch
+        advice = (f"batch size {found['batch_size']} is the largest that was still firmly faster and kept "
+                  f"accuracy: `trainfast train --recipe best.yaml --batch-size {found['batch_size']}` (a larger batch "
+                  "takes fewer steps an epoch and usually wants a larger learning rate: check the accuracy at "
+                  "your full length)" if found["batch_size"] != found["from"] else
+                  f"no larger batch was firmly faster with accuracy kept: batch size {found['from']} stays")
+        lines += ["## Larger batches (reported apart: not in best.yaml)", "",
+                  "The recommended recipe at larger batch sizes, each against the size above it (a cumulative "
+                  f"ladder); accuracy after the same epochs. {advice}.", "",
+                  _markdown_table(headers(Columns(cumulative=True)), table_rows(batch.rungs, Columns(cumulative=True))),
+                  "", "Details: [batch/report.md](batch/report.md).", ""]
     lines += ["## Not in the recipe", ""] + [f"- **{name}**: {why}" for name, why in decision.dropped.items()]
     if decision.notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in decision.notes]
