@@ -80,22 +80,32 @@ class Observations:
     def cuda(self) -> bool:
         return self.device.startswith("cuda")
 
+    # Medians, not means: on a shared machine a step that another process slowed down (often several times
+    # over) must not move the verdicts; the same command run twice must give the same ones.
     @property
     def step_s(self) -> float | None:
-        return statistics.fmean(self.step_seconds) if self.step_seconds else None
+        return statistics.median(self.step_seconds) if self.step_seconds else None
+
+    @property
+    def wait_s(self) -> float | None:
+        return statistics.median(self.data_wait_s) if self.data_wait_s else None
 
     @property
     def wait_share(self) -> float | None:
-        if self.data_wait_s is None or not self.step_seconds:
-            return None
-        return sum(self.data_wait_s) / sum(self.step_seconds)
+        """The share of a typical step spent waiting for its batch: the median over steps of wait / step."""
+        shares = [w / s for w, s in zip(self.data_wait_s or [], self.step_seconds) if s > 0]
+        return statistics.median(shares) if shares else None
+
+    @property
+    def replay_s(self) -> float | None:
+        return statistics.median(self.replay_step_seconds) if self.replay_step_seconds else None
 
     @property
     def replay_gain(self) -> float | None:
-        """The measured bound on what a faster loader could buy: 1 - replay step / real step."""
+        """The measured bound on what a faster loader could buy: 1 - replayed step / real step (medians)."""
         if not self.replay_step_seconds or not self.step_seconds:
             return None
-        return 1 - statistics.fmean(self.replay_step_seconds) / statistics.fmean(self.step_seconds)
+        return 1 - self.replay_s / self.step_s
 
     def user_syncs(self) -> list[dict[str, Any]]:
         return [s for s in self.syncs if not s["trainfast"]]
@@ -162,11 +172,10 @@ def data_wait(obs: Observations) -> Finding:
         return Finding("waiting for the next batch", "time", NOT_HERE,
                        "the loop's batches do not come through a trainfast loader (Session.setup), so the wait "
                        "for each batch cannot be timed apart from the step")
-    wait = sum(obs.data_wait_s) / len(obs.data_wait_s)
+    wait = obs.wait_s
     text = f"{_pct(share)} of each step ({_ms(wait)} of {_ms(step)}) is spent waiting for the next batch"
     if gain is not None:
-        replay = statistics.fmean(obs.replay_step_seconds)
-        text += (f"; replaying one cached batch (no loader) runs a step in {_ms(replay)}: a faster loader could "
+        text += (f"; replaying one cached batch (no loader) runs a step in {_ms(obs.replay_s)}: a faster loader could "
                  f"save at most {_pct(max(gain, 0.0))} of the step")
     else:
         text += "; the cached-batch replay was not run for this loop"
@@ -204,7 +213,7 @@ def compute(obs: Observations) -> Finding:
     name = "compute throughput vs matmul peak"
     if not obs.flops_per_sample or not obs.ceiling_flops or not obs.samples or not obs.step_seconds:
         return Finding(name, "time", NOT_HERE, "the model's FLOPs or the samples per step are unknown for this loop")
-    rate = sum(obs.samples) / sum(obs.step_seconds)
+    rate = statistics.median(obs.samples) / obs.step_s
     achieved = rate * obs.flops_per_sample
     return Finding(name, "time", "measured",
                    f"{rate:,.0f} samples/s x {obs.flops_per_sample / 1e6:,.1f} MFLOP/sample = {achieved / 1e9:,.1f} "
@@ -222,9 +231,10 @@ def memory(obs: Observations) -> Finding:
     text = f"{what} {peak / 2**30:.2f} GiB of {cap / 2**30:.1f} GiB ({_pct(peak / cap)})"
     per_batch = peak - static
     if per_batch > 0 and static:
-        text += (f"; about {per_batch / 2**30:.2f} GiB of it grows with the batch: room for roughly "
-                 f"{max(1.0, (cap * 0.9 - static) / per_batch):.0f}x the batch (rough: activations scale about "
-                 "linearly with the batch; 10% kept free)")
+        room = max(1.0, (cap * 0.9 - static) / per_batch)
+        text += (f"; about {per_batch / 2**30:.2f} GiB of it grows with the batch: room for "
+                 + (f"roughly {room:.1f}x" if room < 8 else "more than 8x")
+                 + " the batch (rough: activations scale about linearly with the batch; 10% kept free)")
     return Finding("memory peak vs capacity", "time", "measured", text)
 
 

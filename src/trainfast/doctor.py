@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 from dataclasses import asdict
@@ -40,6 +39,10 @@ from .watch import EnoughSteps, Watch
 DEFAULT_STEPS = 12          # timed steps: a mean over the steps after warm-up (the watched pass warms up)
 REPLAY_STEPS = 6
 DOCTOR_ENV = "TRAINFAST_DOCTOR"
+
+
+class ScriptFailed(RuntimeError):
+    """`doctor -- COMMAND`: the command ran past its time or ended before a step was watched (log tail said)."""
 
 
 def watch_steps(log_every: int) -> int:
@@ -315,10 +318,10 @@ def observe_script(command: list[str], out_dir: Path, *, steps: int = DEFAULT_ST
             code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                   timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the command ran past {timeout_s:.0f} s; see {out_dir / 'log.txt'}") from None
+            raise ScriptFailed(f"the command ran past {timeout_s:.0f} s; see {out_dir / 'log.txt'}") from None
     if not result.is_file():
         tail = (out_dir / "log.txt").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"the command exited with status {code} before a single optimizer step was watched; "
+        raise ScriptFailed(f"the command exited with status {code} before a single optimizer step was watched; "
                            f"its log ({out_dir / 'log.txt'}) ends:\n{tail}")
     data = json.loads(result.read_text())
     return Observations(**data)
@@ -347,7 +350,7 @@ def print_findings(findings: list[Finding], obs: Observations, console=None) -> 
 
     console = console or Console()
     style = {"problem": "bold red", "fine": "green", "measured": "cyan", "not checked here": "dim"}
-    step = f" of {statistics.fmean(obs.step_seconds) * 1e3:.1f} ms" if obs.step_seconds else ""
+    step = f" of {obs.step_s * 1e3:.1f} ms (median)" if obs.step_seconds else ""
     table = Table(title=f"trainfast doctor: {obs.source} run on {obs.device}, {len(obs.step_seconds)} timed "
                         f"steps{step}")
     for col in ("#", "status", "check", "saves per step"):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import linecache
 import os
-import statistics
 import sys
 import time
 import weakref
@@ -135,7 +134,8 @@ def grads_state(module: nn.Module) -> str:
 
 def time_zero_grad(module: nn.Module, repeats: int = 5) -> float | None:
     """Seconds one in-place zero_grad takes on this module's gradients (the memset set_to_none skips), the
-    median of `repeats`; None when there is nothing to zero."""
+    fastest of `repeats` (a cost floor: slower repeats are other processes' interference); None when there is
+    nothing to zero."""
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     if not grads:
         return None
@@ -149,7 +149,7 @@ def time_zero_grad(module: nn.Module, repeats: int = 5) -> float | None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def check_eval_dropout(model: nn.Module, inputs: Any) -> dict[str, Any]:
@@ -280,6 +280,8 @@ class Watch:
 
         _BaseDataLoaderIter.__next__ = timed_next
 
+    paused = False            # the doctor's own forwards (the eval-dropout test) are not the loop's
+
     def _pre_any(self, module, args):
         self._depth += 1
         if self._depth == 1:
@@ -291,6 +293,8 @@ class Watch:
         self._depth = max(0, self._depth - 1)
 
     def _pre_root(self, module: nn.Module, args) -> None:
+        if self.paused:
+            return
         if isinstance(module, nn.DataParallel) or any(isinstance(m, nn.DataParallel) for m in module.children()):
             self.data_parallel = True
         if not (module.training and torch.is_grad_enabled()):
@@ -308,7 +312,7 @@ class Watch:
             self.last_input = _detached(args[0])      # a copy: loaders recycle their buffers
 
     def _post_root(self, module: nn.Module, args, output) -> None:
-        if module.training and torch.is_grad_enabled():
+        if self.paused or (module.training and torch.is_grad_enabled()):
             return
         self.eval_forwards += 1
         if torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(output)):
@@ -350,7 +354,11 @@ class Watch:
         model = self.root() if self.root is not None else None
         if model is None or self.last_input is None:
             return None
-        return check_eval_dropout(model, self.last_input)
+        self.paused = True
+        try:
+            return check_eval_dropout(model, self.last_input)
+        finally:
+            self.paused = False
 
 
 def _detached(value: Any) -> Any:
