@@ -303,3 +303,18 @@ def test_doctor_on_a_script(tmp_path):
     syncs = next(f for f in data["findings"] if f["name"] == "host-device syncs per step")
     assert syncs["status"] == "problem" and "loss.item()" in syncs["evidence"]
     assert data["observations"]["steps_run"] == 1 + 10 + 4          # stopped after its steps
+
+
+def test_doctor_findings_go_into_the_ablation_report(tmp_path, fast_run):
+    import dataclasses
+
+    from trainfast.doctor import doctor
+
+    obs = dataclasses.replace(fast_run, grads=["zeroed"], zero_grad_s=0.001)      # one problem to report
+    (tmp_path / "report.md").write_text("# trainfast ablation report\n\ntable\n\n## Recommendation\n\nbaseline.\n")
+    findings = doctor(obs, tmp_path, show=False)
+    doctor(obs, tmp_path, show=False)                          # a second run replaces the section
+    text = (tmp_path / "report.md").read_text()
+    assert text.count("## Doctor") == 1 and text.index("## Doctor") < text.index("## Recommendation")
+    problems = [f for f in findings if f.status == "problem"]
+    assert problems and all(f"**{f.name}**" in text for f in problems)

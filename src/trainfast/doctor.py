@@ -376,9 +376,49 @@ def _saves(f: Finding) -> str:
     return f"{f.cost_s * 1e3:.3g} ms" + (f" ({100 * f.share:.0f}%)" if f.share is not None else "")
 
 
+def markdown_section(out_dir: Path) -> list[str]:
+    """report.md's "Doctor" section from a doctor.json in the same folder (`trainfast doctor --out DIR` with the
+    ablation's DIR), or nothing when there is none: the problems, ranked, and how many checks were fine."""
+    path = Path(out_dir) / "doctor.json"
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text())
+        findings = [Finding(**f) for f in data["findings"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        return ["## Doctor", "", f"{path.name} could not be read ({exc}).", ""]
+    problems = [f for f in findings if f.status == "problem"]
+    lines = ["## Doctor", "", f"From `{path.name}` ({data.get('source')} run on {data.get('device')}): "
+             f"{len(problems)} problem(s), {sum(f.status == 'fine' for f in findings)} check(s) fine, "
+             f"{sum(f.status == 'not checked here' for f in findings)} not checked here.", ""]
+    lines += [f"{i}. **{f.name}** ({_saves(f)} per step): {f.evidence}. Fix: {f.fix}" for i, f in enumerate(problems, 1)]
+    return lines + [""] if problems else lines
+
+
+def update_report(out_dir: Path) -> bool:
+    """A report.md already in out_dir (an ablation's) gets the Doctor section, in place of an older one, before
+    its Recommendation; True when one was updated."""
+    from .checkpoint import atomic_write_text
+
+    path = Path(out_dir) / "report.md"
+    if not path.is_file():
+        return False
+    text = path.read_text()
+    start = text.find("\n## Doctor\n")
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        text = text[:start + 1] + (text[end + 1:] if end >= 0 else "")
+    section = "\n".join(markdown_section(out_dir)) + "\n"
+    at = text.find("## Recommendation")
+    text = text[:at] + section + text[at:] if at >= 0 else text.rstrip("\n") + "\n\n" + section
+    atomic_write_text(path, text)
+    return True
+
+
 def doctor(obs: Observations, out_dir: Path, show: bool = True) -> list[Finding]:
     findings = run_checks(obs)
     write_doctor(out_dir, obs, findings)
+    update_report(out_dir)
     if show:
         print_findings(findings, obs)
     return findings
