@@ -279,6 +279,8 @@ def eval_dropout(obs: Observations) -> Finding:
     d = obs.dropout
     if d is None:
         return Finding(name, "mistake", NOT_HERE, "no training forward was seen, so there was no input to test with")
+    if "error" in d:
+        return Finding(name, "mistake", NOT_HERE, f"the eval forwards of the last training input failed: {d['error']}")
     text = (f"in eval() + inference_mode two forwards of the same input differ by up to {d['max_diff']:.3g} "
             f"({_pct(d['relative_diff'])} of the output's scale)")
     if d["relative_diff"] > 1e-3 or d["calls"]:

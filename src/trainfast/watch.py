@@ -292,8 +292,13 @@ class Watch:
             self._post_root(module, args, output)
         self._depth = max(0, self._depth - 1)
 
+    @staticmethod
+    def is_model(module: nn.Module) -> bool:
+        """A module with trainable parameters: the model, not a loss module called on its own."""
+        return any(p.requires_grad for p in module.parameters())
+
     def _pre_root(self, module: nn.Module, args) -> None:
-        if self.paused:
+        if self.paused or not self.is_model(module):
             return
         if isinstance(module, nn.DataParallel) or any(isinstance(m, nn.DataParallel) for m in module.children()):
             self.data_parallel = True
@@ -312,7 +317,7 @@ class Watch:
             self.last_input = _detached(args[0])      # a copy: loaders recycle their buffers
 
     def _post_root(self, module: nn.Module, args, output) -> None:
-        if self.paused or (module.training and torch.is_grad_enabled()):
+        if self.paused or module.training or not self.is_model(module):
             return
         self.eval_forwards += 1
         if torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(output)):
@@ -357,6 +362,8 @@ class Watch:
         self.paused = True
         try:
             return check_eval_dropout(model, self.last_input)
+        except Exception as exc:      # a model that will not take its last input again: say so, never crash the loop
+            return {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             self.paused = False
 
