@@ -318,3 +318,53 @@ def test_doctor_findings_go_into_the_ablation_report(tmp_path, fast_run):
     assert text.count("## Doctor") == 1 and text.index("## Doctor") < text.index("## Recommendation")
     problems = [f for f in findings if f.status == "problem"]
     assert problems and all(f"**{f.name}**" in text for f in problems)
+
+
+def test_cuda_and_compile_checks_read_their_evidence():
+    """The CUDA-only and compile checks' logic, on observations as a GPU run would have them."""
+    env = collect_environment()
+    base = dict(step_seconds=[0.010] * 4, data_wait_s=[0.0] * 4)
+    idle = Observations("built-in", "cuda:0", env, **base,
+                        cuda_profile={"kernel_s_per_step": 0.002, "h2d_per_step": 3.0, "batch_tensors": 0})
+    findings = run_checks(idle)
+    assert bound(idle) == "launch-bound"
+    launch = finding(findings, "launch-bound steps")
+    assert launch.status == "problem" and launch.cost_s == pytest.approx(0.008)
+    assert finding(findings, "tensors created on the host and copied every step").status == "problem"
+    busy = Observations("built-in", "cuda:0", env, **base,
+                        cuda_profile={"kernel_s_per_step": 0.009, "h2d_per_step": 0.0, "batch_tensors": 0})
+    assert finding(run_checks(busy), "launch-bound steps").status == "fine"
+    assert finding(run_checks(busy), "tensors created on the host and copied every step").status == "fine"
+    name = "compile: graph breaks and recompilations"
+    broken = Observations("built-in", "cpu", env, compiled=True, recompiles=0,
+                          compile={"graphs": 2, "graph_breaks": 1, "break_reasons": ["Tensor.item() call"]})
+    assert finding(run_checks(broken), name).status == "problem"
+    assert "Tensor.item()" in finding(run_checks(broken), name).evidence
+    clean = Observations("built-in", "cpu", env, compiled=True, recompiles=0,
+                         compile={"graphs": 1, "graph_breaks": 0, "break_reasons": []})
+    assert finding(run_checks(clean), name).status == "fine"
+
+
+def test_own_loop_data_wait_from_its_dataloader():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Slow(TensorDataset):
+        def __getitem__(self, index):
+            time.sleep(0.01)
+            return super().__getitem__(index)
+
+    data = Slow(torch.randn(64, 8), torch.randint(0, 3, (64,)))
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def loop():
+        for _ in range(10):
+            for x, y in DataLoader(data, batch_size=4):
+                optimizer.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                optimizer.step()
+
+    obs = observe_loop(loop, steps=4, sync_steps=2)
+    assert obs.num_workers == 0 and obs.samples == [4] * len(obs.samples)
+    assert obs.wait_share >= 0.2 and bound(obs) == "input-bound"        # no replay for an own loop: the wait alone
+    assert finding(run_checks(obs), "num_workers=0").status == "problem"

@@ -62,7 +62,7 @@ class Observations:
     dropout: dict[str, Any] | None = None
     grads: list[str] = field(default_factory=list)
     zero_grad_s: float | None = None
-    set_to_none_flag: bool = True            # the recipe flag exists for this loop (built-in or Session)
+    recipe_flags: bool = True                # the built-in run: a fix can be a Recipe flag (--set-to-none)
     data_parallel: bool = False
     num_workers: int | None = None
     cudnn_benchmark: bool = False
@@ -106,6 +106,12 @@ class Observations:
         if not self.replay_step_seconds or not self.step_seconds:
             return None
         return 1 - self.replay_s / self.step_s
+
+    @property
+    def busy_share(self) -> float | None:
+        """CUDA: the share of a step the device spends in kernels (profiled kernel time / median step time)."""
+        kernel = (self.cuda_profile or {}).get("kernel_s_per_step")
+        return min(1.0, kernel / self.step_s) if kernel is not None and self.step_s else None
 
     def user_syncs(self) -> list[dict[str, Any]]:
         return [s for s in self.syncs if not s["trainfast"]]
@@ -159,8 +165,7 @@ def bound(obs: Observations) -> str | None:
         return None
     if share >= INPUT_BOUND_SHARE and (gain is None or gain >= MATERIAL_SHARE):
         return "input-bound"
-    profile = obs.cuda_profile or {}
-    if profile.get("busy_share") is not None and profile["busy_share"] < LAUNCH_BOUND_BUSY:
+    if obs.busy_share is not None and obs.busy_share < LAUNCH_BOUND_BUSY:
         return "launch-bound"
     return "compute-bound"
 
@@ -244,9 +249,9 @@ def launch_bound(obs: Observations) -> Finding:
     if not obs.cuda:
         return Finding(name, "time", NOT_HERE, "needs the CUDA profiler (kernel time vs step time): no GPU here")
     p = obs.cuda_profile
-    if not p or p.get("busy_share") is None:
+    if obs.busy_share is None:
         return Finding(name, "time", NOT_HERE, f"the CUDA profile did not run: {(p or {}).get('error', 'no profile')}")
-    text = f"the GPU computes {_pct(p['busy_share'])} of the step ({_ms(p['kernel_s_per_step'])} of kernels per step)"
+    text = f"the GPU computes {_pct(obs.busy_share)} of the step ({_ms(p['kernel_s_per_step'])} of kernels per step)"
     if bound(obs) == "launch-bound":
         cost = obs.step_s - p["kernel_s_per_step"]
         return Finding(name, "time", "problem", text + ": the host cannot issue kernels fast enough", cost,
@@ -313,7 +318,9 @@ def host_copies(obs: Observations) -> Finding:
     if p.get("h2d_per_step") is None:
         return Finding(name, "mistake", NOT_HERE, f"the CUDA profile did not run: {p.get('error', 'no profile')}")
     extra = p["h2d_per_step"] - p.get("batch_tensors", 0)
-    text = f"{p['h2d_per_step']:g} host-to-device copies per step, {p.get('batch_tensors', 0)} of them the batch's"
+    batch = p.get("batch_tensors", 0)
+    text = (f"{p['h2d_per_step']:g} host-to-device copies per step"
+            + (f", {batch} of them the batch's" if batch else " with the batch already on the device (replay)"))
     if extra >= 1:
         return Finding(name, "mistake", "problem", text, fix="create constants on the device once "
                        "(torch.tensor(..., device=device) outside the loop, or a registered buffer)")
@@ -325,7 +332,7 @@ def zero_grad(obs: Observations) -> Finding:
     name = "zero_grad without set_to_none"
     if not obs.grads:
         return Finding(name, "mistake", NOT_HERE, "no training forward followed an optimizer step while watched")
-    flag = "--set-to-none" if obs.set_to_none_flag else "optimizer.zero_grad(set_to_none=True) (torch's default)"
+    flag = "--set-to-none" if obs.recipe_flags else "optimizer.zero_grad(set_to_none=True) (torch's default)"
     if "carried" in obs.grads:
         return Finding(name, "mistake", "problem", "gradients still held the previous step's values at the next "
                        "forward: zero_grad() is never called, so every step adds to the last one's gradients",
@@ -379,7 +386,11 @@ def num_workers(obs: Observations) -> Finding:
     text = f"the loader runs in the training process; the wait is {_pct(share)} of the step"
     if gain is not None:
         text += f" and the cached-batch replay is {_pct(max(gain, 0.0))} faster"
-    if share >= MATERIAL_SHARE and gain is not None and gain >= MATERIAL_SHARE:
-        cost = gain * obs.step_s
-        return Finding(name, "mistake", "problem", text, cost, gain, "--num-workers auto")
+    else:
+        text += " (no cached-batch replay for this loop: the wait alone decides, and bounds the saving)"
+    # Material only when both say so: a wait the replay does not confirm is the loader's own noise.
+    if share >= MATERIAL_SHARE and (gain is None or gain >= MATERIAL_SHARE):
+        cost = gain * obs.step_s if gain is not None else obs.wait_s
+        fix = "--num-workers auto" if obs.recipe_flags else "DataLoader(num_workers=2 or more)"
+        return Finding(name, "mistake", "problem", text, cost, cost / obs.step_s, fix)
     return Finding(name, "mistake", "fine", text + f": below the {_pct(MATERIAL_SHARE)} that would make workers pay")

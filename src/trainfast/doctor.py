@@ -94,7 +94,9 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
         criterion = dist.criterion(loss_fn)
 
         def run(batches: Iterable, n: int) -> None:
-            train_one_epoch(state, repeat_passes(batches, n), criterion, build_meter(state, dist))
+            """n optimizer steps of the shared engine (n x grad_accum_steps batches)."""
+            micro = n * recipe.grad_accum_steps
+            train_one_epoch(state, repeat_passes(batches, micro), criterion, build_meter(state, dist))
 
         k = watch_steps(recipe.log_every)
         with Watch(state.forward, device_type=dev.type, sync_window=(1, 1 + k)) as watch:      # pass 1
@@ -116,11 +118,12 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
 
         batch = _clone(next(iter(train_batches)))                                                # pass 3
         first = len(state.timer.steps)
-        run([batch] * REPLAY_STEPS, REPLAY_STEPS)
+        run([batch] * (REPLAY_STEPS * recipe.grad_accum_steps), REPLAY_STEPS)
         state.timer.read()
         replay = [s.seconds for s in state.timer.steps[first + 1:]]       # the first one re-warms caches
 
-        profile = profile_cuda(lambda n: run([batch] * n, n), batch) if dev.type == "cuda" else None
+        profile = (profile_cuda(lambda n: run([batch] * (n * recipe.grad_accum_steps), n))
+                   if dev.type == "cuda" else None)
         flops_per_sample, ceiling = (measure_flops(state.model, loss_fn, batch, recipe, dev) if flops
                                      else (None, None))
     finally:
@@ -203,8 +206,9 @@ def measure_flops(model: nn.Module, loss_fn: Callable, batch, recipe, device: to
     return per_sample, measure_ceiling(device, dtype, n=n, repeats=3)
 
 
-def profile_cuda(run: Callable[[int], None], batch, steps: int = 5) -> dict[str, Any]:
-    """Kernel time and host-to-device copies per step, from torch.profiler over `steps` replayed steps."""
+def profile_cuda(run: Callable[[int], None], steps: int = 5) -> dict[str, Any]:
+    """Kernel time and host-to-device copies per step, from torch.profiler over `steps` replayed steps (one
+    cached batch on the device: the copies are the step's own, not the loader's)."""
     try:
         from torch.profiler import ProfilerActivity, profile
 
@@ -219,7 +223,8 @@ def profile_cuda(run: Callable[[int], None], batch, steps: int = 5) -> dict[str,
                 if "memcpy" in name and "htod" in name:
                     copies += 1
                 elif "memcpy" not in name and "memset" not in name:
-                    kernel_us += getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
+                    kernel_us += event.device_time_total
+        # The replayed batch is already on the device: every copy counted here is made inside the step.
         return {"kernel_s_per_step": kernel_us / 1e6 / steps, "h2d_per_step": copies / steps, "batch_tensors": 0}
     except Exception as exc:             # the profiler is optional evidence; say why it is missing
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -262,7 +267,7 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
     _from_watch(obs, watch)
     obs.eval_forwards, obs.eval_graph = watch.eval_forwards, dict(watch.eval_graph)
     obs.dropout = dropout
-    obs.set_to_none_flag = False
+    obs.recipe_flags = False
     obs.num_workers = watch.num_workers
     obs.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
     obs.memory = {"peak_bytes": peak_memory_bytes(dev), "capacity_bytes": capacity(dev)}

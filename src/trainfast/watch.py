@@ -300,8 +300,8 @@ class Watch:
     def _pre_root(self, module: nn.Module, args) -> None:
         if self.paused or not self.is_model(module):
             return
-        if isinstance(module, nn.DataParallel) or any(isinstance(m, nn.DataParallel) for m in module.children()):
-            self.data_parallel = True
+        if len(self.shapes) < 3 and any(isinstance(m, nn.DataParallel) for m in module.modules()):
+            self.data_parallel = True          # looked for in the first forwards only: a walk of every module
         if not (module.training and torch.is_grad_enabled()):
             return
         self.shapes.append(shape_of(args))
