@@ -278,6 +278,9 @@ def test_doctor_refuses_bad_flags_before_work(capsys):
         main(["doctor", "--steps", "0"])
     assert exc.value.code == 2
     assert main(["doctor", "--model", "no_such_model_xyz"]) == 2
+    if not torch.cuda.is_available():                      # refused with the reason, not a stack trace
+        assert main(["doctor", "--device", "cuda"]) == 2
+        assert "torch sees no GPU: " in capsys.readouterr().err
 
 
 SCRIPT = """
@@ -368,3 +371,16 @@ def test_own_loop_data_wait_from_its_dataloader():
     assert obs.num_workers == 0 and obs.samples == [4] * len(obs.samples)
     assert obs.wait_share >= 0.2 and bound(obs) == "input-bound"        # no replay for an own loop: the wait alone
     assert finding(run_checks(obs), "num_workers=0").status == "problem"
+
+
+def test_device_failures_are_explained_in_words():
+    from trainfast.envcheck import explain_failure, no_gpu_reason
+
+    cudnn = explain_failure(RuntimeError("cuDNN error: CUDNN_STATUS_NOT_INITIALIZED"), torch.device("cuda", 0))
+    assert "cuDNN failed" in cudnn and "driver" in cudnn
+    old = explain_failure(RuntimeError("CUDA driver version is insufficient for CUDA runtime version"),
+                          torch.device("cuda", 0))
+    assert "does not support this build" in old
+    assert "hides every GPU" in no_gpu_reason({"cuda_build": "12.4", "cuda_visible_devices": "", "driver": "550.1"})
+    assert "CPU-only build" in no_gpu_reason({"cuda_build": None, "cuda_visible_devices": None})
+    assert "no NVIDIA driver" in no_gpu_reason({"cuda_build": "12.4", "cuda_visible_devices": None, "driver": None})

@@ -281,11 +281,18 @@ def _doctor(args, recipe: Recipe) -> int:
     (doctor.py); prints the ranked findings and writes doctor.json. Exit status 0 whatever it finds."""
     from datetime import datetime
 
+    import torch
+
     from .doctor import DEFAULT_STEPS, ScriptFailed, doctor, observe_builtin, observe_script, watch_steps
     from .recipe import resolve_device, validate_for_device
 
     out = Path(args.out) if args.out else Path("runs") / datetime.now().strftime("doctor-%Y%m%d-%H%M%S")
     steps = args.steps or DEFAULT_STEPS
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        from .envcheck import collect_environment
+
+        # the question the doctor is asked most: say why, not only that
+        raise ValueError(f"--device {args.device}: torch sees no GPU: {collect_environment()['no_gpu_reason']}")
     device = resolve_device(args.device)
     validate_for_device(recipe, device)
     if args.user_command is not None:

@@ -16,8 +16,12 @@ from .techniques.precision import cpu_flags
 def collect_environment() -> dict[str, Any]:
     import psutil
 
+    import warnings
+
     flags = cpu_flags()
-    cuda = torch.cuda.is_available()
+    with warnings.catch_warnings(record=True) as caught:     # torch says why CUDA failed to start only here
+        warnings.simplefilter("always")
+        cuda = torch.cuda.is_available()
     env: dict[str, Any] = {
         "torch": torch.__version__,
         "cuda_build": torch.version.cuda,                 # the CUDA the wheel was built with (None: CPU wheel)
@@ -40,6 +44,8 @@ def collect_environment() -> dict[str, Any]:
     }
     env["smoke"] = [smoke_test(torch.device("cpu"))]
     env["smoke"] += [smoke_test(torch.device("cuda", i)) for i in range(len(env["devices"]))]
+    env["cuda_init_warning"] = next((str(w.message).splitlines()[0] for w in caught if "cuda" in str(w.message).lower()),
+                                    None)
     if not cuda:
         env["no_gpu_reason"] = no_gpu_reason(env)
     return env
@@ -107,6 +113,8 @@ def explain_failure(exc: BaseException, device: torch.device) -> str:
 def no_gpu_reason(env: dict[str, Any]) -> str:
     """Why torch sees no GPU, in the order worth checking."""
     visible = env.get("cuda_visible_devices")
+    if env.get("cuda_init_warning"):
+        return f"torch could not start CUDA: {env['cuda_init_warning']}"
     if env.get("cuda_build") is None:
         return "this torch is a CPU-only build (torch.version.cuda is None)"
     if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
