@@ -84,7 +84,7 @@ def test_num_workers_zero_flagged_only_when_the_wait_is_material(slow_run, fast_
 
 
 def test_num_workers_twin_is_not_flagged():
-    obs = observe(tiny_split(delay=0.002), num_workers=2)
+    obs = observe(tiny_split(delay=0.002), num_workers=2, persistent_workers=True)   # one worker start
     assert obs.num_workers == 2
     assert finding(run_checks(obs), "num_workers=0").status == "fine"
 

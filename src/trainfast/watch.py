@@ -152,7 +152,7 @@ def time_zero_grad(module: nn.Module, repeats: int = 5) -> float | None:
     return min(times)
 
 
-def check_eval_dropout(model: nn.Module, inputs: Any) -> dict[str, Any]:
+def check_eval_dropout(model: nn.Module, *inputs: Any) -> dict[str, Any]:
     """In eval() and inference_mode, two forwards of the same input must agree: a difference is dropout that
     does not follow eval() (F.dropout with training=True, or its default). Returns the largest difference and
     the lines of the functional dropouts that still dropped. The RNG is forked, and the model's mode restored."""
@@ -163,8 +163,8 @@ def check_eval_dropout(model: nn.Module, inputs: Any) -> dict[str, Any]:
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.inference_mode():
             with counter:
-                first = model(inputs)
-            second = model(inputs)
+                first = model(*inputs)
+            second = model(*inputs)
     finally:
         model.train(was_training)
     pairs = list(zip(_tensors(first), _tensors(second)))
@@ -314,7 +314,7 @@ class Watch:
                 self.zero_grad_s = time_zero_grad(module)
         self._after_step = False
         if args and self.steps >= 1 and self.last_input is None:
-            self.last_input = _detached(args[0])      # a copy: loaders recycle their buffers
+            self.last_input = _detached(tuple(args))  # a copy: loaders recycle their buffers
 
     def _post_root(self, module: nn.Module, args, output) -> None:
         if self.paused or module.training or not self.is_model(module):
@@ -361,7 +361,7 @@ class Watch:
             return None
         self.paused = True
         try:
-            return check_eval_dropout(model, self.last_input)
+            return check_eval_dropout(model, *self.last_input)
         except Exception as exc:      # a model that will not take its last input again: say so, never crash the loop
             return {"error": f"{type(exc).__name__}: {exc}"}
         finally:
