@@ -420,7 +420,10 @@ def update_report(out_dir: Path) -> bool:
     return True
 
 
-def doctor(obs: Observations, out_dir: Path, show: bool = True) -> list[Finding]:
+def doctor(obs: Observations, out_dir: str | Path, show: bool = True) -> list[Finding]:
+    """The ranked findings of these observations: printed (show), written to out_dir/doctor.json, and into
+    an ablation's report.md there if one exists."""
+    out_dir = Path(out_dir)
     findings = run_checks(obs)
     write_doctor(out_dir, obs, findings)
     update_report(out_dir)
