@@ -149,6 +149,7 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
 
 
 def _from_watch(obs: Observations, watch: Watch) -> None:
+    obs.notes += [f"a watch hook failed and was skipped: {e}" for e in watch.errors]
     obs.sync_steps = watch.sync_steps
     obs.syncs = watch.counter.by_line()
     obs.shapes = watch.shapes
@@ -291,7 +292,7 @@ def install_in_script() -> None:
     written: list[bool] = []
 
     def write(w: Watch, dropout=None) -> None:
-        if written:
+        if written or os.environ.get("RANK", "0") != "0":        # under torchrun, rank 0 alone writes
             return
         written.append(True)
         obs = loop_observations(w, device, dropout if dropout is not None else w.dropout_check())
@@ -378,7 +379,8 @@ def _saves(f: Finding) -> str:
         return ""
     if f.cost_s is None:
         return "not measured"
-    return f"{f.cost_s * 1e3:.3g} ms" + (f" ({100 * f.share:.0f}%)" if f.share is not None else "")
+    share = "" if f.share is None else f" ({100 * f.share:.0f}%)" if f.share >= 0.01 else " (<1%)"
+    return f"{f.cost_s * 1e3:.3g} ms{share}"
 
 
 def markdown_section(out_dir: Path) -> list[str]:

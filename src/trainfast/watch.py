@@ -224,6 +224,7 @@ class Watch:
         self.root: weakref.ref | None = None        # the trained module (for the eval-dropout check)
         self.last_input: Any = None
         self._after_step = False
+        self.errors: list[str] = []                 # hooks that failed (and were then skipped)
         self._depth = 0
         self._handles: list = []
 
@@ -236,11 +237,11 @@ class Watch:
         self.t0 = time.perf_counter()
         self._handles.append(register_optimizer_step_post_hook(self._on_step))
         if self.model is not None:
-            self._handles += [self.model.register_forward_pre_hook(self._pre_root),
-                              self.model.register_forward_hook(self._post_root)]
+            self._handles += [self.model.register_forward_pre_hook(self._safe(self._pre_root)),
+                              self.model.register_forward_hook(self._safe(self._post_root))]
         else:
-            self._handles += [module_hooks.register_module_forward_pre_hook(self._pre_any),
-                              module_hooks.register_module_forward_hook(self._post_any, always_call=True)]
+            self._handles += [module_hooks.register_module_forward_pre_hook(self._safe(self._pre_any)),
+                              module_hooks.register_module_forward_hook(self._safe(self._post_any), always_call=True)]
         self._wrap_loader()
         self._update_window()
         return self
@@ -282,6 +283,18 @@ class Watch:
 
     paused = False            # the doctor's own forwards (the eval-dropout test) are not the loop's
 
+    def _safe(self, hook: Callable) -> Callable:
+        """A hook that can fail (a model split over devices, an odd forward) notes why in `errors` and lets
+        the loop go on: the doctor never breaks the run it watches."""
+        def guarded(*args):
+            try:
+                return hook(*args)
+            except Exception as exc:
+                if len(self.errors) < 10:
+                    self.errors.append(f"{hook.__name__}: {type(exc).__name__}: {exc}")
+                return None
+        return guarded
+
     def _pre_any(self, module, args):
         self._depth += 1
         if self._depth == 1:
@@ -307,14 +320,14 @@ class Watch:
         self.shapes.append(shape_of(args))
         if self.root is None or self.root() is not module:
             self.root = weakref.ref(module)
-        if self._after_step and len(self.grads) < self.GRAD_CHECKS:
+        if args and self.steps >= 1 and self.last_input is None:
+            self.last_input = _detached(tuple(args))  # a copy: loaders recycle their buffers
+        after_step, self._after_step = self._after_step, False
+        if after_step and len(self.grads) < self.GRAD_CHECKS:     # last: the one part that reads the device
             state = grads_state(module)
             self.grads.append(state)
             if state == "zeroed" and self.zero_grad_s is None:
                 self.zero_grad_s = time_zero_grad(module)
-        self._after_step = False
-        if args and self.steps >= 1 and self.last_input is None:
-            self.last_input = _detached(tuple(args))  # a copy: loaders recycle their buffers
 
     def _post_root(self, module: nn.Module, args, output) -> None:
         if self.paused or module.training or not self.is_model(module):
@@ -324,6 +337,18 @@ class Watch:
             self.eval_graph[type(module).__name__] += 1
 
     def _on_step(self, optimizer, args, kwargs) -> None:
+        self._safe(self._count_step)()
+        if self.stop_after is not None and self.steps >= self.stop_after:
+            self._set_counting(False)
+            if self.on_stop is not None:
+                try:
+                    self.on_stop(self)
+                except Exception as exc:        # said where the run's output goes; the loop still stops
+                    print(f"trainfast doctor: could not finish the observation: {type(exc).__name__}: {exc}",
+                          file=sys.stderr)
+            raise self.stop_with()
+
+    def _count_step(self) -> None:
         self.steps += 1
         self.step_ends.append(time.perf_counter())
         self.step_waits.append(self._wait)
@@ -331,11 +356,6 @@ class Watch:
         self._wait, self._samples = 0.0, 0
         self._after_step = True
         self._update_window()
-        if self.stop_after is not None and self.steps >= self.stop_after:
-            self._set_counting(False)
-            if self.on_stop is not None:
-                self.on_stop(self)
-            raise self.stop_with()
 
     # --- the sync window -----------------------------------------------------------------------------
 
