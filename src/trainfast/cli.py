@@ -298,10 +298,10 @@ def _doctor(args, recipe: Recipe) -> int:
     if args.user_command is not None:
         if not args.user_command:
             raise ValueError("doctor -- COMMAND: no command after `--` (e.g. `trainfast doctor -- python train.py`)")
-        out.mkdir(parents=True, exist_ok=True)
+        fields = {k: v for k, v in recipe.to_dict().items() if v != getattr(Recipe(), k)}   # the flags given
         try:
             obs = observe_script(args.user_command, out, steps=steps, sync_steps=watch_steps(recipe.log_every),
-                                 device=str(device), timeout_s=args.timeout)
+                                 device=str(device), timeout_s=args.timeout, recipe_fields=fields)
         except ScriptFailed as exc:
             print(f"trainfast doctor: {exc}", file=sys.stderr)
             return 1

@@ -307,18 +307,24 @@ def install_in_script() -> None:
 
 
 def observe_script(command: list[str], out_dir: Path, *, steps: int = DEFAULT_STEPS, sync_steps: int = 10,
-                   device: str = "cpu", timeout_s: float = 600.0) -> Observations:
+                   device: str = "cpu", timeout_s: float = 600.0,
+                   recipe_fields: dict[str, Any] | None = None) -> Observations:
     """Run the user's command (an argument list, never a shell string) under the doctor, its output in
-    out_dir/log.txt, and read the observations its process wrote."""
+    out_dir/log.txt, and read the observations its process wrote. `recipe_fields` (the recipe flags given to
+    the doctor) reach a script's trainfast.Session through TRAINFAST_RECIPE, as under `ablate -- COMMAND`."""
+    from .recipe import RECIPE_ENV
     from .launch import SITE_DIR, Command, check_command
 
-    check_command(Command(tuple(command)))
+    check_command(Command(tuple(command)))          # refused before anything is written
+    out_dir.mkdir(parents=True, exist_ok=True)
     result = out_dir / "observations.json"
     result.unlink(missing_ok=True)
     path = os.environ.get("PYTHONPATH", "")
     env = {**os.environ, DOCTOR_ENV: json.dumps({"result": str(result), "steps": steps, "sync_steps": sync_steps,
                                                  "device": device}),
            "PYTHONPATH": str(SITE_DIR) + (os.pathsep + path if path else "")}
+    if recipe_fields:
+        env[RECIPE_ENV] = json.dumps(recipe_fields)
     with open(out_dir / "log.txt", "wb") as log:
         try:
             code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
