@@ -372,6 +372,10 @@ def test_own_loop_data_wait_from_its_dataloader():
     assert obs.num_workers == 0 and obs.samples == [4] * len(obs.samples)
     assert obs.wait_share >= 0.2 and bound(obs) == "input-bound"        # no replay for an own loop: the wait alone
     assert finding(run_checks(obs), "num_workers=0").status == "problem"
+    # the model's FLOPs on a copy: forward 2x8x16 + 2x16x3 = 352 per sample; backward 448 (fc2's input and
+    # weight gradients, fc1's weight gradient: its input needs none)
+    assert obs.flops_per_sample == 800 and obs.ceiling_flops > 0
+    assert finding(run_checks(obs), "compute throughput vs matmul peak").status == "measured"
 
 
 def test_device_failures_are_explained_in_words():

@@ -274,8 +274,40 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
     obs.memory = {"peak_bytes": peak_memory_bytes(dev), "capacity_bytes": capacity(dev)}
     counters = compile_counters()
     obs.compiled, obs.compile = bool(counters and counters.get("frames")), counters
-    obs.notes.append("own loop: the cached-batch replay and the FLOP count need the built-in loop; not run")
+    if obs.samples:
+        obs.flops_per_sample, obs.ceiling_flops = loop_flops(watch, dev)
+        obs.ceiling_dtype = "fp32 (the loop's own dtype is not known)"
+    obs.notes.append("own loop: the cached-batch replay needs the built-in loop; not run")
     return obs
+
+
+def loop_flops(watch: Watch, device: torch.device) -> tuple[float | None, float | None]:
+    """An own loop's training FLOPs per sample, counted on a copy of its model with its last training input:
+    the forward, then the backward of the sum of the outputs (a loss adds next to nothing beside the model);
+    and the fp32 matmul peak. Nones when the model cannot be copied or counted (a DDP wrapper, say)."""
+    import copy
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .measure import batch_samples, measure_ceiling
+    from .watch import _tensors
+
+    model = watch.root() if watch.root is not None else None
+    if model is None or not watch.last_input:
+        return None, None
+    watch.paused = True                   # the copy's forward is not the loop's
+    try:
+        shadow = copy.deepcopy(model).train()
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), FlopCounterMode(display=False) as counter:
+            outputs = [t for t in _tensors(shadow(*watch.last_input)) if t.requires_grad]
+            sum(t.float().sum() for t in outputs).backward()
+        per_sample = counter.get_total_flops() / max(1, batch_samples(watch.last_input[0]))
+        return per_sample, measure_ceiling(device, torch.float32, repeats=3)
+    except Exception:
+        return None, None
+    finally:
+        watch.paused = False
 
 
 # --- a user's script: `trainfast doctor -- python train.py` ------------------------------------------
