@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "`-- python train.py ARGS` for your own script)")
     add_common(dr)
     dr.add_argument("--steps", type=_positive_int, default=None,
-                    help="timed steps after the watched ones (default 12; a script: 12 after 1 + 10 watched)")
+                    help="timed steps after the watched ones (default 10; a script: 10 after 1 + 10 watched)")
     dr.add_argument("--out", default=None, help="folder for doctor.json (default: runs/doctor-<timestamp>)")
     dr.add_argument("--timeout", type=_positive_float, default=600.0,
                     help="with `-- COMMAND`: stop the script after this many seconds (default 600)")

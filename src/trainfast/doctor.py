@@ -36,8 +36,8 @@ from .checks import Finding, Observations, run_checks
 from .envcheck import collect_environment
 from .watch import EnoughSteps, Watch
 
-DEFAULT_STEPS = 12          # timed steps: a mean over the steps after warm-up (the watched pass warms up)
-REPLAY_STEPS = 6
+DEFAULT_STEPS = 10          # timed steps: a median over the steps after warm-up (the watched pass warms up)
+REPLAY_STEPS = 5
 DOCTOR_ENV = "TRAINFAST_DOCTOR"
 
 
