@@ -1,4 +1,4 @@
-"""`trainfast ablate|train`. Every Recipe field is one flag (`--set-to-none`, `--num-workers 2`, ...), generated
+"""`trainfast ablate|tune|doctor|train`. Every Recipe field is one flag (`--set-to-none`, `--num-workers 2`, ...), generated
 from the dataclass so the two can never drift. Unknown flags, bad values and bad config keys are refused
 before any data is loaded or any model is built."""
 from __future__ import annotations
@@ -185,6 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
     tcmd.add_argument("--metric-goal", choices=("max", "min"), default=None,
                       help="whether the metric is better high or low (default: min for names with loss/err, else max)")
 
+    dr = sub.add_parser("doctor", help="what holds this run back, and the mistakes in it (a short run; "
+                                       "`-- python train.py ARGS` for your own script)")
+    add_common(dr)
+    dr.add_argument("--steps", type=_positive_int, default=None,
+                    help="timed steps after the watched ones (default 10; a script: 10 after 1 + 10 watched)")
+    dr.add_argument("--out", default=None, help="folder for doctor.json (default: runs/doctor-<timestamp>)")
+    dr.add_argument("--timeout", type=_positive_float, default=600.0,
+                    help="with `-- COMMAND`: stop the script after this many seconds (default 600)")
+
     tr = sub.add_parser("train", help="train with a recipe and write a run folder")
     add_common(tr)
     tr.add_argument("--out", default=None, help="run folder (default: runs/train-<timestamp>)")
@@ -210,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = argv[:argv.index("--")] if "--" in argv else argv
     args = parser.parse_args(argv)     # unknown flags and bad types exit here, before any work
     args.user_command = command
-    if command is not None and args.command not in ("ablate", "tune"):
-        parser.error(f"`-- COMMAND` is for `trainfast ablate` and `trainfast tune`, not `trainfast {args.command}`")
+    if command is not None and args.command not in ("ablate", "tune", "doctor"):
+        parser.error(f"`-- COMMAND` is for `trainfast ablate`, `tune` and `doctor`, not `trainfast {args.command}`")
     try:
         if args.command == "bench-data":
             from .bench_data import bench_data
@@ -223,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             return _ablate(args, recipe)
         if args.command == "tune":
             return _tune(args, recipe)
+        if args.command == "doctor":
+            return _doctor(args, recipe)
         return _train(args, recipe)
     except (RecipeError, ValueError, FileNotFoundError) as exc:
         print(f"trainfast {args.command}: error: {exc}", file=sys.stderr)
@@ -272,6 +283,48 @@ def _tune(args, recipe: Recipe) -> int:
              switches=[n.strip() for n in args.switches.split(",") if n.strip()] if args.switches else None)
     except KeyboardInterrupt:
         return 130
+    return 0
+
+
+def _doctor(args, recipe: Recipe) -> int:
+    """Checks every flag, the device and the model name first, then loads the data and runs the short passes
+    (doctor.py); prints the ranked findings and writes doctor.json. Exit status 0 whatever it finds."""
+    from datetime import datetime
+
+    import torch
+
+    from .doctor import DEFAULT_STEPS, ScriptFailed, doctor, observe_builtin, observe_script, watch_steps
+    from .recipe import resolve_device, validate_for_device
+
+    out = Path(args.out) if args.out else Path("runs") / datetime.now().strftime("doctor-%Y%m%d-%H%M%S")
+    steps = args.steps or DEFAULT_STEPS
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        from .envcheck import collect_environment
+
+        # the question the doctor is asked most: say why, not only that
+        raise ValueError(f"--device {args.device}: torch sees no GPU: {collect_environment()['no_gpu_reason']}")
+    device = resolve_device(args.device)
+    validate_for_device(recipe, device)
+    if args.user_command is not None:
+        if not args.user_command:
+            raise ValueError("doctor -- COMMAND: no command after `--` (e.g. `trainfast doctor -- python train.py`)")
+        fields = {k: v for k, v in recipe.to_dict().items() if v != getattr(Recipe(), k)}   # the flags given
+        try:
+            obs = observe_script(args.user_command, out, steps=steps, sync_steps=watch_steps(recipe.log_every),
+                                 device=str(device), timeout_s=args.timeout, recipe_fields=fields)
+        except ScriptFailed as exc:
+            print(f"trainfast doctor: {exc}", file=sys.stderr)
+            return 1
+    else:
+        from .data.datasets import load_data
+        from .models import build_model, check_model_name
+
+        check_model_name(args.model)
+        split = load_data(args.data, args.image_size)
+        obs = observe_builtin(lambda: build_model(args.model, split.num_classes, split.image_size), split,
+                              recipe=recipe, device=device, steps=steps)
+    doctor(obs, out)
+    print(f"doctor.json: {out / 'doctor.json'}")
     return 0
 
 

@@ -400,6 +400,9 @@ def write_report(result: "AblationResult") -> None:
         notes.append(f"- {above}")
     if notes:
         lines += ["## Notes", "", *notes, ""]
+    from .doctor import markdown_section
+
+    lines += markdown_section(out)         # `trainfast doctor --out` this folder: its findings, when present
     lines += ["## Recommendation", "", best_line(result) + ".", "",
               "Candidates are the baseline and the measured rungs whose accuracy is not below the baseline's noise "
               "band (risky O3 rungs are measured, never recommended). A rung is recommended over a simpler one only "

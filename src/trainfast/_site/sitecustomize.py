@@ -1,7 +1,8 @@
 """Imported at start-up by every Python process of a run that `trainfast ablate -- COMMAND` measures (the
 ablation puts this folder first on PYTHONPATH). It installs trainfast's probe (probe.py), whose global
 optimizer-step hook times a script that never creates a trainfast.Session, then imports the sitecustomize
-this one shadows, if there is one, so a site's own start-up code still runs."""
+this one shadows, if there is one, so a site's own start-up code still runs. Under `trainfast doctor -- COMMAND`
+it starts the doctor's Watch instead (doctor.install_in_script)."""
 import importlib.machinery
 import importlib.util
 import os
@@ -22,4 +23,8 @@ if os.environ.get("TRAINFAST_MEASURE"):
     from trainfast import probe
 
     probe.install()
+if os.environ.get("TRAINFAST_DOCTOR"):          # `trainfast doctor -- COMMAND`: the Watch (doctor.py)
+    from trainfast import doctor
+
+    doctor.install_in_script()
 _chain()

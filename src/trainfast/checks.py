@@ -1,0 +1,396 @@
+"""The doctor's checks: each one reads the run's Observations (what doctor.py measured) and returns one
+Finding: a status, the evidence behind it, the time it costs per step where that was measured, and the one
+fix (a Recipe flag where one exists). A check that cannot run on this device says "not checked here",
+never "0 ms" or "fine".
+
+Statuses: "problem" (fix it), "fine" (checked, nothing wrong), "measured" (a number to know, not a fault:
+the compute rate, the memory headroom), "not checked here" (this device, this loop or this recipe cannot
+show it; the evidence says why). Findings are ranked problems first, by the time their fix would save.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from .envcheck import smoke_failures, summary
+
+# Thresholds, and why:
+MATERIAL_SHARE = 0.05   # a cause is worth a fix when it costs >= 5% of the step: the ablation's smallest
+                        # effect it calls a gain (ablate --min-effect), below it the machine's noise wins
+INPUT_BOUND_SHARE = 0.20  # "input-bound": the loop waits for data >= 20% of each step (report.py's note uses
+                          # the same line), and the cached-batch replay confirms the loop runs faster without it
+SYNCS_PER_STEP = 0.5    # a read every other step or more often is a per-step read; trainfast's own Meter
+                        # reads once every log_every steps (0.2 per step at the default 10)
+LAUNCH_BOUND_BUSY = 0.5  # CUDA: the device computes < 50% of the step while the loop is not waiting for data
+VARYING_SHAPES = 2      # distinct input shapes tolerated under cudnn.benchmark (full batches + the last one)
+
+NOT_HERE = "not checked here"
+
+
+@dataclass
+class Finding:
+    name: str
+    group: str                 # environment | time | mistake
+    status: str                # problem | fine | measured | not checked here
+    evidence: str
+    cost_s: float | None = None      # seconds per step the fix would save (measured), when known
+    share: float | None = None       # cost_s over the mean step time
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Observations:
+    """Everything the doctor measured in one run (JSON-serializable: a script's run writes it to a file)."""
+    source: str                              # "built-in" | "own loop"
+    device: str
+    env: dict[str, Any]
+    steps_run: int = 0
+    warmup_steps: int = 0
+    step_seconds: list[float] = field(default_factory=list)      # steady steps, after warm-up
+    data_wait_s: list[float] | None = None   # per steady step; None: the loop's loader is not trainfast's
+    samples: list[int] | None = None
+    replay_step_seconds: list[float] | None = None   # one cached batch, no loader; None: not run
+    sync_steps: int = 0
+    syncs: list[dict[str, Any]] = field(default_factory=list)    # SyncCounter.by_line()
+    shapes: list[list] = field(default_factory=list)
+    eval_forwards: int = 0
+    eval_graph: dict[str, int] = field(default_factory=dict)
+    dropout: dict[str, Any] | None = None
+    grads: list[str] = field(default_factory=list)
+    zero_grad_s: float | None = None
+    recipe_flags: bool = True                # the built-in run: a fix can be a Recipe flag (--set-to-none)
+    data_parallel: bool = False
+    num_workers: int | None = None
+    cudnn_benchmark: bool = False
+    flops_per_sample: float | None = None
+    ceiling_flops: float | None = None
+    ceiling_dtype: str | None = None
+    memory: dict[str, Any] = field(default_factory=dict)
+    compiled: bool = False
+    compile: dict[str, Any] | None = None
+    recompiles: int | None = None
+    cuda_profile: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    # Medians, not means: on a shared machine a step that another process slowed down (often several times
+    # over) must not move the verdicts; the same command run twice must give the same ones.
+    @property
+    def step_s(self) -> float | None:
+        return statistics.median(self.step_seconds) if self.step_seconds else None
+
+    @property
+    def wait_s(self) -> float | None:
+        return statistics.median(self.data_wait_s) if self.data_wait_s else None
+
+    @property
+    def wait_share(self) -> float | None:
+        """The share of a typical step spent waiting for its batch: the median over steps of wait / step."""
+        shares = [w / s for w, s in zip(self.data_wait_s or [], self.step_seconds) if s > 0]
+        return statistics.median(shares) if shares else None
+
+    @property
+    def replay_s(self) -> float | None:
+        return statistics.median(self.replay_step_seconds) if self.replay_step_seconds else None
+
+    @property
+    def replay_gain(self) -> float | None:
+        """The measured bound on what a faster loader could buy: 1 - replayed step / real step (medians)."""
+        if not self.replay_step_seconds or not self.step_seconds:
+            return None
+        return 1 - self.replay_s / self.step_s
+
+    @property
+    def busy_share(self) -> float | None:
+        """CUDA: the share of a step the device spends in kernels (profiled kernel time / median step time)."""
+        kernel = (self.cuda_profile or {}).get("kernel_s_per_step")
+        return min(1.0, kernel / self.step_s) if kernel is not None and self.step_s else None
+
+    def user_syncs(self) -> list[dict[str, Any]]:
+        return [s for s in self.syncs if not s["trainfast"]]
+
+
+CHECKS: list[Callable[[Observations], Finding]] = []
+
+
+def check(fn: Callable[[Observations], Finding]) -> Callable[[Observations], Finding]:
+    CHECKS.append(fn)
+    return fn
+
+
+def run_checks(obs: Observations) -> list[Finding]:
+    return rank([fn(obs) for fn in CHECKS])
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    """Problems first, the costliest first (unmeasured costs after measured ones), then the rest."""
+    order = {"problem": 0, "measured": 1, "fine": 2, NOT_HERE: 3}
+    return sorted(findings, key=lambda f: (order.get(f.status, 4), -(f.cost_s or 0.0), f.cost_s is None))
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.3g} ms"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+# --- environment ------------------------------------------------------------------------------------
+
+@check
+def environment(obs: Observations) -> Finding:
+    failures = smoke_failures(obs.env)
+    text = summary(obs.env) + "; a tiny conv and matmul ran on " + ", ".join(s["device"] for s in obs.env["smoke"])
+    if failures:
+        return Finding("environment", "environment", "problem", text + ". Failed: " + "; ".join(failures),
+                       fix="see the explanation of each failure")
+    return Finding("environment", "environment", "fine", text + ": both correct")
+
+
+# --- where the time goes ----------------------------------------------------------------------------
+
+def bound(obs: Observations) -> str | None:
+    """input-bound | compute-bound | launch-bound (CUDA profile), or None without a data wait to judge."""
+    share, gain = obs.wait_share, obs.replay_gain
+    if share is None:
+        return None
+    if share >= INPUT_BOUND_SHARE and (gain is None or gain >= MATERIAL_SHARE):
+        return "input-bound"
+    if obs.busy_share is not None and obs.busy_share < LAUNCH_BOUND_BUSY:
+        return "launch-bound"
+    return "compute-bound"
+
+
+@check
+def data_wait(obs: Observations) -> Finding:
+    share, gain, step = obs.wait_share, obs.replay_gain, obs.step_s
+    if share is None:
+        return Finding("waiting for the next batch", "time", NOT_HERE,
+                       "the loop's batches do not come through a trainfast loader (Session.setup), so the wait "
+                       "for each batch cannot be timed apart from the step")
+    wait = obs.wait_s
+    text = f"{_pct(share)} of each step ({_ms(wait)} of {_ms(step)}) is spent waiting for the next batch"
+    if gain is not None:
+        text += (f"; replaying one cached batch (no loader) runs a step in {_ms(obs.replay_s)}: a faster loader could "
+                 f"save at most {_pct(max(gain, 0.0))} of the step")
+    else:
+        text += "; the cached-batch replay was not run for this loop"
+    verdict = bound(obs)
+    cost = max(0.0, gain) * step if gain is not None else wait
+    if verdict == "input-bound":
+        return Finding("waiting for the next batch", "time", "problem", f"input-bound: {text}", cost, cost / step,
+                       "--num-workers auto (more loader processes), --prefetch (uint8 transport, normalize on the "
+                       "device), --decode-cache for image folders")
+    return Finding("waiting for the next batch", "time", "fine", f"{verdict}: {text}", cost, cost / step)
+
+
+@check
+def syncs(obs: Observations) -> Finding:
+    name = "host-device syncs per step"
+    if not obs.sync_steps:
+        return Finding(name, "mistake", NOT_HERE, "the loop ran too few steps to count them")
+    user = obs.user_syncs()
+    ours = sum(s["calls"] for s in obs.syncs if s["trainfast"])
+    per_step = sum(s["calls"] for s in user) / obs.sync_steps
+    lines = "; ".join(f"{s['calls'] / obs.sync_steps:g}/step {s['op']} at {s['where']}" for s in user[:4])
+    text = (f"{per_step:g} per step from the loop over {obs.sync_steps} counted steps"
+            + (f" ({lines})" if lines else "")
+            + (f"; trainfast's own metric reads: {ours / obs.sync_steps:g} per step (once a log window)" if ours else ""))
+    text += ("" if obs.cuda else "; on the CPU nothing runs ahead of the host, so they cost nothing here: counted "
+             "because each one stalls a GPU")
+    if per_step >= SYNCS_PER_STEP:
+        return Finding(name, "mistake", "problem", text, fix="keep values on the device (accumulate losses in a "
+                       "tensor) and read them every N steps; print from those reads (the built-in Meter does this)")
+    return Finding(name, "mistake", "fine", text)
+
+
+@check
+def compute(obs: Observations) -> Finding:
+    name = "compute throughput vs matmul peak"
+    if not obs.flops_per_sample or not obs.ceiling_flops or not obs.samples or not obs.step_seconds:
+        return Finding(name, "time", NOT_HERE, "the model's FLOPs or the samples per step are unknown for this loop")
+    rate = statistics.median(obs.samples) / obs.step_s
+    achieved = rate * obs.flops_per_sample
+    return Finding(name, "time", "measured",
+                   f"{rate:,.0f} samples/s x {obs.flops_per_sample / 1e6:,.1f} MFLOP/sample = {achieved / 1e9:,.1f} "
+                   f"GFLOP/s, {_pct(achieved / obs.ceiling_flops)} of the measured {obs.ceiling_dtype} matmul peak "
+                   f"({obs.ceiling_flops / 1e9:,.0f} GFLOP/s)")
+
+
+@check
+def memory(obs: Observations) -> Finding:
+    m = obs.memory
+    if not m.get("peak_bytes") or not m.get("capacity_bytes"):
+        return Finding("memory peak vs capacity", "time", NOT_HERE, "peak memory was not measured for this loop")
+    peak, cap, static = m["peak_bytes"], m["capacity_bytes"], m.get("static_bytes") or 0
+    what = "allocator peak" if obs.cuda else "peak resident memory of the process"
+    text = f"{what} {peak / 2**30:.2f} GiB of {cap / 2**30:.1f} GiB ({_pct(peak / cap)})"
+    per_batch = peak - static
+    if per_batch > 0 and static:
+        room = max(1.0, (cap * 0.9 - static) / per_batch)
+        text += (f"; about {per_batch / 2**30:.2f} GiB of it grows with the batch: room for "
+                 + (f"roughly {room:.1f}x" if room < 8 else "more than 8x")
+                 + " the batch (rough: activations scale about linearly with the batch; 10% kept free)")
+    return Finding("memory peak vs capacity", "time", "measured", text)
+
+
+@check
+def launch_bound(obs: Observations) -> Finding:
+    name = "launch-bound steps"
+    if not obs.cuda:
+        return Finding(name, "time", NOT_HERE, "needs the CUDA profiler (kernel time vs step time): no GPU here")
+    p = obs.cuda_profile
+    if obs.busy_share is None:
+        return Finding(name, "time", NOT_HERE, f"the CUDA profile did not run: {(p or {}).get('error', 'no profile')}")
+    text = f"the GPU computes {_pct(obs.busy_share)} of the step ({_ms(p['kernel_s_per_step'])} of kernels per step)"
+    if bound(obs) == "launch-bound":
+        cost = obs.step_s - p["kernel_s_per_step"]
+        return Finding(name, "time", "problem", text + ": the host cannot issue kernels fast enough", cost,
+                       cost / obs.step_s, "--compile (fewer, fused kernels), a larger --batch-size")
+    return Finding(name, "time", "fine", text)
+
+
+@check
+def compile_graphs(obs: Observations) -> Finding:
+    name = "compile: graph breaks and recompilations"
+    if not obs.compiled:
+        return Finding(name, "time", NOT_HERE, "the run is not compiled (--compile turns it on)")
+    c = obs.compile or {}
+    text = f"{c.get('graphs', 0)} graph(s), {c.get('graph_breaks', 0)} graph break(s)"
+    if c.get("break_reasons"):
+        text += ": " + "; ".join(c["break_reasons"])
+    if obs.recompiles is not None:
+        text += f"; {obs.recompiles} frame(s) compiled during the steady steps"
+    if c.get("graph_breaks") or obs.recompiles:
+        return Finding(name, "time", "problem", text, fix="remove the break's cause (data-dependent Python, "
+                       ".item(), print) from forward; keep input shapes fixed (drop_last=True) or mark them dynamic")
+    return Finding(name, "time", "fine", text)
+
+
+# --- mistakes ---------------------------------------------------------------------------------------
+
+@check
+def eval_dropout(obs: Observations) -> Finding:
+    name = "dropout active in eval mode"
+    d = obs.dropout
+    if d is None:
+        return Finding(name, "mistake", NOT_HERE, "no training forward with positional inputs was seen after the first step: no input to test with")
+    if "error" in d:
+        return Finding(name, "mistake", NOT_HERE, f"the eval forwards of the last training input failed: {d['error']}")
+    text = (f"in eval() + inference_mode two forwards of the same input differ by up to {d['max_diff']:.3g} "
+            f"({_pct(d['relative_diff'])} of the output's scale)")
+    if d["relative_diff"] > 1e-3 or d["calls"]:
+        where = "; still dropping: " + "; ".join(d["calls"]) if d["calls"] else ""
+        return Finding(name, "mistake", "problem", text + where, fix="use nn.Dropout modules (they follow eval()), "
+                       "or pass training=self.training to F.dropout")
+    return Finding(name, "mistake", "fine", "two eval forwards of the same input agree exactly")
+
+
+@check
+def eval_graph(obs: Observations) -> Finding:
+    name = "evaluation builds an autograd graph"
+    if not obs.eval_forwards:
+        return Finding(name, "mistake", NOT_HERE, "no evaluation forward (model in eval mode) ran while watched")
+    if obs.eval_graph:
+        where = ", ".join(f"{k} ({v} forward(s))" for k, v in obs.eval_graph.items())
+        return Finding(name, "mistake", "problem", f"{sum(obs.eval_graph.values())} of {obs.eval_forwards} eval-mode "
+                       f"forwards ran with grad enabled and returned outputs that require grad: {where}",
+                       fix="wrap evaluation in `with torch.inference_mode():` (or torch.no_grad()): no graph is kept, "
+                           "activations are freed at once")
+    return Finding(name, "mistake", "fine", f"{obs.eval_forwards} eval-mode forward(s) ran without autograd")
+
+
+@check
+def host_copies(obs: Observations) -> Finding:
+    name = "tensors created on the host and copied every step"
+    if not obs.cuda:
+        return Finding(name, "mistake", NOT_HERE, "host-to-device copies only exist with a GPU")
+    p = obs.cuda_profile or {}
+    if p.get("h2d_per_step") is None:
+        return Finding(name, "mistake", NOT_HERE, f"the CUDA profile did not run: {p.get('error', 'no profile')}")
+    extra = p["h2d_per_step"] - p.get("batch_tensors", 0)
+    batch = p.get("batch_tensors", 0)
+    text = (f"{p['h2d_per_step']:g} host-to-device copies per step"
+            + (f", {batch} of them the batch's" if batch else " with the batch already on the device (replay)"))
+    if extra >= 1:
+        return Finding(name, "mistake", "problem", text, fix="create constants on the device once "
+                       "(torch.tensor(..., device=device) outside the loop, or a registered buffer)")
+    return Finding(name, "mistake", "fine", text)
+
+
+@check
+def zero_grad(obs: Observations) -> Finding:
+    name = "zero_grad without set_to_none"
+    if not obs.grads:
+        return Finding(name, "mistake", NOT_HERE, "no training forward followed an optimizer step while watched")
+    flag = "--set-to-none" if obs.recipe_flags else "optimizer.zero_grad(set_to_none=True) (torch's default)"
+    if "carried" in obs.grads:
+        return Finding(name, "mistake", "problem", "gradients still held the previous step's values at the next "
+                       "forward: zero_grad() is never called, so every step adds to the last one's gradients",
+                       fix="call optimizer.zero_grad() once per step (after step(), or before backward)")
+    if "zeroed" in obs.grads:
+        cost = obs.zero_grad_s
+        text = "gradients are zeroed in place every step (a memset of every gradient, and memory kept)"
+        if cost is not None:
+            text += f"; the memset measured {_ms(cost)}"
+        return Finding(name, "mistake", "problem", text, cost, cost / obs.step_s if cost and obs.step_s else None, flag)
+    return Finding(name, "mistake", "fine", "gradients are freed between steps (set_to_none)")
+
+
+@check
+def data_parallel(obs: Observations) -> Finding:
+    name = "DataParallel where DDP would serve"
+    if obs.data_parallel:
+        return Finding(name, "mistake", "problem", "the model is an nn.DataParallel: one process drives every GPU, "
+                       "replicates the model each step and gathers outputs on the first GPU",
+                       fix="torchrun --nproc-per-node N with --strategy ddp (one process per GPU)")
+    return Finding(name, "mistake", "fine", "no nn.DataParallel in the model")
+
+
+def distinct_shapes(shapes: list[list]) -> int:
+    return len({repr(s) for s in shapes})
+
+
+@check
+def cudnn_shapes(obs: Observations) -> Finding:
+    name = "cudnn.benchmark with changing input shapes"
+    n = distinct_shapes(obs.shapes)
+    text = f"{n} distinct input shape(s) over {len(obs.shapes)} training forwards"
+    if not obs.cuda:
+        return Finding(name, "mistake", NOT_HERE, f"cudnn.benchmark acts on CUDA only ({text})")
+    if obs.cudnn_benchmark and n > VARYING_SHAPES:
+        return Finding(name, "mistake", "problem", text + " with cudnn.benchmark on: every new shape is autotuned "
+                       "again", fix="--no-cudnn-benchmark, or fixed shapes (drop_last=True, padding to buckets)")
+    return Finding(name, "mistake", "fine", text + (" (cudnn.benchmark on)" if obs.cudnn_benchmark else
+                                                      " (cudnn.benchmark off)"))
+
+
+@check
+def num_workers(obs: Observations) -> Finding:
+    name = "num_workers=0"
+    share, gain = obs.wait_share, obs.replay_gain
+    if obs.num_workers is None or share is None:
+        return Finding(name, "mistake", NOT_HERE, "the loop's loader is not a trainfast one: its workers and its wait "
+                       "are unknown")
+    if obs.num_workers > 0:
+        return Finding(name, "mistake", "fine", f"{obs.num_workers} loader worker(s)")
+    text = f"the loader runs in the training process; the wait is {_pct(share)} of the step"
+    if gain is not None:
+        text += f" and the cached-batch replay is {_pct(max(gain, 0.0))} faster"
+    else:
+        text += " (no cached-batch replay for this loop: the wait alone decides, and bounds the saving)"
+    # Material only when both say so: a wait the replay does not confirm is the loader's own noise.
+    if share >= MATERIAL_SHARE and (gain is None or gain >= MATERIAL_SHARE):
+        cost = gain * obs.step_s if gain is not None else obs.wait_s
+        fix = "--num-workers auto" if obs.recipe_flags else "DataLoader(num_workers=2 or more)"
+        return Finding(name, "mistake", "problem", text, cost, cost / obs.step_s, fix)
+    return Finding(name, "mistake", "fine", text + f": below the {_pct(MATERIAL_SHARE)} that would make workers pay")

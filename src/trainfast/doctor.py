@@ -1,0 +1,472 @@
+"""`trainfast doctor`: what holds this run back, and the mistakes in it, from a short, bounded run.
+
+The built-in run (same model/data/recipe flags as `train`) is driven through the same Session objects and
+the same engine as training, in three short passes:
+  1. watched: 1 + K steps (K = the recipe's log_every, 4 to 16) under the Watch (watch.py): syncs per step
+     by source line (steps 1..K, never timed), input shapes, the gradients' state after each step; then the
+     evaluation loop on two validation batches, and two eval forwards of one input (dropout in eval);
+  2. timed: `steps` steps with nothing attached, timed by the Session's StepTimer (data wait per step);
+     warm-up left out as the ablation does (measure.detect_warmup);
+  3. replay: REPLAY_STEPS steps on one cached batch, already on the device (no loader): the measured bound
+     on what a faster input pipeline could buy.
+Then the model's FLOPs on that batch, the matmul peak in the run's dtype, peak memory, compile counters and,
+on CUDA, a profile of a few steps (kernel time, host-to-device copies). checks.py turns those Observations
+into ranked Findings; doctor.json holds both.
+
+A user's own loop is watched the same way, minus what only the built-in loop allows (the replay): in this
+process with `observe_loop(fn)`, or in a script with `trainfast doctor -- python train.py`, where trainfast's
+sitecustomize starts the Watch (TRAINFAST_DOCTOR in the environment) and the script is stopped after its
+steps.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from itertools import islice
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+from torch import nn
+
+from .checks import Finding, Observations, run_checks
+from .envcheck import collect_environment
+from .watch import EnoughSteps, Watch
+
+DEFAULT_STEPS = 10          # timed steps: a median over the steps after warm-up (the watched pass warms up)
+REPLAY_STEPS = 5
+DOCTOR_ENV = "TRAINFAST_DOCTOR"
+
+
+class ScriptFailed(RuntimeError):
+    """`doctor -- COMMAND`: the command ran past its time or ended before a step was watched (log tail said)."""
+
+
+def watch_steps(log_every: int) -> int:
+    """Steps the sync counter covers: one whole metric window of the built-in loop (its one read per window
+    then counts as the 1/log_every per step it is), within 4..16 so a long window cannot make a long run."""
+    return max(4, min(16, log_every))
+
+
+def repeat_passes(batches: Iterable, n: int) -> Iterator:
+    """n batches, starting the loader again when an epoch runs out (itertools.cycle would keep every batch)."""
+    taken = 0
+    while taken < n:
+        before = taken
+        for batch in islice(batches, n - taken):
+            taken += 1
+            yield batch
+        if taken == before:
+            return
+
+
+# --- the built-in run -------------------------------------------------------------------------------
+
+def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: Callable | None = None,
+                    recipe=None, *, device: str | torch.device = "auto", steps: int = DEFAULT_STEPS,
+                    flops: bool = True) -> Observations:
+    """Run the built-in loop's three passes (module docstring) and return what they measured."""
+    from .data.loader import resolve_num_workers
+    from .distributed import setup_distributed
+    from .engine import evaluate, train_one_epoch
+    from .measure import detect_warmup, peak_memory_bytes, reset_peak_memory
+    from .recipe import Recipe, resolve_device, validate_for_device
+    from .techniques.runtime import apply_runtime_flags
+    from .trainer import build_meter, build_run, seed_everything
+
+    recipe = recipe or Recipe()
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    validate_for_device(recipe, dev)
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    obs = Observations("built-in", str(dev), collect_environment())
+    dist = setup_distributed(recipe, dev)
+    try:
+        apply_runtime_flags(recipe, dev)
+        seed_everything(recipe.seed)
+        module = model() if callable(model) and not isinstance(model, nn.Module) else model
+        recipe = resolve_num_workers(recipe, split, dev)
+        reset_peak_memory(dev)
+        state, train_batches, val_batches = build_run(module, split, recipe, dev, dist, loss_fn)
+        static = current_memory(dev)
+        criterion = dist.criterion(loss_fn)
+
+        def run(batches: Iterable, n: int) -> None:
+            """n optimizer steps of the shared engine (n x grad_accum_steps batches)."""
+            micro = n * recipe.grad_accum_steps
+            train_one_epoch(state, repeat_passes(batches, micro), criterion, build_meter(state, dist))
+
+        k = watch_steps(recipe.log_every)
+        with Watch(state.forward, device_type=dev.type, sync_window=(1, 1 + k)) as watch:      # pass 1
+            run(train_batches, 1 + k)
+        with Watch(state.model, device_type=dev.type, sync_window=(0, 0)) as evaluation:
+            evaluate(state.model, islice(val_batches, 2), loss_fn, state.precision)
+        obs.dropout = watch.dropout_check()
+        compiled_before = _compiled_frames()
+
+        state.timer.read()                                                                        # pass 2
+        first = len(state.timer.steps)
+        run(train_batches, steps)
+        state.timer.read()
+        timed = state.timer.steps[first:]
+        warmup = detect_warmup([s.seconds for s in timed], min_skip=1)
+        steady = timed[warmup:]
+        recompiles = _compiled_frames() - compiled_before if compiled_before is not None else None
+        memory = {"peak_bytes": peak_memory_bytes(dev), "static_bytes": static, "capacity_bytes": capacity(dev)}
+
+        batch = _clone(next(iter(train_batches)))                                                # pass 3
+        first = len(state.timer.steps)
+        run([batch] * (REPLAY_STEPS * recipe.grad_accum_steps), REPLAY_STEPS)
+        state.timer.read()
+        replay = [s.seconds for s in state.timer.steps[first + 1:]]       # the first one re-warms caches
+
+        profile = (profile_cuda(lambda n: run([batch] * (n * recipe.grad_accum_steps), n))
+                   if dev.type == "cuda" else None)
+        flops_per_sample, ceiling = (measure_flops(state.model, loss_fn, batch, recipe, dev) if flops
+                                     else (None, None))
+    finally:
+        dist.close()
+    from .probe import compile_counters
+
+    obs.steps_run = state.step
+    obs.warmup_steps = warmup
+    obs.step_seconds = [s.seconds for s in steady]
+    obs.data_wait_s = [s.data_wait_s for s in steady]
+    obs.samples = [s.samples for s in steady]
+    obs.replay_step_seconds = replay
+    _from_watch(obs, watch)
+    obs.eval_forwards, obs.eval_graph = evaluation.eval_forwards, dict(evaluation.eval_graph)
+    obs.num_workers = recipe.num_workers
+    obs.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
+    obs.flops_per_sample, obs.ceiling_flops, obs.ceiling_dtype = flops_per_sample, ceiling, recipe.precision
+    obs.memory = memory
+    obs.compiled, obs.compile, obs.recompiles = recipe.compile, compile_counters(), recompiles
+    obs.cuda_profile = profile
+    obs.notes.append(f"recipe: {json.dumps(recipe.to_dict())}")
+    return obs
+
+
+def _from_watch(obs: Observations, watch: Watch) -> None:
+    obs.notes += [f"a watch hook failed and was skipped: {e}" for e in watch.errors]
+    obs.sync_steps = watch.sync_steps
+    obs.syncs = watch.counter.by_line()
+    obs.shapes = watch.shapes
+    obs.grads = watch.grads
+    obs.zero_grad_s = watch.zero_grad_s
+    obs.data_parallel = watch.data_parallel
+
+
+def _clone(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.clone()
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_clone(b) for b in batch)
+    return batch
+
+
+def _compiled_frames() -> int | None:
+    if "torch._dynamo" not in sys.modules:
+        return None
+    from torch._dynamo.utils import counters
+
+    return counters.get("frames", {}).get("ok", 0)
+
+
+def current_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def capacity(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def measure_flops(model: nn.Module, loss_fn: Callable, batch, recipe, device: torch.device):
+    """(training FLOPs per sample on this batch, the matmul peak in the run's dtype), or Nones when the
+    counter cannot trace the model. The same two instruments the ablation's `% of matmul peak` uses."""
+    from .measure import count_train_flops, measure_ceiling
+    from .techniques.precision import DTYPES
+
+    inputs, targets = batch[0], batch[1]
+    try:
+        per_sample = count_train_flops(model, loss_fn, inputs, targets) / max(1, inputs.shape[0])
+    except Exception:
+        return None, None
+    dtype = DTYPES[recipe.precision]
+    # fp16 on a CPU has no fast kernels (about 17x slower than fp32): a smaller product keeps this short.
+    n = 1024 if device.type == "cpu" and dtype == torch.float16 else None
+    return per_sample, measure_ceiling(device, dtype, n=n, repeats=3)
+
+
+def profile_cuda(run: Callable[[int], None], steps: int = 5) -> dict[str, Any]:
+    """Kernel time and host-to-device copies per step, from torch.profiler over `steps` replayed steps (one
+    cached batch on the device: the copies are the step's own, not the loader's)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        run(1)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            run(steps)
+            torch.cuda.synchronize()
+        kernel_us, copies = 0.0, 0
+        for event in prof.events():
+            if str(getattr(event, "device_type", "")).endswith("CUDA"):
+                name = event.name.lower()
+                if "memcpy" in name and "htod" in name:
+                    copies += 1
+                elif "memcpy" not in name and "memset" not in name:
+                    kernel_us += event.device_time_total
+        # The replayed batch is already on the device: every copy counted here is made inside the step.
+        return {"kernel_s_per_step": kernel_us / 1e6 / steps, "h2d_per_step": copies / steps, "batch_tensors": 0}
+    except Exception as exc:             # the profiler is optional evidence; say why it is missing
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+# --- a user's own loop, in this process ---------------------------------------------------------------
+
+def observe_loop(loop: Callable[[], Any], *, steps: int = DEFAULT_STEPS, sync_steps: int = 10,
+                 device: str = "cpu") -> Observations:
+    """Run `loop()` (a user's training loop) under the Watch for 1 + sync_steps + steps optimizer steps (then
+    it is stopped; a loop that ends sooner is read as it ends) and return what was observed."""
+    watch = Watch(None, device_type=torch.device(device).type, sync_window=(1, 1 + sync_steps),
+                  stop_after=1 + sync_steps + steps)
+    dropout: list[dict | None] = []
+    watch.on_stop = lambda w: dropout.append(w.dropout_check())
+    with watch:
+        try:
+            loop()
+        except EnoughSteps:
+            pass
+    return loop_observations(watch, device, dropout[0] if dropout else watch.dropout_check())
+
+
+def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observations:
+    from .measure import detect_warmup, peak_memory_bytes
+    from .probe import compile_counters
+
+    dev = torch.device(device)
+    obs = Observations("own loop", str(dev), collect_environment())
+    start = watch.sync_window[1]           # steps after the sync window: never slowed by the counter
+    ends = watch.step_ends[start - 1:] if len(watch.step_ends) >= start else []
+    seconds = [b - a for a, b in zip(ends, ends[1:])]
+    waits, samples = watch.step_waits[start:], watch.step_samples[start:]
+    warmup = detect_warmup(seconds, min_skip=0) if seconds else 0
+    obs.steps_run, obs.warmup_steps = watch.steps, warmup
+    obs.step_seconds = seconds[warmup:]
+    loader_seen = watch.num_workers is not None
+    obs.data_wait_s = waits[warmup:] if loader_seen else None
+    obs.samples = samples[warmup:] if loader_seen and any(samples) else None
+    _from_watch(obs, watch)
+    obs.eval_forwards, obs.eval_graph = watch.eval_forwards, dict(watch.eval_graph)
+    obs.dropout = dropout
+    obs.recipe_flags = False
+    obs.num_workers = watch.num_workers
+    obs.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
+    obs.memory = {"peak_bytes": peak_memory_bytes(dev), "capacity_bytes": capacity(dev)}
+    counters = compile_counters()
+    obs.compiled, obs.compile = bool(counters and counters.get("frames")), counters
+    if obs.samples:
+        obs.flops_per_sample, obs.ceiling_flops = loop_flops(watch, dev)
+        obs.ceiling_dtype = "fp32 (the loop's own dtype is not known)"
+    obs.notes.append("own loop: the cached-batch replay needs the built-in loop; not run")
+    return obs
+
+
+def loop_flops(watch: Watch, device: torch.device) -> tuple[float | None, float | None]:
+    """An own loop's training FLOPs per sample, counted on a copy of its model with its last training input:
+    the forward, then the backward of the sum of the outputs (a loss adds next to nothing beside the model);
+    and the fp32 matmul peak. Nones when the model cannot be copied or counted (a DDP wrapper, say)."""
+    import copy
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .measure import batch_samples, measure_ceiling
+    from .watch import _tensors
+
+    model = watch.root() if watch.root is not None else None
+    if model is None or not watch.last_input:
+        return None, None
+    watch.paused = True                   # the copy's forward is not the loop's
+    try:
+        shadow = copy.deepcopy(model).train()
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), FlopCounterMode(display=False) as counter:
+            outputs = [t for t in _tensors(shadow(*watch.last_input)) if t.requires_grad]
+            sum(t.float().sum() for t in outputs).backward()
+        per_sample = counter.get_total_flops() / max(1, batch_samples(watch.last_input[0]))
+        return per_sample, measure_ceiling(device, torch.float32, repeats=3)
+    except Exception:
+        return None, None
+    finally:
+        watch.paused = False
+
+
+# --- a user's script: `trainfast doctor -- python train.py` ------------------------------------------
+
+def install_in_script() -> None:
+    """Called by trainfast's sitecustomize when TRAINFAST_DOCTOR is set: watch this process's loop, write the
+    observations after its steps and end it (exit status 0), or at exit if it ends sooner."""
+    import atexit
+
+    from .probe import StopRun
+
+    spec = json.loads(os.environ[DOCTOR_ENV])
+    device = spec.get("device", "cpu")
+    written: list[bool] = []
+
+    def write(w: Watch, dropout=None) -> None:
+        if written or os.environ.get("RANK", "0") != "0":        # under torchrun, rank 0 alone writes
+            return
+        written.append(True)
+        obs = loop_observations(w, device, dropout if dropout is not None else w.dropout_check())
+        from .checkpoint import atomic_write_text
+
+        atomic_write_text(spec["result"], json.dumps(asdict(obs), default=str))
+
+    watch = Watch(None, device_type=torch.device(device).type, sync_window=(1, 1 + spec["sync_steps"]),
+                  stop_after=1 + spec["sync_steps"] + spec["steps"], on_stop=write, stop_with=StopRun)
+    watch.__enter__()
+    atexit.register(lambda: write(watch) if watch.steps else None)
+
+
+def observe_script(command: list[str], out_dir: Path, *, steps: int = DEFAULT_STEPS, sync_steps: int = 10,
+                   device: str = "cpu", timeout_s: float = 600.0,
+                   recipe_fields: dict[str, Any] | None = None) -> Observations:
+    """Run the user's command (an argument list, never a shell string) under the doctor, its output in
+    out_dir/log.txt, and read the observations its process wrote. `recipe_fields` (the recipe flags given to
+    the doctor) reach a script's trainfast.Session through TRAINFAST_RECIPE, as under `ablate -- COMMAND`."""
+    from .recipe import RECIPE_ENV
+    from .launch import SITE_DIR, Command, check_command
+
+    check_command(Command(tuple(command)))          # refused before anything is written
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = out_dir / "observations.json"
+    result.unlink(missing_ok=True)
+    path = os.environ.get("PYTHONPATH", "")
+    env = {**os.environ, DOCTOR_ENV: json.dumps({"result": str(result), "steps": steps, "sync_steps": sync_steps,
+                                                 "device": device}),
+           "PYTHONPATH": str(SITE_DIR) + (os.pathsep + path if path else "")}
+    if recipe_fields:
+        env[RECIPE_ENV] = json.dumps(recipe_fields)
+    with open(out_dir / "log.txt", "wb") as log:
+        try:
+            code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            raise ScriptFailed(f"the command ran past {timeout_s:.0f} s; see {out_dir / 'log.txt'}") from None
+    if not result.is_file():
+        tail = (out_dir / "log.txt").read_text(errors="replace")[-2000:]
+        raise ScriptFailed(f"the command exited with status {code} before a single optimizer step was watched; "
+                           f"its log ({out_dir / 'log.txt'}) ends:\n{tail}")
+    data = json.loads(result.read_text())
+    return Observations(**data)
+
+
+# --- output ---------------------------------------------------------------------------------------------
+
+def write_doctor(out_dir: Path, obs: Observations, findings: list[Finding]) -> Path:
+    from .checkpoint import atomic_write_text
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "doctor.json"
+    step = obs.step_s
+    atomic_write_text(path, json.dumps({
+        "source": obs.source, "device": obs.device,
+        "step_s": step, "steps_run": obs.steps_run, "timed_steps": len(obs.step_seconds),
+        "findings": [f.to_dict() for f in findings],
+        "observations": asdict(obs)}, indent=1, default=str))
+    return path
+
+
+def print_findings(findings: list[Finding], obs: Observations, console=None) -> None:
+    """The ranked list as a table (what, verdict, what fixing it saves), then each finding's evidence and fix."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    style = {"problem": "bold red", "fine": "green", "measured": "cyan", "not checked here": "dim"}
+    step = f" of {obs.step_s * 1e3:.1f} ms (median)" if obs.step_seconds else ""
+    table = Table(title=f"trainfast doctor: {obs.source} run on {obs.device}, {len(obs.step_seconds)} timed "
+                        f"steps{step}")
+    for col in ("#", "status", "check", "saves per step"):
+        table.add_column(col)
+    for i, f in enumerate(findings, 1):
+        table.add_row(str(i), f"[{style.get(f.status, '')}]{f.status}[/]", f.name, _saves(f))
+    console.print(table)
+    for i, f in enumerate(findings, 1):
+        console.print(f"[bold]{i}. {f.name}[/bold] [{style.get(f.status, '')}]{f.status}[/]: {f.evidence}",
+                      highlight=False)
+        if f.fix and f.status == "problem":
+            console.print(f"   [bold]fix:[/bold] {f.fix}", highlight=False)
+    problems = [f for f in findings if f.status == "problem"]
+    console.print(f"{len(problems)} problem(s)" + (": fix them in the order above (the costliest measured first)"
+                                                    if problems else "; nothing to fix in what was checked"))
+
+
+def _saves(f: Finding) -> str:
+    if f.status != "problem":
+        return ""
+    if f.cost_s is None:
+        return "not measured"
+    share = "" if f.share is None else f" ({100 * f.share:.0f}%)" if f.share >= 0.01 else " (<1%)"
+    return f"{f.cost_s * 1e3:.3g} ms{share}"
+
+
+def markdown_section(out_dir: Path) -> list[str]:
+    """report.md's "Doctor" section from a doctor.json in the same folder (`trainfast doctor --out DIR` with the
+    ablation's DIR), or nothing when there is none: the problems, ranked, and how many checks were fine."""
+    path = Path(out_dir) / "doctor.json"
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text())
+        findings = [Finding(**f) for f in data["findings"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        return ["## Doctor", "", f"{path.name} could not be read ({exc}).", ""]
+    problems = [f for f in findings if f.status == "problem"]
+    lines = ["## Doctor", "", f"From `{path.name}` ({data.get('source')} run on {data.get('device')}): "
+             f"{len(problems)} problem(s), {sum(f.status == 'fine' for f in findings)} check(s) fine, "
+             f"{sum(f.status == 'not checked here' for f in findings)} not checked here.", ""]
+    lines += [f"{i}. **{f.name}** ({_saves(f)} per step): {f.evidence}. Fix: {f.fix}" for i, f in enumerate(problems, 1)]
+    return lines + [""] if problems else lines
+
+
+def update_report(out_dir: Path) -> bool:
+    """A report.md already in out_dir (an ablation's) gets the Doctor section, in place of an older one, before
+    its Recommendation; True when one was updated."""
+    from .checkpoint import atomic_write_text
+
+    path = Path(out_dir) / "report.md"
+    if not path.is_file():
+        return False
+    text = path.read_text()
+    start = text.find("\n## Doctor\n")
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        text = text[:start + 1] + (text[end + 1:] if end >= 0 else "")
+    section = "\n".join(markdown_section(out_dir)) + "\n"
+    at = text.find("## Recommendation")
+    text = text[:at] + section + text[at:] if at >= 0 else text.rstrip("\n") + "\n\n" + section
+    atomic_write_text(path, text)
+    return True
+
+
+def doctor(obs: Observations, out_dir: str | Path, show: bool = True) -> list[Finding]:
+    """The ranked findings of these observations: printed (show), written to out_dir/doctor.json, and into
+    an ablation's report.md there if one exists."""
+    out_dir = Path(out_dir)
+    findings = run_checks(obs)
+    write_doctor(out_dir, obs, findings)
+    update_report(out_dir)
+    if show:
+        print_findings(findings, obs)
+    return findings
