@@ -8,7 +8,7 @@ never branches on the task:
   train_metrics(stats, dist), val_metrics(metrics)     the task's fields of the epoch record
   build_loaders / resolve_workers / apply_schedule     its batches on the device, its warm-up
   load_data / check_model / build_model / validate     names and flags, refused before any work starts
-  metric, metric_label                                 what the ablation judges every rung on
+  rung_metrics(metrics), metric_label, metric_name     what the ablation judges every rung on, and its name
 
 classification.py: stacked images, cross-entropy, accuracy. detection.py: lists of images of different sizes,
 the detector's own loss dict, COCO mAP.

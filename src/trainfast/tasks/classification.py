@@ -6,16 +6,17 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from ..recipe import RecipeError
+from ..recipe import Recipe, RecipeError
 
 
 class Classification:
     name = "classification"
-    metric = "accuracy"                  # what the ablation judges each rung on (results' "accuracy")
-    metric_label = "val acc"
+    metric_label = "val acc"             # the ablation table's column of the judged metric
+    metric_name = "accuracy"             # ... and its name in the report's sentences
     loss_terms = False                   # the loss is one tensor: no per-term logging, no key check across ranks
     default_model = "resnet9"
     default_data = "digits"
+    default_recipe = Recipe()            # where the CLI starts when no --recipe is given
 
     def __init__(self, loss_fn: Callable | None = None, dist=None) -> None:
         self.loss_fn = loss_fn or nn.CrossEntropyLoss()
@@ -106,6 +107,11 @@ class Classification:
 
     def apply_schedule(self, state, steps_per_epoch: int) -> None:
         """The recipe's warm-up (warmup_steps) is already the state's schedule (session.build_state)."""
+
+    def field_effect(self, field: str, device: torch.device, model: nn.Module | None, split):
+        from ..techniques import field_effect
+
+        return field_effect(field, device, model, split)
 
     def flops_per_sample(self, model: nn.Module, split, recipe) -> float | None:
         from ..ablate import count_flops_per_sample

@@ -18,6 +18,8 @@ from ..detection.batching import (DetectionDeviceBatches, build_detection_loader
 from ..detection.engine import predict_detection, warmup_scheduler
 from ..detection.metrics import compute_map
 from ..recipe import Recipe, RecipeError
+from ..techniques import field_effect
+from ..techniques.base import Effect
 
 # Where `trainfast train --task detection` starts when no --recipe is given (flags still override it): the
 # settings the detection defaults were measured with (detection/models.py: AdamW lr 1e-3, batch 4), weight
@@ -28,10 +30,11 @@ DEFAULT_RECIPE = Recipe(epochs=3, batch_size=4, lr=1e-3, weight_decay=1e-4, log_
 
 class Detection:
     name = "detection"
-    metric = "map"                       # COCO mAP@[.5:.95]: what the ablation judges each rung on
-    metric_label = "mAP"
+    metric_label = "mAP"                 # the ablation table's column of the judged metric
+    metric_name = "mAP"                  # ... and its name in the report's sentences
     loss_terms = True                    # per-term logging, key sets compared across ranks
     default_data = "synthetic"
+    default_recipe = DEFAULT_RECIPE
 
     @property
     def default_model(self) -> str:
@@ -143,6 +146,16 @@ class Detection:
 
         if state.recipe.warmup_steps == 0:
             state.scheduler = SessionScheduler(warmup_scheduler(state.optimizer.optimizer, steps_per_epoch), state)
+
+    def field_effect(self, field: str, device: torch.device, model: nn.Module | None, split) -> Effect:
+        """Whether a switch can act on a detector; the techniques' own judgement except for compile."""
+        if field == "compile":
+            return Effect(False, "torch.compile is not run on a torchvision detector: Faster R-CNN pads every batch "
+                                 "to a new shape (a recompile per shape) and every detector's anchor matching, "
+                                 "proposal sampling and NMS have data-dependent sizes (graph breaks), so the compile "
+                                 "time would be most of a short run and the steady state would not be reached",
+                          applies=False)
+        return field_effect(field, device, model, split)
 
     def flops_per_sample(self, model: nn.Module, split, recipe) -> float | None:
         """Model FLOPs of one training image (forward + backward, the losses included), counted on a copy on the
