@@ -150,10 +150,11 @@ class Detection:
     def field_effect(self, field: str, device: torch.device, model: nn.Module | None, split) -> Effect:
         """Whether a switch can act on a detector; the techniques' own judgement except for compile."""
         if field == "compile":
-            return Effect(False, "torch.compile is not run on a torchvision detector: Faster R-CNN pads every batch "
-                                 "to a new shape (a recompile per shape) and every detector's anchor matching, "
-                                 "proposal sampling and NMS have data-dependent sizes (graph breaks), so the compile "
-                                 "time would be most of a short run and the steady state would not be reached",
+            # Why, at more length: Faster R-CNN pads every batch to a new canvas (a recompile per shape), and every
+            # torchvision detector's anchor matching, proposal sampling and NMS have data-dependent sizes (graph
+            # breaks): the compile time would be most of a short run and the steady state never reached.
+            return Effect(False, "torch.compile is not run on a detector: new shapes every batch (recompiles) and "
+                                 "data-dependent sizes in matching and NMS (graph breaks)",
                           applies=False)
         return field_effect(field, device, model, split)
 
