@@ -119,7 +119,7 @@ def test_ablate_detection_writes_map_per_rung(coco, tmp_path, two_ranks):
 
     result = ablate(SSD, data=f"coco:{coco}", task="detection", recipe=Recipe(epochs=1, batch_size=4),
                     rungs=["set_to_none", "group_aspect_ratio"], repeats=1, noise_seeds=1, out=tmp_path / "report",
-                    budget=TimingBudget(steps=2, seconds=5.0, floor=2, min_seconds=0.0), show=False)
+                    budget=TimingBudget(steps=1, seconds=1.0, floor=1, min_seconds=0.0), show=False)
     data = json.loads((tmp_path / "report" / "results.json").read_text())
     assert data["settings"]["task"] == "detection" and data["settings"]["metric_name"] == "mAP"
     rungs = {r["name"]: r for r in data["rungs"]}
