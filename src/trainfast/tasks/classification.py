@@ -6,6 +6,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from ..measure import count_correct
 from ..recipe import Recipe, RecipeError
 
 
@@ -29,7 +30,7 @@ class Classification:
         return outputs, self.criterion(outputs, targets)
 
     def score(self, outputs: Any, targets: torch.Tensor) -> tuple[torch.Tensor, int]:
-        return (outputs.detach().argmax(dim=-1) == targets).sum(), targets.shape[0]
+        return count_correct(outputs, targets)
 
     def probe_batch(self, samples: list, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch of a few dataset samples on the device, for the unused-parameter probe (only the graph
