@@ -205,3 +205,18 @@ def test_the_real_loader_visits_every_training_image_once_per_epoch(grouped):
             assert all(len({groups[i] for i in batch}) == 1 for batch in batches)
         orders.append(batches)
     assert orders[0] != orders[1]                        # a new order every epoch, grouped or not
+
+
+def test_grouped_batches_resume_mid_epoch_where_they_stopped():
+    # The checkpointer's data-order interface on GroupedBatchSampler: an epoch's batches follow from (seed, epoch),
+    # so a resumed run skips the batches it already trained on and continues with the same ones.
+    from trainfast.detection import GroupedBatchSampler
+
+    sizes = SyntheticDetection(23, seed=2).sizes
+    sampler = GroupedBatchSampler(sizes, 4, seed=0)
+    sampler.set_epoch(3)
+    full = list(sampler)
+    resumed = GroupedBatchSampler(sizes, 4, seed=0)
+    resumed.load_state_dict(sampler.state_dict(at_epoch_end=False), skip=2)
+    assert len(resumed) == len(full) - 2 and list(resumed) == full[2:]
+    assert list(resumed) == full                         # the skip applies to the resumed epoch only
