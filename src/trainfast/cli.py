@@ -127,7 +127,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .ablate import MODES, RUNGS
+    from .ablate import DETECTION_LADDER, MODES, RUNGS
 
     parser = argparse.ArgumentParser(prog="trainfast", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -136,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(ab)
     ab.add_argument("--mode", choices=MODES, default="cumulative",
                     help="cumulative: each rung adds to the previous (the seeds' ladder); each: one at a time")
-    ab.add_argument("--rungs", default=None, help=f"comma-separated subset of: {','.join(RUNGS)} (fp32 = baseline)")
+    ab.add_argument("--rungs", default=None, help=f"comma-separated subset of: {','.join(RUNGS)} (fp32 = baseline); "
+                                                  f"--task detection: {','.join(DETECTION_LADDER)}, or "
+                                                  "non_blocking, fused, autocast-bf16, autocast-fp16")
     ab.add_argument("--amp-dtype", choices=("auto", "bf16", "fp16"), default="auto",
                     help="dtype of the AMP rung; auto = bf16 where the device has fast bf16, else fp16 + GradScaler")
     ab.add_argument("--noise-seeds", type=_positive_int, default=3,
