@@ -50,6 +50,26 @@ for _name, _changes in LADDER.items():
     RUNGS.setdefault(_name, _changes)
     RUNGS.update(OPT_IN_AFTER.get(_name, {}))
 RUNG_ALIASES = {"fp32": "baseline"}
+# Detection's ladder (issue 13): its own rungs, aspect-ratio grouping and DataLoader workers (a detector's
+# images are made or decoded per sample, the batch padded by the model), before channels_last; compile last,
+# since in cumulative mode every later rung would inherit it and it is not run on a detector (tasks/detection.py
+# says why). The rungs that cannot work on a detector (O2/O3 levels, prefetch, decode_cache) stay nameable so
+# --rungs refuses them with the reason (Detection.validate) instead of calling them unknown.
+DETECTION_LADDER: dict[str, dict[str, Any]] = {
+    "baseline": {},
+    "amp": {"precision": "{amp}"},
+    "set_to_none": {"set_to_none": True},
+    "group_aspect_ratio": {"group_aspect_ratio": True},
+    "workers": {"num_workers": 2},
+    "channels_last": {"channels_last": True},
+    "compile": {"compile": True},
+}
+DETECTION_RUNGS: dict[str, dict[str, Any]] = {
+    **{name: changes for name, changes in RUNGS.items() if name not in DETECTION_LADDER and name != "fused"},
+    **{name: changes for name, changes in DETECTION_LADDER.items() if name != "compile"},
+    "fused": RUNGS["fused"], "compile": DETECTION_LADDER["compile"],
+}
+LADDERS = {"classification": (LADDER, RUNGS), "detection": (DETECTION_LADDER, DETECTION_RUNGS)}
 
 
 @dataclass
@@ -74,31 +94,38 @@ class Job:
     loss_fn: Callable | None = None
     device: str = "auto"
     nproc: int = 1                      # >1: the rung runs as that many torch.distributed workers (DDP)
+    task: str = "classification"        # tasks/: what a batch, a loss and the judged metric mean
 
 
 def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumulative", amp: str = "auto",
-               device: torch.device | None = None) -> list[Rung]:
+               device: torch.device | None = None, task: str = "classification") -> list[Rung]:
     """Rung recipes. cumulative: each rung adds its switches to the previous one (the seeds' ladder);
-    each: the baseline plus one rung's switches at a time."""
+    each: the baseline plus one rung's switches at a time. `task` picks the ladder (LADDERS) and refuses
+    the rungs that cannot work for it, with the reason."""
+    from .tasks import build_task
+
     if mode not in MODES:
         raise RecipeError(f"--mode {mode!r} is not one of {', '.join(MODES)}")
     device = device or resolve_device("auto")
     amp_dtype = auto_amp_dtype(device) if amp == "auto" else amp
     if amp_dtype not in ("bf16", "fp16"):
         raise RecipeError(f"--amp-dtype {amp!r} must be auto, bf16 or fp16")
-    names = list(LADDER) if not names else [RUNG_ALIASES.get(n, n) for n in names]
-    unknown = [n for n in names if n not in RUNGS]
+    ladder, table = LADDERS[task]
+    checker = build_task(task)
+    names = list(ladder) if not names else [RUNG_ALIASES.get(n, n) for n in names]
+    unknown = [n for n in names if n not in table]
     if unknown:
         raise RecipeError(f"--rungs: unknown rung(s) {', '.join(unknown)}; choose from "
-                          f"{', '.join([*RUNGS, *RUNG_ALIASES])}")
-    ordered = ["baseline"] + [n for n in RUNGS if n in names and n != "baseline"]
+                          f"{', '.join([*table, *RUNG_ALIASES])}")
+    ordered = ["baseline"] + [n for n in table if n in names and n != "baseline"]
     rungs, current = [], base
     for name in ordered:
-        changes = {k: (amp_dtype if v == "{amp}" else v) for k, v in RUNGS[name].items()}
+        changes = {k: (amp_dtype if v == "{amp}" else v) for k, v in table[name].items()}
         start = current if mode == "cumulative" else base
         try:
             recipe = start.replace(**changes)
             validate_for_device(recipe, device)
+            checker.validate(recipe)
         except RecipeError as exc:
             raise RecipeError(f"rung {name!r}: {exc}") from exc
         rungs.append(Rung(name, changes, recipe))
@@ -139,49 +166,45 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
     its steps are timed by the state's StepTimer, its evaluation goes in as reported metrics."""
     from itertools import islice
 
-    from torch import nn
-
-    from .data.datasets import load_data
-    from .models import build_model
+    from .measure import EpochStats
     from .probe import MeasureSpec, Probe
+    from .tasks import build_task
     from .techniques.runtime import apply_runtime_flags
     from .data.badfiles import skipped_last_pass
     from .trainer import build_meter, build_run, seed_everything
-    from .engine import evaluate, train_one_epoch
+    from .engine import train_one_epoch
 
-    split = load_data(job.data, job.image_size) if isinstance(job.data, str) else job.data
+    task = build_task(job.task, job.loss_fn, dist)
+    split = task.load_data(job.data, job.image_size) if isinstance(job.data, str) else job.data
     split = with_decode_cache(split, recipe, dist)
-    loss_fn = job.loss_fn or nn.CrossEntropyLoss()
     apply_runtime_flags(recipe, device)
     seed_everything(recipe.seed)
-    model = build_model(job.model, split.num_classes, split.image_size) if isinstance(job.model, str) else job.model()
+    model = task.build_model(job.model, split) if isinstance(job.model, str) else job.model()
     reset_peak_memory(device)
-    state, train_batches, val_batches = build_run(model, split, recipe, device, dist, loss_fn)
+    state, train_batches, val_batches = build_run(model, split, recipe, device, dist, task)
     timed, budget = budget is not None, budget or TimingBudget()
     probe = Probe(MeasureSpec("", "full", **dataclasses.asdict(budget)))
     probe.watch(state, recipe.num_workers)
 
     total_steps = len(train_batches) * recipe.epochs
-    losses, epoch_times, correct, seen, skipped = [], [], 0, 0, 0
+    trained, epoch_times, skipped = EpochStats(), [], 0
 
     def on_window(step: int, stats) -> None:
         emit({"event": "progress", "step": step, "total": total_steps, "loss": stats.losses[-1]})
 
     def run_pass(epoch: int, batches) -> Any:
         dist.set_epoch(epoch)
-        meter = build_meter(state, dist, on_window)
+        meter = build_meter(state, dist, on_window, task)
         with dist.watch():
-            return train_one_epoch(state, batches, dist.criterion(loss_fn), meter)
+            return train_one_epoch(state, batches, task, meter)
 
     for epoch in range(recipe.epochs):
         stats = run_pass(epoch, train_batches)
-        losses.extend(stats.losses)
+        trained.absorb(stats)
         epoch_times.append(stats.seconds)
-        correct += stats.correct
-        seen += stats.samples
         skipped += skipped_last_pass(train_batches, device)
-    metrics = dist.reduce_eval(evaluate(state.model, val_batches, loss_fn, state.precision))
-    train_loss, train_accuracy = dist.reduce_train(sum(losses) / max(1, len(losses)), correct, seen)
+    metrics = task.evaluate(state.model, val_batches, state.precision, dist)
+    train_metrics = task.train_metrics(trained, dist)
     updates = state.step            # the accuracy run's optimizer steps (the timing steps below add more)
 
     # Timing: the steps after warm-up, continued past the accuracy run (after its evaluation, so the metric
@@ -200,17 +223,15 @@ def _measure_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None], dist, 
         total_steps = state.timer.updates + need
         run_pass(recipe.epochs + extra_passes, islice(train_batches, need))
         extra_passes += 1
-    probe.reported = {"accuracy": metrics["accuracy"], "loss": metrics["loss"]}
+    judged = task.rung_metrics(metrics)    # "accuracy": the metric every rung is judged on (detection: mAP)
+    probe.reported = {"accuracy": judged["accuracy"], "loss": judged["loss"]}
     probe.extra = {
         "seed": recipe.seed,
         "epoch_time_s": sum(epoch_times) / len(epoch_times),
         "epoch_times_s": epoch_times,
-        "accuracy": metrics["accuracy"],
-        "loss": metrics["loss"],
-        "val_samples": metrics["samples"],
-        "train_loss": train_loss,
-        "train_losses": losses,             # rank 0's
-        "train_accuracy": train_accuracy,
+        **judged,
+        **train_metrics,
+        "train_losses": trained.losses,     # rank 0's
         "steps": updates,
         "num_workers": recipe.num_workers,
         "skipped_files": skipped + skipped_last_pass(val_batches, device),   # unreadable images, all epochs
@@ -452,15 +473,17 @@ def default_out_dir() -> Path:
 
 
 def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None, val_set=None, loss_fn=None, *,
-           data: str = "digits", image_size: int | None = None, recipe: Recipe | None = None,
+           data: str | None = None, image_size: int | None = None, recipe: Recipe | None = None,
            rungs: list[str] | None = None, mode: str = "cumulative", amp_dtype: str = "auto",
            device: str = "auto", out: str | Path | None = None, mean=None, std=None,
            noise_seeds: int = 3, repeats: int = 3, budget: TimingBudget | None = None,
            min_effect: float = MIN_EFFECT, resume: bool = False, rung_timeout: float | None = None, show: bool = True,
-           nproc: int = 1) -> AblationResult:
-    """Run the ladder and write the report folder. `model` is a timm/built-in name or a picklable
-    zero-argument factory (each rung runs in a spawned process, so lambdas cannot cross). With
-    `train_set`/`val_set` the datasets are used instead of `data`.
+           nproc: int = 1, task: str | None = None) -> AblationResult:
+    """Run the ladder and write the report folder. `model` is a timm/built-in name (or a detection model's)
+    or a picklable zero-argument factory (each rung runs in a spawned process, so lambdas cannot cross). With
+    `train_set`/`val_set` the datasets are used instead of `data` (default: the task's built-in data).
+    `task`: classification, or detection (inferred from a detection model's name or a DetectionSplit): its own
+    ladder (DETECTION_LADDER) and every rung judged on COCO mAP instead of accuracy.
 
     Every rung runs `repeats` times, each in a fresh process, in interleaved order (every rung once, then
     every rung again), repeat i with seed recipe.seed + i for every rung: a slow spell of the machine hits
@@ -475,8 +498,8 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     budget = budget or TimingBudget()
     check_counts(noise_seeds=noise_seeds, repeats=repeats, nproc=nproc, rung_timeout=rung_timeout, min_effect=min_effect)
     work = prepare_builtin(model, train_set, val_set, loss_fn, data=data, image_size=image_size, recipe=recipe,
-                           device=device, mean=mean, std=std, nproc=nproc)
-    plan = plan_rungs(work.base, rungs, mode, amp_dtype, work.dev)
+                           device=device, mean=mean, std=std, nproc=nproc, task=task)
+    plan = plan_rungs(work.base, rungs, mode, amp_dtype, work.dev, work.job.task)
     work.mark_effects(plan)
     settings = {**work.settings, "mode": mode, "repeats": repeats, "noise_seeds": noise_seeds, "nproc": nproc,
                 "budget": dataclasses.asdict(budget), "min_effect": min_effect,
@@ -497,12 +520,13 @@ class Builtin:
     probe_model: torch.nn.Module
     flops_per_sample: float | None
     settings: dict[str, Any]
+    task: Any                            # tasks/: judges which switches can act on its model and data
 
     def mark_effects(self, plan: list[Rung]) -> None:
         """Rungs whose switches cannot act on this device, model or data are not run (no-effect, with why);
         the decode cache rung's cache is built once here, opened by the rungs."""
         for rung in plan[1:]:
-            effect = changes_effect(rung.changes, self.dev, self.probe_model, self.split)
+            effect = changes_effect(rung.changes, self.dev, self.probe_model, self.split, self.task.field_effect)
             rung.effect, rung.reason = effect.label, effect.reason
             if not effect.acts:
                 rung.status = "no-effect"
@@ -531,33 +555,35 @@ class Builtin:
         return launch
 
 
-def prepare_builtin(model, train_set=None, val_set=None, loss_fn=None, *, data: str = "digits",
+def prepare_builtin(model, train_set=None, val_set=None, loss_fn=None, *, data: str | None = None,
                     image_size: int | None = None, recipe: Recipe | None = None, device: str = "auto", mean=None,
-                    std=None, nproc: int = 1) -> Builtin:
+                    std=None, nproc: int = 1, task: str | None = None) -> Builtin:
     """Everything the built-in runs need, checked here, before the first run starts."""
-    from .data.datasets import load_data
-    from .data.loader import resolve_num_workers
-    from .models import build_model, check_model_name
+    from .tasks import build_task, infer_task
     from .trainer import as_split
 
+    name = infer_task(task, model, train_set)
+    work = build_task(name, loss_fn)
     base = recipe or Recipe()
     dev = resolve_device(device)
     validate_for_device(base, dev)
+    work.validate(base)
     if isinstance(model, str):
-        check_model_name(model)
-    split = as_split(train_set, val_set, mean=mean, std=std) if train_set is not None else load_data(data, image_size)
+        work.check_model(model)
+    data = data or work.default_data
+    split = as_split(train_set, val_set, mean=mean, std=std) if train_set is not None else work.load_data(data, image_size)
     # num_workers="auto" is measured once, here: every rung then runs with the same worker count, so the
     # differences between rungs come from their techniques, not from a noisy per-rung choice.
-    base = resolve_num_workers(base, split, dev)
-    probe_model = build_model(model, split.num_classes, split.image_size) if isinstance(model, str) else model()
-    flops_per_sample = count_flops_per_sample(probe_model, loss_fn, split, base)
+    base = work.resolve_workers(base, split, dev)
+    probe_model = work.build_model(model, split) if isinstance(model, str) else model()
+    flops_per_sample = work.flops_per_sample(probe_model, split, base)
     # The rungs get the loaded split itself (a spawned process receives its tensors through shared memory),
     # not the spec to load again: loading the built-in data costs each process more than its training.
-    job = Job(model, split, split.image_size or image_size, loss_fn, device, nproc)
+    job = Job(model, split, split.image_size or image_size, loss_fn, device, nproc, name)
     settings = {"model": model if isinstance(model, str) else getattr(model, "__qualname__", repr(model)),
                 "data": data if train_set is None else split.name, "image_size": split.image_size or image_size,
-                "device": str(dev)}
-    return Builtin(job, dev, base, split, probe_model, flops_per_sample, settings)
+                "device": str(dev), "task": name, "metric_name": work.metric_name, "metric_label": work.metric_label}
+    return Builtin(job, dev, base, split, probe_model, flops_per_sample, settings, work)
 
 
 @dataclass

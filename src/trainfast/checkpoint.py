@@ -325,6 +325,7 @@ class Checkpointer:
             meter.stats.losses.extend(stats["losses"])
             meter.stats.correct += stats["correct"]
             meter.stats.samples += stats["samples"]
+            meter.stats.term_sums.update(stats.get("term_sums", {}))     # loss dicts: each term's sum so far
             self._resumed_stats = None
 
     def after_step(self, state) -> None:
@@ -343,7 +344,8 @@ class Checkpointer:
         stats = self.meter.stats       # this rank's metrics of the epoch so far (an epoch end starts anew)
         epoch_stats = {"losses": [] if at_epoch_end else list(stats.losses),
                        "correct": 0 if at_epoch_end else stats.correct,
-                       "samples": 0 if at_epoch_end else stats.samples}
+                       "samples": 0 if at_epoch_end else stats.samples,
+                       "term_sums": {} if at_epoch_end else dict(stats.term_sums)}
         ranks = self.gather({"rng": capture_rng(), "data": self.data_order.state_dict(at_epoch_end),
                              "epoch_stats": epoch_stats})
         if self.rank != 0:

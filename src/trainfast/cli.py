@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 
 from .distributed import RankTimeoutError
-from .measure import NonFiniteLossError
+from .measure import LossTermsError, NonFiniteLossError
 from .recipe import Recipe, RecipeError, field_docs, preset
 
 
@@ -106,9 +106,19 @@ def recipe_from_args(args: argparse.Namespace, base: Recipe | None = None) -> Re
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="resnet9", help="built-in resnet9 (default) or any timm model name")
-    parser.add_argument("--data", default="digits",
-                        help="digits (default, ships with scikit-learn) | synthetic | imagefolder:PATH | cifar10:PATH")
+    from .detection.models import DEFAULT_DETECTION_MODEL, DETECTION_MODELS
+    from .tasks import TASKS
+
+    parser.add_argument("--task", choices=TASKS, default=None,
+                        help="classification (default) or detection; inferred as detection when --model is a "
+                             "detection model")
+    parser.add_argument("--model", default=None,
+                        help="classification: built-in resnet9 (default) or any timm model name; detection: "
+                             f"{' | '.join(DETECTION_MODELS)} (default {DEFAULT_DETECTION_MODEL})")
+    parser.add_argument("--data", default=None,
+                        help="classification: digits (default, ships with scikit-learn) | synthetic | imagefolder:PATH "
+                             "| cifar10:PATH; detection: synthetic (default: shapes on real photos) | "
+                             "synthetic:digits | coco:PATH")
     parser.add_argument("--image-size", type=_positive_int, default=None,
                         help="input resolution (default: 32 for digits)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available) | cpu | cuda | cuda:N")
@@ -117,7 +127,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .ablate import MODES, RUNGS
+    from .ablate import DETECTION_LADDER, MODES, RUNGS
 
     parser = argparse.ArgumentParser(prog="trainfast", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -126,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(ab)
     ab.add_argument("--mode", choices=MODES, default="cumulative",
                     help="cumulative: each rung adds to the previous (the seeds' ladder); each: one at a time")
-    ab.add_argument("--rungs", default=None, help=f"comma-separated subset of: {','.join(RUNGS)} (fp32 = baseline)")
+    ab.add_argument("--rungs", default=None, help=f"comma-separated subset of: {','.join(RUNGS)} (fp32 = baseline); "
+                                                  f"--task detection: {','.join(DETECTION_LADDER)}, or "
+                                                  "non_blocking, fused, autocast-bf16, autocast-fp16")
     ab.add_argument("--amp-dtype", choices=("auto", "bf16", "fp16"), default="auto",
                     help="dtype of the AMP rung; auto = bf16 where the device has fast bf16, else fp16 + GradScaler")
     ab.add_argument("--noise-seeds", type=_positive_int, default=3,
@@ -227,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
 
             bench_data(args.data, args.batch_size, args.num_workers, args.image_size, args.passes, args.device)
             return 0
-        recipe = recipe_from_args(args)
+        recipe = prepare_task(args)
         if args.command == "ablate":
             return _ablate(args, recipe)
         if args.command == "tune":
@@ -238,9 +250,26 @@ def main(argv: list[str] | None = None) -> int:
     except (RecipeError, ValueError, FileNotFoundError) as exc:
         print(f"trainfast {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except (NonFiniteLossError, RankTimeoutError) as exc:     # decided on every rank at the same step
+    except (NonFiniteLossError, LossTermsError, RankTimeoutError) as exc:   # decided on every rank at the same step
         print(f"trainfast {args.command}: stopped: {exc}", file=sys.stderr)
         return 1
+
+
+def prepare_task(args: argparse.Namespace) -> Recipe:
+    """Resolve --task, --model and --data (the task's defaults where left out) into `args`, and return the
+    recipe: the task's starting point (detection: tasks.detection.DEFAULT_RECIPE) unless --recipe gives one,
+    with the explicit flags on top, checked against the task before any data is loaded."""
+    from .tasks import build_task, resolve_task
+
+    args.task, args.model, args.data = resolve_task(args.task, args.model, args.data)
+    task = build_task(args.task)
+    if args.task != "classification" and args.command == "tune":
+        raise RecipeError(f"trainfast tune searches classification runs only; measure --task {args.task} with "
+                          "trainfast ablate")
+    recipe = recipe_from_args(args, task.default_recipe if args.recipe is None else None)
+    task.validate(recipe)
+    task.check_model(args.model)
+    return recipe
 
 
 def _ablate(args, recipe: Recipe) -> int:
@@ -259,6 +288,7 @@ def _ablate(args, recipe: Recipe) -> int:
                                     resume=args.resume, rung_timeout=args.rung_timeout, nproc=args.nproc)
         else:
             result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe, rungs=rungs,
+                            task=args.task,
                             mode=args.mode, amp_dtype=args.amp_dtype, device=args.device, out=args.out,
                             noise_seeds=args.noise_seeds, repeats=args.repeats, min_effect=args.min_effect,
                             budget=budget, resume=args.resume, rung_timeout=args.rung_timeout, nproc=args.nproc)
@@ -335,18 +365,17 @@ def _train(args, recipe: Recipe) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .checkpoint import CheckpointError
-    from .data.datasets import load_data
-    from .measure import NonFiniteLossError
-    from .models import build_model, check_model_name
+    from .measure import LossTermsError, NonFiniteLossError
     from .recipe import resolve_device, validate_for_device
+    from .tasks import build_task
     from .trainer import train
 
     if args.resume is not None and args.out is None:
         raise ValueError("--resume needs --out DIR: the run folder that holds the checkpoints")
     device = resolve_device(args.device)
     validate_for_device(recipe, device)
-    check_model_name(args.model)
-    split = load_data(args.data, args.image_size)
+    task = build_task(args.task)
+    split = task.load_data(args.data, args.image_size)
     out = Path(args.out) if args.out else Path("runs") / datetime.now().strftime("train-%Y%m%d-%H%M%S")
     # Under torchrun every rank runs this; rank 0 alone prints (the trainer makes it the only writer).
     rank, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1)))
@@ -354,20 +383,19 @@ def _train(args, recipe: Recipe) -> int:
     steps_per_epoch = len(split.train) // (recipe.batch_size * world)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task("train", total=steps_per_epoch * recipe.epochs, loss="…")
+        bar = progress.add_task("train", total=steps_per_epoch * recipe.epochs, loss="…")
 
         def on_window(step, stats):
-            progress.update(task, completed=step, loss=f"{stats.losses[-1]:.3f}")
+            progress.update(bar, completed=step, loss=f"{stats.losses[-1]:.3f}")
 
         def on_epoch(record):
             progress.console.print(f"epoch {record['epoch']}: train loss {record['train_loss']:.4f}  "
-                                   f"val loss {record['val_loss']:.4f}  val acc {record['val_accuracy']:.4f}  "
-                                   f"{record['epoch_time_s']:.1f}s")
+                                   f"{task.summary(record)}  {record['epoch_time_s']:.1f}s")
 
         try:
-            train(lambda: build_model(args.model, split.num_classes, split.image_size), split, recipe=recipe,
-                  device=device, out=out, on_window=on_window, on_epoch=on_epoch, resume=args.resume)
-        except (NonFiniteLossError, CheckpointError) as exc:
+            train(lambda: task.build_model(args.model, split), split, recipe=recipe, device=device, out=out,
+                  on_window=on_window, on_epoch=on_epoch, resume=args.resume, task=args.task)
+        except (NonFiniteLossError, LossTermsError, CheckpointError) as exc:
             # Non-zero exit; checkpoints already in out/checkpoints are complete and untouched.
             progress.stop()
             print(f"trainfast train: error: {exc}", file=sys.stderr)

@@ -32,6 +32,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
+from .measure import LossTermsError
+
 
 def always_sync(update: bool) -> None:
     """One process (or DataParallel): nothing to hold back."""
@@ -114,13 +116,13 @@ class Dist:
             sampler.set_epoch(epoch)
 
     # --- model --------------------------------------------------------------------------------------
-    def probe_unused(self, model: nn.Module, loss_fn: Callable, dataset: Dataset, batch_size: int) -> list[str]:
+    def probe_unused(self, model: nn.Module, task, dataset: Dataset, batch_size: int) -> list[str]:
         """One forward/backward on a copy of the model with the first samples: parameters that get no
         gradient are named in a warning, and DDP's find_unused_parameters (a full autograd-graph traversal
         every step) is switched on only then. Costs one extra step on a copy, once, under DDP only."""
         if not (self.enabled and self.strategy == "ddp") or self.find_unused_parameters:
             return []
-        unused = find_unused_parameters(model, loss_fn, dataset, batch_size, self.device)
+        unused = find_unused_parameters(model, task, dataset, batch_size, self.device)
         if unused:
             if self.is_main:
                 warnings.warn(
@@ -252,6 +254,20 @@ class Dist:
         loss_sum, correct, samples = self.sum([loss, correct, samples])
         return loss_sum / self.world_size, correct / max(1, samples)
 
+    def reduce_terms(self, sums: dict[str, float]) -> dict[str, float]:
+        """Each loss term's window sum, averaged over ranks (for logging; Meter.flush). The ranks' term names
+        are gathered first: ranks whose models return different terms would otherwise all-reduce lists of
+        different lengths and hang; instead every rank raises the same error, naming each rank's terms."""
+        if not self.enabled:
+            return dict(sums)
+        names = sorted(sums)
+        every = self.gather_objects(names)
+        if any(other != names for other in every):
+            listed = "; ".join(f"rank {rank}: {', '.join(keys) or '(none)'}" for rank, keys in enumerate(every))
+            raise LossTermsError(f"the ranks' models returned different loss terms ({listed}); every rank must "
+                                 "return the same loss dict keys")
+        return {name: total / self.world_size for name, total in zip(names, self.sum([sums[n] for n in names]))}
+
     def reduce_eval(self, metrics: dict[str, float]) -> dict[str, float]:
         if not self.enabled:
             return metrics
@@ -297,18 +313,20 @@ def setup_distributed(recipe, device: torch.device) -> Dist:
     return group
 
 
-def find_unused_parameters(model: nn.Module, loss_fn: Callable, dataset: Dataset, batch_size: int,
+def find_unused_parameters(model: nn.Module, task, dataset: Dataset, batch_size: int,
                            device: torch.device) -> list[str]:
     """Names of trainable parameters with no gradient after one forward/backward on real samples. Runs on
-    a copy with the RNG forked, so the run's weights, BN statistics and random streams are untouched."""
-    samples = [dataset[i] for i in range(min(batch_size, len(dataset)))]
-    inputs = torch.stack([s[0] for s in samples]).to(device)
-    inputs = inputs.float() / 255 if inputs.dtype == torch.uint8 else inputs   # only the graph matters here
-    targets = torch.as_tensor([s[1] for s in samples]).to(device)
+    a copy with the RNG forked, so the run's weights, BN statistics and random streams are untouched.
+    `task`: the run's task (tasks/), or a classification loss function."""
+    from .session import sum_losses
+    from .tasks import as_task
+
+    task = as_task(task)
+    inputs, targets = task.probe_batch([dataset[i] for i in range(min(batch_size, len(dataset)))], device)
     shadow = copy.deepcopy(model).to(device).train()
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        loss_fn(shadow(inputs), targets).backward()
+        sum_losses(task.forward(shadow, inputs, targets)[1]).backward()
     return [name for name, p in shadow.named_parameters() if p.requires_grad and p.grad is None]
 
 

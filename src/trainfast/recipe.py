@@ -62,6 +62,7 @@ class Recipe:
     prefetch_factor: int | None = None  # batches each worker loads ahead (needs num_workers > 0)
     prefetch: bool = False            # uint8 transport + side-stream copy + normalize on the device
     decode_cache: bool = False        # image folders: decode every file once to a uint8 cache on disk
+    group_aspect_ratio: bool = False  # detection: batch images of similar aspect ratio together (less padding)
     channels_last: bool = False       # NHWC memory format for model and inputs (conv nets)
     compile: bool = False             # torch.compile the model
     optimizer_impl: str = "default"   # "default" (torch picks) | "for-loop" | "foreach" | "fused"

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .techniques.base import NOT_APPLICABLE
+
 from .techniques.precision import cpu_flags, level_note, opt_level
 
 if TYPE_CHECKING:
@@ -152,7 +154,7 @@ class Columns:
     def for_settings(cls, settings: dict[str, Any], rungs: list["Rung"] | None = None) -> "Columns":
         cumulative = settings.get("mode", "cumulative") == "cumulative"
         if not settings.get("command"):
-            return cls(cumulative)
+            return cls(cumulative, metric_label=settings.get("metric_label", cls.metric_label))   # detection: mAP
         units = {run.get("rate_unit") for r in rungs or [] for run in r.repeats}
         metric = settings.get("metric") or {}
         name = metric.get("name") or next((k for r in rungs or [] for run in r.repeats for k in run.get("reported", {})),
@@ -169,8 +171,8 @@ def table_rows(rungs: list["Rung"], columns: Columns = Columns()) -> list[list[s
         r = rung.result
         label = rung_label(rung)
         if rung.status == "no-effect":
-            rows.append([label, "no effect: " + rung.reason if rung.effect == NO_SESSION else "no effect on this device"]
-                        + ["—"] * (width - 2))
+            text = {NO_SESSION: "no effect: " + rung.reason, NOT_APPLICABLE: "not applicable: " + rung.reason}
+            rows.append([label, text.get(rung.effect, "no effect on this device")] + ["—"] * (width - 2))
             continue
         if rung.status == "failed":
             rows.append([label, "failed: " + r.get("error", "")[:60]] + ["—"] * (width - 2))
@@ -501,8 +503,9 @@ def accuracy_note(result: "AblationResult") -> str:
             text += ("The seeds all gave the same value: if the script seeds its own random generators after "
                      "creating the Session, the ablation's seeds do not reach it and any change is flagged. ")
         return text + (("Outside it (marked !): " + ", ".join(flagged) + ".") if flagged else "Every rung is inside it.")
-    text = (f"Accuracy noise band: ±{band:.3f} around the baseline's mean accuracy over {len(accs)} seed(s) "
-            f"({seeds}) on {base['val_samples']} held-out samples: the larger of two binomial standard errors "
+    name = result.settings.get("metric_name", "accuracy")     # detection: mAP
+    text = (f"{name[0].upper() + name[1:]} noise band: ±{band:.3f} around the baseline's mean {name} over {len(accs)} "
+            f"seed(s) ({seeds}) on {base['val_samples']} held-out samples: the larger of two binomial standard errors "
             f"of a difference and two seed-to-seed standard deviations (scaled for comparing a rung's mean over "
             f"its {runs} seed(s) with that mean). Δ is measured from that mean. ")
     text += ("Outside it (marked !): " + ", ".join(flagged) + ".") if flagged else "Every rung is inside it."
@@ -528,7 +531,8 @@ def write_charts(result: "AblationResult") -> list[Path]:
         ("peak_memory", "peak memory (MiB)", [r.result["peak_memory_bytes"] / 2**20 for r in done], None),
     ]
     if all(r.result.get("accuracy") is not None for r in done):
-        specs.append(("accuracy", "held-out accuracy" if not result.settings.get("command") else columns.metric_label,
+        held_out = "held-out " + result.settings.get("metric_name", "accuracy")
+        specs.append(("accuracy", held_out if not result.settings.get("command") else columns.metric_label,
                       [r.result["accuracy"] for r in done], None))
     paths = []
     for name, ylabel, values, errors in specs:

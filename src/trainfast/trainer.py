@@ -24,11 +24,14 @@ from .data.badfiles import skipped_last_pass
 from .data.datasets import Split
 from .data.device import build_device_batches
 from .data.imagefolder import with_decode_cache
-from .data.loader import build_loader, resolve_num_workers
+from .data.loader import build_loader
+from .detection.data import DetectionSplit
 from .distributed import Dist
-from .engine import evaluate, train_one_epoch
-from .measure import Meter
+from .engine import train_one_epoch
+from .measure import Meter, local_terms
 from .recipe import Recipe
+from .tasks import build_task, infer_task
+from .tasks.classification import Classification
 from .session import Session, TrainState, build_state, seed_everything  # noqa: F401  (seed_everything: ablate, tests)
 
 
@@ -48,22 +51,28 @@ def build_loaders(split: Split, recipe: Recipe, device: torch.device, dist: Dist
     return train_batches, val_batches
 
 
-def build_run(model: nn.Module, split: Split, recipe: Recipe, device: torch.device, dist: Dist,
-              loss_fn: Callable) -> tuple[TrainState, Any, Any]:
+def build_run(model: nn.Module, split, recipe: Recipe, device: torch.device, dist: Dist,
+              task) -> tuple[TrainState, Any, Any]:
     """One rank's state and batches: the unused-parameter probe (DDP only), the model set up in the Session's
-    order, and the loaders. For callers that manage seeding and the process group themselves (ablate)."""
-    dist.probe_unused(model, loss_fn, split.train, recipe.batch_size)
+    order, the task's loaders and its warm-up. For callers that manage seeding and the process group
+    themselves (ablate)."""
+    dist.probe_unused(model, task, split.train, recipe.batch_size)
     state = build_state(model, recipe, device, dist)
-    return (state, *build_loaders(split, recipe, device, dist))
+    train_batches, val_batches = task.build_loaders(split, recipe, device, dist)
+    task.apply_schedule(state, len(train_batches))
+    return state, train_batches, val_batches
 
 
-def build_meter(state: TrainState, dist: Dist, on_window: Callable | None = None) -> Meter:
+def build_meter(state: TrainState, dist: Dist, on_window: Callable | None = None, task=None) -> Meter:
     """One epoch's Meter: it counts micro-steps from where the state is, raises on a non-finite loss only
-    under nonfinite=stop, and under torchrun decides that together with every rank."""
+    under nonfinite=stop, and under torchrun decides that together with every rank. `task` (default
+    classification) decides what a step counts and whether loss terms are compared and averaged over ranks."""
     recipe = state.recipe
+    task = task or Classification()
     return Meter(dist.device, recipe.log_every, on_window=on_window, first_step=state.micro_step,
                  stop_on_nonfinite=recipe.nonfinite == "stop",
-                 agree=dist.agree_nonfinite if dist.enabled else None, timer=state.timer)
+                 agree=dist.agree_nonfinite if dist.enabled else None, timer=state.timer, score=task.score,
+                 reduce_terms=dist.reduce_terms if task.loss_terms else local_terms)
 
 
 @dataclass
@@ -77,40 +86,46 @@ class TrainResult:
         return self.state.model
 
 
-def as_split(train_set: Dataset | Split, val_set: Dataset | None, num_classes: int | None = None,
-             mean=None, std=None) -> Split:
-    """Accept our Split or two plain datasets. With mean/std, datasets are expected to yield uint8 images
-    (normalized by trainfast); without, they yield model-ready tensors."""
-    if isinstance(train_set, Split):
+def as_split(train_set: Dataset | Split | DetectionSplit, val_set: Dataset | None, num_classes: int | None = None,
+             mean=None, std=None) -> Split | DetectionSplit:
+    """Accept our Split (or DetectionSplit) or two plain datasets. With mean/std, datasets are expected to
+    yield uint8 images (normalized by trainfast); without, they yield model-ready tensors."""
+    if isinstance(train_set, (Split, DetectionSplit)):
         return train_set
     if val_set is None:
         raise ValueError("train(): val_set is required when train_set is a plain Dataset")
     return Split(train_set, val_set, num_classes or 0, mean, std, 0, type(train_set).__name__)
 
 
-def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split, val_set: Dataset | None = None,
-          loss_fn: Callable | None = None, recipe: Recipe | None = None, *, device: str | torch.device = "auto",
-          mean=None, std=None, out: str | Path | None = None,
+def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split | DetectionSplit,
+          val_set: Dataset | None = None, loss_fn: Callable | None = None, recipe: Recipe | None = None, *,
+          device: str | torch.device = "auto", mean=None, std=None, out: str | Path | None = None,
           on_window: Callable | None = None, on_epoch: Callable | None = None,
-          resume: str | Path | None = None) -> TrainResult:
+          resume: str | Path | None = None, task: str | None = None) -> TrainResult:
     """Train `model` (a module, or a factory called after seeding so its init is reproducible) with a Recipe.
     Returns the final state and per-epoch metrics; with `out`, writes the run folder (metrics.jsonl,
     recipe.json, model.pt, checkpoints/). resume="auto" continues from the newest good checkpoint in
-    out/checkpoints (fresh start when there is none); a path resumes from that checkpoint file."""
+    out/checkpoints (fresh start when there is none); a path resumes from that checkpoint file.
+    `task`: "classification" or "detection" (tasks/); by default detection for a DetectionSplit (a torchvision
+    detector: model(images, targets) -> dict of losses in train mode; evaluated as COCO mAP)."""
     split = as_split(train_set, val_set, mean=mean, std=std)     # refused before anything starts
-    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    task_name = infer_task(task, data=split)
+    build_task(task_name, loss_fn).validate(recipe or Recipe())
     out_dir = Path(out) if out is not None else None
     tf = Session(recipe, device=device)     # TRAINFAST_RECIPE wins over `recipe`; process group under torchrun
     dist, device = tf.dist, tf.device
+    task = build_task(task_name, loss_fn, dist)
+    task.validate(tf.recipe)                       # again: TRAINFAST_RECIPE may have changed it
     writes = out_dir is not None and dist.is_main  # rank 0 alone writes the run folder
     on_window, on_epoch = (on_window, on_epoch) if dist.is_main else (None, None)
     module = model() if callable(model) and not isinstance(model, nn.Module) else model
     split = with_decode_cache(split, tf.recipe, dist)        # image folders, when asked: decode once, read pixels
-    tf.recipe = recipe = resolve_num_workers(tf.recipe, split, device)   # "auto": measured once, recorded
-    dist.probe_unused(module, loss_fn, split.train, recipe.batch_size)
+    tf.recipe = recipe = task.resolve_workers(tf.recipe, split, device)   # "auto": measured once, recorded
+    dist.probe_unused(module, task, split.train, recipe.batch_size)
     tf.setup(module)                               # the recipe's optimizer and warm-up schedule
     state = tf.state
-    train_batches, val_batches = build_loaders(split, recipe, device, dist)
+    train_batches, val_batches = task.build_loaders(split, recipe, device, dist)
+    task.apply_schedule(state, len(train_batches))  # detection: seed 004's first-epoch warm-up
     result = TrainResult(state, out_dir=out_dir)
     checkpoints = build_checkpointer(out_dir, recipe, train_batches, dist.rank, dist.gather_objects)
     resumed = checkpoints.start(state, resume)     # restores state, RNGs and the data position
@@ -125,17 +140,14 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
 
     for epoch in range(state.epoch, recipe.epochs):
         dist.set_epoch(epoch)
-        meter = build_meter(state, dist, on_window)
+        meter = build_meter(state, dist, on_window, task)
         checkpoints.begin_epoch(state, meter)
         t0 = time.perf_counter()
         with dist.watch():                     # a silent rank is named, not waited on forever
-            stats = train_one_epoch(state, train_batches, dist.criterion(loss_fn), meter,
-                                    after_step=checkpoints.after_step)
-            metrics = dist.reduce_eval(evaluate(state.model, val_batches, loss_fn, state.precision))
-        train_loss, train_accuracy = dist.reduce_train(stats.loss, stats.correct, stats.samples)
-        record = {"epoch": epoch + 1, "step": state.step, "train_loss": train_loss, "train_accuracy": train_accuracy,
-                  "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"],
-                  "epoch_time_s": time.perf_counter() - t0, "data_wait_s": stats.data_wait_s,
+            stats = train_one_epoch(state, train_batches, task, meter, after_step=checkpoints.after_step)
+            metrics = task.evaluate(state.model, val_batches, state.precision, dist)
+        record = {"epoch": epoch + 1, "step": state.step, **task.train_metrics(stats, dist),
+                  **task.val_metrics(metrics), "epoch_time_s": time.perf_counter() - t0, "data_wait_s": stats.data_wait_s,
                   "lr": state.optimizer.param_groups[0]["lr"], "train_losses": stats.losses,
                   **state.precision.metrics(), **state.nonfinite.metrics(), "num_workers": recipe.num_workers,
                   "skipped_files": skipped_last_pass(train_batches, device),        # unreadable images,

@@ -54,7 +54,10 @@ def loader_dataset(dataset: Dataset, recipe, split: Split) -> Dataset:
 
 
 def make_loader(dataset: Dataset, recipe, device: torch.device, train: bool, sampler: Sampler | None = None,
-                rank: int = 0, workers: int | None = None) -> DataLoader:
+                rank: int = 0, workers: int | None = None, collate_fn: Callable = collate_skipping,
+                batch_sampler: Sampler | None = None, drop_last: bool = True) -> DataLoader:
+    """`batch_sampler` (training only) replaces the shuffled batches, e.g. detection's aspect-ratio groups;
+    `drop_last=False` keeps the last partial training batch (detection: its shapes change every batch anyway)."""
     workers = recipe.num_workers if workers is None else workers
     generator = loader_generator(recipe.seed, rank)
     batching = {"batch_size": recipe.batch_size, "sampler": sampler, "drop_last": False}
@@ -64,12 +67,13 @@ def make_loader(dataset: Dataset, recipe, device: torch.device, train: bool, sam
         # loader's generator is exactly what shuffle=True builds; the wrapper makes it resumable mid-epoch.
         order = sampler if sampler is not None else RandomSampler(dataset, generator=generator)
         persistent = bool(workers and recipe.persistent_workers)
-        batching = {"batch_sampler": ResumableBatchSampler(order, recipe.batch_size, True, generator, persistent)}
+        batching = {"batch_sampler": batch_sampler or ResumableBatchSampler(order, recipe.batch_size, drop_last,
+                                                                            generator, persistent)}
     return DataLoader(
         dataset,
         **batching,
         num_workers=workers,
-        collate_fn=collate_skipping,
+        collate_fn=collate_fn,
         pin_memory=pin_memory_for(recipe, device),
         persistent_workers=bool(recipe.persistent_workers) and workers > 0,
         prefetch_factor=recipe.prefetch_factor if workers else None,

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from ..data.badfiles import Batch
+from ..data.badfiles import Batch, BadFileTally, GuardedLoader, join_run_tally
 from ..data.datasets import Skipped
 
 SIZE_DIVISIBLE = 32      # GeneralizedRCNNTransform's default padding multiple
@@ -46,6 +46,24 @@ def images_to_device(images: Sequence[torch.Tensor], device: torch.device | str,
 def targets_to_device(targets: Sequence[dict], device: torch.device | str, non_blocking: bool = False) -> list[dict]:
     return [{k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for k, v in t.items()}
             for t in targets]
+
+
+class DetectionDeviceBatches:
+    """The detection twin of techniques.transfer.DeviceBatches: each (images, targets) batch of a loader, its
+    images as float in [0, 1] and its targets on the device. The prefetcher does not apply: it copies stacked
+    tensors into recycled buffers of one shape, and these are lists of images of different sizes. `loader`
+    stays reachable (bad-file counts, the checkpointer's data order), as on DeviceBatches."""
+
+    def __init__(self, loader: Iterable, device: torch.device | str, non_blocking: bool = False) -> None:
+        self.loader, self.device, self.non_blocking = loader, device, non_blocking
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[list[torch.Tensor], list[dict]]]:
+        for images, targets in self.loader:
+            yield (images_to_device(images, self.device, self.non_blocking),
+                   targets_to_device(targets, self.device, self.non_blocking))
 
 
 def aspect_ratio_groups(sizes: Sequence[tuple[int, int]], group_factor: int = 3) -> list[int]:
@@ -89,12 +107,22 @@ class GroupedBatchSampler(Sampler[list[int]]):
         self.batch_size, self.seed, self.shuffle, self.drop_last = batch_size, seed, shuffle, drop_last
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch = 0
+        self.pending_skip = 0        # batches of this epoch a resumed run has already trained on
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return -(-self.total_batches() // self.num_replicas)
+        return -(-self.total_batches() // self.num_replicas) - self.pending_skip
+
+    # The checkpointer's data-order interface (data/sampler.py ResumableBatchSampler has the same): an epoch's
+    # batches follow from (seed, epoch) alone and the loop sets the epoch, so a mid-epoch resume only needs to
+    # know how many batches to skip.
+    def state_dict(self, at_epoch_end: bool) -> dict[str, Any]:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, Any], skip: int) -> None:
+        self.epoch, self.pending_skip = state["epoch"], skip
 
     def total_batches(self) -> int:
         """Batches per epoch over all ranks, before the repeats that even out the ranks."""
@@ -103,13 +131,17 @@ class GroupedBatchSampler(Sampler[list[int]]):
         return int(sum(rounding(int(n)) for n in counts))
 
     def __iter__(self) -> Iterator[list[int]]:
+        skip, self.pending_skip = self.pending_skip, 0
+        yield from self.rank_batches()[skip:]
+
+    def rank_batches(self) -> list[list[int]]:
+        """This rank's batches of the epoch."""
         batches = list(self.all_batches())
         if self.num_replicas == 1:
-            yield from batches
-            return
+            return batches
         per_rank = len(self)
         padded = (batches * per_rank)[:per_rank * self.num_replicas] if batches else []
-        yield from padded[self.rank::self.num_replicas]
+        return padded[self.rank::self.num_replicas]
 
     def all_batches(self) -> Iterator[list[int]]:
         """This epoch's batches over all ranks, in order."""
@@ -158,3 +190,27 @@ def random_batches(n: int, batch_size: int, seed: int = 0, epoch: int = 0) -> li
     permutation: the baseline that padding_fraction compares grouping with."""
     order = np.random.default_rng([seed, epoch]).permutation(n).tolist()
     return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+
+
+def build_detection_loader(dataset, split, recipe, device: torch.device, dist, train: bool,
+                           workers: int | None = None) -> GuardedLoader:
+    """A built-in loader of (list of uint8 images, list of targets) batches, behind the bad-file guard.
+    Training: shuffled batches (the loader's seeded generator, resumable mid-epoch) or, with
+    recipe.group_aspect_ratio, GroupedBatchSampler's, dealt whole to the ranks and re-drawn every epoch
+    (registered with `dist` for set_epoch, as a DistributedSampler is). Either way one rank visits every
+    training image exactly once per epoch: the last partial batch is kept, since detection batches change
+    shape every step anyway. Evaluation: every image, this rank's shard."""
+    from ..data.loader import make_loader
+
+    sampler = batch_sampler = None
+    if train and recipe.group_aspect_ratio:
+        batch_sampler = GroupedBatchSampler(dataset.sizes, recipe.batch_size, seed=recipe.seed,
+                                            num_replicas=dist.world_size, rank=dist.rank)
+        dist.samplers.append(batch_sampler)
+    elif train:
+        sampler = dist.train_sampler(dataset, recipe.seed)
+    else:
+        sampler = dist.val_sampler(dataset)
+    loader = make_loader(dataset, recipe, device, train, sampler, dist.rank, workers, collate_fn=collate_detection,
+                         batch_sampler=batch_sampler, drop_last=False)
+    return GuardedLoader(loader, BadFileTally(run=join_run_tally(split, recipe.max_bad_fraction, len(dataset))))

@@ -31,6 +31,11 @@ class DetectionSplit:
     bad_files: Any = field(default=None, repr=False, compare=False)
 
     @property
+    def image_size(self) -> None:
+        """No one input size (Split.image_size's twin): detectors resize every image themselves."""
+        return None
+
+    @property
     def num_classes(self) -> int:
         """torchvision's num_classes: the categories plus the background (label 0)."""
         return len(self.categories) + 1

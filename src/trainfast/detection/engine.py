@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .batching import images_to_device
-from .metrics import MapMeter
+from .metrics import compute_map
 
 WARMUP_FACTOR = 1.0 / 1000
 WARMUP_MAX_ITERS = 1000
@@ -35,20 +35,26 @@ def warmup_scheduler(optimizer: torch.optim.Optimizer, iters_per_epoch: int, fac
     return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=factor, total_iters=total)
 
 
-def evaluate_detection(model: nn.Module, loader: Iterable, device: torch.device | str = "cpu") -> dict:
-    """COCO mAP of `model` over `loader`'s (images, targets) batches (collate_detection's; uint8 images),
-    under inference_mode (no autograd bookkeeping at all, cheaper than no_grad) and eval() (BatchNorm's
-    running statistics, the detector's post-processing). The model's mode is restored afterwards."""
+def predict_detection(model: nn.Module, batches: Iterable) -> tuple[list[dict], list[dict]]:
+    """(predictions, targets) of `model` over `batches` of (float images on the model's device, targets),
+    on the CPU (COCO scoring runs there), under inference_mode (no autograd bookkeeping at all, cheaper than
+    no_grad) and eval() (BatchNorm's running statistics, the detector's post-processing). The model's mode
+    is restored afterwards."""
     was_training = model.training
     model.eval()
-    meter = MapMeter()
+    predictions, truth = [], []
     try:
         with torch.inference_mode():
-            for images, targets in loader:
-                if images is None:             # every image of the batch was unreadable (skipped, counted)
-                    continue
-                predictions = model(images_to_device(images, device))
-                meter.update(predictions, targets)
+            for images, targets in batches:
+                predictions += [{k: p[k].detach().cpu() for k in ("boxes", "scores", "labels")} for p in model(images)]
+                truth += [{k: t[k].detach().cpu() for k in ("boxes", "labels")} for t in targets]
     finally:
         model.train(was_training)
-    return meter.compute()
+    return predictions, truth
+
+
+def evaluate_detection(model: nn.Module, loader: Iterable, device: torch.device | str = "cpu") -> dict:
+    """COCO mAP of `model` over `loader`'s (images, targets) batches (collate_detection's; uint8 images,
+    batches whose every image was unreadable already dropped or None)."""
+    batches = ((images_to_device(images, device), targets) for images, targets in loader if images is not None)
+    return compute_map(*predict_detection(model, batches))

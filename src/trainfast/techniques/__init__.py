@@ -7,8 +7,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from typing import Callable
+
 from . import compile as compile_
-from . import memory_format, prefetch, runtime, transfer
+from . import grouping, memory_format, prefetch, runtime, transfer
 from .base import ACTS, Effect
 
 
@@ -30,13 +32,17 @@ def field_effect(field: str, device: torch.device, model: nn.Module | None, spli
         return compile_.effect(device)
     if field == "cudnn_benchmark":
         return runtime.cudnn_effect(device)
+    if field == "group_aspect_ratio":
+        return grouping.effect(model, split)
     return ACTS
 
 
-def changes_effect(changed: dict, device: torch.device, model: nn.Module | None, split=None) -> Effect:
-    """A set of switched fields acts if any one of them acts; otherwise say why none does."""
-    effects = [field_effect(name, device, model, split) for name in changed]
+def changes_effect(changed: dict, device: torch.device, model: nn.Module | None, split=None,
+                   effect_of: Callable[..., Effect] = field_effect) -> Effect:
+    """A set of switched fields acts if any one of them acts; otherwise say why none does. `effect_of`: a
+    task's own judgement of a field (tasks/detection.py), by default the techniques'."""
+    effects = [effect_of(name, device, model, split) for name in changed]
     if not effects or any(e.acts for e in effects):
         reasons = [e.reason for e in effects if e.reason]
         return Effect(True, "; ".join(reasons))
-    return Effect(False, "; ".join(dict.fromkeys(e.reason for e in effects)))
+    return Effect(False, "; ".join(dict.fromkeys(e.reason for e in effects)), applies=all(e.applies for e in effects))

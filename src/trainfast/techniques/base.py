@@ -11,14 +11,18 @@ import torch
 from torch import nn
 
 
+NOT_APPLICABLE = "not-applicable"     # an Effect's label: the technique has nothing to act on in this task
+
+
 @dataclass(frozen=True)
 class Effect:
     acts: bool
     reason: str = ""
+    applies: bool = True      # False: not this device but the task's model or data rules it out (the report says why)
 
     @property
     def label(self) -> str:
-        return "measured" if self.acts else "no-effect"
+        return "measured" if self.acts else ("no-effect" if self.applies else NOT_APPLICABLE)
 
 
 ACTS = Effect(True)

@@ -1,0 +1,120 @@
+"""Classification: stacked images, a loss function on the logits, held-out accuracy."""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from ..measure import count_correct
+from ..recipe import Recipe, RecipeError
+
+
+class Classification:
+    name = "classification"
+    metric_label = "val acc"             # the ablation table's column of the judged metric
+    metric_name = "accuracy"             # ... and its name in the report's sentences
+    loss_terms = False                   # the loss is one tensor: no per-term logging, no key check across ranks
+    default_model = "resnet9"
+    default_data = "digits"
+    default_recipe = Recipe()            # where the CLI starts when no --recipe is given
+
+    def __init__(self, loss_fn: Callable | None = None, dist=None) -> None:
+        self.loss_fn = loss_fn or nn.CrossEntropyLoss()
+        # Training goes through the run's criterion (strategy=dp: inside each replica); evaluation does not.
+        self.criterion = dist.criterion(self.loss_fn) if dist is not None else self.loss_fn
+
+    # --- the step -------------------------------------------------------------------------------------
+    def forward(self, model: Callable, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        outputs = model(inputs)
+        return outputs, self.criterion(outputs, targets)
+
+    def score(self, outputs: Any, targets: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return count_correct(outputs, targets)
+
+    def probe_batch(self, samples: list, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch of a few dataset samples on the device, for the unused-parameter probe (only the graph
+        matters there, so uint8 images are scaled without the dataset's normalization)."""
+        inputs = torch.stack([s[0] for s in samples]).to(device)
+        inputs = inputs.float() / 255 if inputs.dtype == torch.uint8 else inputs
+        return inputs, torch.as_tensor([s[1] for s in samples]).to(device)
+
+    # --- evaluation and the epoch record ----------------------------------------------------------------
+    def evaluate(self, model: nn.Module, batches: Iterable, precision, dist) -> dict[str, float]:
+        """Held-out loss and accuracy over every rank's shard. eval() switches dropout/BN to inference
+        behaviour; inference_mode() additionally skips autograd bookkeeping. Sums stay on the device and
+        are read once."""
+        model.eval()
+        device = precision.device
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        correct = torch.zeros((), dtype=torch.long, device=device)
+        count = 0
+        with torch.inference_mode():
+            for inputs, targets in batches:
+                with precision.forward_context():
+                    outputs = model(inputs)
+                    loss = self.loss_fn(outputs, targets)
+                loss_sum += loss.double() * targets.shape[0]
+                correct += (outputs.argmax(dim=-1) == targets).sum()
+                count += targets.shape[0]
+        model.train()
+        return dist.reduce_eval({"loss": float(loss_sum) / max(1, count), "accuracy": int(correct) / max(1, count),
+                                 "samples": count})
+
+    def train_metrics(self, stats, dist) -> dict[str, float]:
+        loss, accuracy = dist.reduce_train(stats.loss, stats.correct, stats.samples)
+        return {"train_loss": loss, "train_accuracy": accuracy}
+
+    def val_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {"val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"]}
+
+    def rung_metrics(self, metrics: dict[str, float]) -> dict[str, Any]:
+        """The ablation's numbers of one run: `accuracy` is the metric every rung is judged on."""
+        return {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "val_samples": metrics["samples"]}
+
+    def summary(self, record: dict[str, Any]) -> str:
+        return f"val loss {record['val_loss']:.4f}  val acc {record['val_accuracy']:.4f}"
+
+    # --- data, model, schedule --------------------------------------------------------------------------
+    def load_data(self, spec: str, image_size: int | None):
+        from ..data.datasets import load_data
+
+        return load_data(spec, image_size)
+
+    def check_model(self, name: str) -> None:
+        from ..models import check_model_name
+
+        check_model_name(name)
+
+    def build_model(self, name: str, split) -> nn.Module:
+        from ..models import build_model
+
+        return build_model(name, split.num_classes, split.image_size)
+
+    def validate(self, recipe) -> None:
+        if recipe.group_aspect_ratio:
+            raise RecipeError("group_aspect_ratio=True (--group-aspect-ratio) is for --task detection, whose batches "
+                              "are lists of images of different sizes; classification batches are stacked at one size")
+
+    def resolve_workers(self, recipe, split, device: torch.device):
+        from ..data.loader import resolve_num_workers
+
+        return resolve_num_workers(recipe, split, device)
+
+    def build_loaders(self, split, recipe, device: torch.device, dist) -> tuple[Any, Any]:
+        from ..trainer import build_loaders
+
+        return build_loaders(split, recipe, device, dist)
+
+    def apply_schedule(self, state, steps_per_epoch: int) -> None:
+        """The recipe's warm-up (warmup_steps) is already the state's schedule (session.build_state)."""
+
+    def field_effect(self, field: str, device: torch.device, model: nn.Module | None, split):
+        from ..techniques import field_effect
+
+        return field_effect(field, device, model, split)
+
+    def flops_per_sample(self, model: nn.Module, split, recipe) -> float | None:
+        from ..ablate import count_flops_per_sample
+
+        return count_flops_per_sample(model, self.loss_fn, split, recipe)
