@@ -263,9 +263,9 @@ def prepare_task(args: argparse.Namespace) -> Recipe:
 
     args.task, args.model, args.data = resolve_task(args.task, args.model, args.data)
     task = build_task(args.task)
-    if args.task != "classification" and args.command == "tune":
-        raise RecipeError(f"trainfast tune searches classification runs only; measure --task {args.task} with "
-                          "trainfast ablate")
+    if args.task != "classification" and args.command in ("tune", "doctor") and args.user_command is None:
+        raise RecipeError(f"trainfast {args.command} runs the built-in classification run only; measure --task "
+                          f"{args.task} with trainfast ablate (or {args.command} -- python your_script.py)")
     recipe = recipe_from_args(args, task.default_recipe if args.recipe is None else None)
     task.validate(recipe)
     task.check_model(args.model)

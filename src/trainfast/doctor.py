@@ -71,9 +71,10 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
     """Run the built-in loop's three passes (module docstring) and return what they measured."""
     from .data.loader import resolve_num_workers
     from .distributed import setup_distributed
-    from .engine import evaluate, train_one_epoch
+    from .engine import train_one_epoch
     from .measure import detect_warmup, peak_memory_bytes, reset_peak_memory
     from .recipe import Recipe, resolve_device, validate_for_device
+    from .tasks.classification import Classification
     from .techniques.runtime import apply_runtime_flags
     from .trainer import build_meter, build_run, seed_everything
 
@@ -89,20 +90,20 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
         module = model() if callable(model) and not isinstance(model, nn.Module) else model
         recipe = resolve_num_workers(recipe, split, dev)
         reset_peak_memory(dev)
-        state, train_batches, val_batches = build_run(module, split, recipe, dev, dist, loss_fn)
+        task = Classification(loss_fn, dist)       # the built-in step's forward and loss (strategy=dp: per replica)
+        state, train_batches, val_batches = build_run(module, split, recipe, dev, dist, task)
         static = current_memory(dev)
-        criterion = dist.criterion(loss_fn)
 
         def run(batches: Iterable, n: int) -> None:
             """n optimizer steps of the shared engine (n x grad_accum_steps batches)."""
             micro = n * recipe.grad_accum_steps
-            train_one_epoch(state, repeat_passes(batches, micro), criterion, build_meter(state, dist))
+            train_one_epoch(state, repeat_passes(batches, micro), task, build_meter(state, dist, task=task))
 
         k = watch_steps(recipe.log_every)
         with Watch(state.forward, device_type=dev.type, sync_window=(1, 1 + k)) as watch:      # pass 1
             run(train_batches, 1 + k)
         with Watch(state.model, device_type=dev.type, sync_window=(0, 0)) as evaluation:
-            evaluate(state.model, islice(val_batches, 2), loss_fn, state.precision)
+            task.evaluate(state.model, islice(val_batches, 2), state.precision, dist)
         obs.dropout = watch.dropout_check()
         compiled_before = _compiled_frames()
 
