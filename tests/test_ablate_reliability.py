@@ -45,7 +45,8 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 def test_killed_ablation_leaves_no_process_and_resumes(tmp_path):
     out = tmp_path / "ablation"
     cmd = [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",
-           "--rungs", "set_to_none", "--repeats", "1", "--noise-seeds", "1", "--out", str(out)]
+           "--rungs", "set_to_none", "--repeats", "1", "--noise-seeds", "1", "--out", str(out),
+           "--timing-steps", "150"]   # a rung of a few seconds (~20 ms a step): the signal lands while it runs
     parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: (out / "runs" / "baseline-r0.json").exists(), 240, "the baseline run to finish")
@@ -97,7 +98,8 @@ def test_a_hanging_rung_is_stopped_at_its_limit_and_the_others_finish(tmp_path, 
 def test_ctrl_c_stops_the_rung_and_writes_the_partial_report(tmp_path):
     out = tmp_path / "ablation"
     cmd = [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",
-           "--rungs", "set_to_none", "--repeats", "1", "--noise-seeds", "1", "--out", str(out)]
+           "--rungs", "set_to_none", "--repeats", "1", "--noise-seeds", "1", "--out", str(out),
+           "--timing-steps", "150"]   # a rung of a few seconds (~20 ms a step): the signal lands while it runs
     parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: (out / "runs" / "baseline-r0.json").exists(), 240, "the baseline run to finish")

@@ -30,7 +30,7 @@ from .distributed import Dist
 from .engine import train_one_epoch
 from .measure import Meter, local_terms
 from .recipe import Recipe
-from .tasks import build_task, infer_task
+from .tasks import as_task, build_task, infer_task
 from .tasks.classification import Classification
 from .session import Session, TrainState, build_state, seed_everything  # noqa: F401  (seed_everything: ablate, tests)
 
@@ -55,7 +55,8 @@ def build_run(model: nn.Module, split, recipe: Recipe, device: torch.device, dis
               task) -> tuple[TrainState, Any, Any]:
     """One rank's state and batches: the unused-parameter probe (DDP only), the model set up in the Session's
     order, the task's loaders and its warm-up. For callers that manage seeding and the process group
-    themselves (ablate)."""
+    themselves (ablate). `task`: a task object, or a bare loss function for the classification task."""
+    task = as_task(task)
     dist.probe_unused(model, task, split.train, recipe.batch_size)
     state = build_state(model, recipe, device, dist)
     train_batches, val_batches = task.build_loaders(split, recipe, device, dist)
