@@ -107,7 +107,7 @@ def test_builtin_loop_is_checked_and_fine(fast_run):
     assert syncs.status == "fine" and fast_run.user_syncs() == []
     # the Meter's one read per window: a tolist and an item every log_every (10) steps
     assert sum(s["calls"] for s in fast_run.syncs) / fast_run.sync_steps == pytest.approx(0.2)
-    assert len(fast_run.step_seconds) >= 3 and len(fast_run.replay_step_seconds) == 4
+    assert len(fast_run.step_seconds) >= 3 and len(fast_run.replay_step_seconds) == len(fast_run.step_seconds)
 
 
 # --- own loops: syncs, eval graph, dropout, zero_grad, DataParallel --------------------------------------

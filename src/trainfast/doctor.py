@@ -7,8 +7,9 @@ the same engine as training, in three short passes:
      evaluation loop on two validation batches, and two eval forwards of one input (dropout in eval);
   2. timed: `steps` steps with nothing attached, timed by the Session's StepTimer (data wait per step);
      warm-up left out as the ablation does (measure.detect_warmup);
-  3. replay: REPLAY_STEPS steps on one cached batch, already on the device (no loader): the measured bound
-     on what a faster input pipeline could buy.
+  3. replay: as many steps on one cached batch, already on the device (no loader): the measured bound on
+     what a faster input pipeline could buy. Passes 2 and 3 alternate step by step, so a slow spell of a
+     shared machine slows both alike.
 Then the model's FLOPs on that batch, the matmul peak in the run's dtype, peak memory, compile counters and,
 on CUDA, a profile of a few steps (kernel time, host-to-device copies). checks.py turns those Observations
 into ranked Findings; doctor.json holds both.
@@ -37,7 +38,6 @@ from .envcheck import collect_environment
 from .watch import EnoughSteps, Watch
 
 DEFAULT_STEPS = 10          # timed steps: a median over the steps after warm-up (the watched pass warms up)
-REPLAY_STEPS = 5
 DOCTOR_ENV = "TRAINFAST_DOCTOR"
 
 
@@ -99,6 +99,14 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
             micro = n * recipe.grad_accum_steps
             train_one_epoch(state, repeat_passes(batches, micro), task, build_meter(state, dist, task=task))
 
+        def run_steps(micro_batches: Iterable) -> list:
+            """One optimizer step of the shared engine on these micro-batches: its StepTimer entries."""
+            state.timer.read()
+            first = len(state.timer.steps)
+            train_one_epoch(state, micro_batches, task, build_meter(state, dist, task=task))
+            state.timer.read()
+            return state.timer.steps[first:]
+
         k = watch_steps(recipe.log_every)
         with Watch(state.forward, device_type=dev.type, sync_window=(1, 1 + k)) as watch:      # pass 1
             run(train_batches, 1 + k)
@@ -107,21 +115,21 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
         obs.dropout = watch.dropout_check()
         compiled_before = _compiled_frames()
 
-        state.timer.read()                                                                        # pass 2
-        first = len(state.timer.steps)
-        run(train_batches, steps)
-        state.timer.read()
-        timed = state.timer.steps[first:]
+        # Passes 2 and 3, interleaved step by step (a loader step, then a replayed one): on a shared machine
+        # a slow spell lasts seconds and moves the step time by up to 1.7x, so a replay run after the timed
+        # steps would compare two spells, not two pipelines. One loader iterator across the steps (its
+        # workers start once); the replayed batch is cloned first, so the loader's next batches are untouched.
+        batch = _clone(next(iter(train_batches)))
+        loader_steps = repeat_passes(train_batches, steps * recipe.grad_accum_steps)
+        timed, replayed = [], []
+        for _ in range(steps):
+            timed += run_steps(islice(loader_steps, recipe.grad_accum_steps))                  # pass 2
+            replayed += run_steps([batch] * recipe.grad_accum_steps)                          # pass 3
         warmup = detect_warmup([s.seconds for s in timed], min_skip=1)
         steady = timed[warmup:]
+        replay = [s.seconds for s in replayed[warmup:]]       # the same steps left out: they warmed up together
         recompiles = _compiled_frames() - compiled_before if compiled_before is not None else None
         memory = {"peak_bytes": peak_memory_bytes(dev), "static_bytes": static, "capacity_bytes": capacity(dev)}
-
-        batch = _clone(next(iter(train_batches)))                                                # pass 3
-        first = len(state.timer.steps)
-        run([batch] * (REPLAY_STEPS * recipe.grad_accum_steps), REPLAY_STEPS)
-        state.timer.read()
-        replay = [s.seconds for s in state.timer.steps[first + 1:]]       # the first one re-warms caches
 
         profile = (profile_cuda(lambda n: run([batch] * (n * recipe.grad_accum_steps), n))
                    if dev.type == "cuda" else None)
