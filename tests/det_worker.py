@@ -68,6 +68,10 @@ def main() -> None:
         report = run(scenario)
         (out / scenario).mkdir(parents=True, exist_ok=True)
         (out / scenario / f"rank{os.environ['RANK']}.json").write_text(json.dumps(report))
+    # Both ranks leave together and close the group: a rank that exits with gloo's threads still running aborts
+    # in C++ ("terminate called without an active exception"), which torchrun reports as a failed launch.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
