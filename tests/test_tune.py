@@ -206,3 +206,45 @@ def test_a_search_on_a_users_own_command_finds_both_gains_and_guards_with_its_me
     fields = json.loads(env["TRAINFAST_RECIPE"])
     assert set(fields) == {"precision", "precision_level", "set_to_none", "seed"}       # the script's own rest stands
     assert fields["precision"] == "bf16" and fields["set_to_none"] is True
+
+
+def test_the_budget_cuts_repeats_first_then_the_last_rungs():
+    from trainfast.ablate import fit_to_budget
+
+    assert fit_to_budget(5, 3, 10.0, 1000.0) == (5, 3)           # room for all 15 runs
+    assert fit_to_budget(5, 3, 10.0, 100.0) == (5, 2)            # 11 runs: 2 repeats of all 5
+    assert fit_to_budget(5, 3, 10.0, 50.0) == (3, 2)             # 6 runs: 2 repeats of the first 3
+    assert fit_to_budget(5, 3, 10.0, -30.0) == (2, 2)            # over already: a baseline and one rung, twice
+    assert fit_to_budget(5, 1, 10.0, 0.0) == (2, 1)              # --repeats 1 stays 1
+
+
+def test_a_ladder_with_a_time_budget_runs_what_fits_and_says_what_it_skipped(tmp_path):
+    # Runs priced at 100 s by the first one, 350 s allowed: 4.5 runs -> 2 repeats of baseline and the first rung;
+    # the other two rungs are skipped, named in the table, the report and the result's settings.
+    import dataclasses
+
+    import torch
+
+    from trainfast.ablate import TimingBudget, run_ladder
+
+    template = scored_rung("x", [500.0], 0.95).repeats[0]
+    launched = []
+
+    def launch(rung, recipe, budget, run_dir, display, limit):
+        launched.append(f"{rung.name}-s{recipe.seed}")
+        return {**template, "seed": recipe.seed, "wall_time_s": 100.0}
+
+    plan = [Rung("baseline", {}, Recipe()), Rung("set_to_none", {"set_to_none": True}, Recipe(set_to_none=True)),
+            Rung("prefetch", {"prefetch": True}, Recipe(prefetch=True)),
+            Rung("fused", {"optimizer_impl": "fused"}, Recipe(optimizer_impl="fused"))]
+    settings = {"stage": "test", "repeats": 3, "budget": dataclasses.asdict(TimingBudget()), "min_effect": 0.05}
+    result = run_ladder(plan, launch, settings, tmp_path / "ladder", torch.device("cpu"), repeats=3,
+                        noise_seeds=3, budget=TimingBudget(), min_effect=0.05, mode="each", resume=False,
+                        rung_timeout=None, show=False, time_budget_s=350.0)
+    assert launched == ["baseline-s0", "set_to_none-s0", "baseline-s1", "set_to_none-s1"]
+    assert [r.status for r in plan] == ["done", "done", "skipped", "skipped"]
+    cut = result.settings["budget_cut"]
+    assert (cut["rungs"], cut["repeats"], cut["skipped"], cut["asked"]) == (2, 2, ["prefetch", "fused"],
+                                                                            {"rungs": 4, "repeats": 3})
+    report = (tmp_path / "ladder" / "report.md").read_text()
+    assert "skipped: not in the time budget" in report and "would not fit the time budget (350 s" in report

@@ -12,6 +12,7 @@ import math
 import multiprocessing as mp
 import os
 import statistics
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -717,10 +718,15 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
                dev: torch.device, *, repeats: int, noise_seeds: int, budget: TimingBudget, min_effect: float,
                mode: str, resume: bool, rung_timeout: float | None, show: bool, flops_per_sample: float | None = None,
                after_run: Callable[[Rung, dict], None] | None = None,
-               metric: tuple[str | None, str | None] = ("accuracy", "max")) -> AblationResult:
+               metric: tuple[str | None, str | None] = ("accuracy", "max"),
+               time_budget_s: float | None = None) -> AblationResult:
     """The one ablation loop, for the built-in run and a user's command alike: the interleaved runs, each
     started by `launch(rung, recipe, budget or None, run_dir, display, time_limit)` and returning the probe's
-    result (or {"error", "log_tail"}), kept in the RunStore, scored after every run, then the report."""
+    result (or {"error", "log_tail"}), kept in the RunStore, scored after every run, then the report.
+
+    `time_budget_s`: the seconds the whole ladder may take. The first run (the baseline's) prices a run; the
+    plan is then cut to fit (fit_to_budget: fewer repeats first, then the last rungs, marked "skipped" with
+    the reason) and the cut is kept in the result's settings ("budget_cut")."""
     from .report import Display, environment, write_report
 
     out_dir = Path(out) if out is not None else default_out_dir()
@@ -733,6 +739,7 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
     runs = [(rung, i, budget) for i in range(repeats) for rung in measured]
     runs += [(plan[0], i, None) for i in range(repeats, noise_seeds)]
     seed_runs: list[dict[str, Any]] = []
+    started, cut = time.monotonic(), None
 
     def rescore() -> None:
         seed_runs[:] = [_seed_summary(r, metric[0]) for r in plan[0].repeats + plan[0].seed_runs]
@@ -749,8 +756,9 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
     interrupted = False
     with display:
         try:
-            for rung, i, rung_budget in runs:
-                if rung.status == "no-effect":          # found out by an earlier run (a script without a Session)
+            while runs:
+                rung, i, rung_budget = runs.pop(0)
+                if rung.status in ("no-effect", "skipped"):     # no-effect: found out by an earlier run
                     continue
                 recipe_i = rung.recipe.replace(seed=rung.recipe.seed + i)
                 key = f"{rung.name}-r{i}"
@@ -775,6 +783,20 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
                     rung.status = "done" if len(rung.repeats) == repeats else "partial"
                 if after_run is not None:
                     after_run(rung, result)
+                if time_budget_s is not None and cut is None and "error" not in result:
+                    # Priced by the first run (the baseline's, fp32: usually the slowest), whole-process wall.
+                    per_run = max(time.monotonic() - started, result.get("wall_time_s") or 0.0)
+                    rungs_kept, repeats_kept = fit_to_budget(len(measured), repeats, per_run,
+                                                             time_budget_s - (time.monotonic() - started))
+                    cut = {"seconds_per_run": per_run, "rungs": rungs_kept, "repeats": repeats_kept,
+                           "asked": {"rungs": len(measured), "repeats": repeats},
+                           "skipped": [r.name for r in measured[rungs_kept:]]}
+                    for skipped in measured[rungs_kept:]:
+                        skipped.status = "skipped"
+                        skipped.reason = (f"would not fit the time budget ({time_budget_s:.0f} s at ~{per_run:.0f} s "
+                                          f"a run, {repeats_kept} repeats)")
+                    repeats = noise_seeds = repeats_kept
+                    runs[:] = [(r, j, b) for r, j, b in runs if j < repeats_kept and r.status != "skipped"]
                 rescore()
                 display.update()
         except KeyboardInterrupt:
@@ -788,12 +810,27 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
                 rung.status = "done"            # a partial report still shows what was measured
         rescore()
     best, tie = pick_best(plan, min_effect, mode)
+    if cut is not None:
+        settings = {**settings, "repeats": repeats, "noise_seeds": noise_seeds, "budget_cut": cut}
     result = AblationResult(plan, env, out_dir, best.recipe, best.name, ceilings, seed_runs, tie, settings)
     write_report(result)
     display.final(result, interrupted)
     if interrupted:
         raise KeyboardInterrupt
     return result
+
+
+def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float) -> tuple[int, int]:
+    """How many rungs (the plan's first ones, baseline included) and repeats fit `seconds_left` at `per_run`
+    seconds a run, one run (the first) already done. Repeats go first, down to 2 (the fewest that give a
+    process-to-process spread, so an interval); then the last rungs, down to 2 (a baseline and one rung).
+    The plan's order is its priority: the precision levels, the largest gains, come first."""
+    floor = min(repeats, 2)
+    runs_left = 1 + max(0.0, seconds_left) / max(per_run, 1e-9)      # the runs the budget pays for, the first included
+    fitted = max(floor, min(repeats, int(runs_left // rungs)))
+    if rungs * fitted <= runs_left:
+        return rungs, fitted
+    return min(rungs, max(2, int(runs_left // fitted))), fitted
 
 
 def rung_context():

@@ -177,6 +177,9 @@ def table_rows(rungs: list["Rung"], columns: Columns = Columns()) -> list[list[s
         if rung.status == "failed":
             rows.append([label, "failed: " + r.get("error", "")[:60]] + ["—"] * (width - 2))
             continue
+        if rung.status == "skipped":
+            rows.append([label, "skipped: not in the time budget"] + ["—"] * (width - 2))
+            continue
         if not r or not rung.repeats:
             rows.append([label, rung.status] + [""] * (width - 2))
             continue
@@ -365,7 +368,7 @@ def write_report(result: "AblationResult") -> None:
         lines += [band, ""]
     notes = [f"- **{rung_label(r)}**: no effect{'' if r.effect == NO_SESSION else ' on this device'} — {r.reason}"
              for r in result.rungs if r.status == "no-effect"]
-    notes += [f"- **{rung_label(r)}**: {r.reason}" for r in result.rungs if r.status == "done" and r.reason]
+    notes += [f"- **{rung_label(r)}**: {r.reason}" for r in result.rungs if r.status in ("done", "skipped") and r.reason]
     for r in result.rungs:
         if r.status == "failed":
             tail = r.result.get("log_tail") or ""

@@ -228,8 +228,11 @@ def rerun_agreement(speedup: Estimate, current: str, min_effect: float, noise: N
     threshold = max(noise.t() * se, math.log1p(min_effect))
     spread = se * math.sqrt(2)
     m = math.log(speedup.value)
-    p_faster = float(scipy_stats.norm.sf((threshold - m) / spread))
-    p_slower = float(scipy_stats.norm.cdf((-threshold - m) / spread))
+    if spread == 0:             # repeats that agree exactly (replayed or reused results): a rerun agrees too
+        p_faster, p_slower = float(m > threshold), float(m < -threshold)
+    else:
+        p_faster = float(scipy_stats.norm.sf((threshold - m) / spread))
+        p_slower = float(scipy_stats.norm.cdf((-threshold - m) / spread))
     return {FASTER: p_faster, SLOWER: p_slower}.get(current, 1.0 - p_faster - p_slower)
 
 

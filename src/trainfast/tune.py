@@ -94,7 +94,8 @@ def combine(base: Recipe, singles: list[Rung], planned_steps: int | None) -> tup
     for rung in singles[1:]:
         r = rung.result
         if rung.status != "done":
-            dropped[rung.name] = {"no-effect": "no effect here", "failed": "failed"}.get(rung.status, rung.status)
+            dropped[rung.name] = {"no-effect": "no effect here", "failed": "failed"}.get(rung.status,
+                                                                                        rung.reason or rung.status)
         elif r.get("accuracy_worse"):
             dropped[rung.name] = f"lost accuracy ({r['accuracy_delta']:+.3f}, outside the baseline's band)"
         elif not firm_gain(rung):
@@ -299,14 +300,24 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
         return run_ladder(rungs, work.launcher(measure), settings, out_dir / name, dev, repeats=stage_repeats,
                           noise_seeds=stage_repeats, budget=timing, min_effect=min_effect, mode=mode,
                           resume=resume, rung_timeout=None, show=show, flops_per_sample=work.flops_per_sample,
-                          after_run=work.after_run(rungs), metric=work.metric(measure, metric, goal))
+                          after_run=work.after_run(rungs), metric=work.metric(measure, metric, goal),
+                          time_budget_s=budget_s - (time.monotonic() - started))
 
+    def cut_note(result: AblationResult) -> None:
+        cut = result.settings.get("budget_cut")
+        asked = cut["asked"]["repeats"] if cut else 0
+        if cut and (cut["skipped"] or cut["repeats"] < asked):
+            what = [f"{cut['repeats']} repeats instead of {asked}"] if cut["repeats"] < asked else []
+            what += [f"without {', '.join(cut['skipped'])}"] if cut["skipped"] else []
+            skipped.append(f"{result.settings['stage']}: ran {' and '.join(what)} to fit the budget "
+                           f"(~{cut['seconds_per_run']:.0f} s a run)")
+
+    skipped: list[str] = []
     first = stage("singles", singles, repeats)
-    spent = time.monotonic() - started
+    cut_note(first)
     per_run = statistics.fmean([run.get("wall_time_s") or 0 for r in singles for run in r.repeats] or [0])
     steps = planned_steps or next((run.get("steps") for run in singles[0].repeats), None)
     combined, in_combination, dropped = combine(base, singles, steps)
-    skipped: list[str] = []
     if steps is None and "compile" in in_combination:
         skipped.append("the planned run's length is not known (a command's runs stop once timed): compile was "
                        "kept without its break-even check; pass --planned-steps to decide it")
@@ -321,6 +332,7 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
         rungs += [Rung(r.name, dict(r.changes), level.recipe.replace(**r.changes)) for r in others]
         if per_run * len(rungs) * repeats <= budget_s - (time.monotonic() - started):
             on_level = stage("on-level", rungs, repeats)
+            cut_note(on_level)
             on_top, names_on_top, dropped_on_top = combine(level.recipe, rungs, steps)
             combined, in_combination = on_top, [level.name, *names_on_top]
             levels = {r.name for r in singles if any(k in r.changes for k in PRECISION_FIELDS)}
@@ -331,17 +343,23 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
     if not in_combination:
         decision = Decision(base, "baseline", dropped=dropped,
                             notes=["no switch gained firmly on its own: the baseline is recommended"])
-    elif len(in_combination) == 1:
-        only = next(r for r in singles if r.name == in_combination[0])    # a level alone: nothing gained on top
-        decision = Decision(only.recipe, only.name, gainers=list(in_combination), combined=list(in_combination),
+    elif len(in_combination) == 1 or per_run * 3 * min(repeats, 2) > budget_s - (time.monotonic() - started):
+        # One switch gained, or no time left to measure a combination (3 rungs, 2 repeats at the least): the
+        # single switch that gained most, as measured alone.
+        only = max((r for r in singles if r.name in in_combination and firm_gain(r)),
+                   key=lambda r: r.result["speedup"])       # the singles' speed-ups: all against the fp32 baseline
+        if len(in_combination) > 1:
+            skipped.append(f"stage 2 was skipped (would not fit the budget): {', '.join(in_combination)} were not "
+                           f"measured together; the best single switch is recommended")
+        decision = Decision(only.recipe, only.name, gainers=list(in_combination), combined=[only.name],
                             dropped=dropped, speedup=only.result["speedup"],
                             speedup_interval=only.result.get("speedup_interval"),
-                            notes=["one switch gained: nothing to combine"])
+                            notes=["one switch gained: nothing to combine"] if len(in_combination) == 1 else [])
     else:
         rungs = combine_stage(base, singles, combined, in_combination,
                               {r.name: r.changes for r in [*singles, *(on_level.rungs if on_level else [])]})
         stage_repeats = repeats
-        left = budget_s - spent
+        left = budget_s - (time.monotonic() - started)
         if per_run * len(rungs) * stage_repeats > left and stage_repeats > 2:
             stage_repeats = 2
             skipped.append(f"stage 2 ran {stage_repeats} repeats instead of {repeats} to fit the budget")
@@ -350,6 +368,7 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
             skipped.append("the leave-one-out rungs (the combination without each switch) were skipped to fit "
                            "the budget: harmful interactions were not looked for")
         second = stage("combine", rungs, stage_repeats, measure="full")
+        cut_note(second)
         decision = decide(second.rungs, min_effect)
         decision.gainers = list(in_combination)
         decision.combined = list(in_combination)
@@ -368,6 +387,7 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
             skipped.append("--batch-size-search was skipped: it would not fit the budget")
         else:
             batch = stage("batch", rungs, repeats, mode="cumulative")
+            cut_note(batch)
             decision.batch = batch_finding(batch)
     decision.notes += skipped
     write_outputs(out_dir, decision, first, second, time.monotonic() - started, budget_s, steps, on_level, batch)
