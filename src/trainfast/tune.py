@@ -330,7 +330,8 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
         # channels_last, for one, pays in bf16 and not in fp32.
         rungs = [Rung(f"on-{level.name}", dict(level.changes), level.recipe)]
         rungs += [Rung(r.name, dict(r.changes), level.recipe.replace(**r.changes)) for r in others]
-        if per_run * len(rungs) * repeats <= budget_s - (time.monotonic() - started):
+        # Run when the level and one switch fit twice: the stage cuts itself to the budget (run_ladder).
+        if per_run * 2 * min(repeats, 2) <= budget_s - (time.monotonic() - started):
             on_level = stage("on-level", rungs, repeats)
             cut_note(on_level)
             on_top, names_on_top, dropped_on_top = combine(level.recipe, rungs, steps)
