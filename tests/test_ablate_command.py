@@ -18,6 +18,8 @@ ADOPTED = str(ROOT / "examples" / "adopted_loop.py")
 def ablate(out: Path, *flags: str, command: list[str], check: bool = True) -> tuple[subprocess.CompletedProcess, dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": ""}
     env.pop("TRAINFAST_RECIPE", None)
+    # the amp rung in bf16 on every CPU: auto would leave it out where no half type is fast (an AVX2-only CPU)
+    flags = flags if "--amp-dtype" in flags else (*flags, "--amp-dtype", "bf16")
     proc = subprocess.run([sys.executable, "-m", "trainfast", "ablate", "--out", str(out), *flags, "--", *command],
                           env=env, capture_output=True, text=True, timeout=900)
     if check:

@@ -84,7 +84,7 @@ def test_killed_ablation_leaves_no_process_and_resumes(tmp_path):
 def test_a_hanging_rung_is_stopped_at_its_limit_and_the_others_finish(tmp_path, digits16):
     t0 = time.monotonic()
     result = ablate(tiny_resnet, digits16.train, digits16.val, hangs_under_half_precision, mean=digits16.mean,
-                    std=digits16.std, recipe=Recipe(batch_size=32), rungs=["amp", "set_to_none"], mode="each",
+                    std=digits16.std, recipe=Recipe(batch_size=32), rungs=["amp", "set_to_none"], mode="each", amp_dtype="bf16",
                     repeats=1, noise_seeds=1, out=tmp_path, show=False, rung_timeout=25)
     status = {r.name: r.status for r in result.rungs}
     assert status == {"baseline": "done", "amp": "failed", "set_to_none": "done"}, status

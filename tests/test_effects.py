@@ -1,4 +1,5 @@
 """A technique that cannot act on the device (or model) is detected as such, from the device itself."""
+import pytest
 import torch
 from torch import nn
 
@@ -67,3 +68,48 @@ def test_decode_cache_acts_on_image_folders_only(digits16, tmp_path):
     assert field_effect("decode_cache", CPU, MLP, folder).acts
     in_memory = changes_effect({"decode_cache": True}, CPU, MLP, digits16)
     assert in_memory.label == "no-effect" and "image folders only" in in_memory.reason
+
+
+@pytest.fixture
+def fake_speeds(monkeypatch):
+    """fake_speeds(flags, fp32, half): a CPU with these flags whose 256^3 products run at these FLOP/s (no real
+    measurement). slow_half_reason's cache is cleared before and after, so no other test sees the fake."""
+    from trainfast import measure
+    from trainfast.techniques import precision
+
+    def fake(flags: set[str], fp32: float, half: float) -> None:
+        monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+        monkeypatch.setattr(measure, "measure_ceiling",
+                            lambda device, dtype, n=None, repeats=5: fp32 if dtype == torch.float32 else half)
+        precision.slow_half_reason.cache_clear()
+
+    yield fake
+    precision.slow_half_reason.cache_clear()
+
+
+def test_a_half_type_without_hardware_is_measured_slow_and_left_out(fake_speeds):
+    from trainfast.techniques.precision import SLOW_HALF, slow_half_reason
+
+    fake_speeds({"avx2", "fma"}, fp32=100e9, half=1e9)      # AMD Zen 3: ~1 GFLOP/s in bf16
+    reason = slow_half_reason(CPU, "bf16")
+    assert "1.0 GFLOP/s" in reason and "100 in fp32" in reason and "100x slower" in reason
+    plan = plan_rungs(Recipe(), None, "cumulative", "auto", CPU)
+    amp = plan[1]
+    assert (amp.name, amp.status, amp.effect, amp.recipe.precision) == ("amp", "no-effect", SLOW_HALF, "fp16")
+    # the ladder climbs on without it: every later rung stays in fp32 and keeps the rungs before it
+    assert all(r.recipe.precision == "fp32" for r in plan[2:])
+    assert plan[-1].recipe.channels_last and plan[-1].recipe.optimizer_impl == "fused"
+    # asked for by dtype or by level rung, it is measured all the same
+    assert all(r.status == "pending" for r in plan_rungs(Recipe(), None, "cumulative", "fp16", CPU))
+    assert plan_rungs(Recipe(), ["autocast-bf16"], device=CPU)[1].status == "pending"
+
+
+def test_a_half_type_within_twice_fp32_or_with_hardware_is_run(fake_speeds):
+    from trainfast.techniques.precision import slow_half_reason
+
+    fake_speeds({"avx2"}, fp32=100e9, half=60e9)     # slower, but worth measuring
+    assert slow_half_reason(CPU, "fp16") is None
+    fake_speeds({"avx2", "avx512_bf16"}, fp32=100e9, half=1e9)
+    assert slow_half_reason(CPU, "bf16") is None                          # the flags say fast: no probe
+    assert plan_rungs(Recipe(), None, "cumulative", "auto", CPU)[1].status == "pending"
+    assert slow_half_reason(torch.device("cuda"), "fp16") is None          # never probed on a GPU

@@ -26,7 +26,7 @@ from .stats import MIN_EFFECT, Candidate, Noise, Repeat, compare, pooled_noise, 
 from .recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from .data.imagefolder import with_decode_cache
 from .techniques import changes_effect
-from .techniques.precision import DTYPES, LEVEL_RUNGS, auto_amp_dtype, level_note
+from .techniques.precision import DTYPES, LEVEL_RUNGS, SLOW_HALF, auto_amp_dtype, level_note, slow_half_reason
 
 # name -> (label, the switches it turns on). "{amp}" is replaced by the AMP dtype chosen for the device.
 LADDER: dict[str, dict[str, Any]] = {
@@ -119,6 +119,9 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
         raise RecipeError(f"--rungs: unknown rung(s) {', '.join(unknown)}; choose from "
                           f"{', '.join([*table, *RUNG_ALIASES])}")
     ordered = ["baseline"] + [n for n in table if n in names and n != "baseline"]
+    # --amp-dtype auto on a device where neither half type is fast (a CPU without bf16 hardware): the amp rung
+    # is shown with the measurement that rules it out, and the ladder climbs on without it.
+    slow = slow_half_reason(device, amp_dtype) if amp == "auto" and "amp" in ordered else None
     rungs, current = [], base
     for name in ordered:
         changes = {k: (amp_dtype if v == "{amp}" else v) for k, v in table[name].items()}
@@ -129,6 +132,9 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
             checker.validate(recipe)
         except RecipeError as exc:
             raise RecipeError(f"rung {name!r}: {exc}") from exc
+        if name == "amp" and slow:
+            rungs.append(Rung(name, changes, recipe, effect=SLOW_HALF, reason=slow, status="no-effect"))
+            continue
         rungs.append(Rung(name, changes, recipe))
         current = recipe
     return rungs
@@ -527,6 +533,8 @@ class Builtin:
         """Rungs whose switches cannot act on this device, model or data are not run (no-effect, with why);
         the decode cache rung's cache is built once here, opened by the rungs."""
         for rung in plan[1:]:
+            if rung.status == "no-effect":          # ruled out when planned (plan_rungs: a slow half type)
+                continue
             effect = changes_effect(rung.changes, self.dev, self.probe_model, self.split, self.task.field_effect)
             rung.effect, rung.reason = effect.label, effect.reason
             if not effect.acts:
@@ -609,6 +617,8 @@ class CommandWork:
     def mark_effects(self, plan: list[Rung]) -> None:
         """What the device alone rules out (the script's model and data are not known before it runs)."""
         for rung in plan[1:]:
+            if rung.status == "no-effect":          # ruled out when planned (plan_rungs: a slow half type)
+                continue
             effect = changes_effect(rung.changes, self.dev, None)
             rung.effect, rung.reason = effect.label, effect.reason
             if not effect.acts:
@@ -731,7 +741,8 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
 
     out_dir = Path(out) if out is not None else default_out_dir()
     store = RunStore(out_dir, settings, resume)
-    ceilings = {p: measure_ceiling(dev, DTYPES[p]) for p in dict.fromkeys(r.recipe.precision for r in plan)}
+    ceilings = {p: measure_ceiling(dev, DTYPES[p])
+                for p in dict.fromkeys(r.recipe.precision for r in plan if r.status != "no-effect")}
     env = environment(dev)
     display = Display(plan, ceilings, env, show=show, settings=settings)
     measured = [r for r in plan if r.status != "no-effect"]

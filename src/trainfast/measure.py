@@ -454,19 +454,32 @@ def count_train_flops(model: nn.Module, loss_fn: Callable, inputs: torch.Tensor,
     return int(counter.get_total_flops())
 
 
-def measure_ceiling(device: torch.device, dtype: torch.dtype, n: int | None = None, repeats: int = 5) -> float:
+def measure_ceiling(device: torch.device, dtype: torch.dtype, n: int | None = None, repeats: int = 5,
+                    product_seconds: float = 0.05) -> float:
     """The device's achievable matmul FLOP/s in `dtype`: the best of `repeats` n x n x n products after a
     warm-up (a peak, so the fastest run is the estimate; slower runs are interference). 2048 is large
-    enough for the CPU's BLAS to reach its peak; GPUs need 4096. The roof every rung is compared against."""
-    n = n or (4096 if device.type == "cuda" else 2048)
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    enough for the CPU's BLAS to reach its peak; GPUs need 4096. The roof every rung is compared against.
+
+    Without `n` the size grows from 256 by doubling up to that largest size, and stops as soon as one product
+    takes `product_seconds`: a dtype without hardware support (bf16 on a CPU without AVX512-BF16 or AMX runs
+    at ~1 GFLOP/s) would otherwise spend minutes on a 2048 product, and a product that long is at its peak."""
+    largest = n or (4096 if device.type == "cuda" else 2048)
+    size = n or 256
+    while True:
+        a = torch.randn(size, size, device=device).to(dtype)
+        b = torch.randn(size, size, device=device).to(dtype)
+        synchronize(device)
+        t0 = time.perf_counter()
+        torch.mm(a, b)                      # the warm-up, and the price of one product at this size
+        synchronize(device)
+        if size >= largest or time.perf_counter() - t0 >= product_seconds:
+            break
+        size *= 2
     times = []
-    for i in range(repeats + 1):
+    for _ in range(repeats):
         synchronize(device)
         t0 = time.perf_counter()
         torch.mm(a, b)
         synchronize(device)
-        if i:
-            times.append(time.perf_counter() - t0)
-    return 2 * n**3 / min(times)
+        times.append(time.perf_counter() - t0)
+    return 2 * size**3 / min(times)

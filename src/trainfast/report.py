@@ -18,7 +18,7 @@ import torch
 
 from .techniques.base import NOT_APPLICABLE
 
-from .techniques.precision import cpu_flags, level_note, opt_level
+from .techniques.precision import SLOW_HALF, cpu_flags, level_note, opt_level
 
 if TYPE_CHECKING:
     from .ablate import AblationResult, Rung
@@ -171,7 +171,8 @@ def table_rows(rungs: list["Rung"], columns: Columns = Columns()) -> list[list[s
         r = rung.result
         label = rung_label(rung)
         if rung.status == "no-effect":
-            text = {NO_SESSION: "no effect: " + rung.reason, NOT_APPLICABLE: "not applicable: " + rung.reason}
+            text = {NO_SESSION: "no effect: " + rung.reason, NOT_APPLICABLE: "not applicable: " + rung.reason,
+                    SLOW_HALF: "not run: " + rung.reason.split(" (", 1)[0]}
             rows.append([label, text.get(rung.effect, "no effect on this device")] + ["—"] * (width - 2))
             continue
         if rung.status == "failed":
@@ -315,8 +316,8 @@ def results_dict(result: "AblationResult") -> dict[str, Any]:
             "effect": rung.effect,
             "effect_reason": rung.reason,
             "status": rung.status,
-            "verdict": {"no-effect": "no effect on this device", "failed": "failed"}.get(
-                rung.status, r.pop("verdict", None)),
+            "verdict": {"no-effect": "not run: slower on this device" if rung.effect == SLOW_HALF
+                        else "no effect on this device", "failed": "failed"}.get(rung.status, r.pop("verdict", None)),
         }
         for key in ("throughput", "throughput_interval", "throughput_spread", "speedup", "speedup_interval",
                     "epoch_time_s", "peak_memory_bytes", "accuracy", "loss", "flops_per_s", "ceiling_fraction"):
@@ -366,7 +367,8 @@ def write_report(result: "AblationResult") -> None:
     if base and base.get("accuracy") is not None:
         band = accuracy_note(result)
         lines += [band, ""]
-    notes = [f"- **{rung_label(r)}**: no effect{'' if r.effect == NO_SESSION else ' on this device'} — {r.reason}"
+    ruled_out = {NO_SESSION: "no effect", SLOW_HALF: "not run"}
+    notes = [f"- **{rung_label(r)}**: {ruled_out.get(r.effect, 'no effect on this device')} — {r.reason}"
              for r in result.rungs if r.status == "no-effect"]
     notes += [f"- **{rung_label(r)}**: {r.reason}" for r in result.rungs if r.status in ("done", "skipped") and r.reason]
     for r in result.rungs:

@@ -36,7 +36,7 @@ from .ablate import (MIN_EFFECT, AblationResult, Rung, TimingBudget, _atomic_wri
                      plan_rungs, prepare_builtin, prepare_command, recipe_changes, rung_repeats, run_ladder)
 from .recipe import Recipe, RecipeError, resolve_device
 from .stats import FASTER, compare, pooled_noise
-from .techniques.precision import auto_amp_dtype
+from .techniques.precision import SLOW_HALF, auto_amp_dtype, slow_half_reason
 
 PRECISION_FIELDS = ("precision", "precision_level")
 
@@ -94,8 +94,9 @@ def combine(base: Recipe, singles: list[Rung], planned_steps: int | None) -> tup
     for rung in singles[1:]:
         r = rung.result
         if rung.status != "done":
-            dropped[rung.name] = {"no-effect": "no effect here", "failed": "failed"}.get(rung.status,
-                                                                                        rung.reason or rung.status)
+            dropped[rung.name] = ("not run: " + rung.reason.split(" (", 1)[0] if rung.effect == SLOW_HALF else
+                                  {"no-effect": "no effect here", "failed": "failed"}.get(rung.status,
+                                                                                          rung.reason or rung.status))
         elif r.get("accuracy_worse"):
             dropped[rung.name] = f"lost accuracy ({r['accuracy_delta']:+.3f}, outside the baseline's band)"
         elif not firm_gain(rung):
@@ -283,6 +284,10 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
         names = [n for n in names if n in switches]
     singles = plan_rungs(base, names, "each", amp, dev)
     singles = [r for r in singles if r.name == "baseline" or r.name in names]
+    slow = slow_half_reason(dev, amp) if amp_dtype == "auto" else None
+    for rung in singles:                    # a CPU without half-precision hardware: the levels are not run
+        if slow and "precision" in rung.changes:
+            rung.status, rung.effect, rung.reason = "no-effect", SLOW_HALF, slow
     if command is not None:
         # Every candidate is a combination of the singles' fields: those are all a run may switch.
         work = prepare_command(command, [r.changes for r in singles], recipe=base, device=device, nproc=nproc,

@@ -23,6 +23,7 @@ The interface: `prepare_model` (build time: dtype conversion and the input/outpu
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from typing import Any
 
@@ -407,6 +408,10 @@ def build_precision(name: str, device: torch.device, level: str = "autocast", **
     `scaler_args` (init_scale, growth_factor, backoff_factor, growth_interval) tune fp16's loss scaler."""
     if name == "fp32":
         return Precision(device)
+    slow = slow_half_reason(device, name)
+    if slow:        # asked for explicitly: it runs, but the user hears why every step is slower
+        warnings.warn(SlowPrecisionWarning(f"trainfast: precision {name}: {slow.split(' (measure', 1)[0]}"),
+                      stacklevel=2)
     classes = {"autocast": Autocast, "master": MasterWeights, "pure": PureHalf}
     return classes[level](device, DTYPES[name], **scaler_args)
 
@@ -429,6 +434,46 @@ def cpu_flags() -> set[str]:
     except OSError:
         pass
     return set()
+
+
+class SlowPrecisionWarning(UserWarning):
+    """Half precision asked for on a device where it is measured to be much slower than fp32."""
+
+
+SLOW_HALF = "slower here"        # Effect label of a precision rung left out because its dtype is slow on the device
+SLOW_HALF_RATIO = 2.0           # half-precision matmuls this many times slower than fp32: not worth a run
+
+
+@functools.lru_cache(maxsize=None)
+def slow_half_reason(device: torch.device, name: str) -> str | None:
+    """Why mixed precision in `name` (bf16 | fp16) cannot pay on this device, measured; None when it may.
+    A CPU without bf16/fp16 hardware (AVX2 only: no AVX512-BF16, AMX or AVX512-FP16) computes half-precision
+    matmuls and convolutions in slow generic kernels: ~1 GFLOP/s against ~100 in fp32 on an AMD EPYC (Zen 3),
+    so an autocast rung would take an hour where the fp32 baseline takes minutes. Measured, not guessed from
+    the flags: 256^3 products in each dtype on one thread (under 0.2 s even where the half type is slow)."""
+    if device.type != "cpu" or (name == "bf16" and has_fast_bf16(device)):
+        return None
+    if name == "fp16" and cpu_flags() & {"amx_fp16", "avx512_fp16"}:
+        return None
+    from ..measure import measure_ceiling
+
+    # One thread: the ratio of the kernels is what matters, and a multi-threaded product on a busy machine
+    # (every core taken by another process) can lose 30x to waiting threads. The probe's random matrices leave
+    # the run's RNG alone.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            fp32 = measure_ceiling(device, torch.float32, n=256, repeats=10)
+            half = measure_ceiling(device, DTYPES[name], n=256, repeats=3)
+    finally:
+        torch.set_num_threads(threads)
+    if fp32 / half < SLOW_HALF_RATIO:
+        return None
+    hardware = "AVX512-BF16 or AMX" if name == "bf16" else "AVX512-FP16 or AMX-FP16"
+    return (f"{name} matmuls run at {half / 1e9:.1f} GFLOP/s on one core of this CPU against {fp32 / 1e9:.0f} in "
+            f"fp32 ({fp32 / half:.0f}x slower, measured; no {hardware} here), so mixed precision would make every "
+            f"step slower (measure it anyway with --amp-dtype {name} or --rungs autocast-{name})")
 
 
 def auto_amp_dtype(device: torch.device) -> str:
