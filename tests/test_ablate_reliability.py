@@ -100,7 +100,11 @@ def test_ctrl_c_stops_the_rung_and_writes_the_partial_report(tmp_path):
     cmd = [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",
            "--rungs", "set_to_none", "--repeats", "1", "--noise-seeds", "1", "--out", str(out),
            "--timing-steps", "150"]   # a rung of a few seconds (~20 ms a step): the signal lands while it runs
-    parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # As from a terminal: SIGINT at its default. A test run started in the background by a non-interactive shell
+    # (`make test &`) has SIGINT ignored, which every child inherits, and Python then never raises
+    # KeyboardInterrupt: the ablation would run to its end.
+    parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for(lambda: (out / "runs" / "baseline-r0.json").exists(), 240, "the baseline run to finish")
         wait_for(lambda: (out / "rungs" / "set_to_none-r0" / "log.txt").exists(), 60, "the second rung to start")
