@@ -132,12 +132,18 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
             checker.validate(recipe)
         except RecipeError as exc:
             raise RecipeError(f"rung {name!r}: {exc}") from exc
-        if name == "amp" and slow:
-            rungs.append(Rung(name, changes, recipe, effect=SLOW_HALF, reason=slow, status="no-effect"))
-            continue
         rungs.append(Rung(name, changes, recipe))
+        if name == "amp" and slow:
+            rule_out_slow_half(rungs[-1], slow)
+            continue
         current = recipe
     return rungs
+
+
+def rule_out_slow_half(rung: Rung, reason: str) -> None:
+    """A precision rung whose half type slow_half_reason measured as much slower than fp32: shown, not run
+    (mark_effects leaves it so)."""
+    rung.status, rung.effect, rung.reason = "no-effect", SLOW_HALF, reason
 
 
 # --------------------------------------------------------------------------------------------------

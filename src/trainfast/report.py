@@ -18,7 +18,7 @@ import torch
 
 from .techniques.base import NOT_APPLICABLE
 
-from .techniques.precision import SLOW_HALF, cpu_flags, level_note, opt_level
+from .techniques.precision import SLOW_HALF, cpu_flags, level_note, not_run_text, opt_level
 
 if TYPE_CHECKING:
     from .ablate import AblationResult, Rung
@@ -172,7 +172,7 @@ def table_rows(rungs: list["Rung"], columns: Columns = Columns()) -> list[list[s
         label = rung_label(rung)
         if rung.status == "no-effect":
             text = {NO_SESSION: "no effect: " + rung.reason, NOT_APPLICABLE: "not applicable: " + rung.reason,
-                    SLOW_HALF: "not run: " + rung.reason.split(" (", 1)[0]}
+                    SLOW_HALF: not_run_text(rung.reason)}
             rows.append([label, text.get(rung.effect, "no effect on this device")] + ["—"] * (width - 2))
             continue
         if rung.status == "failed":

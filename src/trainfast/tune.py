@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .ablate import (MIN_EFFECT, AblationResult, Rung, TimingBudget, _atomic_write, check_counts, check_measure,
-                     plan_rungs, prepare_builtin, prepare_command, recipe_changes, rung_repeats, run_ladder)
+                     plan_rungs, prepare_builtin, prepare_command, recipe_changes, rule_out_slow_half, rung_repeats,
+                     run_ladder)
 from .recipe import Recipe, RecipeError, resolve_device
 from .stats import FASTER, compare, pooled_noise
-from .techniques.precision import SLOW_HALF, auto_amp_dtype, slow_half_reason
+from .techniques.precision import SLOW_HALF, auto_amp_dtype, not_run_text, slow_half_reason
 
 PRECISION_FIELDS = ("precision", "precision_level")
 
@@ -94,7 +95,7 @@ def combine(base: Recipe, singles: list[Rung], planned_steps: int | None) -> tup
     for rung in singles[1:]:
         r = rung.result
         if rung.status != "done":
-            dropped[rung.name] = ("not run: " + rung.reason.split(" (", 1)[0] if rung.effect == SLOW_HALF else
+            dropped[rung.name] = (not_run_text(rung.reason) if rung.effect == SLOW_HALF else
                                   {"no-effect": "no effect here", "failed": "failed"}.get(rung.status,
                                                                                           rung.reason or rung.status))
         elif r.get("accuracy_worse"):
@@ -285,9 +286,10 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
     singles = plan_rungs(base, names, "each", amp, dev)
     singles = [r for r in singles if r.name == "baseline" or r.name in names]
     slow = slow_half_reason(dev, amp) if amp_dtype == "auto" else None
-    for rung in singles:                    # a CPU without half-precision hardware: the levels are not run
-        if slow and "precision" in rung.changes:
-            rung.status, rung.effect, rung.reason = "no-effect", SLOW_HALF, slow
+    if slow:                                # a CPU without half-precision hardware: the levels are not run
+        for rung in singles:
+            if "precision" in rung.changes:
+                rule_out_slow_half(rung, slow)
     if command is not None:
         # Every candidate is a combination of the singles' fields: those are all a run may switch.
         work = prepare_command(command, [r.changes for r in singles], recipe=base, device=device, nproc=nproc,

@@ -476,6 +476,11 @@ def slow_half_reason(device: torch.device, name: str) -> str | None:
             f"step slower (measure it anyway with --amp-dtype {name} or --rungs autocast-{name})")
 
 
+def not_run_text(reason: str) -> str:
+    """A table cell for a rung slow_half_reason ruled out: the measurement, without the why and the how-to."""
+    return "not run: " + reason.split(" (", 1)[0]
+
+
 def auto_amp_dtype(device: torch.device) -> str:
     """The AMP rung's dtype when the user asks for 'auto': bf16 where it is fast, else fp16 + scaler."""
     return "bf16" if has_fast_bf16(device) else "fp16"
