@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--image-size", type=int, default=None, help="digits resolution (default 32)")
+    parser.add_argument("--image-size", type=int, default=32, help="digits resolution (default 32: the README table)")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
 
