@@ -12,6 +12,10 @@ Tools:
   lightning  benchmarks/peers/lightning_trainer.py: a Lightning Trainer, precision="bf16-mixed" (its best flag
              on a CPU with fast bf16); `lightning` is installed into benchmarks/.peers-lib on first use
   trainfast  `trainfast train --precision bf16`: the same settings, no other technique
+
+`--precision` (default auto: bf16 where this CPU computes it fast, else fp32, as `trainfast ablate` measures
+it) is the one precision every tool runs in: on a CPU without bf16 hardware autocast makes every step ~10x
+slower, and no user would run any of the three tools that way.
   tuned      `trainfast train --recipe FILE` (--tuned-recipe, e.g. the best.yaml of `trainfast tune` on this
              workload); model, data, batch size, epochs, lr and workers are set here, the rest from FILE
 
@@ -63,17 +67,31 @@ def env_for(tool: str) -> dict[str, str]:
     return env
 
 
-def command(tool: str, workload: str, data: Path, epochs: int, out: Path, tuned: Path | None) -> list[str]:
+def command(tool: str, workload: str, data: Path, epochs: int, out: Path, tuned: Path | None,
+            precision: str = "bf16") -> list[str]:
     model, size, batch, _ = WORKLOADS[workload]
     if tool in ("plain", "lightning"):
         script = HERE / "peers" / ("plain_timm_style.py" if tool == "plain" else "lightning_trainer.py")
         return [sys.executable, str(script), "--data", str(data), "--model", model, "--image-size", str(size),
-                "--batch-size", str(batch), "--epochs", str(epochs), "--workers", "2", "--precision", "bf16",
+                "--batch-size", str(batch), "--epochs", str(epochs), "--workers", "2", "--precision", precision,
                 "--out", str(out)]
     cmd = [sys.executable, "-m", "trainfast", "train", "--model", model, "--data", f"imagefolder:{data}",
            "--image-size", str(size), "--batch-size", str(batch), "--epochs", str(epochs), "--num-workers", "2",
            "--persistent-workers", "--out", str(out)]
-    return cmd + (["--recipe", str(tuned)] if tool == "tuned" else ["--precision", "bf16"])
+    return cmd + (["--recipe", str(tuned)] if tool == "tuned" else ["--precision", precision])
+
+
+def resolve_precision(choice: str) -> str:
+    """auto: bf16 unless this CPU runs it slower than fp32 (measured as the ablation does), then fp32."""
+    if choice != "auto":
+        return choice
+    import torch
+    from trainfast.techniques.precision import slow_half_reason
+
+    reason = slow_half_reason(torch.device("cpu"), "bf16")
+    if reason:
+        print(f"--precision auto: fp32, as {reason}", flush=True)
+    return "fp32" if reason else "bf16"
 
 
 def run_once(cmd: list[str], tool: str, log: Path) -> tuple[float, float | None]:
@@ -119,6 +137,8 @@ def main() -> None:
                    help="training photos (default: the workload's, 320 for ViT and 1,596 for ResNet-18; val: a tenth)")
     p.add_argument("--epochs", default="1,3", help="short,long epoch counts (default 1,3)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
+                   help="the precision every tool runs in (default auto: bf16 where it is fast here, else fp32)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "peers")
     args = p.parse_args()
 
@@ -138,7 +158,8 @@ def main() -> None:
 
     from trainfast.report import _cpu_name
 
-    results: dict = {"machine": _cpu_name(), "cpus": os.cpu_count(),
+    precision = resolve_precision(args.precision)
+    results: dict = {"machine": _cpu_name(), "cpus": os.cpu_count(), "precision": precision,
                      "epochs": [short, long], "workloads": {}}
     for workload in workloads:
         data = photo_folder(args.out, args.images or WORKLOADS[workload][3])
@@ -152,7 +173,7 @@ def main() -> None:
                     run_dir = args.out / "runs" / f"{workload}-{tool}-e{epochs}-r{r}"
                     shutil.rmtree(run_dir, ignore_errors=True)
                     run_dir.mkdir(parents=True)
-                    cmd = command(tool, workload, data, epochs, run_dir / "out", args.tuned_recipe)
+                    cmd = command(tool, workload, data, epochs, run_dir / "out", args.tuned_recipe, precision)
                     seconds, acc = run_once(cmd, tool, run_dir / "log.txt")
                     walls.append(seconds)
                     if epochs == long and acc is not None:
@@ -172,7 +193,8 @@ def main() -> None:
 
 def print_table(results: dict, tools: list[str]) -> None:
     print(f"\nseconds per epoch (median of {len(next(iter(results['workloads'].values()))['per_epoch_s'][tools[0]])} "
-          f"repeats; x = fastest peer's time / this tool's), {results['cpus']} CPUs, {results['machine']}")
+          f"repeats; x = fastest peer's time / this tool's), {results['precision']}, {results['cpus']} CPUs, "
+          f"{results['machine']}")
     print("| workload | " + " | ".join(tools) + " |")
     print("|---|" + "---|" * len(tools))
     for name, w in results["workloads"].items():
