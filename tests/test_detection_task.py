@@ -133,6 +133,7 @@ def test_ablate_detection_writes_map_per_rung(coco, tmp_path, two_ranks):
     assert grouped["effect"] == "not-applicable" and "320x320" in grouped["effect_reason"]
     report = (tmp_path / "report" / "report.md").read_text()
     assert "mAP" in report and "not applicable: the model resizes every image" in report
+    assert "mAP noise band" in report and "a proxy, as mAP is not a share of images" in report
     assert result.best_name in ("baseline", "set_to_none")
 
 

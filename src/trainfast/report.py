@@ -509,9 +509,12 @@ def accuracy_note(result: "AblationResult") -> str:
                      "creating the Session, the ablation's seeds do not reach it and any change is flagged. ")
         return text + (("Outside it (marked !): " + ", ".join(flagged) + ".") if flagged else "Every rung is inside it.")
     name = result.settings.get("metric_name", "accuracy")     # detection: mAP
-    text = (f"{name[0].upper() + name[1:]} noise band: ±{band:.3f} around the baseline's mean {name} over {len(accs)} "
+    title = name if name[1:2].isupper() else name[0].upper() + name[1:]       # "mAP" stays "mAP"
+    proxy = "" if name == "accuracy" else (f" (for {name}, those of a proportion of that size: a proxy, as {name} "
+                                           "is not a share of images)")
+    text = (f"{title} noise band: ±{band:.3f} around the baseline's mean {name} over {len(accs)} "
             f"seed(s) ({seeds}) on {base['val_samples']} held-out samples: the larger of two binomial standard errors "
-            f"of a difference and two seed-to-seed standard deviations (scaled for comparing a rung's mean over "
+            f"of a difference{proxy} and two seed-to-seed standard deviations (scaled for comparing a rung's mean over "
             f"its {runs} seed(s) with that mean). Δ is measured from that mean. ")
     text += ("Outside it (marked !): " + ", ".join(flagged) + ".") if flagged else "Every rung is inside it."
     return text
