@@ -12,12 +12,12 @@ Tools:
   lightning  benchmarks/peers/lightning_trainer.py: a Lightning Trainer, precision="bf16-mixed" (its best flag
              on a CPU with fast bf16); `lightning` is installed into benchmarks/.peers-lib on first use
   trainfast  `trainfast train --precision bf16`: the same settings, no other technique
+  tuned      `trainfast train --recipe FILE` (--tuned-recipe, e.g. the best.yaml of `trainfast tune` on this
+             workload); model, data, batch size, epochs, lr and workers are set here, the rest from FILE
 
 `--precision` (default auto: bf16 where this CPU computes it fast, else fp32, as `trainfast ablate` measures
 it) is the one precision every tool runs in: on a CPU without bf16 hardware autocast makes every step ~10x
 slower, and no user would run any of the three tools that way.
-  tuned      `trainfast train --recipe FILE` (--tuned-recipe, e.g. the best.yaml of `trainfast tune` on this
-             workload); model, data, batch size, epochs, lr and workers are set here, the rest from FILE
 
     PYTHONPATH=src python benchmarks/peers.py --workloads r18-128 --repeats 2
     PYTHONPATH=src python benchmarks/peers.py --tuned-recipe runs/tune-r18/best.yaml --workloads r18-128

@@ -876,8 +876,9 @@ def start_rung_server() -> None:
 
 
 def wait_rung_server() -> None:
-    """Block until the fork server has finished importing (it answers a fork only then): nothing is timed
-    (the matmul peak, the first run) while it still loads on one of the cores."""
+    """Block until the fork server has finished importing (it answers a fork only then): the matmul peak and
+    the runs are not timed while it still loads on one of the cores. (plan_rungs' slow-half probe may run
+    beside it: one thread on the other core, and it judges a ratio of two dtypes, not a rate.)"""
     ctx = rung_context()
     if ctx.get_start_method() == "forkserver":
         idle = ctx.Process(target=int, daemon=True)

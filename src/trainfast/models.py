@@ -2,7 +2,7 @@
 
 The default, `resnet9`, is the DAWNBench-style ResNet-9 (Page, 2018) at a quarter of its width: on a
 2-core CPU it trains the digits (16 px) to ~95% in one epoch, its convolutions are large enough for bf16
-to pay (AVX512-BF16/AMX), and it compiles in under a minute, so the whole ladder fits in three minutes.
+to pay (AVX512-BF16/AMX), and it compiles in under a minute, so the whole ladder takes minutes, not tens.
 """
 from __future__ import annotations
 
