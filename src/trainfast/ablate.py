@@ -430,8 +430,8 @@ def noise_summary(noise: Noise | None, pairs: int, min_effect: float) -> dict[st
     if noise is None or pairs < 1:
         return None
     target = max(min_effect, 0.10)
-    return {"sigma_log": math.sqrt(noise.variance), "df": noise.df, "detectable_effect": noise.detectable(pairs),
-            "repeats_for": {f"{target:.2f}": noise.repeats_for(target)}}
+    return {"sigma_log": math.sqrt(noise.variance), "df": noise.df, "detectable_effect": noise.detectable(pairs, min_effect),
+            "repeats_for": {f"{target:.2f}": noise.repeats_for(target, min_effect)}}
 
 
 def metric_goal(name: str | None) -> str:

@@ -15,9 +15,17 @@ one process (seeded: the same measurements always give the same interval), and i
 with fewer than MIN_BLOCKS blocks in a process there is no interval at all, and no verdict but "no
 measurable difference".
 
-A verdict needs both: the interval excludes 1.0 *and* the effect is at least `min_effect` (default 5%).
-Below that a difference is not called, however tight the interval: a 2% effect would flip between
-"faster" and "no difference" from one run to the next, and the same command twice must agree.
+A verdict must be one the same command, run again, would repeat. With the pooled noise a difference is
+called faster or slower only when its log speed-up clears `Noise.call_threshold`: the interval must exclude
+1.0 (t x its standard error), the effect must reach `min_effect` (default 5%: a 2% effect would flip from
+run to run however tight its interval), and on top of that the estimate must sit far enough past that line
+that a rerun, whose estimate scatters around this one with twice its variance, lands past it too at least
+FIRM (80%) of the time. Without that margin a 95% interval per comparison is not enough: an ablation makes
+about a dozen comparisons (every rung against the baseline and against the rung before it), so with no true
+difference anywhere two runs in five would still call one of them, and no two runs would agree. With it
+(10 df, the default ladder), a null difference is called in about 1 comparison in 150, a spurious call
+somewhere in a ladder in at most 1 run in 16. The price is power, and the report says it: the smallest
+difference found in 80% of runs, and the repeats that would find a smaller one.
 """
 from __future__ import annotations
 
@@ -81,18 +89,28 @@ class Noise:
     def t(self, confidence: float = CONFIDENCE) -> float:
         return float(scipy_stats.t.ppf(0.5 + confidence / 2, self.df))
 
-    def detectable(self, pairs: int, power: float = POWER, confidence: float = CONFIDENCE) -> float:
-        """The smallest speed-up (as a fraction, 0.2 = 20%) that a paired comparison over `pairs` repeats finds
-        with probability `power`: (t_conf + t_power) x the standard error of a log ratio. A true difference
-        smaller than this is called in some runs and not in others: the same command twice may disagree
-        about it, and both answers are within the noise."""
-        t_power = float(scipy_stats.t.ppf(power, self.df))
-        return math.exp((self.t(confidence) + t_power) * math.sqrt(2 * self.variance / pairs)) - 1
+    def standard_error(self, pairs: int) -> float:
+        """Of a log speed-up over `pairs` paired repeats: the difference of two rungs' noises."""
+        return math.sqrt(2 * self.variance / pairs)
 
-    def repeats_for(self, effect: float, power: float = POWER, confidence: float = CONFIDENCE) -> int:
-        """Repeats per rung for `effect` (a fraction) to be detectable (the t quantiles at this df)."""
-        t = self.t(confidence) + float(scipy_stats.t.ppf(power, self.df))
-        return max(2, math.ceil(2 * self.variance * (t / math.log1p(effect)) ** 2))
+    def call_threshold(self, pairs: int, min_effect: float = MIN_EFFECT, confidence: float = CONFIDENCE) -> float:
+        """The |log speed-up| a difference must reach to be called: past the interval's edge (t x se) and
+        min_effect, plus the margin that makes a rerun call it too FIRM of the time (z_FIRM x the spread of a
+        rerun's estimate around this one, sqrt(2) se)."""
+        se = self.standard_error(pairs)
+        return max(self.t(confidence) * se, math.log1p(min_effect)) + float(scipy_stats.norm.ppf(FIRM)) * math.sqrt(2) * se
+
+    def detectable(self, pairs: int, min_effect: float = MIN_EFFECT, power: float = POWER) -> float:
+        """The smallest speed-up (as a fraction, 0.2 = 20%) that a paired comparison over `pairs` repeats calls
+        with probability `power`: the call threshold plus t_power standard errors. A true difference smaller
+        than this is called in few runs; the verdict it gets is "no measurable difference"."""
+        t_power = float(scipy_stats.t.ppf(power, self.df))
+        return math.exp(self.call_threshold(pairs, min_effect) + t_power * self.standard_error(pairs)) - 1
+
+    def repeats_for(self, effect: float, min_effect: float = MIN_EFFECT, power: float = POWER,
+                    most: int = 1000) -> int:
+        """Repeats per rung for `effect` (a fraction) to be detectable at this noise and df (at most `most`)."""
+        return next((n for n in range(2, most) if self.detectable(n, min_effect, power) <= effect), most)
 
 
 def pooled_noise(table: list[list[Repeat]]) -> Noise | None:
@@ -200,8 +218,13 @@ def speedup_estimate(rung: list[Repeat], reference: list[Repeat], noise: Noise |
     return Estimate(math.exp(log_ratio), *map(float, np.quantile(ratios, [a, 1 - a])))
 
 
-def verdict(speedup: Estimate, min_effect: float = MIN_EFFECT) -> str:
-    """faster / slower only when the interval excludes 1.0 and the effect reaches `min_effect`."""
+def verdict(speedup: Estimate, min_effect: float = MIN_EFFECT, noise: Noise | None = None, pairs: int = 0) -> str:
+    """faster / slower: with the pooled noise, when the log speed-up clears `Noise.call_threshold` (a verdict a
+    rerun repeats); without it (one repeat, a bootstrap interval), when the interval excludes 1.0 and the
+    effect reaches `min_effect`."""
+    if noise is not None and pairs > 0 and speedup.known:
+        m, threshold = math.log(speedup.value), noise.call_threshold(pairs, min_effect)
+        return FASTER if m >= threshold else SLOWER if m <= -threshold else SAME
     if speedup.low > 1.0 and speedup.value >= 1 + min_effect:
         return FASTER
     if speedup.high < 1.0 and speedup.value <= 1 / (1 + min_effect):
@@ -212,8 +235,8 @@ def verdict(speedup: Estimate, min_effect: float = MIN_EFFECT) -> str:
 def compare(name: str, rung: list[Repeat], reference_name: str, reference: list[Repeat],
             min_effect: float = MIN_EFFECT, noise: Noise | None = None) -> Comparison:
     s = speedup_estimate(rung, reference, noise)
-    v = verdict(s, min_effect)
     pairs = min(len(rung), len(reference))
+    v = verdict(s, min_effect, noise, pairs)
     agreement = rerun_agreement(s, v, min_effect, noise, pairs) if noise is not None and s.known else None
     return Comparison(name, reference_name, s, v, agreement)
 
@@ -221,12 +244,12 @@ def compare(name: str, rung: list[Repeat], reference_name: str, reference: list[
 def rerun_agreement(speedup: Estimate, current: str, min_effect: float, noise: Noise, pairs: int) -> float:
     """The chance that the same command, run again, gives this comparison the same verdict. The rerun's log
     speed-up is predicted as normal around this one's, with twice its variance (this estimate's error and
-    the rerun's own: 2 x 2 sigma^2 / pairs); it is called faster above max(t x its standard error, log(1 +
-    min_effect)) and slower below the negative of that, as `verdict` does. A verdict near that threshold
-    is a coin flip: the report marks it, since both answers are within the noise."""
-    se = math.sqrt(2 * noise.variance / pairs)
-    threshold = max(noise.t() * se, math.log1p(min_effect))
-    spread = se * math.sqrt(2)
+    the rerun's own: 2 x 2 sigma^2 / pairs), and judged by `verdict`'s threshold. By construction a called
+    difference clears that threshold by a margin, so most reruns call it too; a difference that lands just
+    past it, or a "no measurable difference" just short of it, may go the other way next time: the report
+    marks those (?), since both answers are within the noise."""
+    threshold = noise.call_threshold(pairs, min_effect)
+    spread = noise.standard_error(pairs) * math.sqrt(2)
     m = math.log(speedup.value)
     if spread == 0:             # repeats that agree exactly (replayed or reused results): a rerun agrees too
         p_faster, p_slower = float(m > threshold), float(m < -threshold)
@@ -253,14 +276,14 @@ def recommend(candidates: list[Candidate], min_effect: float = MIN_EFFECT, noise
     taken in ladder order and climbed. Otherwise (independent rungs): the fastest candidate is compared with
     the baseline, and among the candidates not measurably slower than the fastest the simplest (fewest
     switches) is recommended. The tie: the candidates not measurably different from the recommendation.
-    "Measurably" means a firm verdict here: one a rerun would repeat (Comparison.firm); a gain that a rerun
-    would call half the time is no reason to add a switch, and would make the recommendation a coin flip."""
+    "Measurably" means a called verdict (`verdict`), which already carries the margin that makes a rerun
+    call it too: a gain inside the noise is no reason to add a switch, and would make the recommendation a
+    coin flip."""
     if not candidates:
         raise ValueError("recommend needs at least one candidate")
 
     def differs(c: Candidate, ref: Candidate) -> str:
-        versus = compare(c.name, c.repeats, ref.name, ref.repeats, min_effect, noise)
-        return versus.verdict if versus.firm else SAME
+        return compare(c.name, c.repeats, ref.name, ref.repeats, min_effect, noise).verdict
 
     best = candidates[0]
     if ladder:
