@@ -301,7 +301,7 @@ def best_line(result: "AblationResult") -> str:
     if others:
         labels = [rung_label(r) for r in result.rungs if r.name in others]
         text += (f" (tied with {', '.join(labels)}: not measurably different from it; a rung is recommended "
-                 "over a simpler one only when it is measurably faster)")
+                 "over a simpler one only when it is measurably faster, and a `?` verdict is within the noise)")
     return text
 
 
@@ -413,7 +413,8 @@ def write_report(result: "AblationResult") -> None:
     lines += ["## Recommendation", "", best_line(result) + ".", "",
               "Candidates are the baseline and the measured rungs whose accuracy is not below the baseline's noise "
               "band (risky O3 rungs are measured, never recommended). A rung is recommended over a simpler one only "
-              "when it is measurably faster than it: in a cumulative ladder the recommendation climbs rung by rung "
+              "when it is measurably faster than it, with a firm verdict (a `?` verdict, one a rerun would not "
+              "repeat at least 80% of the time, is within the noise and never changes the recommendation): in a cumulative ladder the recommendation climbs rung by rung "
               "while the next candidate is measurably faster than the current recommendation; with independent "
               "rungs (`--mode each`) the fastest, or the simplest of the rungs not measurably slower than it. The "
               "rungs not measurably different from the recommendation are its tie (`best.tie` in results.json).", "",

@@ -276,14 +276,15 @@ def recommend(candidates: list[Candidate], min_effect: float = MIN_EFFECT, noise
     taken in ladder order and climbed. Otherwise (independent rungs): the fastest candidate is compared with
     the baseline, and among the candidates not measurably slower than the fastest the simplest (fewest
     switches) is recommended. The tie: the candidates not measurably different from the recommendation.
-    "Measurably" means a called verdict (`verdict`), which already carries the margin that makes a rerun
-    call it too: a gain inside the noise is no reason to add a switch, and would make the recommendation a
-    coin flip."""
+    "Measurably" means a firm verdict: called (`verdict`) *and* one a rerun would call again at least FIRM of
+    the time (Comparison.firm). A call just past the threshold (marked ? in the report) is inside the noise: no
+    reason to add a switch, and recommending on it would make the recommendation a coin flip between runs."""
     if not candidates:
         raise ValueError("recommend needs at least one candidate")
 
     def differs(c: Candidate, ref: Candidate) -> str:
-        return compare(c.name, c.repeats, ref.name, ref.repeats, min_effect, noise).verdict
+        versus = compare(c.name, c.repeats, ref.name, ref.repeats, min_effect, noise)
+        return versus.verdict if versus.firm else SAME
 
     best = candidates[0]
     if ladder:

@@ -63,7 +63,7 @@ def single_names(amp: str, image_folder: bool) -> list[str]:
 
 def firm_gain(rung: Rung) -> bool:
     r = rung.result
-    return rung.status == "done" and r.get("verdict") == FASTER and not r.get("accuracy_worse")
+    return rung.status == "done" and r.get("verdict") == FASTER and r.get("firm", True) and not r.get("accuracy_worse")
 
 
 def break_even_steps(compiled: Rung, eager: Rung) -> float:
@@ -112,7 +112,7 @@ def combine(base: Recipe, singles: list[Rung], planned_steps: int | None) -> tup
         level = levels[0]
         for r in levels[1:]:
             versus = compare(r.name, rung_repeats(r), level.name, rung_repeats(level), MIN_EFFECT, noise)
-            if versus.verdict == FASTER:
+            if versus.verdict == FASTER and versus.firm:
                 level = r
         for r in levels:
             if r is not level:
@@ -191,7 +191,7 @@ def decide(stage: list[Rung], min_effect: float = MIN_EFFECT) -> Decision:
         if a.status != "done" or b.status != "done":
             return False, None
         versus = compare(a.name, rung_repeats(a), b.name, rung_repeats(b), min_effect, noise)
-        return versus.verdict == FASTER, versus
+        return versus.verdict == FASTER and versus.firm, versus
 
     decision = Decision(base.recipe, "baseline")
     final = combined
