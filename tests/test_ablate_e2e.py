@@ -23,7 +23,8 @@ def cli_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("ablate") / "report"
     proc = subprocess.run(
         [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--epochs", "2", "--batch-size", "32",
-         "--rungs", "amp,non_blocking,channels_last", "--noise-seeds", "2", "--repeats", "2", "--out", str(out)],
+         "--rungs", "amp,non_blocking,channels_last", "--noise-seeds", "2", "--repeats", "2", "--settle-within", "0",
+         "--out", str(out)],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     return out, proc.stdout

@@ -262,3 +262,58 @@ def test_a_gain_near_the_threshold_is_marked_and_not_climbed_to():
     assert compare("r3", firm[3], "r2", firm[2], 0.05, noise).verdict == FASTER
     assert recommend([Candidate(f"r{k}", k, reps, 1.0) for k, reps in enumerate(firm)], noise=noise,
                      ladder=True)[0] == "r3"
+
+
+# --- passes added while a verdict is unsettled ------------------------------------------------------------
+
+def _settle_ladder(tmp_path, seed: int, settle_within_s: float | None):
+    """baseline, set_to_none (no effect) and fused (+25%), 8% noise per process: run_ladder with a fake launch."""
+    import dataclasses
+
+    from trainfast.ablate import Rung, TimingBudget, run_ladder
+
+    template = scored_rung("x", [500.0], 0.95).repeats[0]
+    rng = np.random.default_rng(seed)
+    true = {"baseline": 100.0, "set_to_none": 100.0, "fused": 125.0}
+    launched = []
+
+    def launch(rung, recipe, budget, run_dir, display, limit):
+        launched.append((rung.name, recipe.seed))
+        rate = true[rung.name] * float(np.exp(0.08 * rng.standard_normal()))
+        blocks = [{**template["timing"]["blocks"][0], "samples": 192, "seconds": 192 / rate} for _ in range(8)]
+        return {**template, "seed": recipe.seed, "timing": {**template["timing"], "blocks": blocks}}
+
+    plan = [Rung("baseline", {}, Recipe()), Rung("set_to_none", {"set_to_none": True}, Recipe(set_to_none=True)),
+            Rung("fused", {"optimizer_impl": "fused"}, Recipe(optimizer_impl="fused"))]
+    settings = {"repeats": 3, "budget": dataclasses.asdict(TimingBudget()), "min_effect": 0.05}
+    result = run_ladder(plan, launch, settings, tmp_path / f"s{seed}-{settle_within_s}", torch.device("cpu"),
+                        repeats=3, noise_seeds=3, budget=TimingBudget(), min_effect=0.05, mode="cumulative",
+                        resume=False, rung_timeout=None, show=False, settle_within_s=settle_within_s)
+    return result, launched
+
+
+def test_passes_are_added_while_a_verdict_is_within_the_noise_and_the_pass_fits(tmp_path):
+    from trainfast.ablate import MAX_REPEATS
+
+    # this draw leaves fused's +25% at "?" after 3 passes: passes are added until the verdict is firm
+    result, launched = _settle_ladder(tmp_path, 2, 1e6)
+    fused = result.rungs[2].result
+    passes = result.settings["settle"]["passes"]
+    assert result.settings["repeats"] == 3 + len(passes) and 1 <= len(passes) <= MAX_REPEATS - 3
+    assert all(p["unsettled"] == ["fused"] for p in passes) and [p["repeat"] for p in passes] == list(range(4, 4 + len(passes)))
+    assert fused["verdict"] == FASTER and fused["firm"] and len(result.rungs[2].repeats) == result.settings["repeats"]
+    # every added pass runs every rung, interleaved, with a seed of its own
+    assert launched[9:] == [(name, 3 + k) for k in range(len(passes)) for name in ("baseline", "set_to_none", "fused")]
+    report = (result.out_dir / "report.md").read_text()
+    assert f"{len(passes)} pass(es) of every rung were added after the 3 asked for" in report and "(fused)" in report
+    # the same measurements without settling, or with no time for another pass: exactly the repeats asked for
+    for within in (None, 0.0, 1e-9):
+        again, launched = _settle_ladder(tmp_path, 2, within)
+        assert again.settings["repeats"] == 3 and "settle" not in again.settings and len(launched) == 9
+        assert again.rungs[2].result["firm"] is False                      # the ? that settling resolved
+
+
+def test_no_pass_is_added_when_every_verdict_is_firm(tmp_path):
+    result, launched = _settle_ladder(tmp_path, 5, 1e6)
+    assert all(r.result["firm"] and (r.result.get("vs_previous") or {}).get("firm", True) for r in result.rungs[1:])
+    assert "settle" not in result.settings and len(launched) == 9

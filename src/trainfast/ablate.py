@@ -40,6 +40,8 @@ LADDER: dict[str, dict[str, Any]] = {
     "fused": {"optimizer_impl": "fused"},
 }
 MODES = ("cumulative", "each")
+MAX_REPEATS = 8                         # settle_within_s adds passes up to this many repeats of every rung
+SETTLE_WITHIN_S = 150.0                 # the built-in ablation's default: what keeps `make ablate` under 3 min
 FIRST_REPORTED = "<first reported>"     # ablate --measure full without --metric: what the script reports first
 # Every rung --rungs accepts, in ladder order: the precision-level rungs (issue 3: O1/O2/O3 in bf16/fp16) sit
 # where "amp" sits and are opt-in only, so the default ladder stays LADDER. Each sets precision and
@@ -491,7 +493,7 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
            device: str = "auto", out: str | Path | None = None, mean=None, std=None,
            noise_seeds: int = 3, repeats: int = 3, budget: TimingBudget | None = None,
            min_effect: float = MIN_EFFECT, resume: bool = False, rung_timeout: float | None = None, show: bool = True,
-           nproc: int = 1, task: str | None = None) -> AblationResult:
+           nproc: int = 1, task: str | None = None, settle_within_s: float | None = SETTLE_WITHIN_S) -> AblationResult:
     """Run the ladder and write the report folder. `model` is a timm/built-in name (or a detection model's)
     or a picklable zero-argument factory (each rung runs in a spawned process, so lambdas cannot cross). With
     `train_set`/`val_set` the datasets are used instead of `data` (default: the task's built-in data).
@@ -507,7 +509,8 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     that many DDP processes (torch.distributed.elastic, rendezvous on 127.0.0.1); rank 0 reports.
     `resume=True` continues an interrupted ablation in `out`: finished runs are reused, not run again.
     A run that passes `rung_timeout` seconds (default: 10x the baseline's first run, at least 300 s) is
-    stopped with its whole process tree and reported failed with the tail of its log; the others go on."""
+    stopped with its whole process tree and reported failed with the tail of its log; the others go on.
+    `settle_within_s`: passes added while a verdict is marked ? (run_ladder); None or 0: exactly `repeats`."""
     budget = budget or TimingBudget()
     check_counts(noise_seeds=noise_seeds, repeats=repeats, nproc=nproc, rung_timeout=rung_timeout, min_effect=min_effect)
     work = prepare_builtin(model, train_set, val_set, loss_fn, data=data, image_size=image_size, recipe=recipe,
@@ -519,7 +522,7 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
                 "rungs": {r.name: r.recipe.to_dict() for r in plan if r.status != "no-effect"}}
     return run_ladder(plan, work.launcher(), settings, out, work.dev, repeats=repeats, noise_seeds=noise_seeds,
                       budget=budget, min_effect=min_effect, mode=mode, resume=resume, rung_timeout=rung_timeout,
-                      show=show, flops_per_sample=work.flops_per_sample)
+                      show=show, flops_per_sample=work.flops_per_sample, settle_within_s=settle_within_s)
 
 
 @dataclass
@@ -685,7 +688,8 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, rung
                    out: str | Path | None = None, measure: str = "speed", metric: str | None = None,
                    goal: str | None = None, noise_seeds: int = 3, repeats: int = 3,
                    budget: TimingBudget | None = None, min_effect: float = MIN_EFFECT, resume: bool = False,
-                   rung_timeout: float | None = None, show: bool = True, nproc: int = 1) -> AblationResult:
+                   rung_timeout: float | None = None, show: bool = True, nproc: int = 1,
+                   settle_within_s: float | None = SETTLE_WITHIN_S) -> AblationResult:
     """`trainfast ablate -- COMMAND`: the ladder on a user's own training command (CommandWork). Every run
     starts the command with the rung's switches in TRAINFAST_RECIPE; the probe in it (probe.py) times its
     steps and writes the result. `measure="speed"`: each run stops once warm-up plus the timing budget is
@@ -710,7 +714,8 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, rung
                 "rungs": {r.name: work.fields(r.recipe) for r in plan if r.status != "no-effect"}}
     return run_ladder(plan, work.launcher(measure), settings, out, dev, repeats=repeats, noise_seeds=noise_seeds,
                       budget=budget, min_effect=min_effect, mode=mode, resume=resume, rung_timeout=rung_timeout,
-                      show=show, after_run=work.after_run(plan), metric=work.metric(measure, metric, goal))
+                      show=show, after_run=work.after_run(plan), metric=work.metric(measure, metric, goal),
+                      settle_within_s=settle_within_s)
 
 
 def check_measure(measure: str, goal: str | None) -> None:
@@ -737,14 +742,20 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
                mode: str, resume: bool, rung_timeout: float | None, show: bool, flops_per_sample: float | None = None,
                after_run: Callable[[Rung, dict], None] | None = None,
                metric: tuple[str | None, str | None] = ("accuracy", "max"),
-               time_budget_s: float | None = None) -> AblationResult:
+               time_budget_s: float | None = None, settle_within_s: float | None = None) -> AblationResult:
     """The one ablation loop, for the built-in run and a user's command alike: the interleaved runs, each
     started by `launch(rung, recipe, budget or None, run_dir, display, time_limit)` and returning the probe's
     result (or {"error", "log_tail"}), kept in the RunStore, scored after every run, then the report.
 
     `time_budget_s`: the seconds the whole ladder may take. The first run (the baseline's) prices a run; the
     plan is then cut to fit (fit_to_budget: fewer repeats first, then the last rungs, marked "skipped" with
-    the reason) and the cut is kept in the result's settings ("budget_cut")."""
+    the reason) and the cut is kept in the result's settings ("budget_cut").
+
+    `settle_within_s`: after the planned passes, while some verdict is one a rerun may not repeat (marked ?:
+    a difference near the threshold at this noise) and another pass, priced by the last one, still ends
+    within this many seconds of the ladder's start, every rung runs once more (at most MAX_REPEATS in all).
+    More passes shrink the interval where it matters, so two runs of the same command agree more often; the
+    passes added and why are kept in the settings ("settle")."""
     from .report import Display, environment, write_report
 
     out_dir = Path(out) if out is not None else default_out_dir()
@@ -760,6 +771,8 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
     runs += [(plan[0], i, None) for i in range(repeats, noise_seeds)]
     seed_runs: list[dict[str, Any]] = []
     started, cut = time.monotonic(), None
+    pass_times: dict[int, list[float]] = {}        # repeat index -> [start, end] of that pass's timed runs
+    next_index, added = max(repeats, noise_seeds), []
 
     def rescore() -> None:
         seed_runs[:] = [_seed_summary(r, metric[0]) for r in plan[0].repeats + plan[0].seed_runs]
@@ -773,19 +786,40 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
         walls = [r["wall_time_s"] for r in baseline.repeats if r.get("wall_time_s")]
         return max(300.0, 10 * walls[0]) if walls else None
 
+    def another_pass() -> list[tuple[Rung, int, TimingBudget]]:
+        """One more pass of every measured rung, if a verdict is unsettled and the pass fits settle_within_s."""
+        nonlocal repeats, next_index
+        shaky = unsettled(plan)
+        if not settle_within_s or cut is not None or not shaky or repeats >= MAX_REPEATS or not pass_times:
+            return []
+        first, last = pass_times[max(pass_times)]
+        if time.monotonic() - started + (last - first) > settle_within_s:
+            return []
+        added.append({"repeat": repeats + 1, "unsettled": shaky, "pass_s": last - first})
+        repeats += 1
+        extra = [(r, next_index, budget) for r in measured if r.status in ("done", "partial")]
+        for r, _, _ in extra:
+            r.status = "partial"
+        next_index += 1
+        return extra
+
     interrupted = False
     with display:
         try:
-            while runs:
+            while runs or (runs := another_pass()):
                 rung, i, rung_budget = runs.pop(0)
                 if rung.status in ("no-effect", "skipped"):     # no-effect: found out by an earlier run
                     continue
                 recipe_i = rung.recipe.replace(seed=rung.recipe.seed + i)
                 key = f"{rung.name}-r{i}"
                 result = store.load(key)
+                if rung_budget is not None:
+                    pass_times.setdefault(i, [time.monotonic(), 0.0])
                 if result is None:
                     rung.status = "running"
-                    display.start_rung(rung, i, repeats if rung_budget else noise_seeds)
+                    timed = rung_budget is not None
+                    display.start_rung(rung, recipe_i.seed, len(rung.repeats) + 1 if timed else i + 1,
+                                       repeats if timed else noise_seeds)
                     run_dir = out_dir / "rungs" / key
                     run_dir.mkdir(parents=True, exist_ok=True)
                     _atomic_write(run_dir / "recipe.json", recipe_i.to_dict())
@@ -801,6 +835,8 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
                 elif rung.status != "failed":
                     (rung.repeats if rung_budget else rung.seed_runs).append(result)
                     rung.status = "done" if len(rung.repeats) == repeats else "partial"
+                if rung_budget is not None:
+                    pass_times[i][1] = time.monotonic()
                 if after_run is not None:
                     after_run(rung, result)
                 if time_budget_s is not None and cut is None and "error" not in result:
@@ -832,12 +868,20 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
     best, tie = pick_best(plan, min_effect, mode)
     if cut is not None:
         settings = {**settings, "repeats": repeats, "noise_seeds": noise_seeds, "budget_cut": cut}
+    if added:
+        settings = {**settings, "repeats": repeats, "settle": {"within_s": settle_within_s, "passes": added}}
     result = AblationResult(plan, env, out_dir, best.recipe, best.name, ceilings, seed_runs, tie, settings)
     write_report(result)
     display.final(result, interrupted)
     if interrupted:
         raise KeyboardInterrupt
     return result
+
+
+def unsettled(plan: list[Rung]) -> list[str]:
+    """The measured rungs with a verdict (against the baseline or the rung above) that a rerun may not repeat."""
+    return [r.name for r in plan[1:] if r.status in ("done", "partial") and r.result.get("verdict") and
+            (not r.result.get("firm", True) or not (r.result.get("vs_previous") or {}).get("firm", True))]
 
 
 def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float) -> tuple[int, int]:

@@ -59,6 +59,7 @@ def _float_in(low: float, high: float | None, meaning: str):
 
 _positive_float = _float_in(0.0, None, "positive")
 _fraction = _float_in(-1e-12, 1.0, "a fraction in [0, 1), e.g. 0.05 for 5%")
+_seconds_or_zero = _float_in(-1e-12, None, "0 or more seconds")
 _worker_count = _int_at_least(0, "0 or more (or auto)")
 
 
@@ -147,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--repeats", type=_positive_int, default=3,
                     help="fresh processes per rung, run in interleaved order; each speed-up's interval comes from "
                          "them (default %(default)s; more repeats: tighter intervals, proportionally longer)")
+    ab.add_argument("--settle-within", type=_seconds_or_zero, default=150.0, metavar="SECONDS",
+                    help="after the --repeats passes, run every rung once more while a verdict is marked ? (a rerun "
+                         "might not repeat it) and the next pass still ends within SECONDS of the ladder's start (at "
+                         "most 8 repeats; default %(default)g, which keeps the default ablation under 3 minutes on 2 "
+                         "cores; 0: never)")
     ab.add_argument("--timing-steps", type=_positive_int, default=16,
                     help="steady steps (after warm-up) each run is timed over; short epochs are continued (default %(default)s)")
     ab.add_argument("--timing-seconds", type=_positive_float, default=60.0,
@@ -285,13 +291,15 @@ def _ablate(args, recipe: Recipe) -> int:
                                     amp_dtype=args.amp_dtype, device=args.device, out=args.out, measure=args.measure,
                                     metric=args.metric, goal=args.metric_goal, noise_seeds=args.noise_seeds,
                                     repeats=args.repeats, budget=budget, min_effect=args.min_effect,
-                                    resume=args.resume, rung_timeout=args.rung_timeout, nproc=args.nproc)
+                                    resume=args.resume, rung_timeout=args.rung_timeout, nproc=args.nproc,
+                                    settle_within_s=args.settle_within)
         else:
             result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe, rungs=rungs,
                             task=args.task,
                             mode=args.mode, amp_dtype=args.amp_dtype, device=args.device, out=args.out,
                             noise_seeds=args.noise_seeds, repeats=args.repeats, min_effect=args.min_effect,
-                            budget=budget, resume=args.resume, rung_timeout=args.rung_timeout, nproc=args.nproc)
+                            budget=budget, resume=args.resume, rung_timeout=args.rung_timeout, nproc=args.nproc,
+                            settle_within_s=args.settle_within)
     except KeyboardInterrupt:
         return 130                        # the partial report is written; Display said where
 

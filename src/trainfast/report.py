@@ -256,10 +256,10 @@ class Display:
             self.live.__exit__(*exc)
         return False
 
-    def start_rung(self, rung: "Rung", repeat: int = 0, repeats: int = 1) -> None:
+    def start_rung(self, rung: "Rung", seed: int, run: int = 1, runs: int = 1) -> None:
         if self.task is not None:
             self.progress_bar.remove_task(self.task)
-        what = f"{rung_label(rung)} — seed {rung.recipe.seed + repeat}, run {repeat + 1} of {repeats}"
+        what = f"{rung_label(rung)} — seed {seed}, run {run} of {runs}"
         self.task = self.progress_bar.add_task(what, total=None, loss="…")
         if self.show and self.live is None:
             self.console.print(f"running {what} …")
@@ -474,6 +474,12 @@ def repeatability_line(result: "AblationResult") -> str | None:
     text = (f"Repeatability: the process-to-process noise is {100 * noise['sigma_log']:.1f}% per run (pooled over the "
             f"rungs, {noise['df']} df); with {result.settings.get('repeats')} repeats a speed-up below "
             f"~{100 * noise['detectable_effect']:.0f}% between two rungs is found in fewer than 80% of runs. ")
+    settle = result.settings.get("settle")
+    if settle:
+        passes = settle["passes"]
+        text += (f"{len(passes)} pass(es) of every rung were added after the {passes[0]['repeat'] - 1} asked for, "
+                 f"because verdicts were within the noise ({', '.join(dict.fromkeys(n for p in passes for n in p['unsettled']))}) "
+                 f"and another pass fitted --settle-within {settle['within_s']:g} s. ")
     if shaky:
         text += (f"Verdicts marked ? ({', '.join(shaky)}) would be repeated by a rerun less than 80% of the time: "
                  "their differences sit near the decision threshold, within the noise, and another run may call "
