@@ -432,7 +432,8 @@ def noise_summary(noise: Noise | None, pairs: int, min_effect: float) -> dict[st
     if noise is None or pairs < 1:
         return None
     target = max(min_effect, 0.10)
-    return {"sigma_log": math.sqrt(noise.variance), "df": noise.df, "detectable_effect": noise.detectable(pairs, min_effect),
+    return {"sigma_log": math.sqrt(noise.variance), "df": noise.df,
+            "detectable_effect": noise.detectable(pairs, min_effect),
             "repeats_for": {f"{target:.2f}": noise.repeats_for(target, min_effect)}}
 
 
@@ -493,7 +494,8 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
            device: str = "auto", out: str | Path | None = None, mean=None, std=None,
            noise_seeds: int = 3, repeats: int = 3, budget: TimingBudget | None = None,
            min_effect: float = MIN_EFFECT, resume: bool = False, rung_timeout: float | None = None, show: bool = True,
-           nproc: int = 1, task: str | None = None, settle_within_s: float | None = SETTLE_WITHIN_S) -> AblationResult:
+           nproc: int = 1, task: str | None = None,
+           settle_within_s: float | None = SETTLE_WITHIN_S) -> AblationResult:
     """Run the ladder and write the report folder. `model` is a timm/built-in name (or a detection model's)
     or a picklable zero-argument factory (each rung runs in a spawned process, so lambdas cannot cross). With
     `train_set`/`val_set` the datasets are used instead of `data` (default: the task's built-in data).

@@ -414,8 +414,8 @@ def write_report(result: "AblationResult") -> None:
               "Candidates are the baseline and the measured rungs whose accuracy is not below the baseline's noise "
               "band (risky O3 rungs are measured, never recommended). A rung is recommended over a simpler one only "
               "when it is measurably faster than it, with a firm verdict (a `?` verdict, one a rerun would not "
-              "repeat at least 80% of the time, is within the noise and never changes the recommendation): in a cumulative ladder the recommendation climbs rung by rung "
-              "while the next candidate is measurably faster than the current recommendation; with independent "
+              "repeat at least 80% of the time, is within the noise and never changes the recommendation): in a "
+              "cumulative ladder the recommendation climbs rung by rung while the next candidate is measurably faster than the current recommendation; with independent "
               "rungs (`--mode each`) the fastest, or the simplest of the rungs not measurably slower than it. The "
               "rungs not measurably different from the recommendation are its tie (`best.tie` in results.json).", "",
               "```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
@@ -477,9 +477,10 @@ def repeatability_line(result: "AblationResult") -> str | None:
     settle = result.settings.get("settle")
     if settle:
         passes = settle["passes"]
+        why = ", ".join(dict.fromkeys(name for p in passes for name in p["unsettled"]))
         text += (f"{len(passes)} pass(es) of every rung were added after the {passes[0]['repeat'] - 1} asked for, "
-                 f"because verdicts were within the noise ({', '.join(dict.fromkeys(n for p in passes for n in p['unsettled']))}) "
-                 f"and another pass fitted --settle-within {settle['within_s']:g} s. ")
+                 f"because verdicts were within the noise ({why}) and another pass fitted --settle-within "
+                 f"{settle['within_s']:g} s. ")
     if shaky:
         text += (f"Verdicts marked ? ({', '.join(shaky)}) would be repeated by a rerun less than 80% of the time: "
                  "their differences sit near the decision threshold, within the noise, and another run may call "

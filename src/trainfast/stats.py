@@ -22,7 +22,7 @@ run to run however tight its interval), and on top of that the estimate must sit
 that a rerun, whose estimate scatters around this one with twice its variance, lands past it too at least
 FIRM (80%) of the time. Without that margin a 95% interval per comparison is not enough: an ablation makes
 about a dozen comparisons (every rung against the baseline and against the rung before it), so with no true
-difference anywhere two runs in five would still call one of them, and no two runs would agree. With it
+difference anywhere about one run in three would still call one of them (tests/test_verdicts.py). With it
 (10 df, the default ladder), a null difference is called in about 1 comparison in 150, a spurious call
 somewhere in a ladder in at most 1 run in 16. The price is power, and the report says it: the smallest
 difference found in 80% of runs, and the repeats that would find a smaller one.
@@ -98,7 +98,8 @@ class Noise:
         min_effect, plus the margin that makes a rerun call it too FIRM of the time (z_FIRM x the spread of a
         rerun's estimate around this one, sqrt(2) se)."""
         se = self.standard_error(pairs)
-        return max(self.t(confidence) * se, math.log1p(min_effect)) + float(scipy_stats.norm.ppf(FIRM)) * math.sqrt(2) * se
+        margin = float(scipy_stats.norm.ppf(FIRM)) * math.sqrt(2) * se
+        return max(self.t(confidence) * se, math.log1p(min_effect)) + margin
 
     def detectable(self, pairs: int, min_effect: float = MIN_EFFECT, power: float = POWER) -> float:
         """The smallest speed-up (as a fraction, 0.2 = 20%) that a paired comparison over `pairs` repeats calls
