@@ -220,7 +220,7 @@ def test_a_difference_is_called_only_past_the_margin_a_rerun_would_repeat():
 def test_a_ladder_with_no_true_difference_rarely_calls_any():
     """The same command twice must agree: on a ladder of seven rungs of equal speed, three passes, 8% noise,
     how many of 300 simulated ablations call any of the twelve comparisons faster or slower? With 95%
-    intervals alone about two in five did; with the rerun margin few do."""
+    intervals alone about one in three did (31% here); with the rerun margin few do."""
     rng = np.random.default_rng(7)
     noisy = 0
     for _ in range(300):

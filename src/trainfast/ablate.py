@@ -791,7 +791,7 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
     def another_pass() -> list[tuple[Rung, int, TimingBudget]]:
         """One more pass of every measured rung, if a verdict is unsettled and the pass fits settle_within_s."""
         nonlocal repeats, next_index
-        shaky = unsettled(plan)
+        shaky = [r.name for r in plan[1:] if r.status in ("done", "partial") and unsettled(r)]
         if not settle_within_s or cut is not None or not shaky or repeats >= MAX_REPEATS or not pass_times:
             return []
         first, last = pass_times[max(pass_times)]
@@ -815,11 +815,11 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
                 recipe_i = rung.recipe.replace(seed=rung.recipe.seed + i)
                 key = f"{rung.name}-r{i}"
                 result = store.load(key)
-                if rung_budget is not None:
+                timed = rung_budget is not None          # a timed repeat; else a baseline's accuracy-only seed
+                if timed:
                     pass_times.setdefault(i, [time.monotonic(), 0.0])
                 if result is None:
                     rung.status = "running"
-                    timed = rung_budget is not None
                     display.start_rung(rung, recipe_i.seed, len(rung.repeats) + 1 if timed else i + 1,
                                        repeats if timed else noise_seeds)
                     run_dir = out_dir / "rungs" / key
@@ -835,9 +835,9 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
                     rung.result = {"error": result["error"], "log_tail": result.get("log_tail", "")}
                     rung.repeats.clear()
                 elif rung.status != "failed":
-                    (rung.repeats if rung_budget else rung.seed_runs).append(result)
+                    (rung.repeats if timed else rung.seed_runs).append(result)
                     rung.status = "done" if len(rung.repeats) == repeats else "partial"
-                if rung_budget is not None:
+                if timed:
                     pass_times[i][1] = time.monotonic()
                 if after_run is not None:
                     after_run(rung, result)
@@ -880,10 +880,11 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
     return result
 
 
-def unsettled(plan: list[Rung]) -> list[str]:
-    """The measured rungs with a verdict (against the baseline or the rung above) that a rerun may not repeat."""
-    return [r.name for r in plan[1:] if r.status in ("done", "partial") and r.result.get("verdict") and
-            (not r.result.get("firm", True) or not (r.result.get("vs_previous") or {}).get("firm", True))]
+def unsettled(rung: Rung) -> bool:
+    """A verdict of this rung (against the baseline or the rung above) that a rerun may not repeat (marked ?):
+    what --settle-within adds passes for and the report lists."""
+    r = rung.result
+    return bool(r.get("verdict")) and (not r.get("firm", True) or not (r.get("vs_previous") or {}).get("firm", True))
 
 
 def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float) -> tuple[int, int]:

@@ -415,8 +415,8 @@ def write_report(result: "AblationResult") -> None:
               "band (risky O3 rungs are measured, never recommended). A rung is recommended over a simpler one only "
               "when it is measurably faster than it, with a firm verdict (a `?` verdict, one a rerun would not "
               "repeat at least 80% of the time, is within the noise and never changes the recommendation): in a "
-              "cumulative ladder the recommendation climbs rung by rung while the next candidate is measurably faster than the current recommendation; with independent "
-              "rungs (`--mode each`) the fastest, or the simplest of the rungs not measurably slower than it. The "
+              "cumulative ladder the recommendation climbs rung by rung while the next candidate is measurably "
+              "faster than the current recommendation; with independent rungs (`--mode each`) the fastest, or the simplest of the rungs not measurably slower than it. The "
               "rungs not measurably different from the recommendation are its tie (`best.tie` in results.json).", "",
               "```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
     lines += ["## Charts", ""] + [f"![{c.stem}]({c.name})" for c in charts] + [""]
@@ -467,9 +467,10 @@ def repeatability_line(result: "AblationResult") -> str | None:
     noise = next((r.result.get("noise") for r in result.rungs if r.status == "done" and r.result.get("noise")), None)
     if not noise:
         return None
+    from .ablate import unsettled
+
     shaky = [rung_label(r) + ("" if r.result.get("firm", True) else " (vs baseline)")
-             for r in result.rungs if r.status == "done" and r.name != "baseline"
-             and (not r.result.get("firm", True) or not (r.result.get("vs_previous") or {}).get("firm", True))]
+             for r in result.rungs if r.status == "done" and r.name != "baseline" and unsettled(r)]
     (target, repeats), = noise["repeats_for"].items()
     text = (f"Repeatability: the process-to-process noise is {100 * noise['sigma_log']:.1f}% per run (pooled over the "
             f"rungs, {noise['df']} df); with {result.settings.get('repeats')} repeats a speed-up below "
