@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import procs_targets
-from trainfast.procs import run_supervised
+from trainfast.procs import read_log_tail, run_supervised
 
 TESTS = Path(__file__).resolve().parent
 SPAWN = mp.get_context("spawn")
@@ -60,6 +60,44 @@ def test_a_child_that_raises_is_reported_with_its_error_and_log_tail(tmp_path):
     result = run_supervised(SPAWN, procs_targets.fail_with, ("boom",), log_path=log)
     assert result["error"] == f"ValueError: boom (see {log})"
     assert "about to fail" in result["log_tail"] and "Traceback" in result["log_tail"]
+
+
+TORCHRUN_FAILURE = """epoch 5: train loss 0.2510  val accuracy 0.4083
+terminate called without an active exception
+W1123 23:20:57.167000 13441 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 13449 closing signal SIGTERM
+E1123 23:20:57.286000 13441 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) local_rank: 0
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+""" + "  File \"torch/distributed/run.py\", line 1142, in <module>\n    main()\n" * 12 + """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=======================================================
+examples/adopted_loop.py FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 13449)  (SIGTERM)
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_23:20:57
+  rank      : 0 (local_rank: 0)
+  exitcode  : -6 (pid: 13448)  (SIGABRT)
+  traceback : Signal 6 (SIGABRT) received by PID 13448
+======================================================="""
+
+
+def test_a_torchrun_failure_shows_the_ranks_last_words_not_the_launchers_traceback(tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text(TORCHRUN_FAILURE)
+    tail = read_log_tail(log, lines=5).splitlines()
+    assert tail[-3:-1] == ["epoch 5: train loss 0.2510  val accuracy 0.4083",
+                           "terminate called without an active exception"]
+    assert tail[-1] == "torchrun, root cause: rank : 0 (local_rank: 0); exitcode : -6 (pid: 13448) (SIGABRT)"
+    assert not any("File" in line or "Sending process" in line for line in tail)
+    # any other failure: simply the last lines
+    log.write_text("".join(f"line {i}\n" for i in range(30)))
+    assert read_log_tail(log, lines=3).splitlines() == ["line 27", "line 28", "line 29"]
 
 
 @pytest.mark.parametrize("how, said", [("exit", "process exited with code 3 without a result"),

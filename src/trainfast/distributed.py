@@ -13,7 +13,8 @@ Everything that knows about ranks lives here; the engine and the trainer only se
   - gradient-sync control for accumulation (what DDP's `no_sync` switches, FSDP2 `set_requires_gradient_sync`).
   - collective decisions: a non-finite loss on any rank stops every rank at the same step; a rank that
     stops answering is named within `dist_timeout_s` (a gloo `monitored_barrier`).
-  - reductions of train/eval metrics, rank-0-only writing, `destroy_process_group` at the end.
+  - reductions of train/eval metrics, rank-0-only writing, `destroy_process_group` at the end, after the
+    gloo workers have let go of the last collective's tensors (`drain_collectives`).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import contextlib
 import copy
 import os
 import socket
+import time
 import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -37,6 +39,24 @@ from .measure import LossTermsError
 
 def always_sync(update: bool) -> None:
     """One process (or DataParallel): nothing to hold back."""
+
+
+# How long a process that is about to exit lets gloo's worker threads finish releasing their last collective.
+DRAIN_S = 0.1
+
+
+def drain_collectives() -> None:
+    """Give gloo's worker threads the GIL before the interpreter shuts down. A gloo worker frees a finished
+    collective's work object, and with it the Python tensors it was handed, just after the caller's wait()
+    has returned; freeing them needs the GIL. A process that ends within a few milliseconds of its last
+    collective (every rank of a speed-mode run does: they agree to stop, then leave) reaches interpreter
+    finalization first, the worker cannot take the GIL any more, its thread is torn down inside a C++
+    destructor and the process aborts ("terminate called without an active exception", exit -6, the
+    rung reported failed: seen in CI, and 7 of 30 times on 2 cores with two ranks that all_gather then
+    exit; 0 of 40 with this pause). Sleeping releases the GIL, so the workers finish while Python can
+    still serve them."""
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+        time.sleep(DRAIN_S)
 
 
 class RankTimeoutError(RuntimeError):
@@ -277,6 +297,7 @@ class Dist:
 
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
+            drain_collectives()
             dist.destroy_process_group()
 
 

@@ -83,6 +83,7 @@ class Probe:
         self.device: torch.device | None = None
         self.check_disturbance = False
         self.written = False
+        self.stopped_ranks = False               # speed mode stopped every rank of a torchrun job (StopRun)
         self.cap: int | None = None
         self.started = time.perf_counter()
         self.extra: dict[str, Any] = {}          # more numbers for the result (the built-in run's evaluation)
@@ -128,6 +129,7 @@ class Probe:
             # Every rank leaves together, after rank 0 has written: no rank tears its process group down
             # while another still works (a CI run once lost a rank at this point, exit status 1).
             self.agree_max(0)
+            self.stopped_ranks = self.world_size > 1
             raise StopRun()
 
     def steps_needed(self) -> int:
@@ -213,12 +215,24 @@ class Probe:
 
     def at_exit(self) -> None:
         """Full mode (or a speed run that ended before its budget): the result as the run ends. A process that
-        never stepped (a DataLoader worker, the torchrun launcher) writes nothing."""
+        never stepped (a DataLoader worker, the torchrun launcher) writes nothing. Registered before the
+        script ran, so it runs after every other exit handler: the last chance to let a process group's
+        workers finish (a script that opened its own group and never closes it)."""
         if not self.written and self.timer is not None and self.timer.updates:
             try:
                 self.write("script ended")
             except Exception as exc:        # at exit nothing else can report it
                 print(f"trainfast: could not write the measurement {self.spec.result}: {exc}", file=sys.stderr)
+        from .distributed import drain_collectives
+
+        drain_collectives()
+        if self.stopped_ranks:
+            # Every exit handler has run (this one was registered first) and the result is written. The
+            # interpreter's own shutdown is skipped: a gloo worker still freeing the stop agreement's tensors
+            # needs the GIL, which finalization no longer gives, and the rank aborted (exit -6, seen in CI).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
 
 def compile_counters() -> dict[str, Any] | None:

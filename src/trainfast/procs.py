@@ -35,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing as mp
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,6 +49,7 @@ GRACE_S = 5.0           # SIGTERM -> SIGKILL: time for the child's group to exit
 EXIT_WAIT_S = 60.0      # a child that reported must exit within this long, or its group is stopped
 WATCH_S = 0.25          # how often the child (and its reaper) look at their parent: death seen within this
 LOG_TAIL_LINES = 20
+LAUNCHER_RECORD = re.compile(r"^[DIWEF]\d{4} \d\d:\d\d:\d\d")   # torchrun's own log lines (glog style)
 
 PR_SET_PDEATHSIG = 1    # <linux/prctl.h>
 
@@ -215,7 +217,23 @@ def read_log_tail(path: str | Path, lines: int = LOG_TAIL_LINES, max_bytes: int 
             data = f.read()
     except OSError:
         return ""
-    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+    return "\n".join(failure_lines(data.decode(errors="replace").splitlines(), lines))
+
+
+def failure_lines(log: list[str], lines: int) -> list[str]:
+    """The last `lines` lines of a failed run's log that say why it failed. Under torchrun the log ends with
+    the launcher's own traceback (ChildFailedError, ~40 lines that only say a rank died) after its own log
+    records; the ranks' last words come before them, so those are kept, then the launcher's root cause."""
+    launcher = next((i for i, line in enumerate(log) if "ChildFailedError" in line), None)
+    if launcher is None:
+        return log[-lines:]
+    start = max((i for i in range(launcher) if log[i].startswith("Traceback")), default=launcher)
+    ranks = [line for line in log[:start] if not LAUNCHER_RECORD.match(line)]
+    cause = next((i for i in range(launcher, len(log)) if log[i].startswith("Root Cause")), len(log))
+    summary = [line.strip() for line in log[cause:] if line.strip().startswith(("rank ", "exitcode "))]
+    if not summary:
+        return ranks[-lines:]
+    return ranks[-(lines - 1):] + ["torchrun, root cause: " + "; ".join(" ".join(s.split()) for s in summary)]
 
 
 # --------------------------------------------------------------------------------------------------
