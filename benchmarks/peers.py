@@ -3,8 +3,14 @@
 Per tool and workload, the per-epoch cost by whole-process timing: the wall time of an E_long-epoch run minus
 that of an E_short-epoch run, divided by the extra epochs, so interpreter start-up, imports, model build,
 worker start and warm-up cancel. Every tool evaluates val/ once per epoch and writes one checkpoint per epoch
-(what timm's train.py and Lightning do by default). Runs are interleaved (repeat r runs every tool before
-repeat r+1, in a rotated order) and the per-epoch costs are medians over repeats.
+(what timm's train.py and Lightning do by default). Runs are interleaved: in repeat r every tool's short run,
+then every tool's long run, in an order rotated from one repeat to the next, so a machine that drifts over
+minutes (seen on a shared VM: the same epoch of the same tool 1.3x slower in a run minutes later) moves every
+tool's numbers alike rather than one tool's difference; the per-epoch costs are medians over repeats.
+
+Each tool also reports its epochs' own seconds (training and evaluation, timed inside the process: the plain
+loop and the Lightning callback print them, trainfast writes metrics.jsonl); the table shows the last epoch of
+the long run beside the whole-process cost. Where the two disagree, the machine drifted between the runs.
 
 Tools:
   plain      benchmarks/peers/plain_timm_style.py: timm train.py `--amp` reduced to this workload (torchvision
@@ -94,26 +100,34 @@ def resolve_precision(choice: str) -> str:
     return "fp32" if reason else "bf16"
 
 
-def run_once(cmd: list[str], tool: str, log: Path) -> tuple[float, float | None]:
-    """Wall seconds of the whole process, and the final val accuracy it printed (None if it printed none)."""
+def run_once(cmd: list[str], tool: str, log: Path) -> tuple[float, float | None, list[float]]:
+    """Wall seconds of the whole process, the final val accuracy it printed (None if it printed none), and
+    its epochs' own seconds."""
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env_for(tool), capture_output=True, text=True)
     seconds = time.perf_counter() - start
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"{tool} failed (exit {proc.returncode}); log: {log}\n{(proc.stdout + proc.stderr)[-2000:]}")
-    return seconds, final_accuracy(proc.stdout, cmd)
+    return seconds, final_accuracy(proc.stdout, cmd), epoch_seconds(proc.stdout, cmd)
+
+
+def json_lines(stdout: str, cmd: list[str]) -> list[dict]:
+    """The JSON records a run printed, or (trainfast train) wrote to its run folder's metrics.jsonl."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if "--out" in cmd:
+        metrics = Path(cmd[cmd.index("--out") + 1]) / "metrics.jsonl"
+        if metrics.is_file():
+            lines += metrics.read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def epoch_seconds(stdout: str, cmd: list[str]) -> list[float]:
+    return [r["epoch_time_s"] for r in json_lines(stdout, cmd) if "epoch_time_s" in r]
 
 
 def final_accuracy(stdout: str, cmd: list[str]) -> float | None:
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("{") and "val_accuracy" in line:
-            return json.loads(line)["val_accuracy"]
-    if "--out" in cmd:                      # trainfast train: the run folder's metrics.jsonl
-        metrics = Path(cmd[cmd.index("--out") + 1]) / "metrics.jsonl"
-        if metrics.is_file():
-            return json.loads(metrics.read_text().splitlines()[-1])["val_accuracy"]
-    return None
+    return next((r["val_accuracy"] for r in reversed(json_lines(stdout, cmd)) if "val_accuracy" in r), None)
 
 
 def photo_folder(root: Path, images: int) -> Path:
@@ -164,27 +178,36 @@ def main() -> None:
     for workload in workloads:
         data = photo_folder(args.out, args.images or WORKLOADS[workload][3])
         per_epoch: dict[str, list[float]] = {t: [] for t in tools}
+        last_epoch: dict[str, list[float]] = {t: [] for t in tools}
         accuracy: dict[str, list[float]] = {t: [] for t in tools}
         for r in range(args.repeats):
             order = tools[r % len(tools):] + tools[: r % len(tools)]       # rotate: no tool always first
-            for tool in order:
-                walls = []
-                for epochs in (short, long):
+            walls: dict[str, list[float]] = {t: [] for t in tools}
+            for epochs in (short, long):
+                for tool in order:
                     run_dir = args.out / "runs" / f"{workload}-{tool}-e{epochs}-r{r}"
                     shutil.rmtree(run_dir, ignore_errors=True)
                     run_dir.mkdir(parents=True)
                     cmd = command(tool, workload, data, epochs, run_dir / "out", args.tuned_recipe, precision)
-                    seconds, acc = run_once(cmd, tool, run_dir / "log.txt")
-                    walls.append(seconds)
-                    if epochs == long and acc is not None:
-                        accuracy[tool].append(acc)
-                per_epoch[tool].append((walls[1] - walls[0]) / (long - short))
-                print(f"{workload} {tool:9s} r{r}: {walls[0]:6.1f} s / {walls[1]:6.1f} s -> "
+                    seconds, acc, epoch_s = run_once(cmd, tool, run_dir / "log.txt")
+                    walls[tool].append(seconds)
+                    print(f"{workload} {tool:9s} r{r} {epochs} epoch(s): {seconds:6.1f} s in all, epochs "
+                          + ", ".join(f"{e:.1f}" for e in epoch_s) + " s", flush=True)
+                    if epochs == long:
+                        if acc is not None:
+                            accuracy[tool].append(acc)
+                        if epoch_s:
+                            last_epoch[tool].append(epoch_s[-1])
+            for tool in order:
+                per_epoch[tool].append((walls[tool][1] - walls[tool][0]) / (long - short))
+                print(f"{workload} {tool:9s} r{r}: {walls[tool][0]:6.1f} s / {walls[tool][1]:6.1f} s -> "
                       f"{per_epoch[tool][-1]:6.2f} s per epoch", flush=True)
         medians = {t: statistics.median(v) for t, v in per_epoch.items()}
         fastest_peer = min((medians[t] for t in ("plain", "lightning") if t in medians), default=None)
         results["workloads"][workload] = {
             "model": WORKLOADS[workload], "data": str(data), "per_epoch_s": per_epoch, "median_per_epoch_s": medians,
+            "last_epoch_s": last_epoch,
+            "median_last_epoch_s": {t: statistics.median(v) for t, v in last_epoch.items() if v},
             "val_accuracy": accuracy,
             "vs_fastest_peer": {t: fastest_peer / m for t, m in medians.items()} if fastest_peer else {}}
     (args.out / "peers.json").write_text(json.dumps(results, indent=2))
@@ -201,6 +224,10 @@ def print_table(results: dict, tools: list[str]) -> None:
         cells = [f"{w['median_per_epoch_s'][t]:.1f} s ({w['vs_fastest_peer'].get(t, float('nan')):.2f}x)"
                  for t in tools]
         print(f"| {name} | " + " | ".join(cells) + " |")
+        last = w.get("median_last_epoch_s", {})
+        if last:
+            cells = [f"{last[t]:.1f} s" if t in last else "—" for t in tools]
+            print(f"| {name}, the long run's last epoch timed inside the process | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -317,3 +317,17 @@ def test_no_pass_is_added_when_every_verdict_is_firm(tmp_path):
     result, launched = _settle_ladder(tmp_path, 5, 1e6)
     assert all(r.result["firm"] and (r.result.get("vs_previous") or {}).get("firm", True) for r in result.rungs[1:])
     assert "settle" not in result.settings and len(launched) == 9
+
+
+def test_the_report_says_how_often_a_rerun_repeats_every_verdict_at_once(tmp_path):
+    import math
+
+    from trainfast.report import joint_agreement
+
+    result, _ = _settle_ladder(tmp_path, 2, None)        # fused's +25% left at "?" after 3 passes
+    chances = [r.result["agreement"] for r in result.rungs[1:]]
+    assert all(0 < c <= 1 for c in chances) and min(chances) < 0.8       # the ? verdict
+    together = joint_agreement(result)
+    assert together == math.prod(chances) and together < min(chances)
+    report = (result.out_dir / "report.md").read_text()
+    assert f"a rerun would repeat every one of them about {100 * together:.0f}% of the time" in report

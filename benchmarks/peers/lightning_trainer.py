@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -38,6 +39,15 @@ class Classifier(L.LightningModule):
 
     def on_validation_epoch_start(self):
         self.correct = self.total = 0
+
+    # An epoch's seconds, training and its validation (Lightning validates before on_train_epoch_end), as
+    # trainfast's metrics.jsonl and the plain loop record them.
+    def on_train_epoch_start(self):
+        self.started = time.perf_counter()
+
+    def on_train_epoch_end(self):
+        print(json.dumps({"epoch": self.current_epoch + 1, "epoch_time_s": time.perf_counter() - self.started}),
+              flush=True)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)

@@ -3,7 +3,8 @@
 torchvision's default ImageFolder pipeline (PIL decode, RandomResizedCrop + flip, ToTensor, Normalize), a timm
 model from random weights, AdamW, autocast in the given dtype (a GradScaler with fp16), `zero_grad()` with
 torch's default, one evaluation pass over val/ and one checkpoint per epoch (timm's train.py does both by
-default). Prints one JSON line at the end: the final val accuracy.
+default). Prints a JSON line per epoch with its seconds (training and evaluation, as trainfast's metrics.jsonl
+records them), then one at the end: the final val accuracy.
 
     python benchmarks/peers/plain_timm_style.py --data PHOTOS --model resnet18 --image-size 128 \
         --batch-size 128 --epochs 2 --out /tmp/plain
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import timm
@@ -60,6 +62,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     accuracy = 0.0
     for epoch in range(args.epochs):
+        started = time.perf_counter()
         model.train()
         for images, labels in train_loader:
             images, labels = images.to(device), labels.to(device)
@@ -78,6 +81,7 @@ def main() -> None:
                     correct += (model(images).argmax(1) == labels).sum().item()
                 total += labels.numel()
         accuracy = correct / max(1, total)
+        print(json.dumps({"epoch": epoch + 1, "epoch_time_s": time.perf_counter() - started}), flush=True)
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
                    out / "last.pth")
     print(json.dumps({"val_accuracy": accuracy}))

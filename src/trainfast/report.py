@@ -6,11 +6,11 @@ with the recipe that produced it and the machine it was measured on.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 import math
 import os
 import platform
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -488,7 +488,21 @@ def repeatability_line(result: "AblationResult") -> str | None:
                  "them otherwise. ")
     else:
         text += "Every verdict here would be repeated by a rerun at least 80% of the time. "
+    together = joint_agreement(result)
+    if together is not None:
+        text += (f"All the verdicts against the baseline at once: a rerun would repeat every one of them about "
+                 f"{100 * together:.0f}% of the time (the product of their chances, as if independent). ")
     return text + f"`--repeats {repeats}` would make a {100 * float(target):.0f}% difference detectable."
+
+
+def joint_agreement(result: "AblationResult") -> float | None:
+    """The chance that a rerun repeats every verdict against the baseline: the product of the verdicts' own
+    chances (stats.rerun_agreement), which treats them as independent (they share the baseline's repeats, so
+    this is a rough figure). A ladder of a dozen verdicts each repeated 90% of the time is repeated whole only
+    ~30% of the time: the report says so rather than letting one run's table pass for the answer."""
+    chances = [r.result["agreement"] for r in result.rungs
+               if r.status == "done" and r.name != "baseline" and r.result.get("agreement") is not None]
+    return math.prod(chances) if chances else None
 
 
 def data_wait_line(rungs: list["Rung"]) -> str:
