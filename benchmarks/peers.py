@@ -109,7 +109,9 @@ def run_once(cmd: list[str], tool: str, log: Path) -> tuple[float, float | None,
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"{tool} failed (exit {proc.returncode}); log: {log}\n{(proc.stdout + proc.stderr)[-2000:]}")
-    return seconds, final_accuracy(proc.stdout, cmd), epoch_seconds(proc.stdout, cmd)
+    records = json_lines(proc.stdout, cmd)
+    epoch_s = [r["epoch_time_s"] for r in records if "epoch_time_s" in r]
+    return seconds, next((r["val_accuracy"] for r in reversed(records) if "val_accuracy" in r), None), epoch_s
 
 
 def json_lines(stdout: str, cmd: list[str]) -> list[dict]:
@@ -120,14 +122,6 @@ def json_lines(stdout: str, cmd: list[str]) -> list[dict]:
         if metrics.is_file():
             lines += metrics.read_text().splitlines()
     return [json.loads(line) for line in lines]
-
-
-def epoch_seconds(stdout: str, cmd: list[str]) -> list[float]:
-    return [r["epoch_time_s"] for r in json_lines(stdout, cmd) if "epoch_time_s" in r]
-
-
-def final_accuracy(stdout: str, cmd: list[str]) -> float | None:
-    return next((r["val_accuracy"] for r in reversed(json_lines(stdout, cmd)) if "val_accuracy" in r), None)
 
 
 def photo_folder(root: Path, images: int) -> Path:

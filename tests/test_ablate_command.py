@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from trainfast.procs import read_log_tail
+
 ROOT = Path(__file__).resolve().parents[1]
 ADOPTED = str(ROOT / "examples" / "adopted_loop.py")
 
@@ -29,14 +31,9 @@ def ablate(out: Path, *flags: str, command: list[str], check: bool = True) -> tu
 
 
 def run_logs(out: Path) -> str:
-    """The end of every run's log (the report's table cuts a failed run's message short), after the lines
-    that say why a process died: under torchrun a rank's own last words come before the launcher's long
-    traceback and would otherwise be cut off (a CI failure once showed only 'exitcode: -6')."""
-    def why(text: str) -> str:
-        return "\n".join(line for line in text.splitlines()
-                         if any(word in line for word in ("terminate called", "Error", "error:", "Abort")))
-    return "".join(f"\n== {log}\n{why(log.read_text())}\n...\n{log.read_text()[-2000:]}"
-                   for log in sorted(out.glob("rungs/*/log.txt")))
+    """Why each run ended, as the report's log tail reads it (procs.read_log_tail: under torchrun the ranks'
+    last words and the root-cause rank, not the launcher's traceback); the report's table cuts it short."""
+    return "".join(f"\n== {log}\n{read_log_tail(log, lines=40)}" for log in sorted(out.glob("rungs/*/log.txt")))
 
 
 def rungs(results: dict) -> dict[str, dict]:
