@@ -43,7 +43,7 @@ def test_batch_size_search_climbs_while_firmly_faster_with_accuracy_kept_and_is_
         rungs = [scored_rung(f"batch-{b}", [rate * 0.99, rate, rate * 1.01], acc, **({"batch_size": b} if b != 64 else {}))
                  for b, rate, acc in zip((64, 128, 256, 512), rates, accuracies)]
         score_rungs(rungs, {"fp32": 1e12}, [0.95, 0.951, 0.949], mode="cumulative")
-        best, tie = pick_best(rungs, mode="cumulative")
+        best, tie, odds = pick_best(rungs)
         return batch_finding(AblationResult(rungs, {}, Path("."), best.recipe, best.name, {}, tie=tie))
 
     # 128 firmly faster than 64, 256 and 512 not firmly faster than 128: 128

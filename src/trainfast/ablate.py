@@ -22,7 +22,8 @@ import torch
 
 from .procs import run_supervised
 from .measure import count_train_flops, measure_ceiling, reset_peak_memory
-from .stats import MIN_EFFECT, Candidate, Noise, Repeat, compare, pooled_noise, rate_estimate, recommend
+from .stats import (MIN_EFFECT, SAME, Candidate, Noise, Repeat, compare, pooled_noise, rate_estimate, recommend,
+                    recommendation_odds)
 from .recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from .data.imagefolder import with_decode_cache
 from .techniques import changes_effect
@@ -282,8 +283,9 @@ class AblationResult:
     best_name: str
     ceilings: dict[str, float]
     seed_runs: list[dict[str, Any]] = field(default_factory=list)
-    tie: list[str] = field(default_factory=list)        # rungs not measurably slower than the fastest
+    tie: list[str] = field(default_factory=list)        # rungs not measurably different from the recommendation
     settings: dict[str, Any] = field(default_factory=dict)
+    odds: dict[str, float] = field(default_factory=dict)    # how often a rerun would recommend each rung
 
     def to_dict(self) -> dict[str, Any]:
         from .report import results_dict
@@ -455,22 +457,23 @@ def first_readable(dataset, tries: int = 100) -> torch.Tensor:
     raise DataError(f"none of the first {min(tries, len(dataset))} training images could be read")
 
 
-def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT, mode: str = "cumulative") -> tuple[Rung, list[str]]:
-    """The recommendation and its tie (stats.recommend). Candidates: the baseline and the measured rungs whose
-    accuracy is not below the baseline's noise band and that are not risky by construction (O3 `pure`
-    levels: one short run inside the band does not show that updates below half precision's spacing were
-    not lost; they are measured and shown, never recommended). A rung is recommended over a simpler one only
-    when it is measurably faster; the baseline if nothing is."""
+def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT) -> tuple[Rung, list[str], dict[str, float]]:
+    """The recommendation, its tie (stats.recommend) and how often a rerun would recommend each rung
+    (stats.recommendation_odds). Candidates: the baseline and the measured rungs whose accuracy is not below the
+    baseline's noise band and that are not risky by construction (O3 `pure` levels: one short run inside the
+    band does not show that updates below half precision's spacing were not lost; they are measured and shown,
+    never recommended). A rung is recommended over a simpler one only when it is measurably faster; the
+    baseline if nothing is."""
     base = rungs[0]
     if base.status != "done" or not rung_repeats(base):
-        return base, [base.name]
+        return base, [base.name], {base.name: 1.0}
     candidates = [base] + [r for r in rungs[1:] if r.status == "done" and rung_repeats(r) and level_note(r.recipe) is None
                            and not r.result.get("accuracy_worse")]
-    pool = [Candidate(r.name, switch_count(base.recipe, r.recipe), rung_repeats(r), r.result.get("speedup", 1.0))
+    pool = [Candidate(r.name, switch_count(base.recipe, r.recipe), rung_repeats(r))
             for r in candidates]
     noise = ladder_noise(rungs)
-    name, tie = recommend(pool, min_effect, noise, ladder=mode == "cumulative")
-    return next(r for r in rungs if r.name == name), tie
+    name, tie = recommend(pool, min_effect, noise)
+    return next(r for r in rungs if r.name == name), tie, recommendation_odds(pool, min_effect, noise)
 
 
 def recipe_changes(base: Recipe, recipe: Recipe) -> dict[str, Any]:
@@ -479,9 +482,14 @@ def recipe_changes(base: Recipe, recipe: Recipe) -> dict[str, Any]:
     return {k: b[k] for k in b if a[k] != b[k]}
 
 
-def switch_count(base: Recipe, recipe: Recipe) -> int:
-    """How many Recipe fields differ from the baseline's: the rung's complexity for a tie-break."""
-    return len(recipe_changes(base, recipe).keys() - {"seed"})
+def switch_count(base: Recipe, recipe: Recipe) -> float:
+    """How far a rung's recipe is from the baseline's, for the tie-break towards the simplest: one per changed
+    Recipe field, and a batch size counted by its doublings (batch 256 from 64 is a larger change to the
+    optimization than 128, so of two sizes within the noise of each other the smaller is recommended)."""
+    changed = recipe_changes(base, recipe).keys() - {"seed", "batch_size"}
+    if recipe.batch_size == base.batch_size:
+        return len(changed)
+    return len(changed) + abs(math.log2(recipe.batch_size / base.batch_size))
 
 
 def default_out_dir() -> Path:
@@ -754,7 +762,8 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
     the reason) and the cut is kept in the result's settings ("budget_cut").
 
     `settle_within_s`: after the planned passes, while some verdict is one a rerun may not repeat (marked ?:
-    a difference near the threshold at this noise) and another pass, priced by the last one, still ends
+    a difference near the threshold at this noise) or unresolved (`unresolved`: an estimate of at least
+    min_effect called "no measurable difference") and another pass, priced by the last one, still ends
     within this many seconds of the ladder's start, every rung runs once more (at most MAX_REPEATS in all).
     More passes shrink the interval where it matters, so two runs of the same command agree more often; the
     passes added and why are kept in the settings ("settle")."""
@@ -789,9 +798,11 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
         return max(300.0, 10 * walls[0]) if walls else None
 
     def another_pass() -> list[tuple[Rung, int, TimingBudget]]:
-        """One more pass of every measured rung, if a verdict is unsettled and the pass fits settle_within_s."""
+        """One more pass of every measured rung, if a verdict is unsettled or a gain unresolved and the pass
+        fits settle_within_s."""
         nonlocal repeats, next_index
-        shaky = [r.name for r in plan[1:] if r.status in ("done", "partial") and unsettled(r)]
+        shaky = [r.name for r in plan[1:] if r.status in ("done", "partial")
+                 and (unsettled(r) or unresolved(r, min_effect))]
         if not settle_within_s or cut is not None or not shaky or repeats >= MAX_REPEATS or not pass_times:
             return []
         first, last = pass_times[max(pass_times)]
@@ -867,12 +878,12 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
             if rung.status == "partial" and interrupted:
                 rung.status = "done"            # a partial report still shows what was measured
         rescore()
-    best, tie = pick_best(plan, min_effect, mode)
+    best, tie, odds = pick_best(plan, min_effect)
     if cut is not None:
         settings = {**settings, "repeats": repeats, "noise_seeds": noise_seeds, "budget_cut": cut}
     if added:
         settings = {**settings, "repeats": repeats, "settle": {"within_s": settle_within_s, "passes": added}}
-    result = AblationResult(plan, env, out_dir, best.recipe, best.name, ceilings, seed_runs, tie, settings)
+    result = AblationResult(plan, env, out_dir, best.recipe, best.name, ceilings, seed_runs, tie, settings, odds)
     write_report(result)
     display.final(result, interrupted)
     if interrupted:
@@ -885,6 +896,17 @@ def unsettled(rung: Rung) -> bool:
     what --settle-within adds passes for and the report lists."""
     r = rung.result
     return bool(r.get("verdict")) and (not r.get("firm", True) or not (r.get("vs_previous") or {}).get("firm", True))
+
+
+def unresolved(rung: Rung, min_effect: float = MIN_EFFECT) -> bool:
+    """A difference this run estimated at min_effect or more (against the baseline or the rung above) that it
+    called "no measurable difference": a real gain of that size too small for this run's noise. A quieter
+    run of the same command resolves it and calls it faster, so with time left --settle-within spends it
+    here too (a noisy run otherwise stops early on firm-looking "no difference" calls a quiet run contradicts)."""
+    r = rung.result
+    line = math.log1p(min_effect)
+    return any(v and v.get("verdict") == SAME and v.get("speedup") and abs(math.log(v["speedup"])) >= line
+               for v in (r, r.get("vs_previous")))
 
 
 def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float) -> tuple[int, int]:

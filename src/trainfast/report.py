@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .stats import FIRM, MIN_EFFECT
 from .techniques.base import NOT_APPLICABLE
 
 from .techniques.precision import SLOW_HALF, cpu_flags, level_note, not_run_text, opt_level
@@ -294,15 +295,24 @@ class Display:
 
 
 def best_line(result: "AblationResult") -> str:
-    """The recommendation, and the rungs not measurably different from it."""
-    best = next(r for r in result.rungs if r.name == result.best_name)
-    text = f"recommended: {rung_label(best)}"
+    """The recommendation, the rungs not measurably different from it, and how often a rerun would recommend
+    the same (stats.recommendation_odds): an answer one run gives and the next may not is said to be one."""
+    labels = {r.name: rung_label(r) for r in result.rungs}
+    text = f"recommended: {labels[result.best_name]}"
     others = [n for n in result.tie if n != result.best_name]
     if others:
-        labels = [rung_label(r) for r in result.rungs if r.name in others]
-        text += (f" (tied with {', '.join(labels)}: not measurably different from it; a rung is recommended "
-                 "over a simpler one only when it is measurably faster, and a `?` verdict is within the noise)")
-    return text
+        text += (f" (tied with {', '.join(labels[n] for n in others)}: not measurably different from it; of the "
+                 "rungs not measurably slower than the fastest, the simplest is recommended, and a `?` verdict is "
+                 "within the noise)")
+    same = result.odds.get(result.best_name)
+    if same is None:
+        return text
+    if same >= FIRM:
+        return text + f". A rerun would recommend the same about {100 * same:.0f}% of the time"
+    rest = ", ".join(f"{labels[n]} {100 * p:.0f}%" for n, p in result.odds.items() if n != result.best_name and p >= 0.05)
+    return (text + f". A rerun would recommend the same only about {100 * same:.0f}% of the time ({rest}): these "
+            "rungs are within the noise of each other here, so which of them is recommended is not a finding; "
+            "more --repeats separate them")
 
 
 def results_dict(result: "AblationResult") -> dict[str, Any]:
@@ -330,7 +340,8 @@ def results_dict(result: "AblationResult") -> dict[str, Any]:
         "environment": result.environment,
         "settings": result.settings,
         "ceilings_flops_per_s": result.ceilings,
-        "best": {"name": result.best_name, "recipe": result.best.to_dict(), "tie": result.tie},
+        "best": {"name": result.best_name, "recipe": result.best.to_dict(), "tie": result.tie,
+                 "rerun_odds": result.odds},
         "baseline_seeds": result.seed_runs,
         "rungs": rungs,
     }
@@ -414,10 +425,12 @@ def write_report(result: "AblationResult") -> None:
               "Candidates are the baseline and the measured rungs whose accuracy is not below the baseline's noise "
               "band (risky O3 rungs are measured, never recommended). A rung is recommended over a simpler one only "
               "when it is measurably faster than it, with a firm verdict (a `?` verdict, one a rerun would not "
-              "repeat at least 80% of the time, is within the noise and never changes the recommendation): in a "
-              "cumulative ladder the recommendation climbs rung by rung while the next candidate is measurably "
-              "faster than the current recommendation; with independent rungs (`--mode each`) the fastest, or the simplest of the rungs not measurably slower than it. The "
-              "rungs not measurably different from the recommendation are its tie (`best.tie` in results.json).", "",
+              "repeat at least 80% of the time, is within the noise and never changes the recommendation): the "
+              "fastest rung, when it is measurably faster than the baseline, or the simplest of the rungs that are "
+              "measurably faster than the baseline and not measurably slower than it. The rungs not measurably "
+              "different from the recommendation are its tie (`best.tie` in results.json). How often a rerun would "
+              "recommend each rung (`best.rerun_odds`): 400 simulated reruns, each rung's mean drawn around this "
+              "run's with this run's error and the rerun's own (the pooled noise), the same rule applied.", "",
               "```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
     lines += ["## Charts", ""] + [f"![{c.stem}]({c.name})" for c in charts] + [""]
     (out / "report.md").write_text("\n".join(lines))
@@ -480,7 +493,8 @@ def repeatability_line(result: "AblationResult") -> str | None:
         passes = settle["passes"]
         why = ", ".join(dict.fromkeys(name for p in passes for name in p["unsettled"]))
         text += (f"{len(passes)} pass(es) of every rung were added after the {passes[0]['repeat'] - 1} asked for, "
-                 f"because verdicts were within the noise ({why}) and another pass fitted --settle-within "
+                 f"because verdicts were within the noise or gains of {100 * result.settings.get('min_effect', MIN_EFFECT):.0f}% or "
+                 f"more were not yet resolved ({why}), and another pass fitted --settle-within "
                  f"{settle['within_s']:g} s. ")
     if shaky:
         text += (f"Verdicts marked ? ({', '.join(shaky)}) would be repeated by a rerun less than 80% of the time: "
@@ -521,11 +535,12 @@ def accuracy_note(result: "AblationResult") -> str:
     accs = [s["accuracy"] for s in result.seed_runs if s.get("accuracy") is not None]
     seeds = ", ".join(f"{a:.3f}" for a in accs)
     runs = result.settings.get("repeats", 1)
+    if band is None:        # one baseline run finished (a seed failed or --noise-seeds 1): nothing to judge against
+        name = Columns.for_settings(result.settings, result.rungs).metric_label
+        return (f"{name}: no noise band (one baseline run); give the baseline more seeds with --noise-seeds "
+                "to judge the metric.")
     if base.get("val_samples") is None:         # a script's own metric: seed-to-seed noise only
         name = Columns.for_settings(result.settings, result.rungs).metric_label
-        if band is None:
-            return (f"{name}: no noise band (one baseline run); give the baseline more seeds with --noise-seeds "
-                    "to judge the metric.")
         text = (f"{name} noise band: ±{band:.3g} around the baseline's mean over {len(accs)} seed(s) ({seeds}): two "
                 f"seed-to-seed standard deviations, scaled for comparing a rung's mean over its {runs} seed(s) with "
                 "that mean. Δ is measured from that mean. ")

@@ -29,6 +29,7 @@ difference found in 80% of runs, and the repeats that would find a smaller one.
 """
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass
@@ -44,6 +45,13 @@ POWER = 0.8             # "detectable": found in 80% of runs (Noise.detectable)
 FIRM = 0.8              # a verdict a rerun repeats at least this often is firm; below, the report marks it
 MIN_BLOCKS = 4          # a bootstrap over fewer blocks than this has no spread to speak of: no interval at all
 UNKNOWN = (0.0, math.inf)
+_Z_FIRM = float(scipy_stats.norm.ppf(FIRM))
+
+
+@functools.lru_cache(maxsize=256)
+def _t_quantile(q: float, df: int) -> float:
+    """Student's t quantile, cached: recommendation_odds asks for the same few thousands of times."""
+    return float(scipy_stats.t.ppf(q, df))
 
 
 @dataclass(frozen=True)
@@ -87,7 +95,7 @@ class Noise:
     df: int
 
     def t(self, confidence: float = CONFIDENCE) -> float:
-        return float(scipy_stats.t.ppf(0.5 + confidence / 2, self.df))
+        return _t_quantile(0.5 + confidence / 2, self.df)
 
     def standard_error(self, pairs: int) -> float:
         """Of a log speed-up over `pairs` paired repeats: the difference of two rungs' noises."""
@@ -98,7 +106,7 @@ class Noise:
         min_effect, plus the margin that makes a rerun call it too FIRM of the time (z_FIRM x the spread of a
         rerun's estimate around this one, sqrt(2) se)."""
         se = self.standard_error(pairs)
-        margin = float(scipy_stats.norm.ppf(FIRM)) * math.sqrt(2) * se
+        margin = _Z_FIRM * math.sqrt(2) * se
         return max(self.t(confidence) * se, math.log1p(min_effect)) + margin
 
     def detectable(self, pairs: int, min_effect: float = MIN_EFFECT, power: float = POWER) -> float:
@@ -262,24 +270,27 @@ def rerun_agreement(speedup: Estimate, current: str, min_effect: float, noise: N
 
 @dataclass(frozen=True)
 class Candidate:
-    """A rung that may be recommended: its name, how many switches it turns on, and its repeats."""
+    """A rung that may be recommended: its name, how many switches it turns on, and its repeats (its speed-up
+    against the baseline is estimated from them, paired by pass, inside `recommend`)."""
     name: str
-    switches: int
+    switches: float         # how far from the baseline (ablate.switch_count): the tie-break towards the simplest
     repeats: list[Repeat]
-    speedup: float          # point estimate against the baseline
 
 
-def recommend(candidates: list[Candidate], min_effect: float = MIN_EFFECT, noise: Noise | None = None,
-              ladder: bool = False) -> tuple[str, list[str]]:
-    """(recommended, tie). The baseline (the first candidate) is where the search starts; a candidate
-    replaces the recommendation only when it is measurably faster than it, so a rung is never recommended
-    for a gain inside the noise. `ladder` (cumulative rungs, each adding to the one before): candidates are
-    taken in ladder order and climbed. Otherwise (independent rungs): the fastest candidate is compared with
-    the baseline, and among the candidates not measurably slower than the fastest the simplest (fewest
-    switches) is recommended. The tie: the candidates not measurably different from the recommendation.
-    "Measurably" means a firm verdict: called (`verdict`) *and* one a rerun would call again at least FIRM of
-    the time (Comparison.firm). A call just past the threshold (marked ? in the report) is inside the noise: no
-    reason to add a switch, and recommending on it would make the recommendation a coin flip between runs."""
+def recommend(candidates: list[Candidate], min_effect: float = MIN_EFFECT,
+              noise: Noise | None = None) -> tuple[str, list[str]]:
+    """(recommended, tie). The first candidate is the baseline. The fastest candidate is recommended only
+    when it is measurably faster than the baseline; then, among the candidates measurably faster than the
+    baseline and not measurably slower than the fastest, the simplest (fewest switches) is recommended, so a
+    switch is never added for a gain inside the noise. The tie: the candidates not measurably different from
+    the recommendation. "Measurably" means a firm verdict: called (`verdict`) *and* one a rerun would call
+    again at least FIRM of the time (Comparison.firm); a call just past the threshold (marked ? in the report)
+    is inside the noise.
+
+    One rule for a cumulative ladder and for independent rungs. (Climbing a ladder rung by rung while the next
+    one is measurably faster than the current recommendation made the answer depend on where small gains
+    happened to add up past the threshold: on the default ladder three runs in a row recommended three
+    different rungs with the same verdicts.) How often a rerun would recommend the same: recommendation_odds."""
     if not candidates:
         raise ValueError("recommend needs at least one candidate")
 
@@ -287,16 +298,38 @@ def recommend(candidates: list[Candidate], min_effect: float = MIN_EFFECT, noise
         versus = compare(c.name, c.repeats, ref.name, ref.repeats, min_effect, noise)
         return versus.verdict if versus.firm else SAME
 
-    best = candidates[0]
-    if ladder:
-        for c in candidates[1:]:
-            if differs(c, best) == FASTER:
-                best = c
-    else:
-        base, top = best, max(candidates, key=lambda c: c.speedup)
-        if top is not base and differs(top, base) == FASTER:
-            near = [c for c in candidates[1:] if c is top or
-                    (differs(c, base) == FASTER and differs(c, top) != SLOWER)]
-            best = min(near, key=lambda c: (c.switches, -c.speedup))
+    best = base = candidates[0]
+    speedup = {c.name: speedup_estimate(c.repeats, base.repeats, noise).value for c in candidates}   # paired by pass
+    top = max(candidates, key=lambda c: speedup[c.name])
+    if top is not base and differs(top, base) == FASTER:
+        near = [c for c in candidates[1:] if c is top or
+                (differs(c, base) == FASTER and differs(c, top) != SLOWER)]
+        best = min(near, key=lambda c: (c.switches, -speedup[c.name]))
     tie = [c.name for c in candidates if c is best or differs(c, best) == SAME]
     return best.name, tie
+
+
+RERUNS = 400            # simulated reruns behind recommendation_odds
+
+
+def recommendation_odds(candidates: list[Candidate], min_effect: float = MIN_EFFECT, noise: Noise | None = None,
+                        reruns: int = RERUNS) -> dict[str, float]:
+    """How often the same command, run again, would recommend each candidate: the recommendation's own
+    repeatability, as `rerun_agreement` is a verdict's. Each simulated rerun draws every candidate's mean log
+    rate around this run's, with this estimate's error and the rerun's own (variance 2 sigma^2 / passes,
+    independent between candidates: the two-way model has taken the pass effects out), and applies `recommend`
+    to it. Seeded, so the same measurements always give the same odds. Without a noise estimate (one repeat)
+    there is nothing to draw from: the recommendation alone, at 1.0."""
+    best, _ = recommend(candidates, min_effect, noise)
+    if noise is None or noise.variance == 0:
+        return {best: 1.0}
+    passes = min(len(c.repeats) for c in candidates)
+    means = np.array([statistics.fmean(math.log(r.rate) for r in c.repeats[:passes]) for c in candidates])
+    shifts = _rng().normal(0.0, math.sqrt(2 * noise.variance / passes), size=(reruns, len(candidates)))
+    counts: dict[str, int] = {}
+    for row in means + shifts:
+        drawn = [Candidate(c.name, c.switches, [Repeat(((math.exp(m), 1.0),))] * passes)
+                 for c, m in zip(candidates, row)]
+        name, _ = recommend(drawn, min_effect, noise)
+        counts[name] = counts.get(name, 0) + 1
+    return {name: counts[name] / reruns for name in sorted(counts, key=counts.get, reverse=True)}
