@@ -46,7 +46,8 @@ def test_killed_ablation_leaves_no_process_and_resumes(tmp_path):
     out = tmp_path / "ablation"
     cmd = [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",
            "--rungs", "set_to_none", "--repeats", "1", "--noise-seeds", "1", "--out", str(out),
-           "--timing-steps", "150"]   # a rung of a few seconds (~20 ms a step): the signal lands while it runs
+           "--timing-steps", "150",   # a rung of a few seconds (~20 ms a step): the signal lands while it runs
+           "--settle-within", "0"]    # one pass of each rung, however noisy the machine
     parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: (out / "runs" / "baseline-r0.json").exists(), 240, "the baseline run to finish")
@@ -99,7 +100,8 @@ def test_ctrl_c_stops_the_rung_and_writes_the_partial_report(tmp_path):
     out = tmp_path / "ablation"
     cmd = [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",
            "--rungs", "set_to_none", "--repeats", "1", "--noise-seeds", "1", "--out", str(out),
-           "--timing-steps", "150"]   # a rung of a few seconds (~20 ms a step): the signal lands while it runs
+           "--timing-steps", "150",   # a rung of a few seconds (~20 ms a step): the signal lands while it runs
+           "--settle-within", "0"]    # one pass of each rung, however noisy the machine
     # As from a terminal: SIGINT at its default. A test run started in the background by a non-interactive shell
     # (`make test &`) has SIGINT ignored, which every child inherits, and Python then never raises
     # KeyboardInterrupt: the ablation would run to its end.
