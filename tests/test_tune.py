@@ -13,7 +13,7 @@ import pytest
 
 from conftest import scored_rung
 from trainfast import Recipe
-from trainfast.ablate import Rung, score_rungs
+from trainfast.ablate import Rung, plan_rungs, score_rungs
 from trainfast.tune import (batch_finding, batch_rungs, break_even_steps, combine, combine_stage, decide, parse_budget,
                             tune)
 
@@ -216,6 +216,23 @@ def test_a_search_on_a_users_own_command_finds_both_gains_and_guards_with_its_me
     fields = json.loads(env["TRAINFAST_RECIPE"])
     assert set(fields) == {"precision", "precision_level", "set_to_none", "seed"}       # the script's own rest stands
     assert fields["precision"] == "bf16" and fields["set_to_none"] is True
+
+
+def test_with_a_precision_level_to_try_stage_1_keeps_half_the_budget_for_the_switches_on_top_of_it():
+    import torch
+
+    from trainfast.ablate import rule_out_slow_half
+    from trainfast.tune import SINGLES_SHARE, singles_share
+
+    cpu = torch.device("cpu")
+    both = plan_rungs(Recipe(), ["autocast-bf16", "master-bf16", "channels_last", "decode_cache"], "each", "bf16", cpu)
+    assert singles_share(both) == SINGLES_SHARE == 0.5
+    levels_only = plan_rungs(Recipe(), ["autocast-bf16", "master-bf16"], "each", "bf16", cpu)
+    switches_only = plan_rungs(Recipe(), ["channels_last", "fused"], "each", "bf16", cpu)
+    assert singles_share(levels_only) == singles_share(switches_only) == 1.0   # no stage 1b can follow
+    for rung in both[1:3]:                     # a CPU without fast bf16: the levels are shown, not run
+        rule_out_slow_half(rung, "bf16 is slow here")
+    assert singles_share(both) == 1.0
 
 
 def test_the_budget_cuts_repeats_first_then_the_last_rungs():

@@ -9,7 +9,9 @@ pooled-noise intervals, firm verdicts), each stage a folder of its own so an int
      fast half type), set_to_none, prefetch, channels_last, compile, fused, and for an image folder the
      decode cache.
  1b. on-level/ when a precision level gained: every other switch again, on top of that level (precision
-     changes every kernel: channels_last, for one, pays in bf16 and not in fp32).
+     changes every kernel: channels_last, for one, pays in bf16 and not in fp32). With a level to try,
+     stage 1 gets at most half the budget (SINGLES_SHARE): a switch it cannot fit is still judged here,
+     in the precision the recipe will run.
   2. combine/  the switches that gained (a firm "faster" that kept accuracy; one precision level, the
      fastest) together, against the baseline, the best single switch, and the combination without each
      one of them in turn: a switch whose removal makes the combination firmly faster hurts in combination
@@ -40,6 +42,11 @@ from .stats import FASTER, compare, pooled_noise
 from .techniques.precision import SLOW_HALF, auto_amp_dtype, not_run_text, slow_half_reason
 
 PRECISION_FIELDS = ("precision", "precision_level")
+# With a precision level to try, stage 1 may spend at most this share of the budget: the rest is kept for
+# stage 1b, the switches on top of the level, which is the recipe the user will run. Priced by the fp32
+# baseline, stage 1 alone would otherwise take a tight budget whole (ResNet-18 at 128 on photos, 12 min:
+# the fp32 singles of decode_cache, channels_last, compile and fused were cut and never judged anywhere).
+SINGLES_SHARE = 0.5
 
 
 @dataclass
@@ -59,6 +66,14 @@ class Decision:
 def single_names(amp: str, image_folder: bool) -> list[str]:
     names = [f"autocast-{amp}", f"master-{amp}", "set_to_none", "prefetch", "channels_last", "compile", "fused"]
     return names + (["decode_cache"] if image_folder else [])
+
+
+def singles_share(singles: list[Rung]) -> float:
+    """The share of the budget stage 1 may spend: SINGLES_SHARE when a precision level and another switch
+    are both to be run (stage 1b may follow), else all of it."""
+    live = [r for r in singles[1:] if r.status != "no-effect"]
+    levels = [r for r in live if any(k in r.changes for k in PRECISION_FIELDS)]
+    return SINGLES_SHARE if levels and len(levels) < len(live) else 1.0
 
 
 def firm_gain(rung: Rung) -> bool:
@@ -299,7 +314,7 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
               "device": str(dev)}
 
     def stage(name: str, rungs: list[Rung], stage_repeats: int, measure: str = "speed",
-              mode: str = "each") -> AblationResult:
+              mode: str = "each", share: float = 1.0) -> AblationResult:
         """One stage: speed for the singles (a command's runs stop once timed), full for stage 2, whose
         candidates are also judged on the metric (the built-in run always trains to its end)."""
         settings = {**common, "stage": name, "mode": mode, "repeats": stage_repeats, "noise_seeds": stage_repeats,
@@ -308,20 +323,22 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
                           noise_seeds=stage_repeats, budget=timing, min_effect=min_effect, mode=mode,
                           resume=resume, rung_timeout=None, show=show, flops_per_sample=work.flops_per_sample,
                           after_run=work.after_run(rungs), metric=work.metric(measure, metric, goal),
-                          time_budget_s=budget_s - (time.monotonic() - started))
+                          time_budget_s=share * (budget_s - (time.monotonic() - started)))
 
-    def cut_note(result: AblationResult) -> None:
+    def cut_note(result: AblationResult, why: str = "") -> None:
         cut = result.settings.get("budget_cut")
         asked = cut["asked"]["repeats"] if cut else 0
         if cut and (cut["skipped"] or cut["repeats"] < asked):
             what = [f"{cut['repeats']} repeats instead of {asked}"] if cut["repeats"] < asked else []
             what += [f"without {', '.join(cut['skipped'])}"] if cut["skipped"] else []
             skipped.append(f"{result.settings['stage']}: ran {' and '.join(what)} to fit the budget "
-                           f"(~{cut['seconds_per_run']:.0f} s a run)")
+                           f"(~{cut['seconds_per_run']:.0f} s a run){why}")
 
     skipped: list[str] = []
-    first = stage("singles", singles, repeats)
-    cut_note(first)
+    share = singles_share(singles)
+    first = stage("singles", singles, repeats, share=share)
+    cut_note(first, f"; {1 - share:.0%} of the budget was kept for stage 1b, where a switch cut here is judged on "
+                    f"top of the precision level if one gains" if share < 1 else "")
     per_run = statistics.fmean([run.get("wall_time_s") or 0 for r in singles for run in r.repeats] or [0])
     steps = planned_steps or next((run.get("steps") for run in singles[0].repeats), None)
     combined, in_combination, dropped = combine(base, singles, steps)
