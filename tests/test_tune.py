@@ -72,6 +72,24 @@ def test_independent_gains_combine_and_the_rest_is_dropped_with_the_reason():
     assert names == ["autocast-bf16"] and "not firmly faster than autocast-bf16" in dropped["master-bf16"]
 
 
+def test_without_time_for_stage_2_the_best_switch_on_top_of_the_level_is_recommended_with_it():
+    from trainfast.tune import Decision, on_level_decision
+
+    singles = scored([rung("baseline", 100), rung("autocast-bf16", 200, **O1)])
+    on_level = scored([rung("on-autocast-bf16", 200, **O1), rung("set_to_none", 201, **O1, set_to_none=True),
+                       rung("channels_last", 260, **O1, channels_last=True),
+                       rung("decode_cache", 240, **O1, decode_cache=True)])
+    fallback = Decision(singles[1].recipe, "autocast-bf16", gainers=["autocast-bf16", "channels_last"],
+                        speedup=singles[1].result["speedup"])
+    best = max((r for r in on_level[1:] if r.result["verdict"] == "faster"), key=lambda r: r.result["speedup"])
+    decision = on_level_decision(singles[1], best, fallback)
+    assert decision.name == "autocast-bf16 + channels_last" and decision.combined == ["autocast-bf16", "channels_last"]
+    assert decision.recipe.precision == "bf16" and decision.recipe.channels_last and not decision.recipe.decode_cache
+    assert decision.speedup == pytest.approx(2.0 * 1.3, rel=0.02)                   # level x switch-over-level
+    low, high = decision.speedup_interval
+    assert low < decision.speedup < high and decision.gainers == fallback.gainers
+
+
 def test_a_switch_that_hurts_in_combination_is_dropped():
     base = Recipe()
     singles = scored([rung("baseline", 100), rung("master-bf16", 180, **O2), rung("channels_last", 130, channels_last=True)])

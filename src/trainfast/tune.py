@@ -170,6 +170,17 @@ def combine_stage(base: Recipe, singles: list[Rung], combined: Recipe, names: li
 BATCH_FACTORS = (2, 4, 8)
 
 
+def on_level_decision(level: Rung, best: Rung, fallback: Decision) -> Decision:
+    """The precision level plus the switch that gained most on top of it (stage 1b measured exactly that
+    recipe). Its speed-up over the fp32 baseline is the product of the two measured ones, level over baseline
+    and switch over level, from two stages; the interval multiplies their bounds (wider than a joint one)."""
+    speedup = level.result["speedup"] * best.result["speedup"]
+    a, b = level.result.get("speedup_interval"), best.result.get("speedup_interval")
+    return Decision(best.recipe, f"{level.name} + {best.name}", gainers=fallback.gainers,
+                    combined=[level.name, best.name], dropped=fallback.dropped, notes=fallback.notes,
+                    speedup=speedup, speedup_interval=[a[0] * b[0], a[1] * b[1]] if a and b else None)
+
+
 def batch_rungs(recipe: Recipe, train_size: int) -> list[Rung]:
     """The recommended recipe at its batch size and at 2x, 4x, 8x of it, while an epoch keeps at least two
     optimizer steps (a batch near the dataset's size would measure nothing but its last partial step)."""
@@ -370,16 +381,20 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
                             notes=["no switch gained firmly on its own: the baseline is recommended"])
     elif len(in_combination) == 1 or per_run * 3 * min(repeats, 2) > budget_s - (time.monotonic() - started):
         # One switch gained, or no time left to measure a combination (3 rungs, 2 repeats at the least): the
-        # single switch that gained most, as measured alone.
+        # single switch that gained most, as measured alone; or, where switches gained on top of the level,
+        # the best of those: the level plus that switch is a recipe stage 1b measured.
         only = max((r for r in singles if r.name in in_combination and firm_gain(r)),
                    key=lambda r: r.result["speedup"])       # the singles' speed-ups: all against the fp32 baseline
-        if len(in_combination) > 1:
-            skipped.append(f"stage 2 was skipped (would not fit the budget): {', '.join(in_combination)} were not "
-                           f"measured together; the best single switch is recommended")
         decision = Decision(only.recipe, only.name, gainers=list(in_combination), combined=[only.name],
                             dropped=dropped, speedup=only.result["speedup"],
                             speedup_interval=only.result.get("speedup_interval"),
                             notes=["one switch gained: nothing to combine"] if len(in_combination) == 1 else [])
+        on_top = [r for r in (on_level.rungs[1:] if on_level else []) if r.name in in_combination and firm_gain(r)]
+        if len(in_combination) > 1 and on_top and level is not None:
+            decision = on_level_decision(level, max(on_top, key=lambda r: r.result["speedup"]), decision)
+        if len(in_combination) > 1:
+            skipped.append(f"stage 2 was skipped (would not fit the budget): {', '.join(in_combination)} were not "
+                           f"measured together; {decision.name} is recommended, the best measured recipe")
     else:
         rungs = combine_stage(base, singles, combined, in_combination,
                               {r.name: r.changes for r in [*singles, *(on_level.rungs if on_level else [])]})
