@@ -259,13 +259,16 @@ def test_the_budget_cuts_repeats_first_then_the_last_rungs():
     assert fit_to_budget(5, 3, 10.0, 1000.0) == (5, 3)           # room for all 15 runs
     assert fit_to_budget(5, 3, 10.0, 100.0) == (5, 2)            # 11 runs: 2 repeats of all 5
     assert fit_to_budget(5, 3, 10.0, 50.0) == (3, 2)             # 6 runs: 2 repeats of the first 3
-    assert fit_to_budget(5, 3, 10.0, -30.0) == (2, 2)            # over already: a baseline and one rung, twice
+    assert fit_to_budget(5, 3, 10.0, -30.0) == (2, 3)            # over already: a baseline and one rung, 3 times
+    assert fit_to_budget(9, 3, 79.0, 281.0) == (2, 3)            # 4.5 runs: 2 x 2 would leave 1 df, no verdict
+    assert fit_to_budget(9, 2, 79.0, 281.0) == (2, 2)            # --repeats 2 asked: 2
     assert fit_to_budget(5, 1, 10.0, 0.0) == (2, 1)              # --repeats 1 stays 1
 
 
 def test_a_ladder_with_a_time_budget_runs_what_fits_and_says_what_it_skipped(tmp_path):
-    # Runs priced at 100 s by the first one, 350 s allowed: 4.5 runs -> 2 repeats of baseline and the first rung;
-    # the other two rungs are skipped, named in the table, the report and the result's settings.
+    # Runs priced at 100 s by the first one, 350 s allowed: 4.5 runs -> baseline and the first rung, 3 times (2
+    # would leave no degree of freedom for a verdict); the other two rungs are skipped, named in the table, the
+    # report and the result's settings.
     import dataclasses
 
     import torch
@@ -286,10 +289,50 @@ def test_a_ladder_with_a_time_budget_runs_what_fits_and_says_what_it_skipped(tmp
     result = run_ladder(plan, launch, settings, tmp_path / "ladder", torch.device("cpu"), repeats=3,
                         noise_seeds=3, budget=TimingBudget(), min_effect=0.05, mode="each", resume=False,
                         rung_timeout=None, show=False, time_budget_s=350.0)
-    assert launched == ["baseline-s0", "set_to_none-s0", "baseline-s1", "set_to_none-s1"]
+    assert launched == ["baseline-s0", "set_to_none-s0", "baseline-s1", "set_to_none-s1", "baseline-s2",
+                        "set_to_none-s2"]
     assert [r.status for r in plan] == ["done", "done", "skipped", "skipped"]
     cut = result.settings["budget_cut"]
-    assert (cut["rungs"], cut["repeats"], cut["skipped"], cut["asked"]) == (2, 2, ["prefetch", "fused"],
+    assert (cut["rungs"], cut["repeats"], cut["skipped"], cut["asked"]) == (2, 3, ["prefetch", "fused"],
                                                                             {"rungs": 4, "repeats": 3})
     report = (tmp_path / "ladder" / "report.md").read_text()
     assert "skipped: not in the time budget" in report and "would not fit the time budget (350 s" in report
+
+
+def test_when_no_precision_level_gains_stage_1_goes_on_with_the_budget_kept_for_stage_1b(tmp_path, monkeypatch):
+    # Runs priced at 100 s, an 800 s budget: stage 1 may spend half, which fits the baseline and O1 three times.
+    # O1 gains nothing here, so no stage 1b follows: stage 1 is re-planned with the whole budget, its runs so
+    # far reused, and the switches it had cut are judged (set_to_none gains 1.5x and is recommended).
+    import torch
+
+    import trainfast.tune as tune_module
+    from trainfast.ablate import run_ladder
+
+    launched = []
+
+    def launch(rung, recipe, budget, run_dir, display, limit):
+        launched.append(f"{rung.name}-s{recipe.seed}")
+        wobble = 1 + 0.01 * (recipe.seed % 3 - 1)           # deterministic, small: every verdict is clear
+        rate = 500.0 * (1.5 if recipe.set_to_none else 1.0) * wobble
+        return {**scored_rung("x", [rate], 0.95).repeats[0], "seed": recipe.seed, "wall_time_s": 100.0}
+
+    stages = []
+
+    def faked(rungs, _launch, settings, out, *args, **kwargs):
+        stages.append((settings["stage"], kwargs["resume"], round(kwargs["time_budget_s"])))
+        return run_ladder(rungs, launch, settings, out, *args, **kwargs)
+
+    monkeypatch.setattr(tune_module, "run_ladder", faked)
+    out = tmp_path / "tune"
+    decision = tune("resnet9", data="digits", image_size=16, out=out, show=False, device="cpu", amp_dtype="bf16",
+                    switches=["autocast-bf16", "set_to_none", "channels_last"], budget_s=800.0)
+    assert [(name, resume) for name, resume, _ in stages] == [("singles", False), ("singles", True)]
+    assert stages[0][2] <= 400 < 750 <= stages[1][2]
+    assert launched[:6] == ["baseline-s0", "autocast-bf16-s0", "baseline-s1", "autocast-bf16-s1", "baseline-s2",
+                            "autocast-bf16-s2"]
+    assert {"set_to_none-s0", "set_to_none-s1", "channels_last-s0", "channels_last-s1"} <= set(launched[6:])
+    assert "baseline-s0" not in launched[6:]                # reused, not run again
+    assert decision.name == "set_to_none" and decision.recipe.precision == "fp32"
+    assert "stage 1 went on with the budget kept for stage 1b" in (out / "tune.md").read_text()
+    assert not (out / "on-level").exists()
+    assert torch.isfinite(torch.tensor(decision.speedup)) and decision.speedup > 1.4

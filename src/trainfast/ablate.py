@@ -913,13 +913,19 @@ def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float)
     """How many rungs (the plan's first ones, baseline included) and repeats fit `seconds_left` at `per_run`
     seconds a run, one run (the first) already done. Repeats go first, down to 2 (the fewest that give a
     process-to-process spread, so an interval); then the last rungs, down to 2 (a baseline and one rung).
-    The plan's order is its priority: the precision levels, the largest gains, come first."""
+    The plan's order is its priority: the precision levels, the largest gains, come first. Two rungs get 3
+    repeats, not 2, when that many are asked for: at 2 the interval has one degree of freedom and no verdict."""
     floor = min(repeats, 2)
     runs_left = 1 + max(0.0, seconds_left) / max(per_run, 1e-9)      # the runs the budget pays for, the first included
     fitted = max(floor, min(repeats, int(runs_left // rungs)))
     if rungs * fitted <= runs_left:
         return rungs, fitted
-    return min(rungs, max(2, int(runs_left // fitted))), fitted
+    kept = min(rungs, max(2, int(runs_left // fitted)))
+    if kept == 2 and fitted == 2:
+        # Two rungs twice leave the pooled noise one degree of freedom (t = 12.7 at 95%): even a 2x gain at 7%
+        # noise is "no measurable difference". A third repeat (two degrees, t = 4.3) is what a verdict needs.
+        fitted = min(repeats, 3)
+    return kept, fitted
 
 
 def rung_context():

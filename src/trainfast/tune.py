@@ -76,6 +76,12 @@ def singles_share(singles: list[Rung]) -> float:
     return SINGLES_SHARE if levels and len(levels) < len(live) else 1.0
 
 
+def kept_level(singles: list[Rung], in_combination: list[str]) -> Rung | None:
+    """The precision level the combination keeps (combine keeps at most one), or None."""
+    return next((r for r in singles if r.name in in_combination and any(k in r.changes for k in PRECISION_FIELDS)),
+                None)
+
+
 def firm_gain(rung: Rung) -> bool:
     r = rung.result
     return rung.status == "done" and r.get("verdict") == FASTER and r.get("firm", True) and not r.get("accuracy_worse")
@@ -309,13 +315,17 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
         if unknown:
             raise RecipeError(f"--switches: {', '.join(unknown)} not among {', '.join(names)}")
         names = [n for n in names if n in switches]
-    singles = plan_rungs(base, names, "each", amp, dev)
-    singles = [r for r in singles if r.name == "baseline" or r.name in names]
     slow = slow_half_reason(dev, amp) if amp_dtype == "auto" else None
-    if slow:                                # a CPU without half-precision hardware: the levels are not run
-        for rung in singles:
-            if "precision" in rung.changes:
-                rule_out_slow_half(rung, slow)
+
+    def plan_singles() -> list[Rung]:
+        rungs = [r for r in plan_rungs(base, names, "each", amp, dev) if r.name == "baseline" or r.name in names]
+        if slow:                            # a CPU without half-precision hardware: the levels are not run
+            for rung in rungs:
+                if "precision" in rung.changes:
+                    rule_out_slow_half(rung, slow)
+        return rungs
+
+    singles = plan_singles()
     if command is not None:
         # Every candidate is a combination of the singles' fields: those are all a run may switch.
         work = prepare_command(command, [r.changes for r in singles], recipe=base, device=device, nproc=nproc,
@@ -325,16 +335,19 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
               "device": str(dev)}
 
     def stage(name: str, rungs: list[Rung], stage_repeats: int, measure: str = "speed",
-              mode: str = "each", share: float = 1.0) -> AblationResult:
+              mode: str = "each", share: float = 1.0, again: bool = False, credit_s: float = 0.0) -> AblationResult:
         """One stage: speed for the singles (a command's runs stop once timed), full for stage 2, whose
-        candidates are also judged on the metric (the built-in run always trains to its end)."""
+        candidates are also judged on the metric (the built-in run always trains to its end). `again`: the
+        stage's folder is resumed (its runs so far reused, at no cost), with `credit_s`, what they took, added
+        to its time so its plan prices them like the runs still to come."""
         settings = {**common, "stage": name, "mode": mode, "repeats": stage_repeats, "noise_seeds": stage_repeats,
                     "measure": measure, "rungs": {r.name: r.recipe.to_dict() for r in rungs if r.status != "no-effect"}}
         return run_ladder(rungs, work.launcher(measure), settings, out_dir / name, dev, repeats=stage_repeats,
                           noise_seeds=stage_repeats, budget=timing, min_effect=min_effect, mode=mode,
-                          resume=resume, rung_timeout=None, show=show, flops_per_sample=work.flops_per_sample,
-                          after_run=work.after_run(rungs), metric=work.metric(measure, metric, goal),
-                          time_budget_s=share * (budget_s - (time.monotonic() - started)))
+                          resume=resume or again, rung_timeout=None, show=show,
+                          flops_per_sample=work.flops_per_sample, after_run=work.after_run(rungs),
+                          metric=work.metric(measure, metric, goal),
+                          time_budget_s=share * (budget_s - (time.monotonic() - started)) + credit_s)
 
     def cut_note(result: AblationResult, why: str = "") -> None:
         cut = result.settings.get("budget_cut")
@@ -347,18 +360,30 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
 
     skipped: list[str] = []
     share = singles_share(singles)
+    first_started = time.monotonic()
     first = stage("singles", singles, repeats, share=share)
+    steps = planned_steps or next((run.get("steps") for run in singles[0].repeats), None)
+    combined, in_combination, dropped = combine(base, singles, steps)
+    cut = first.settings.get("budget_cut")
+    if share < 1 and cut and not kept_level(singles, in_combination) and (
+            cut["skipped"] or cut["repeats"] < cut["asked"]["repeats"]) and \
+            budget_s - (time.monotonic() - started) >= cut["seconds_per_run"]:
+        # No precision level gained, so there is no stage 1b to keep the rest of the budget for: stage 1 goes
+        # on with all of it, re-planned as if it had had it from the start (its runs so far reused).
+        singles = plan_singles()
+        work.mark_effects(singles)
+        first = stage("singles", singles, repeats, again=True, credit_s=time.monotonic() - first_started)
+        combined, in_combination, dropped = combine(base, singles, steps)
+        share = 1.0
+        skipped.append("no precision level gained firmly, so stage 1 went on with the budget kept for stage 1b")
     cut_note(first, f"; {1 - share:.0%} of the budget was kept for stage 1b, where a switch cut here is judged on "
                     f"top of the precision level if one gains" if share < 1 else "")
     per_run = statistics.fmean([run.get("wall_time_s") or 0 for r in singles for run in r.repeats] or [0])
-    steps = planned_steps or next((run.get("steps") for run in singles[0].repeats), None)
-    combined, in_combination, dropped = combine(base, singles, steps)
     if steps is None and "compile" in in_combination:
         skipped.append("the planned run's length is not known (a command's runs stop once timed): compile was "
                        "kept without its break-even check; pass --planned-steps to decide it")
     second = on_level = None
-    level = next((r for r in singles if r.name in in_combination and any(k in r.changes for k in PRECISION_FIELDS)),
-                 None)
+    level = kept_level(singles, in_combination)
     others = [r for r in singles[1:] if r.status != "no-effect" and not any(k in r.changes for k in PRECISION_FIELDS)]
     if level is not None and others:
         # Precision changes every kernel, so the other switches are judged again on top of the chosen level:
