@@ -188,7 +188,8 @@ def test_a_real_search_writes_best_yaml_resumes_and_trains_with_it(tmp_path):
     elif singles[level]["verdict"] == "faster" and singles[level]["firm"]:
         # bf16 gained: the other switches were judged again on top of it
         on_level = json.loads((out / "on-level" / "results.json").read_text())
-        assert [r["name"] for r in on_level["rungs"]] == [f"on-{level}", "set_to_none", "channels_last"]
+        names = [r["name"] for r in on_level["rungs"]]
+        assert names[0] == f"on-{level}" and sorted(names[1:]) == ["channels_last", "set_to_none"]
         assert all(r["recipe"]["precision"] == amp for r in on_level["rungs"])
     again = tune("resnet9", resume=True, batch_size_search=True, **kwargs)    # stages 1-2 reused, then batch/
     assert again.name == first.name and again.recipe == first.recipe
@@ -336,3 +337,21 @@ def test_when_no_precision_level_gains_stage_1_goes_on_with_the_budget_kept_for_
     assert "stage 1 went on with the budget kept for stage 1b" in (out / "tune.md").read_text()
     assert not (out / "on-level").exists()
     assert torch.isfinite(torch.tensor(decision.speedup)) and decision.speedup > 1.4
+
+
+def test_the_search_tries_first_what_gained_or_was_not_measured_and_cuts_the_rest():
+    import torch
+
+    from trainfast.tune import PRIORITY, on_level_order, single_names
+
+    assert single_names("bf16", image_folder=True) == ["autocast-bf16", "master-bf16", *PRIORITY]
+    assert "decode_cache" not in single_names("bf16", image_folder=False)
+    cpu = torch.device("cpu")
+    stage1 = scored([rung("baseline", 100), rung("set_to_none", 130, set_to_none=True),
+                     rung("fused", 104, optimizer_impl="fused"), rung("prefetch", 101, prefetch=True)])
+    cut = plan_rungs(Recipe(), ["channels_last", "compile"], "each", "bf16", cpu)[1:]
+    for r in cut:
+        r.status = "skipped"                    # not in stage 1's budget: no estimate
+    order = [r.name for r in on_level_order([*stage1[1:], *cut])]
+    # the firm gain first, then the unmeasured in PRIORITY order, then the rest by their estimate
+    assert order == ["set_to_none", "channels_last", "compile", "fused", "prefetch"]
