@@ -438,7 +438,10 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
         on_top = [r for r in (on_level.rungs[1:] if on_level else []) if r.name in in_combination and firm_gain(r)]
         if len(in_combination) > 1 and on_top and level is not None:
             decision = on_level_decision(level, max(on_top, key=lambda r: r.result["speedup"]), decision)
-        if len(in_combination) > 1:
+        if len(in_combination) > 1 and set(decision.combined) == set(in_combination):
+            skipped.append(f"stage 2 was skipped (would not fit the budget); it had nothing to add: stage 1b "
+                           f"measured {decision.name}, all that gained, together")
+        elif len(in_combination) > 1:
             skipped.append(f"stage 2 was skipped (would not fit the budget): {', '.join(in_combination)} were not "
                            f"measured together; {decision.name} is recommended, the best measured recipe")
     else:
