@@ -201,6 +201,20 @@ def collect_worker_draws(seed: int, rank: int, persistent: bool) -> dict:
     return first
 
 
+def test_an_evaluation_with_no_more_batches_than_workers_reads_in_process():
+    # Workers would have no second batch to prepare, and kept alive they make the next epoch copy every page it
+    # writes (eval_workers); a larger evaluation keeps them.
+    from trainfast.data.loader import eval_workers
+
+    assert eval_workers(32, 32, 2) == 0 and eval_workers(159, 128, 2) == 0 and eval_workers(64, 32, 2) == 0
+    assert eval_workers(65, 32, 2) == 2 and eval_workers(10_000, 64, 4) == 4 and eval_workers(8, 4, 0) == 0
+    recipe = Recipe(batch_size=4, num_workers=2, persistent_workers=True, prefetch=True)
+    small, large = Draws(), torch.utils.data.ConcatDataset([Draws()] * 3)
+    assert build_loader(small, recipe, CPU, False, split=None).loader.num_workers == 0          # 4 samples: 1 batch
+    assert build_loader(large, recipe, CPU, False, split=None).loader.num_workers == 2
+    assert build_loader(small, recipe, CPU, True, split=None).loader.num_workers == 2     # training: as asked
+
+
 @pytest.mark.parametrize("persistent", [False, True])
 def test_worker_streams_differ_per_rank_worker_epoch_and_repeat_across_runs(persistent):
     runs = []

@@ -12,6 +12,7 @@ all) instead of a rule of thumb; see `choose_num_workers`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import time
@@ -100,9 +101,22 @@ def build_loader(dataset: Dataset, recipe, device: torch.device, train: bool, sp
     workers = recipe.num_workers
     if workers == "auto":
         workers = choose_num_workers(dataset, recipe, device)
+    if not train:
+        workers = eval_workers(len(sampler) if sampler is not None else len(dataset), recipe.batch_size, workers)
     loader = make_loader(dataset, recipe, device, train, sampler, rank, workers)
     run = join_run_tally(split, recipe.max_bad_fraction, len(dataset))
     return GuardedLoader(loader, BadFileTally(run=run))
+
+
+def eval_workers(samples: int, batch_size: int, workers: int) -> int:
+    """Loader workers for an evaluation of `samples`: none when it has no more batches than workers. Then no
+    worker has a second batch to prepare while the first is evaluated, so workers buy no overlap, and they
+    cost: forked, and kept alive with persistent_workers, after the model and optimizer state exist, they hold
+    copy-on-write references to every page of the training process, which the next epoch then copies as it
+    writes them (ViT-S/16 at 224, a 32-photo val set, 2 cores: that epoch's first step took 3.7 s, not 1.6;
+    the epoch 21.6 s against 17.7 and 16.6 for the ones around it). Read in-process, those batches cost the
+    same decode and nothing else."""
+    return 0 if workers and math.ceil(samples / max(1, batch_size)) <= workers else workers
 
 
 def resolve_num_workers(recipe, split: Split, device: torch.device):
