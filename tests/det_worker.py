@@ -16,6 +16,7 @@ from trainfast import Recipe, train
 from trainfast.detection.data import DetectionSplit
 from trainfast.detection.metrics import empty_prediction
 from trainfast.detection.synthetic import SyntheticDetection
+from trainfast.distributed import drain_collectives
 from trainfast.measure import LossTermsError, NonFiniteLossError
 
 
@@ -71,6 +72,7 @@ def main() -> None:
     # Both ranks leave together and close the group: a rank that exits with gloo's threads still running aborts
     # in C++ ("terminate called without an active exception"), which torchrun reports as a failed launch.
     torch.distributed.barrier()
+    drain_collectives()         # the barrier's own work object is freed by a gloo thread that needs the GIL
     torch.distributed.destroy_process_group()
 
 

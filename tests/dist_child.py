@@ -21,6 +21,7 @@ from resume_child import tiny_model
 from trainfast import Recipe
 from trainfast.checkpoint import atomic_save, build_checkpointer
 from trainfast.data.datasets import load_synthetic
+from trainfast.distributed import drain_collectives
 from trainfast.engine import train_one_epoch
 from trainfast.measure import Meter
 from trainfast.trainer import build_batches, build_state, seed_everything
@@ -78,6 +79,7 @@ def main(out: str, kill_rank: int, kill_step: int) -> None:
     if rank == 0:
         atomic_save(state.model.state_dict(), out_dir / "model.pt")
     dist.barrier()
+    drain_collectives()         # else a rank may abort at exit ("terminate called without an active exception")
     dist.destroy_process_group()
 
 

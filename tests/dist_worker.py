@@ -18,6 +18,7 @@ from dist_common import make_model, make_split  # noqa: E402
 
 from trainfast import Recipe, train  # noqa: E402
 from trainfast.measure import NonFiniteLossError  # noqa: E402
+from trainfast.distributed import drain_collectives  # noqa: E402
 
 
 class Sabotage(nn.Module):
@@ -116,6 +117,7 @@ def main() -> None:
         torch.distributed.init_process_group("gloo")
     reports = [run(name, out) for name in scenarios]
     if torch.distributed.is_initialized():
+        drain_collectives()     # else a rank may abort at exit ("terminate called without an active exception")
         torch.distributed.destroy_process_group()
     sys.exit(3 if any("error" in r for r in reports) else 0)
 
