@@ -177,7 +177,7 @@ def test_a_real_search_writes_best_yaml_resumes_and_trains_with_it(tmp_path):
     level = f"autocast-{amp}"
     out = tmp_path / "tune"
     kwargs = dict(data="digits", image_size=16, out=out, repeats=1, show=False, recipe=Recipe(batch_size=128),
-                  switches=[level, "set_to_none", "channels_last"], device="cpu")
+                  switches=[level, "set_to_none", "channels_last"], device="cpu", settle=False)
     first = tune("resnet9", **kwargs)
     assert (out / "best.yaml").exists() and (out / "tune.md").exists() and (out / "singles" / "results.json").exists()
     import json
@@ -218,7 +218,7 @@ def test_a_search_on_a_users_own_command_finds_both_gains_and_guards_with_its_me
     script = str(ROOT / "tests" / "scripts" / "paced_loop.py")
     decision = tune(command=[sys.executable, script, "--steps", "120"], out=out, repeats=1, show=False,
                     switches=["autocast-bf16", "set_to_none"], timing=TimingBudget(steps=16, min_seconds=1.2),
-                    planned_steps=120, amp_dtype="bf16")      # asked for: measured on any CPU (the script is paced)
+                    planned_steps=120, amp_dtype="bf16", settle=False)   # bf16 asked for: measured on any CPU
     assert decision.name == "combined", decision
     assert decision.recipe.precision == "bf16" and decision.recipe.set_to_none
     assert Recipe.from_file(out / "best.yaml") == decision.recipe
@@ -355,3 +355,38 @@ def test_the_search_tries_first_what_gained_or_was_not_measured_and_cuts_the_res
     order = [r.name for r in on_level_order([*stage1[1:], *cut])]
     # the firm gain first, then the unmeasured in PRIORITY order, then the rest by their estimate
     assert order == ["set_to_none", "channels_last", "compile", "fused", "prefetch"]
+
+
+def test_each_stage_settles_its_verdicts_only_with_the_time_it_leaves_the_stages_after_it(tmp_path, monkeypatch):
+    # Extra passes (run_ladder's settling) may take a stage to half the budget left when it starts, the last
+    # stage to all of it; settle=False runs exactly the repeats asked for. bf16 gains 1.5x, and on top of it
+    # set_to_none and channels_last 1.3x each: all three stages run.
+    import trainfast.tune as tune_module
+    from trainfast.ablate import run_ladder
+
+    def launch(rung, recipe, budget, run_dir, display, limit):
+        wobble = 1 + 0.01 * (recipe.seed % 3 - 1)
+        rate = 500.0 * wobble * (1.5 if recipe.precision == "bf16" else 1.0)
+        rate *= (1.3 if recipe.set_to_none else 1.0) * (1.3 if recipe.channels_last else 1.0)
+        return {**scored_rung("x", [rate], 0.95).repeats[0], "seed": recipe.seed, "wall_time_s": 1.0}
+
+    for settle in (True, False):
+        stages = {}
+
+        def faked(rungs, _launch, settings, out, *args, **kwargs):
+            stages[settings["stage"]] = (kwargs["time_budget_s"], kwargs["settle_within_s"])
+            return run_ladder(rungs, launch, settings, out, *args, **kwargs)
+
+        monkeypatch.setattr(tune_module, "run_ladder", faked)
+        decision = tune("resnet9", data="digits", image_size=16, out=tmp_path / f"tune-{settle}", show=False,
+                        device="cpu", amp_dtype="bf16", switches=["autocast-bf16", "set_to_none", "channels_last"],
+                        budget_s=800.0, settle=settle)
+        assert list(stages) == ["singles", "on-level", "combine"]
+        assert decision.recipe.precision == "bf16" and decision.recipe.set_to_none and decision.recipe.channels_last
+        (singles, singles_settle), (on_level, on_level_settle), (combine, combine_settle) = stages.values()
+        if not settle:
+            assert singles_settle == on_level_settle == combine_settle == 0.0
+            continue
+        assert 390 < singles_settle <= singles <= 400             # stage 1's own share: half
+        assert 390 < on_level_settle <= 400 < 790 < on_level       # its budget: all that is left; settling: half
+        assert combine_settle == combine > 780                     # the last stage: all that is left

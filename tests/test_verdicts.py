@@ -306,7 +306,8 @@ def test_a_gain_near_the_threshold_is_marked_and_not_climbed_to():
 
 # --- passes added while a verdict is unsettled ------------------------------------------------------------
 
-def _settle_ladder(tmp_path, seed: int, settle_within_s: float | None):
+def _settle_ladder(tmp_path, seed: int, settle_within_s: float | None, time_budget_s: float | None = None,
+                   wall_time_s: float = 1.0):
     """baseline, set_to_none (no effect) and fused (+25%), 8% noise per process: run_ladder with a fake launch."""
     import dataclasses
 
@@ -321,14 +322,16 @@ def _settle_ladder(tmp_path, seed: int, settle_within_s: float | None):
         launched.append((rung.name, recipe.seed))
         rate = true[rung.name] * float(np.exp(0.08 * rng.standard_normal()))
         blocks = [{**template["timing"]["blocks"][0], "samples": 192, "seconds": 192 / rate} for _ in range(8)]
-        return {**template, "seed": recipe.seed, "timing": {**template["timing"], "blocks": blocks}}
+        return {**template, "seed": recipe.seed, "timing": {**template["timing"], "blocks": blocks},
+                "wall_time_s": wall_time_s}
 
     plan = [Rung("baseline", {}, Recipe()), Rung("set_to_none", {"set_to_none": True}, Recipe(set_to_none=True)),
             Rung("fused", {"optimizer_impl": "fused"}, Recipe(optimizer_impl="fused"))]
     settings = {"repeats": 3, "budget": dataclasses.asdict(TimingBudget()), "min_effect": 0.05}
-    result = run_ladder(plan, launch, settings, tmp_path / f"s{seed}-{settle_within_s}", torch.device("cpu"),
-                        repeats=3, noise_seeds=3, budget=TimingBudget(), min_effect=0.05, mode="cumulative",
-                        resume=False, rung_timeout=None, show=False, settle_within_s=settle_within_s)
+    result = run_ladder(plan, launch, settings, tmp_path / f"s{seed}-{settle_within_s}-{time_budget_s}",
+                        torch.device("cpu"), repeats=3, noise_seeds=3, budget=TimingBudget(), min_effect=0.05,
+                        mode="cumulative", resume=False, rung_timeout=None, show=False,
+                        settle_within_s=settle_within_s, time_budget_s=time_budget_s)
     return result, launched
 
 
@@ -352,6 +355,17 @@ def test_passes_are_added_while_a_verdict_is_within_the_noise_and_the_pass_fits(
         again, launched = _settle_ladder(tmp_path, 2, within)
         assert again.settings["repeats"] == 3 and "settle" not in again.settings and len(launched) == 9
         assert again.rungs[2].result["firm"] is False                      # the ? that settling resolved
+
+
+def test_a_time_budget_that_fits_the_plan_leaves_room_to_settle_and_one_that_cuts_it_does_not(tmp_path):
+    # tune gives every stage a time budget: one the planned passes fit in must not stop settling (it did: any
+    # budget counted as a cut, so a search never added a pass)
+    fits, _ = _settle_ladder(tmp_path, 2, 1e6, time_budget_s=1e6)
+    assert fits.settings["budget_cut"]["skipped"] == [] and fits.settings["settle"]["passes"]
+    assert fits.rungs[2].result["firm"]
+    # priced at 100 s a run, 700 s fit 2 passes of 3 rungs, not the 3 asked for: no pass is added after them
+    cut, launched = _settle_ladder(tmp_path, 2, 1e6, time_budget_s=700.0, wall_time_s=100.0)
+    assert cut.settings["budget_cut"]["repeats"] == 2 and "settle" not in cut.settings and len(launched) == 6
 
 
 def test_no_pass_is_added_when_every_verdict_is_firm(tmp_path):

@@ -803,7 +803,7 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
         nonlocal repeats, next_index
         shaky = [r.name for r in plan[1:] if r.status in ("done", "partial")
                  and (unsettled(r) or unresolved(r, min_effect))]
-        if not settle_within_s or cut is not None or not shaky or repeats >= MAX_REPEATS or not pass_times:
+        if not settle_within_s or trimmed(cut) or not shaky or repeats >= MAX_REPEATS or not pass_times:
             return []
         first, last = pass_times[max(pass_times)]
         if time.monotonic() - started + (last - first) > settle_within_s:
@@ -889,6 +889,12 @@ def run_ladder(plan: list[Rung], launch: Callable, settings: dict[str, Any], out
     if interrupted:
         raise KeyboardInterrupt
     return result
+
+
+def trimmed(cut: dict[str, Any] | None) -> bool:
+    """Whether the time budget cut the ladder's plan (fewer repeats or rungs than asked): no pass is added to
+    a ladder that could not even fit the passes it asked for."""
+    return cut is not None and bool(cut["skipped"] or cut["repeats"] < cut["asked"]["repeats"])
 
 
 def unsettled(rung: Rung) -> bool:

@@ -183,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--budget", default="15m", help="time for the whole search, e.g. 600, 10m, 1h (default 15m); "
                                                     "stages that would not fit are shortened and the report says so")
     tu.add_argument("--repeats", type=_positive_int, default=3, help="fresh processes per candidate (default 3)")
+    tu.add_argument("--no-settle", dest="settle", action="store_false",
+                    help="run exactly --repeats passes in every stage (default: while a verdict is within the "
+                         "noise, more passes, up to 8, with the time the budget leaves)")
     tu.add_argument("--planned-steps", type=_positive_int, default=None,
                     help="optimizer steps of the run the recipe is for (decides compile; default: the recipe's epochs)")
     tu.add_argument("--timing-steps", type=_positive_int, default=16, help="steady steps each run is timed over")
@@ -318,7 +321,7 @@ def _tune(args, recipe: Recipe) -> int:
              planned_steps=args.planned_steps, timing=TimingBudget(steps=args.timing_steps),
              min_effect=args.min_effect, resume=args.resume, command=args.user_command, nproc=args.nproc,
              metric=args.metric, goal=args.metric_goal, batch_size_search=args.batch_size_search,
-             switches=[n.strip() for n in args.switches.split(",") if n.strip()] if args.switches else None)
+             settle=args.settle, switches=[n.strip() for n in args.switches.split(",") if n.strip()] if args.switches else None)
     except KeyboardInterrupt:
         return 130
     return 0
