@@ -494,8 +494,9 @@ def repeatability_line(result: "AblationResult") -> str | None:
         why = ", ".join(dict.fromkeys(name for p in passes for name in p["unsettled"]))
         text += (f"{len(passes)} pass(es) of every rung were added after the {passes[0]['repeat'] - 1} asked for, "
                  f"because verdicts were within the noise or gains of {100 * result.settings.get('min_effect', MIN_EFFECT):.0f}% or "
-                 f"more were not yet resolved ({why}), and another pass fitted --settle-within "
-                 f"{settle['within_s']:g} s. ")
+                 f"more were not yet resolved ({why}), while another pass fitted in the {settle['within_s']:.0f} s "
+                 + ("allowed (tune: half the budget left when this stage began, all of it in the last stage). "
+                    if "stage" in result.settings else "of --settle-within. "))
     if shaky:
         text += (f"Verdicts marked ? ({', '.join(shaky)}) would be repeated by a rerun less than 80% of the time: "
                  "their differences sit near the decision threshold, within the noise, and another run may call "
