@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 from .ablate import (MIN_EFFECT, AblationResult, Rung, TimingBudget, _atomic_write, check_counts, check_measure,
                      plan_rungs, prepare_builtin, prepare_command, recipe_changes, rule_out_slow_half, rung_repeats,
-                     run_ladder)
+                     run_ladder, trimmed)
 from .recipe import Recipe, RecipeError, resolve_device
 from .stats import FASTER, compare, pooled_noise
 from .techniques.precision import SLOW_HALF, auto_amp_dtype, not_run_text, slow_half_reason
@@ -389,8 +389,8 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
 
     def cut_note(result: AblationResult, why: str = "") -> None:
         cut = result.settings.get("budget_cut")
-        asked = cut["asked"]["repeats"] if cut else 0
-        if cut and (cut["skipped"] or cut["repeats"] < asked):
+        if trimmed(cut):
+            asked = cut["asked"]["repeats"]
             what = [f"{cut['repeats']} repeats instead of {asked}"] if cut["repeats"] < asked else []
             what += [f"without {', '.join(cut['skipped'])}"] if cut["skipped"] else []
             skipped.append(f"{result.settings['stage']}: ran {' and '.join(what)} to fit the budget "
@@ -403,8 +403,7 @@ def tune(model: str = "resnet9", train_set=None, val_set=None, loss_fn=None, *, 
     steps = planned_steps or next((run.get("steps") for run in singles[0].repeats), None)
     combined, in_combination, dropped = combine(base, singles, steps)
     cut = first.settings.get("budget_cut")
-    if share < 1 and cut and not kept_level(singles, in_combination) and (
-            cut["skipped"] or cut["repeats"] < cut["asked"]["repeats"]) and \
+    if share < 1 and trimmed(cut) and not kept_level(singles, in_combination) and \
             budget_s - (time.monotonic() - started) >= cut["seconds_per_run"]:
         # No precision level gained, so there is no stage 1b to keep the rest of the budget for: stage 1 goes
         # on with all of it, re-planned as if it had had it from the start (its runs so far reused).
