@@ -45,7 +45,7 @@ def run(model_name: str, grouped: bool, batch_size: int, warmup: int, steps: int
     from trainfast.engine import train_one_epoch
     from trainfast.measure import Meter
     from trainfast.tasks.detection import DEFAULT_RECIPE, Detection
-    from trainfast.trainer import build_state, seed_everything
+    from trainfast.session import build_state, seed_everything
 
     device = torch.device("cpu")
     task = Detection()

@@ -27,7 +27,8 @@ from trainfast.data.datasets import load_digits
 from trainfast.engine import train_one_epoch
 from trainfast.measure import Meter
 from trainfast.models import build_model
-from trainfast.trainer import build_batches, build_state, seed_everything
+from trainfast.data.pipeline import build_batches
+from trainfast.session import build_state, seed_everything
 
 
 def plain_epoch(model, optimizer, batches, loss_fn, autocast_dtype) -> int:

@@ -28,13 +28,13 @@ def child(model_name: str, level: str, image_size: int, batch: int, warmup: int,
     import torch
     from torch import nn
 
-    from trainfast.ablate import RUNG_ALIASES
+    from trainfast.ablation.ladders import RUNG_ALIASES
     from trainfast.engine import train_one_epoch
     from trainfast.measure import Meter, peak_memory_bytes, reset_peak_memory
     from trainfast.models import build_model
     from trainfast.recipe import Recipe, resolve_device, validate_for_device
     from trainfast.techniques.precision import LEVEL_RUNGS
-    from trainfast.trainer import build_state, seed_everything
+    from trainfast.session import build_state, seed_everything
 
     device = resolve_device(device_name)
     changes = {} if RUNG_ALIASES.get(level, level) == "baseline" else LEVEL_RUNGS[level]

@@ -18,8 +18,9 @@ import time
 import warnings
 
 from trainfast import train
-from trainfast.ablate import RUNG_ALIASES, accuracy_band
-from trainfast.data.datasets import load_data
+from trainfast.ablation.ladders import RUNG_ALIASES
+from trainfast.ablation.scoring import accuracy_band
+from trainfast.data.loading import load_data
 from trainfast.measure import NonFiniteLossError
 from trainfast.models import DEFAULT_MODEL, build_model
 from trainfast.recipe import Recipe, resolve_device, validate_for_device

@@ -47,7 +47,7 @@ def noisy_repeat(rate: float, blocks: int = 8, noise: float = 0.03, samples: int
 
 def scored_rung(name: str, rates: list[float], accuracy: float, **changes) -> "Rung":
     """A finished rung with one synthetic repeat per rate (repeat i: seed i), as score_rungs reads them."""
-    from trainfast.ablate import Rung
+    from trainfast.results import Rung
 
     rung = Rung(name, changes, Recipe(**changes), status="done")
     for seed, rate in enumerate(rates):

@@ -24,7 +24,8 @@ from trainfast.data.datasets import load_synthetic
 from trainfast.distributed import drain_collectives
 from trainfast.engine import train_one_epoch
 from trainfast.measure import Meter
-from trainfast.trainer import build_batches, build_state, seed_everything
+from trainfast.data.pipeline import build_batches
+from trainfast.session import build_state, seed_everything
 
 
 def init_process_group() -> None:

@@ -9,7 +9,7 @@ import torch
 
 from conftest import scored_rung, tiny_resnet
 from trainfast import Recipe, RecipeError, ablate
-from trainfast.ablate import accuracy_band, pick_best, score_rungs
+from trainfast.ablation.scoring import accuracy_band, pick_best, score_rungs
 from trainfast.techniques.precision import auto_amp_dtype, slow_half_reason
 
 RUNG_KEYS = {"name", "recipe", "effect", "verdict", "throughput", "throughput_interval", "speedup", "speedup_interval",
@@ -130,10 +130,10 @@ def test_noise_band_and_best_pick():
     rungs = [scored_rung("baseline", [100, 100], 0.90), scored_rung("fast_but_wrong", [300, 300], 0.70, set_to_none=True),
              scored_rung("fast", [200, 200], 0.89, channels_last=True)]
     score_rungs(rungs, {"fp32": 10.0}, [0.90, 0.91, 0.89])
-    assert rungs[1].result["accuracy_flag"] and not rungs[2].result["accuracy_flag"]
-    assert rungs[2].result["speedup"] == pytest.approx(2.0, rel=0.05)
+    assert rungs[1].result.accuracy_flag and not rungs[2].result.accuracy_flag
+    assert rungs[2].result.speedup == pytest.approx(2.0, rel=0.05)
     assert pick_best(rungs)[0].name == "fast"
     # O3 (pure half, no fp32 master) is faster and inside the band, but risky by construction: never picked.
     rungs.append(scored_rung("pure-bf16", [400, 400], 0.90, precision="bf16", precision_level="pure"))
     score_rungs(rungs, {"fp32": 10.0, "bf16": 20.0}, [0.90, 0.91, 0.89])
-    assert not rungs[3].result["accuracy_flag"] and pick_best(rungs)[0].name == "fast"
+    assert not rungs[3].result.accuracy_flag and pick_best(rungs)[0].name == "fast"

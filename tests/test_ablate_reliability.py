@@ -90,7 +90,7 @@ def test_a_hanging_rung_is_stopped_at_its_limit_and_the_others_finish(tmp_path, 
     status = {r.name: r.status for r in result.rungs}
     assert status == {"baseline": "done", "amp": "failed", "set_to_none": "done"}, status
     amp = next(r for r in result.rungs if r.name == "amp")
-    assert "time limit of 25 s" in amp.result["error"]
+    assert "time limit of 25 s" in amp.result.error
     assert time.monotonic() - t0 < 240
     report = (tmp_path / "report.md").read_text()
     assert "failed — " in report and "time limit" in report

@@ -20,7 +20,7 @@ from trainfast.checkpoint import (HEADER, CheckpointError, CorruptCheckpoint, Un
 from trainfast.data.datasets import load_synthetic
 from trainfast.engine import train_one_epoch
 from trainfast.measure import Meter, NonFiniteLossError
-from trainfast.trainer import build_state
+from trainfast.session import build_state
 
 
 def tiny_model() -> nn.Module:

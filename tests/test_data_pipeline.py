@@ -19,7 +19,8 @@ from trainfast.data.badfiles import (Batch, BadFileError, BadFileTally, GuardedL
 from trainfast.data.datasets import DataError, Skipped, load_synthetic
 from trainfast.data.imagefolder import ImageFiles, load_imagefolder, scan_folder
 from trainfast.data.loader import build_loader, choose_num_workers, resolve_num_workers
-from trainfast.trainer import build_batches, seed_everything
+from trainfast.data.pipeline import build_batches
+from trainfast.session import seed_everything
 
 CPU = torch.device("cpu")
 # torchvision 0.29 deprecates torchvision.io decoding in favour of TorchCodec (not a dependency here).
@@ -398,12 +399,12 @@ def test_auto_measures_candidates_and_leaves_the_rngs_untouched():
 
 
 def test_report_shows_data_wait_for_every_rung():
-    from trainfast.ablate import Rung
+    from trainfast.results import Rung, RungResult
     from trainfast.report import data_wait_line
 
-    rungs = [Rung("baseline", {}, Recipe(), status="done", result={"data_wait_fraction": 0.45}),
+    rungs = [Rung("baseline", {}, Recipe(), status="done", result=RungResult(data_wait_fraction=0.45)),
              Rung("prefetch", {"prefetch": True}, Recipe(prefetch=True), status="done",
-                  result={"data_wait_fraction": 0.05}),
+                  result=RungResult(data_wait_fraction=0.05)),
              Rung("compile", {"compile": True}, Recipe(compile=True), status="no-effect")]
     line = data_wait_line(rungs)
     assert "baseline (fp32) 45% (input-bound)" in line and "+prefetch 5%" in line
@@ -411,12 +412,12 @@ def test_report_shows_data_wait_for_every_rung():
 
 
 def test_report_says_when_a_rung_ran_above_the_ceiling():
-    from trainfast.ablate import Rung
+    from trainfast.results import Rung, RungResult
     from trainfast.report import above_ceiling_note
 
-    rungs = [Rung("baseline", {}, Recipe(), status="done", result={"ceiling_fraction": 0.8}),
+    rungs = [Rung("baseline", {}, Recipe(), status="done", result=RungResult(ceiling_fraction=0.8)),
              Rung("channels_last", {"channels_last": True}, Recipe(channels_last=True), status="done",
-                  result={"ceiling_fraction": 1.3})]
+                  result=RungResult(ceiling_fraction=1.3))]
     assert above_ceiling_note(rungs[:1]) is None
     note = above_ceiling_note(rungs)
     assert note.startswith("+channels_last ran above 100% of the measured matmul peak") and "baseline" not in note
@@ -492,7 +493,7 @@ def test_cuda_prefetcher_side_stream_gives_the_cpu_batches(tmp_path):
 def test_ablation_prefetch_rung_reads_the_folder_and_reports_waiting_and_skips(tmp_path):
     import json
 
-    from trainfast.ablate import ablate
+    from trainfast.ablation import ablate
 
     root = tmp_path / "photos"
     make_folder(root / "train", per_class=16, bad=2)
@@ -501,7 +502,7 @@ def test_ablation_prefetch_rung_reads_the_folder_and_reports_waiting_and_skips(t
     result = ablate("resnet9", data=f"imagefolder:{root}", image_size=16, rungs=["prefetch"],
                     recipe=Recipe(batch_size=8, num_workers=1, max_bad_fraction=0.2, log_every=2),
                     device="cpu", out=tmp_path / "report", show=False, repeats=1, noise_seeds=1)
-    assert [r.status for r in result.rungs] == ["done", "done"], [r.result.get("error") for r in result.rungs]
+    assert [r.status for r in result.rungs] == ["done", "done"], [r.result.error for r in result.rungs]
     data = json.loads((tmp_path / "report" / "results.json").read_text())
     for rung in data["rungs"]:
         assert rung["skipped_files"] == 3 and rung["num_workers"] == 1

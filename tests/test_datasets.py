@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from trainfast.data.datasets import DataError, HostNormalized, load_data, normalize, parse_data_spec, stats_tensors
+from trainfast.data.datasets import DataError, HostNormalized, normalize, stats_tensors
+from trainfast.data.loading import load_data, parse_data_spec
 
 
 def test_digits_is_real_and_split_is_fixed(digits16):

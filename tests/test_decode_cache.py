@@ -13,8 +13,8 @@ from test_data_pipeline import make_folder, tiny_model, write_jpegs
 
 from trainfast import Recipe, train
 from trainfast.data.datasets import DataError, Skipped
-from trainfast.data.decoded_cache import cache_root, open_or_build
-from trainfast.data.imagefolder import decode_bytes, load_imagefolder, read_bytes, with_decode_cache
+from trainfast.data.imagefolder import decode_bytes, load_imagefolder, read_bytes
+from trainfast.data.decoded_cache import cache_root, open_or_build, with_decode_cache
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 
@@ -93,7 +93,7 @@ def test_other_ranks_wait_for_the_builder(tmp_path):
 
 
 def test_the_ablation_rung_is_no_effect_on_in_memory_data(tmp_path):
-    from trainfast.ablate import ablate
+    from trainfast.ablation import ablate
 
     result = ablate("resnet9", data="synthetic", image_size=8, rungs=["decode_cache"], noise_seeds=1, repeats=1,
                     recipe=Recipe(batch_size=16), device="cpu", out=tmp_path / "r", show=False)

@@ -115,7 +115,7 @@ def test_bad_detection_flags_are_refused_before_any_work(argv, needle, capsys):
 
 
 def test_ablate_detection_writes_map_per_rung(coco, tmp_path, two_ranks):
-    from trainfast.ablate import TimingBudget
+    from trainfast.ablation.rung import TimingBudget
 
     result = ablate(SSD, data=f"coco:{coco}", task="detection", recipe=Recipe(epochs=1, batch_size=4),
                     rungs=["set_to_none", "group_aspect_ratio"], repeats=1, noise_seeds=1, out=tmp_path / "report",
@@ -140,7 +140,7 @@ def test_ablate_detection_writes_map_per_rung(coco, tmp_path, two_ranks):
 
 
 def test_detection_ladder_refuses_what_cannot_work_on_a_detector():
-    from trainfast.ablate import plan_rungs
+    from trainfast.ablation.ladders import plan_rungs
     from trainfast.recipe import RecipeError
 
     names = [r.name for r in plan_rungs(Recipe(), task="detection", device=torch.device("cpu"))]

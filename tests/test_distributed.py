@@ -204,14 +204,14 @@ def test_torchrun_cli_train_writes_one_run_folder(launches):
 
 
 def test_ablate_nproc_runs_each_rung_under_torch_distributed(tmp_path):
-    from trainfast.ablate import ablate
+    from trainfast.ablation import ablate
 
     result = ablate(make_model, make_split(), recipe=Recipe(optimizer="sgd", lr=LR, batch_size=BATCH,
                                                              log_every=2), rungs=["baseline"],
                     device="cpu", out=tmp_path, show=False, nproc=2, noise_seeds=1, repeats=1)
     rung = result.rungs[0]
     assert rung.status == "done", rung.result
-    assert rung.result["world_size"] == 2 and rung.result["steps"] == STEPS
+    assert rung.result.world_size == 2 and rung.result.steps == STEPS
     assert (tmp_path / "results.json").exists()
 
 
@@ -234,9 +234,13 @@ def test_shards_are_disjoint_cover_the_data_and_change_with_set_epoch():
 
 
 def test_find_unused_parameters_names_them():
+    from trainfast.run import first_step_loss
+    from trainfast.tasks import build_task
+
     model = make_model(unused=True)
-    assert find_unused_parameters(model, nn.CrossEntropyLoss(), make_split().train, 4, torch.device("cpu")) == \
-        ["spare.weight", "spare.bias"]
+    loss_of = first_step_loss(build_task("classification", nn.CrossEntropyLoss()), make_split().train, 4,
+                              torch.device("cpu"))
+    assert find_unused_parameters(model, loss_of, torch.device("cpu")) == ["spare.weight", "spare.bias"]
     assert all(p.grad is None for p in model.parameters())              # probed on a copy
 
 

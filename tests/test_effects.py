@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from conftest import tiny_resnet
-from trainfast.ablate import LADDER, plan_rungs
+from trainfast.ablation.ladders import LADDER, plan_rungs
 from trainfast.recipe import Recipe
 from trainfast.techniques import changes_effect, field_effect
 from trainfast.techniques.precision import auto_amp_dtype, has_fast_bf16

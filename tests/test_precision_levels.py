@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from trainfast.ablate import LADDER, plan_rungs
+from trainfast.ablation.ladders import LADDER, plan_rungs
 from trainfast.checkpoint import atomic_save, safe_load
 from trainfast.engine import train_one_epoch
 from trainfast.measure import Meter
 from trainfast.recipe import Recipe, RecipeError
 from trainfast.report import rung_label
 from trainfast.techniques.precision import (COLLAPSE_AFTER, MasterWeights, PureHalf, build_precision, level_note)
-from trainfast.trainer import build_state, seed_everything
+from trainfast.session import build_state, seed_everything
 
 CPU = torch.device("cpu")
 FP16_LEVELS = ["autocast", "master", "pure"]
@@ -342,7 +342,7 @@ def test_half_weight_levels_train_the_real_data_like_fp32(digits16, fp32_digits,
     from conftest import tiny_resnet
     from test_parity import BF16_MEAN_ABS_GAP
     from trainfast import train
-    from trainfast.ablate import accuracy_band
+    from trainfast.ablation.scoring import accuracy_band
 
     recipe = Recipe(epochs=2, batch_size=64, log_every=5, precision=precision, precision_level=level)
     half = train(tiny_resnet, digits16, recipe=recipe, device="cpu")
@@ -361,7 +361,7 @@ def test_compile_runs_on_the_master_weight_model_and_matches_eager(digits16):
     from conftest import tiny_resnet
     from test_parity import BF16_MEAN_ABS_GAP
     from trainfast import train
-    from trainfast.ablate import accuracy_band
+    from trainfast.ablation.scoring import accuracy_band
 
     recipe = Recipe(epochs=2, batch_size=64, log_every=5, precision="bf16", precision_level="master")
     eager, compiled = (train(tiny_resnet, digits16, recipe=recipe.replace(compile=c), device="cpu") for c in (False, True))

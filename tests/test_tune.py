@@ -13,7 +13,9 @@ import pytest
 
 from conftest import scored_rung
 from trainfast import Recipe
-from trainfast.ablate import Rung, plan_rungs, score_rungs
+from trainfast.ablation import plan_rungs
+from trainfast.ablation.scoring import score_rungs
+from trainfast.results import Effect, Rung, Status
 from trainfast.tune import (batch_finding, batch_rungs, break_even_steps, combine, combine_stage, decide, parse_budget,
                             tune)
 
@@ -31,8 +33,30 @@ def scored(rungs: list[Rung]) -> list[Rung]:
     return rungs
 
 
+class Launching:
+    """The work run_ladder is given, its runs made by `launch` (no process started); the rest (device, metric,
+    what a run reveals) is `work`'s, or a built-in run's on a CPU."""
+
+    def __init__(self, launch, work=None):
+        import torch
+
+        self.launch, self.work = launch, work
+        self.dev = work.dev if work is not None else torch.device("cpu")
+        self.flops_per_sample = work.flops_per_sample if work is not None else None
+
+    def launcher(self, measure):
+        return self.launch
+
+    def metric(self, measure):
+        return self.work.metric(measure) if self.work is not None else ("accuracy", "max")
+
+    def after_run(self, plan):
+        return self.work.after_run(plan) if self.work is not None else None
+
+
 def test_batch_size_search_climbs_while_firmly_faster_with_accuracy_kept_and_is_reported_apart():
-    from trainfast.ablate import AblationResult, pick_best
+    from trainfast.ablation.scoring import pick_best
+    from trainfast.results import AblationResult
 
     base = Recipe(batch_size=64, precision="bf16")
     assert [r.recipe.batch_size for r in batch_rungs(base, train_size=1000)] == [64, 128, 256]   # 2 steps an epoch
@@ -80,8 +104,8 @@ def test_without_time_for_stage_2_the_best_switch_on_top_of_the_level_is_recomme
                        rung("channels_last", 260, **O1, channels_last=True),
                        rung("decode_cache", 240, **O1, decode_cache=True)])
     fallback = Decision(singles[1].recipe, "autocast-bf16", gainers=["autocast-bf16", "channels_last"],
-                        speedup=singles[1].result["speedup"])
-    best = max((r for r in on_level[1:] if r.result["verdict"] == "faster"), key=lambda r: r.result["speedup"])
+                        speedup=singles[1].result.speedup)
+    best = max((r for r in on_level[1:] if r.result.verdict == "faster"), key=lambda r: r.result.speedup)
     decision = on_level_decision(singles[1], best, fallback)
     assert decision.name == "autocast-bf16 + channels_last" and decision.combined == ["autocast-bf16", "channels_last"]
     assert decision.recipe.precision == "bf16" and decision.recipe.channels_last and not decision.recipe.decode_cache
@@ -212,7 +236,7 @@ def test_a_real_search_writes_best_yaml_resumes_and_trains_with_it(tmp_path):
 def test_a_search_on_a_users_own_command_finds_both_gains_and_guards_with_its_metric(tmp_path):
     # tune -- COMMAND: the singles are timed in speed mode (stopped once timed), stage 2 runs every candidate to
     # the script's end and reads the metric it reports; the recipe reaches the script through the environment.
-    from trainfast.ablate import TimingBudget
+    from trainfast.ablation import TimingBudget
 
     out = tmp_path / "tune-cmd"
     script = str(ROOT / "tests" / "scripts" / "paced_loop.py")
@@ -240,7 +264,6 @@ def test_a_search_on_a_users_own_command_finds_both_gains_and_guards_with_its_me
 def test_with_a_precision_level_to_try_stage_1_keeps_half_the_budget_for_the_switches_on_top_of_it():
     import torch
 
-    from trainfast.ablate import rule_out_slow_half
     from trainfast.tune import SINGLES_SHARE, singles_share
 
     cpu = torch.device("cpu")
@@ -250,12 +273,12 @@ def test_with_a_precision_level_to_try_stage_1_keeps_half_the_budget_for_the_swi
     switches_only = plan_rungs(Recipe(), ["channels_last", "fused"], "each", "bf16", cpu)
     assert singles_share(levels_only) == singles_share(switches_only) == 1.0   # no stage 1b can follow
     for rung in both[1:3]:                     # a CPU without fast bf16: the levels are shown, not run
-        rule_out_slow_half(rung, "bf16 is slow here")
+        rung.rule_out(Effect.SLOW_HALF, "bf16 is slow here")
     assert singles_share(both) == 1.0
 
 
 def test_the_budget_cuts_repeats_first_then_the_last_rungs():
-    from trainfast.ablate import fit_to_budget
+    from trainfast.ablation.loop import fit_to_budget
 
     assert fit_to_budget(5, 3, 10.0, 1000.0) == (5, 3)           # room for all 15 runs
     assert fit_to_budget(5, 3, 10.0, 100.0) == (5, 2)            # 11 runs: 2 repeats of all 5
@@ -272,9 +295,7 @@ def test_a_ladder_with_a_time_budget_runs_what_fits_and_says_what_it_skipped(tmp
     # report and the result's settings.
     import dataclasses
 
-    import torch
-
-    from trainfast.ablate import TimingBudget, run_ladder
+    from trainfast.ablation import LadderOptions, TimingBudget, run_ladder
 
     template = scored_rung("x", [500.0], 0.95).repeats[0]
     launched = []
@@ -287,12 +308,12 @@ def test_a_ladder_with_a_time_budget_runs_what_fits_and_says_what_it_skipped(tmp
             Rung("prefetch", {"prefetch": True}, Recipe(prefetch=True)),
             Rung("fused", {"optimizer_impl": "fused"}, Recipe(optimizer_impl="fused"))]
     settings = {"stage": "test", "repeats": 3, "budget": dataclasses.asdict(TimingBudget()), "min_effect": 0.05}
-    result = run_ladder(plan, launch, settings, tmp_path / "ladder", torch.device("cpu"), repeats=3,
-                        noise_seeds=3, budget=TimingBudget(), min_effect=0.05, mode="each", resume=False,
-                        rung_timeout=None, show=False, time_budget_s=350.0)
+    options = LadderOptions(mode="each", repeats=3, noise_seeds=3, budget=TimingBudget(), min_effect=0.05,
+                            resume=False, rung_timeout=None, show=False, settle_within_s=None, time_budget_s=350.0)
+    result = run_ladder(plan, Launching(launch), settings, tmp_path / "ladder", options)
     assert launched == ["baseline-s0", "set_to_none-s0", "baseline-s1", "set_to_none-s1", "baseline-s2",
                         "set_to_none-s2"]
-    assert [r.status for r in plan] == ["done", "done", "skipped", "skipped"]
+    assert [r.status for r in plan] == [Status.DONE, Status.DONE, Status.SKIPPED, Status.SKIPPED]
     cut = result.settings["budget_cut"]
     assert (cut["rungs"], cut["repeats"], cut["skipped"], cut["asked"]) == (2, 3, ["prefetch", "fused"],
                                                                             {"rungs": 4, "repeats": 3})
@@ -306,8 +327,8 @@ def test_when_no_precision_level_gains_stage_1_goes_on_with_the_budget_kept_for_
     # far reused, and the switches it had cut are judged (set_to_none gains 1.5x and is recommended).
     import torch
 
-    import trainfast.tune as tune_module
-    from trainfast.ablate import run_ladder
+    import trainfast.tune.search as search_module
+    from trainfast.ablation import run_ladder
 
     launched = []
 
@@ -319,11 +340,11 @@ def test_when_no_precision_level_gains_stage_1_goes_on_with_the_budget_kept_for_
 
     stages = []
 
-    def faked(rungs, _launch, settings, out, *args, **kwargs):
-        stages.append((settings["stage"], kwargs["resume"], round(kwargs["time_budget_s"])))
-        return run_ladder(rungs, launch, settings, out, *args, **kwargs)
+    def faked(rungs, work, settings, out, options, measure="speed"):
+        stages.append((settings["stage"], options.resume, round(options.time_budget_s)))
+        return run_ladder(rungs, Launching(launch, work), settings, out, options, measure)
 
-    monkeypatch.setattr(tune_module, "run_ladder", faked)
+    monkeypatch.setattr(search_module, "run_ladder", faked)
     out = tmp_path / "tune"
     decision = tune("resnet9", data="digits", image_size=16, out=out, show=False, device="cpu", amp_dtype="bf16",
                     switches=["autocast-bf16", "set_to_none", "channels_last"], budget_s=800.0)
@@ -351,7 +372,7 @@ def test_the_search_tries_first_what_gained_or_was_not_measured_and_cuts_the_res
                      rung("fused", 104, optimizer_impl="fused"), rung("prefetch", 101, prefetch=True)])
     cut = plan_rungs(Recipe(), ["channels_last", "compile"], "each", "bf16", cpu)[1:]
     for r in cut:
-        r.status = "skipped"                    # not in stage 1's budget: no estimate
+        r.status = Status.SKIPPED               # not in stage 1's budget: no estimate
     order = [r.name for r in on_level_order([*stage1[1:], *cut])]
     # the firm gain first, then the unmeasured in PRIORITY order, then the rest by their estimate
     assert order == ["set_to_none", "channels_last", "compile", "fused", "prefetch"]
@@ -361,8 +382,8 @@ def test_each_stage_settles_its_verdicts_only_with_the_time_it_leaves_the_stages
     # Extra passes (run_ladder's settling) may take a stage to half the budget left when it starts, the last
     # stage to all of it; settle=False runs exactly the repeats asked for. bf16 gains 1.5x, and on top of it
     # set_to_none and channels_last 1.3x each: all three stages run.
-    import trainfast.tune as tune_module
-    from trainfast.ablate import run_ladder
+    import trainfast.tune.search as search_module
+    from trainfast.ablation import run_ladder
 
     def launch(rung, recipe, budget, run_dir, display, limit):
         wobble = 1 + 0.01 * (recipe.seed % 3 - 1)
@@ -373,11 +394,11 @@ def test_each_stage_settles_its_verdicts_only_with_the_time_it_leaves_the_stages
     for settle in (True, False):
         stages = {}
 
-        def faked(rungs, _launch, settings, out, *args, **kwargs):
-            stages[settings["stage"]] = (kwargs["time_budget_s"], kwargs["settle_within_s"])
-            return run_ladder(rungs, launch, settings, out, *args, **kwargs)
+        def faked(rungs, work, settings, out, options, measure="speed"):
+            stages[settings["stage"]] = (options.time_budget_s, options.settle_within_s)
+            return run_ladder(rungs, Launching(launch, work), settings, out, options, measure)
 
-        monkeypatch.setattr(tune_module, "run_ladder", faked)
+        monkeypatch.setattr(search_module, "run_ladder", faked)
         decision = tune("resnet9", data="digits", image_size=16, out=tmp_path / f"tune-{settle}", show=False,
                         device="cpu", amp_dtype="bf16", switches=["autocast-bf16", "set_to_none", "channels_last"],
                         budget_s=800.0, settle=settle)

@@ -9,7 +9,7 @@ import torch
 
 from conftest import noisy_repeat, scored_rung, tiny_resnet
 from trainfast import Recipe
-from trainfast.ablate import pick_best, score_rungs
+from trainfast.ablation.scoring import pick_best, score_rungs
 from trainfast.measure import StepTime, Timing, detect_warmup, steps_to_time
 from trainfast.report import fmt_rate, fmt_sig
 import numpy as np
@@ -114,9 +114,9 @@ def test_ladder_scoring_judges_each_rung_against_baseline_and_the_rung_above():
              scored_rung("wrong", [400, 395], 0.60, precision="bf16", set_to_none=True, channels_last=True)]
     score_rungs(rungs, {"fp32": 1e12, "bf16": 2e12}, [0.90, 0.91, 0.89], flops_per_sample=1e9)
     amp, stn, wrong = (r.result for r in rungs[1:])
-    assert amp["verdict"] == FASTER and stn["verdict"] == FASTER
-    assert stn["vs_previous"]["rung"] == "amp" and stn["vs_previous"]["verdict"] == SAME
-    assert wrong["accuracy_flag"] and wrong["accuracy_delta"] < 0
+    assert amp.verdict == FASTER and stn.verdict == FASTER
+    assert stn.vs_previous["rung"] == "amp" and stn.vs_previous["verdict"] == SAME
+    assert wrong.accuracy_flag and wrong.accuracy_delta < 0
     best, tie, _ = pick_best(rungs)
     assert best.name == "amp" and set(tie) == {"amp", "set_to_none"}     # "wrong" loses accuracy: excluded
 
@@ -135,16 +135,13 @@ def test_reported_rate_agrees_with_the_wall_clock(digits16):
     """The Meter's steady rate against a clock read by the loop itself around the same steps."""
     from trainfast.engine import train_one_epoch
     from trainfast.recipe import resolve_device
-    from trainfast.trainer import build_meter, build_run, seed_everything
-    from trainfast.distributed import Dist
+    from trainfast.run import assemble_run
 
-    device = resolve_device("cpu")
     recipe = Recipe(batch_size=32, log_every=5)
-    seed_everything(0)
-    dist = Dist(device)
-    state, train_batches, _ = build_run(tiny_resnet(), digits16, recipe, device, dist, torch.nn.CrossEntropyLoss())
+    run = assemble_run(tiny_resnet, digits16, recipe, device=resolve_device("cpu"), env=False)
+    state, train_batches = run.state, run.train_batches
     stamps = []
-    meter = build_meter(state, dist)
+    meter = run.meter()
     t_start = time.perf_counter()
     stats = train_one_epoch(state, train_batches, torch.nn.CrossEntropyLoss(), meter,
                             after_step=lambda s: stamps.append(time.perf_counter()))
@@ -306,12 +303,36 @@ def test_a_gain_near_the_threshold_is_marked_and_not_climbed_to():
 
 # --- passes added while a verdict is unsettled ------------------------------------------------------------
 
+class FakeWork:
+    """The ablation's Work protocol around a fake launch: runs that return made-up records at once."""
+    dev, base, settings, flops_per_sample = torch.device("cpu"), Recipe(), {}, None
+
+    def __init__(self, launch) -> None:
+        self.launch = launch
+
+    def mark_effects(self, plan) -> None:
+        return None
+
+    def launcher(self, measure: str):
+        return self.launch
+
+    def metric(self, measure: str):
+        return ("accuracy", "max")
+
+    def after_run(self, plan):
+        return None
+
+
 def _settle_ladder(tmp_path, seed: int, settle_within_s: float | None, time_budget_s: float | None = None,
                    wall_time_s: float = 1.0):
     """baseline, set_to_none (no effect) and fused (+25%), 8% noise per process: run_ladder with a fake launch."""
     import dataclasses
 
-    from trainfast.ablate import Rung, TimingBudget, run_ladder
+    from trainfast.results import Rung
+
+    from trainfast.ablation.rung import TimingBudget
+
+    from trainfast.ablation.loop import LadderOptions, run_ladder
 
     template = scored_rung("x", [500.0], 0.95).repeats[0]
     rng = np.random.default_rng(seed)
@@ -328,15 +349,15 @@ def _settle_ladder(tmp_path, seed: int, settle_within_s: float | None, time_budg
     plan = [Rung("baseline", {}, Recipe()), Rung("set_to_none", {"set_to_none": True}, Recipe(set_to_none=True)),
             Rung("fused", {"optimizer_impl": "fused"}, Recipe(optimizer_impl="fused"))]
     settings = {"repeats": 3, "budget": dataclasses.asdict(TimingBudget()), "min_effect": 0.05}
-    result = run_ladder(plan, launch, settings, tmp_path / f"s{seed}-{settle_within_s}-{time_budget_s}",
-                        torch.device("cpu"), repeats=3, noise_seeds=3, budget=TimingBudget(), min_effect=0.05,
-                        mode="cumulative", resume=False, rung_timeout=None, show=False,
-                        settle_within_s=settle_within_s, time_budget_s=time_budget_s)
+    options = LadderOptions(repeats=3, noise_seeds=3, min_effect=0.05, show=False, settle_within_s=settle_within_s,
+                            time_budget_s=time_budget_s)
+    result = run_ladder(plan, FakeWork(launch), settings, tmp_path / f"s{seed}-{settle_within_s}-{time_budget_s}",
+                        options)
     return result, launched
 
 
 def test_passes_are_added_while_a_verdict_is_within_the_noise_and_the_pass_fits(tmp_path):
-    from trainfast.ablate import MAX_REPEATS
+    from trainfast.ablation.loop import MAX_REPEATS
 
     # this draw leaves fused's +25% at "?" after 3 passes: passes are added until the verdict is firm
     result, launched = _settle_ladder(tmp_path, 2, 1e6)
@@ -344,7 +365,7 @@ def test_passes_are_added_while_a_verdict_is_within_the_noise_and_the_pass_fits(
     passes = result.settings["settle"]["passes"]
     assert result.settings["repeats"] == 3 + len(passes) and 1 <= len(passes) <= MAX_REPEATS - 3
     assert "fused" in passes[0]["unsettled"] and [p["repeat"] for p in passes] == list(range(4, 4 + len(passes)))
-    assert fused["verdict"] == FASTER and fused["firm"] and len(result.rungs[2].repeats) == result.settings["repeats"]
+    assert fused.verdict == FASTER and fused.firm and len(result.rungs[2].repeats) == result.settings["repeats"]
     # every added pass runs every rung, interleaved, with a seed of its own
     assert launched[9:] == [(name, 3 + k) for k in range(len(passes)) for name in ("baseline", "set_to_none", "fused")]
     report = (result.out_dir / "report.md").read_text()
@@ -354,7 +375,7 @@ def test_passes_are_added_while_a_verdict_is_within_the_noise_and_the_pass_fits(
     for within in (None, 0.0, 1e-9):
         again, launched = _settle_ladder(tmp_path, 2, within)
         assert again.settings["repeats"] == 3 and "settle" not in again.settings and len(launched) == 9
-        assert again.rungs[2].result["firm"] is False                      # the ? that settling resolved
+        assert again.rungs[2].result.firm is False                      # the ? that settling resolved
 
 
 def test_a_time_budget_that_fits_the_plan_leaves_room_to_settle_and_one_that_cuts_it_does_not(tmp_path):
@@ -362,7 +383,7 @@ def test_a_time_budget_that_fits_the_plan_leaves_room_to_settle_and_one_that_cut
     # budget counted as a cut, so a search never added a pass)
     fits, _ = _settle_ladder(tmp_path, 2, 1e6, time_budget_s=1e6)
     assert fits.settings["budget_cut"]["skipped"] == [] and fits.settings["settle"]["passes"]
-    assert fits.rungs[2].result["firm"]
+    assert fits.rungs[2].result.firm
     # priced at 100 s a run, 700 s fit 2 passes of 3 rungs, not the 3 asked for: no pass is added after them
     cut, launched = _settle_ladder(tmp_path, 2, 1e6, time_budget_s=700.0, wall_time_s=100.0)
     assert cut.settings["budget_cut"]["repeats"] == 2 and "settle" not in cut.settings and len(launched) == 6
@@ -370,7 +391,7 @@ def test_a_time_budget_that_fits_the_plan_leaves_room_to_settle_and_one_that_cut
 
 def test_no_pass_is_added_when_every_verdict_is_firm(tmp_path):
     result, launched = _settle_ladder(tmp_path, 5, 1e6)
-    assert all(r.result["firm"] and (r.result.get("vs_previous") or {}).get("firm", True) for r in result.rungs[1:])
+    assert all(r.result.firm and (r.result.vs_previous or {}).get("firm", True) for r in result.rungs[1:])
     assert "settle" not in result.settings and len(launched) == 9
 
 
@@ -380,7 +401,7 @@ def test_the_report_says_how_often_a_rerun_repeats_every_verdict_at_once(tmp_pat
     from trainfast.report import joint_agreement
 
     result, _ = _settle_ladder(tmp_path, 2, None)        # fused's +25% left at "?" after 3 passes
-    chances = [r.result["agreement"] for r in result.rungs[1:]]
+    chances = [r.result.agreement for r in result.rungs[1:]]
     assert all(0 < c <= 1 for c in chances) and min(chances) < 0.8       # the ? verdict
     together = joint_agreement(result)
     assert together == math.prod(chances) and together < min(chances)
@@ -391,13 +412,13 @@ def test_the_report_says_how_often_a_rerun_repeats_every_verdict_at_once(tmp_pat
 def test_a_report_with_one_finished_baseline_run_says_there_is_no_accuracy_band(tmp_path):
     # a held-out accuracy with one baseline run (its other seeds failed): no band to judge with, said in words
     # (this crashed the report of a ViT ablation whose baseline kept one run of three)
-    from trainfast.ablate import AblationResult, Rung
+    from trainfast.results import AblationResult, Rung, RungResult, Status
     from trainfast.recipe import Recipe
     from trainfast.report import accuracy_note
 
-    base = Rung("baseline", {}, Recipe(), result={"accuracy": 0.34, "val_samples": 64}, status="partial")
-    amp = Rung("amp", {"precision": "bf16"}, Recipe(precision="bf16"), result={"accuracy": 0.45, "val_samples": 64},
-               status="done")
+    base = Rung("baseline", {}, Recipe(), result=RungResult(accuracy=0.34, val_samples=64), status=Status.PARTIAL)
+    amp = Rung("amp", {"precision": "bf16"}, Recipe(precision="bf16"), result=RungResult(accuracy=0.45, val_samples=64),
+               status=Status.DONE)
     result = AblationResult([base, amp], {}, tmp_path, Recipe(), "baseline", {}, [{"accuracy": 0.34}],
                             settings={"repeats": 3})
     assert "no noise band (one baseline run)" in accuracy_note(result)
@@ -406,11 +427,12 @@ def test_a_report_with_one_finished_baseline_run_says_there_is_no_accuracy_band(
 def test_a_gain_estimated_past_the_minimum_effect_but_not_resolved_asks_for_more_passes():
     # the default ladder, one noisy run: set_to_none over amp at 1.13x (0.97-1.31), "no measurable difference";
     # a quiet run called it faster by 12%. That call is unresolved, so --settle-within spends time on it.
-    from trainfast.ablate import Rung, unresolved
+    from trainfast.results import Rung, RungResult
+    from trainfast.ablation.scoring import unresolved
 
     def rung(verdict, speedup, above=None):
-        return Rung("r", {}, Recipe(), result={"verdict": verdict, "speedup": speedup, "firm": True,
-                                              "vs_previous": above})
+        return Rung("r", {}, Recipe(), result=RungResult(verdict=verdict, speedup=speedup, firm=True,
+                                                         vs_previous=above))
 
     same = "no measurable difference"
     assert unresolved(rung(FASTER, 1.74, {"verdict": same, "speedup": 1.13, "firm": True}))

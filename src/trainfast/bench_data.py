@@ -90,9 +90,10 @@ def build_torchvision_pipeline(root: Path, recipe, device: torch.device, image_s
 
 def bench_data(data: str, batch_size: int = 64, num_workers: int | str = 2, image_size: int = 224,
                passes: int = 5, device: str = "auto", print_fn=print, decode_cache: bool = True) -> dict[str, BenchResult]:
-    from .data.datasets import DataError, parse_data_spec
-    from .data.loader import resolve_num_workers
+    from .data.datasets import DataError
+    from .data.loading import parse_data_spec
     from .recipe import Recipe, resolve_device
+    from .run import prepare_data
 
     kind, arg = parse_data_spec(data)
     if kind != "imagefolder":
@@ -102,7 +103,7 @@ def bench_data(data: str, batch_size: int = 64, num_workers: int | str = 2, imag
     dev = resolve_device(device)
     recipe = Recipe(batch_size=batch_size, num_workers=num_workers, prefetch=True, persistent_workers=num_workers != 0)
     split = folder_split(root, image_size)
-    recipe = resolve_num_workers(recipe, split, dev)
+    split, recipe = prepare_data(split, recipe, dev)       # as the run prepares its data: workers resolved
     # No oversubscription: the main process gets the cores the workers leave (at least one). Its intra-op
     # threads would otherwise spin beside busy workers: on the 2-core dev machine with 2 workers, 2 main
     # threads cost the cached pipeline a third of its rate. Both pipelines run under the same setting.
@@ -121,8 +122,8 @@ def bench_data(data: str, batch_size: int = 64, num_workers: int | str = 2, imag
 
 def pipelines_for(split, recipe, dev: torch.device, root: Path, image_size: int, decode_cache: bool,
                   print_fn) -> dict:
-    from .data.imagefolder import with_decode_cache
-    from .trainer import build_batches
+    from .data.decoded_cache import with_decode_cache
+    from .data.pipeline import build_batches
 
     ours = build_batches(split.train, split, recipe, dev, train=True)
     pipelines = {OURS: ours, THEIRS: build_torchvision_pipeline(root, recipe, dev, image_size),

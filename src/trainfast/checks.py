@@ -18,7 +18,7 @@ from .envcheck import smoke_failures, summary
 # Thresholds, and why:
 MATERIAL_SHARE = 0.05   # a cause is worth a fix when it costs >= 5% of the step: the ablation's smallest
                         # effect it calls a gain (ablate --min-effect), below it the machine's noise wins
-INPUT_BOUND_SHARE = 0.20  # "input-bound": the loop waits for data >= 20% of each step (report.py's note uses
+INPUT_BOUND_SHARE = 0.20  # "input-bound": the loop waits for data >= 20% of each step (the ablation report's note uses
                           # the same line), and the cached-batch replay confirms the loop runs faster without it
 SYNCS_PER_STEP = 0.5    # a read every other step or more often is a per-step read; trainfast's own Meter
                         # reads once every log_every steps (0.2 per step at the default 10)

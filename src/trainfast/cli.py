@@ -1,6 +1,6 @@
-"""`trainfast ablate|tune|doctor|train`. Every Recipe field is one flag (`--set-to-none`, `--num-workers 2`, ...), generated
-from the dataclass so the two can never drift. Unknown flags, bad values and bad config keys are refused
-before any data is loaded or any model is built."""
+"""`trainfast ablate|tune|doctor|train|bench-data`. Every Recipe field is one flag (`--set-to-none`,
+`--num-workers 2`, ...), generated from the dataclass so the two can never drift. Unknown flags, bad values and
+bad config keys are refused before any data is loaded or any model is built."""
 from __future__ import annotations
 
 import argparse
@@ -9,9 +9,9 @@ import os
 import sys
 import typing
 from pathlib import Path
+from typing import Any, Callable
 
-from .distributed import RankTimeoutError
-from .measure import LossTermsError, NonFiniteLossError
+from . import __version__
 from .recipe import Recipe, RecipeError, field_docs, preset
 
 
@@ -127,16 +127,40 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     add_recipe_flags(parser)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .ablate import DETECTION_LADDER, MODES, RUNGS
+class LazyParser(argparse.ArgumentParser):
+    """A subcommand's parser whose flags are added on first use (parsing its arguments, or its help), so
+    `trainfast --help` and `trainfast --version` import no torch: the flags' choices and help name the tasks,
+    models and rungs, from modules that import it."""
 
-    parser = argparse.ArgumentParser(prog="trainfast", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    def __init__(self, *args: Any, add_flags: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_flags = add_flags
 
-    ab = sub.add_parser("ablate", help="measure what each technique buys on this model, data and machine")
+    def ensure_flags(self) -> None:
+        add_flags, self.add_flags = self.add_flags, None
+        if add_flags is not None:
+            add_flags(self)
+
+    def parse_known_args(self, args=None, namespace=None):     # what the parent parser calls on a subcommand
+        self.ensure_flags()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self.ensure_flags()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self.ensure_flags()
+        return super().format_help()
+
+
+def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
+    from .ablation import DETECTION_LADDER, LADDER_MODES, RUNGS
+
     add_common(ab)
-    ab.add_argument("--mode", choices=MODES, default="cumulative",
-                    help="cumulative: each rung adds to the previous (the seeds' ladder); each: one at a time")
+    ab.add_argument("--mode", choices=LADDER_MODES, default="cumulative",
+                    help="cumulative: each rung adds its switches to the rung above; each: one rung's switches at a time on the baseline")
     ab.add_argument("--rungs", default=None, help=f"comma-separated subset of: {','.join(RUNGS)} (fp32 = baseline); "
                                                   f"--task detection: {','.join(DETECTION_LADDER)}, or "
                                                   "non_blocking, fused, autocast-bf16, autocast-fp16")
@@ -154,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "most 8 repeats; default %(default)g, which keeps the default ablation under 3 minutes on 2 "
                          "cores; 0: never)")
     ab.add_argument("--timing-steps", type=_positive_int, default=16,
-                    help="steady steps (after warm-up) each run is timed over; short epochs are continued (default %(default)s)")
+                    help="steady steps (after warm-up) each run is timed over; short epochs are continued "
+                         "(default %(default)s)")
     ab.add_argument("--timing-seconds", type=_positive_float, default=60.0,
                     help="...or at least 8 steady steps once they take this long (slow models; default 60)")
     ab.add_argument("--min-effect", type=_fraction, default=0.05,
@@ -178,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--metric-goal", choices=("max", "min"), default=None,
                      help="whether the metric is better high or low (default: min for names with loss/err, else max)")
 
-    tu = sub.add_parser("tune", help="find the fastest recipe that keeps accuracy; writes best.yaml")
+
+def add_tune_flags(tu: argparse.ArgumentParser) -> None:
     add_common(tu)
     tu.add_argument("--budget", default="15m", help="time for the whole search, e.g. 600, 10m, 1h (default 15m); "
                                                     "stages that would not fit are shortened and the report says so")
@@ -206,8 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     tcmd.add_argument("--metric-goal", choices=("max", "min"), default=None,
                       help="whether the metric is better high or low (default: min for names with loss/err, else max)")
 
-    dr = sub.add_parser("doctor", help="what holds this run back, and the mistakes in it (a short run; "
-                                       "`-- python train.py ARGS` for your own script)")
+
+def add_doctor_flags(dr: argparse.ArgumentParser) -> None:
     add_common(dr)
     dr.add_argument("--steps", type=_positive_int, default=None,
                     help="timed steps after the watched ones (default 10; a script: 10 after 1 + 10 watched)")
@@ -215,20 +241,41 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--timeout", type=_positive_float, default=600.0,
                     help="with `-- COMMAND`: stop the script after this many seconds (default 600)")
 
-    tr = sub.add_parser("train", help="train with a recipe and write a run folder")
+
+def add_train_flags(tr: argparse.ArgumentParser) -> None:
     add_common(tr)
     tr.add_argument("--out", default=None, help="run folder (default: runs/train-<timestamp>)")
     tr.add_argument("--resume", default=None, metavar="auto|FILE",
                     help="auto: continue from the newest good checkpoint in --out DIR/checkpoints (fresh start when "
                          "there is none; use it under torchrun --max-restarts); FILE: resume from that checkpoint")
 
-    bd = sub.add_parser("bench-data", help="images/s of the input pipeline alone, beside torchvision's default")
+
+def add_bench_data_flags(bd: argparse.ArgumentParser) -> None:
     bd.add_argument("--data", required=True, help="imagefolder:PATH")
     bd.add_argument("--batch-size", type=_positive_int, default=64)
     bd.add_argument("--num-workers", type=_worker_count_or_auto, default=2, metavar="INT|auto")
     bd.add_argument("--image-size", type=_positive_int, default=224)
     bd.add_argument("--passes", type=_positive_int, default=5, help="timed passes over the folder per pipeline")
     bd.add_argument("--device", default="auto")
+
+
+# name -> (the line `trainfast --help` shows, what adds its flags)
+SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "ablate": ("measure what each technique buys on this model, data and machine", add_ablate_flags),
+    "tune": ("find the fastest recipe that keeps accuracy; writes best.yaml", add_tune_flags),
+    "doctor": ("what holds this run back, and the mistakes in it (a short run; `-- python train.py ARGS` for your "
+               "own script)", add_doctor_flags),
+    "train": ("train with a recipe and write a run folder", add_train_flags),
+    "bench-data": ("images/s of the input pipeline alone, beside torchvision's default", add_bench_data_flags),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trainfast", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"trainfast {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=LazyParser)
+    for name, (text, add_flags) in SUBCOMMANDS.items():
+        sub.add_parser(name, help=text, add_flags=add_flags)
     return parser
 
 
@@ -242,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     args.user_command = command
     if command is not None and args.command not in ("ablate", "tune", "doctor"):
         parser.error(f"`-- COMMAND` is for `trainfast ablate`, `tune` and `doctor`, not `trainfast {args.command}`")
+    from .distributed import RankTimeoutError       # these import torch: only once a command runs, never for
+    from .measure import LossTermsError, NonFiniteLossError   # --help or --version
+
     try:
         if args.command == "bench-data":
             from .bench_data import bench_data
@@ -282,27 +332,23 @@ def prepare_task(args: argparse.Namespace) -> Recipe:
 
 
 def _ablate(args, recipe: Recipe) -> int:
-    from .ablate import TimingBudget, ablate, ablate_command
+    from .ablation import TimingBudget, ablate, ablate_command
 
     rungs = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out DIR: the folder of the ablation to continue")
-    budget = TimingBudget(steps=args.timing_steps, seconds=args.timing_seconds)
+    options = dict(rungs=rungs, amp_dtype=args.amp_dtype, nproc=args.nproc, out=args.out,    # ablation/api.py
+                   mode=args.mode, repeats=args.repeats, noise_seeds=args.noise_seeds,
+                   budget=TimingBudget(steps=args.timing_steps, seconds=args.timing_seconds),
+                   min_effect=args.min_effect, resume=args.resume, rung_timeout=args.rung_timeout,
+                   settle_within_s=args.settle_within)
     try:
         if args.user_command is not None:
-            result = ablate_command(args.user_command, recipe=recipe, rungs=rungs, mode=args.mode,
-                                    amp_dtype=args.amp_dtype, device=args.device, out=args.out, measure=args.measure,
-                                    metric=args.metric, goal=args.metric_goal, noise_seeds=args.noise_seeds,
-                                    repeats=args.repeats, budget=budget, min_effect=args.min_effect,
-                                    resume=args.resume, rung_timeout=args.rung_timeout, nproc=args.nproc,
-                                    settle_within_s=args.settle_within)
+            result = ablate_command(args.user_command, recipe=recipe, device=args.device, measure=args.measure,
+                                    metric=args.metric, goal=args.metric_goal, **options)
         else:
-            result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe, rungs=rungs,
-                            task=args.task,
-                            mode=args.mode, amp_dtype=args.amp_dtype, device=args.device, out=args.out,
-                            noise_seeds=args.noise_seeds, repeats=args.repeats, min_effect=args.min_effect,
-                            budget=budget, resume=args.resume, rung_timeout=args.rung_timeout, nproc=args.nproc,
-                            settle_within_s=args.settle_within)
+            result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe,
+                            device=args.device, task=args.task, **options)
     except KeyboardInterrupt:
         return 130                        # the partial report is written; Display said where
 
@@ -310,7 +356,7 @@ def _ablate(args, recipe: Recipe) -> int:
 
 
 def _tune(args, recipe: Recipe) -> int:
-    from .ablate import TimingBudget
+    from .ablation import TimingBudget
     from .tune import parse_budget, tune
 
     if args.resume and args.out is None:
@@ -357,7 +403,7 @@ def _doctor(args, recipe: Recipe) -> int:
             print(f"trainfast doctor: {exc}", file=sys.stderr)
             return 1
     else:
-        from .data.datasets import load_data
+        from .data.loading import load_data
         from .models import build_model, check_model_name
 
         check_model_name(args.model)

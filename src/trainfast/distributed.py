@@ -136,13 +136,14 @@ class Dist:
             sampler.set_epoch(epoch)
 
     # --- model --------------------------------------------------------------------------------------
-    def probe_unused(self, model: nn.Module, task, dataset: Dataset, batch_size: int) -> list[str]:
-        """One forward/backward on a copy of the model with the first samples: parameters that get no
-        gradient are named in a warning, and DDP's find_unused_parameters (a full autograd-graph traversal
-        every step) is switched on only then. Costs one extra step on a copy, once, under DDP only."""
+    def probe_unused(self, model: nn.Module, loss_of: Callable[[nn.Module], torch.Tensor]) -> list[str]:
+        """One forward/backward on a copy of the model (`loss_of(copy)`: the run's summed loss on its first
+        samples): parameters that get no gradient are named in a warning, and DDP's find_unused_parameters (a
+        full autograd-graph traversal every step) is switched on only then. Costs one extra step on a copy,
+        once, under DDP only."""
         if not (self.enabled and self.strategy == "ddp") or self.find_unused_parameters:
             return []
-        unused = find_unused_parameters(model, task, dataset, batch_size, self.device)
+        unused = find_unused_parameters(model, loss_of, self.device)
         if unused:
             if self.is_main:
                 warnings.warn(
@@ -334,20 +335,14 @@ def setup_distributed(recipe, device: torch.device) -> Dist:
     return group
 
 
-def find_unused_parameters(model: nn.Module, task, dataset: Dataset, batch_size: int,
+def find_unused_parameters(model: nn.Module, loss_of: Callable[[nn.Module], torch.Tensor],
                            device: torch.device) -> list[str]:
-    """Names of trainable parameters with no gradient after one forward/backward on real samples. Runs on
-    a copy with the RNG forked, so the run's weights, BN statistics and random streams are untouched.
-    `task`: the run's task (tasks/), or a classification loss function."""
-    from .session import sum_losses
-    from .tasks import as_task
-
-    task = as_task(task)
-    inputs, targets = task.probe_batch([dataset[i] for i in range(min(batch_size, len(dataset)))], device)
+    """Names of trainable parameters with no gradient after one forward/backward (`loss_of(copy)`) on a copy
+    with the RNG forked, so the run's weights, BN statistics and random streams are untouched."""
     shadow = copy.deepcopy(model).to(device).train()
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        sum_losses(task.forward(shadow, inputs, targets)[1]).backward()
+        loss_of(shadow).backward()
     return [name for name, p in shadow.named_parameters() if p.requires_grad and p.grad is None]
 
 
@@ -367,7 +362,7 @@ def apply_fsdp(model: nn.Module, precision: str) -> nn.Module:
     return fully_shard(model, mp_policy=policy)
 
 
-# --- legacy nn.DataParallel with the loss inside each replica (seed 002's parallel criterion) ---------
+# --- legacy nn.DataParallel with the loss inside each replica (a parallel criterion: no imbalance on the first GPU) ---------
 # DataParallel runs one process driving all GPUs: it replicates the module every step, scatters inputs,
 # and gathers outputs on GPU 0. Gathering the logits and computing the loss there makes GPU 0 hold every
 # replica's outputs (it runs out of memory first) and serializes the loss. Here each replica computes its

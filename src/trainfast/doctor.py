@@ -34,7 +34,10 @@ import torch
 from torch import nn
 
 from .checks import Finding, Observations, run_checks
+from .engine import train_one_epoch
 from .envcheck import collect_environment
+from .measure import detect_warmup
+from .report import doctor_section, replace_doctor_section, saves_text
 from .watch import EnoughSteps, Watch
 
 DEFAULT_STEPS = 10          # timed steps: a median over the steps after warm-up (the watched pass warms up)
@@ -68,93 +71,75 @@ def repeat_passes(batches: Iterable, n: int) -> Iterator:
 def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: Callable | None = None,
                     recipe=None, *, device: str | torch.device = "auto", steps: int = DEFAULT_STEPS,
                     flops: bool = True) -> Observations:
-    """Run the built-in loop's three passes (module docstring) and return what they measured."""
-    from .data.loader import resolve_num_workers
-    from .distributed import setup_distributed
-    from .engine import train_one_epoch
-    from .measure import detect_warmup, peak_memory_bytes, reset_peak_memory
-    from .recipe import Recipe, resolve_device, validate_for_device
-    from .tasks.classification import Classification
-    from .techniques.runtime import apply_runtime_flags
-    from .trainer import build_meter, build_run, seed_everything
+    """Run the built-in loop's three passes (module docstring) on the built-in run as `train` assembles it
+    (run.py) and return what they measured."""
+    from .measure import peak_memory_bytes
+    from .run import assemble_run
 
-    recipe = recipe or Recipe()
-    dev = device if isinstance(device, torch.device) else resolve_device(device)
-    validate_for_device(recipe, dev)
-    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    run = assemble_run(model, split, recipe, device=device, loss_fn=loss_fn)
+    state, recipe, dev = run.state, run.recipe, run.device
     obs = Observations("built-in", str(dev), collect_environment())
-    dist = setup_distributed(recipe, dev)
     try:
-        apply_runtime_flags(recipe, dev)
-        seed_everything(recipe.seed)
-        module = model() if callable(model) and not isinstance(model, nn.Module) else model
-        recipe = resolve_num_workers(recipe, split, dev)
-        reset_peak_memory(dev)
-        task = Classification(loss_fn, dist)       # the built-in step's forward and loss (strategy=dp: per replica)
-        state, train_batches, val_batches = build_run(module, split, recipe, dev, dist, task)
         static = current_memory(dev)
-
-        def run(batches: Iterable, n: int) -> None:
-            """n optimizer steps of the shared engine (n x grad_accum_steps batches)."""
-            micro = n * recipe.grad_accum_steps
-            train_one_epoch(state, repeat_passes(batches, micro), task, build_meter(state, dist, task=task))
-
-        def run_steps(micro_batches: Iterable) -> list:
-            """One optimizer step of the shared engine on these micro-batches: its StepTimer entries."""
-            state.timer.read()
-            first = len(state.timer.steps)
-            train_one_epoch(state, micro_batches, task, build_meter(state, dist, task=task))
-            state.timer.read()
-            return state.timer.steps[first:]
-
         k = watch_steps(recipe.log_every)
         with Watch(state.forward, device_type=dev.type, sync_window=(1, 1 + k)) as watch:      # pass 1
-            run(train_batches, 1 + k)
+            run_steps(run, repeat_passes(run.train_batches, (1 + k) * recipe.grad_accum_steps))
         with Watch(state.model, device_type=dev.type, sync_window=(0, 0)) as evaluation:
-            task.evaluate(state.model, islice(val_batches, 2), state.precision, dist)
+            run.task.evaluate(state.model, islice(run.val_batches, 2), state.precision, run.dist)
         obs.dropout = watch.dropout_check()
         compiled_before = _compiled_frames()
-
-        # Passes 2 and 3, interleaved step by step (a loader step, then a replayed one): on a shared machine
-        # a slow spell lasts seconds and moves the step time by up to 1.7x, so a replay run after the timed
-        # steps would compare two spells, not two pipelines. One loader iterator across the steps (its
-        # workers start once); the replayed batch is cloned first, so the loader's next batches are untouched.
-        batch = _clone(next(iter(train_batches)))
-        loader_steps = repeat_passes(train_batches, steps * recipe.grad_accum_steps)
-        timed, replayed = [], []
-        for _ in range(steps):
-            timed += run_steps(islice(loader_steps, recipe.grad_accum_steps))                  # pass 2
-            replayed += run_steps([batch] * recipe.grad_accum_steps)                          # pass 3
-        warmup = detect_warmup([s.seconds for s in timed], min_skip=1)
-        steady = timed[warmup:]
-        replay = [s.seconds for s in replayed[warmup:]]       # the same steps left out: they warmed up together
+        batch = _clone(next(iter(run.train_batches)))
+        timed, replayed = time_and_replay(run, batch, steps)                                   # passes 2 and 3
         recompiles = _compiled_frames() - compiled_before if compiled_before is not None else None
-        memory = {"peak_bytes": peak_memory_bytes(dev), "static_bytes": static, "capacity_bytes": capacity(dev)}
-
-        profile = (profile_cuda(lambda n: run([batch] * (n * recipe.grad_accum_steps), n))
-                   if dev.type == "cuda" else None)
-        flops_per_sample, ceiling = (measure_flops(state.model, loss_fn, batch, recipe, dev) if flops
-                                     else (None, None))
+        obs.memory = {"peak_bytes": peak_memory_bytes(dev), "static_bytes": static, "capacity_bytes": capacity(dev)}
+        obs.cuda_profile = (profile_cuda(lambda n: run_steps(run, [batch] * (n * recipe.grad_accum_steps)))
+                            if dev.type == "cuda" else None)
+        loss_fn = getattr(run.task, "loss_fn", None)
+        obs.flops_per_sample, obs.ceiling_flops = (measure_flops(state.model, loss_fn, batch, recipe, dev)
+                                                   if flops and loss_fn is not None else (None, None))
     finally:
-        dist.close()
+        run.close()
     from .probe import compile_counters
 
-    obs.steps_run = state.step
-    obs.warmup_steps = warmup
+    warmup = detect_warmup([s.seconds for s in timed], min_skip=1)
+    steady = timed[warmup:]
+    obs.steps_run, obs.warmup_steps = state.step, warmup
     obs.step_seconds = [s.seconds for s in steady]
     obs.data_wait_s = [s.data_wait_s for s in steady]
     obs.samples = [s.samples for s in steady]
-    obs.replay_step_seconds = replay
+    obs.replay_step_seconds = [s.seconds for s in replayed[warmup:]]   # the same steps left out: they warmed up together
     _from_watch(obs, watch)
     obs.eval_forwards, obs.eval_graph = evaluation.eval_forwards, dict(evaluation.eval_graph)
     obs.num_workers = recipe.num_workers
     obs.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
-    obs.flops_per_sample, obs.ceiling_flops, obs.ceiling_dtype = flops_per_sample, ceiling, recipe.precision
-    obs.memory = memory
+    obs.ceiling_dtype = recipe.precision
     obs.compiled, obs.compile, obs.recompiles = recipe.compile, compile_counters(), recompiles
-    obs.cuda_profile = profile
     obs.notes.append(f"recipe: {json.dumps(recipe.to_dict())}")
     return obs
+
+
+def run_steps(run, micro_batches: Iterable) -> list:
+    """Optimizer steps of the shared engine on these micro-batches: their StepTimer entries."""
+    state = run.state
+    state.timer.read()
+    first = len(state.timer.steps)
+    train_one_epoch(state, micro_batches, run.task, run.meter())
+    state.timer.read()
+    return state.timer.steps[first:]
+
+
+def time_and_replay(run, batch, steps: int) -> tuple[list, list]:
+    """Passes 2 and 3, interleaved step by step (a loader step, then a replayed one): on a shared machine a
+    slow spell lasts seconds and moves the step time by up to 1.7x, so a replay run after the timed steps
+    would compare two spells, not two pipelines. One loader iterator across the steps (its workers start
+    once); the replayed batch was cloned first, so the loader's next batches are untouched."""
+    accum = run.recipe.grad_accum_steps
+    loader_steps = repeat_passes(run.train_batches, steps * accum)
+    timed, replayed = [], []
+    for _ in range(steps):
+        timed += run_steps(run, islice(loader_steps, accum))                  # pass 2
+        replayed += run_steps(run, [batch] * accum)                           # pass 3
+    return timed, replayed
 
 
 def _from_watch(obs: Observations, watch: Watch) -> None:
@@ -257,7 +242,7 @@ def observe_loop(loop: Callable[[], Any], *, steps: int = DEFAULT_STEPS, sync_st
 
 
 def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observations:
-    from .measure import detect_warmup, peak_memory_bytes
+    from .measure import peak_memory_bytes
     from .probe import compile_counters
 
     dev = torch.device(device)
@@ -407,7 +392,7 @@ def print_findings(findings: list[Finding], obs: Observations, console=None) -> 
     for col in ("#", "status", "check", "saves per step"):
         table.add_column(col)
     for i, f in enumerate(findings, 1):
-        table.add_row(str(i), f"[{style.get(f.status, '')}]{f.status}[/]", f.name, _saves(f))
+        table.add_row(str(i), f"[{style.get(f.status, '')}]{f.status}[/]", f.name, saves_text(f.cost_s, f.share, f.status))
     console.print(table)
     for i, f in enumerate(findings, 1):
         console.print(f"[bold]{i}. {f.name}[/bold] [{style.get(f.status, '')}]{f.status}[/]: {f.evidence}",
@@ -419,61 +404,13 @@ def print_findings(findings: list[Finding], obs: Observations, console=None) -> 
                                                     if problems else "; nothing to fix in what was checked"))
 
 
-def _saves(f: Finding) -> str:
-    if f.status != "problem":
-        return ""
-    if f.cost_s is None:
-        return "not measured"
-    share = "" if f.share is None else f" ({100 * f.share:.0f}%)" if f.share >= 0.01 else " (<1%)"
-    return f"{f.cost_s * 1e3:.3g} ms{share}"
-
-
-def markdown_section(out_dir: Path) -> list[str]:
-    """report.md's "Doctor" section from a doctor.json in the same folder (`trainfast doctor --out DIR` with the
-    ablation's DIR), or nothing when there is none: the problems, ranked, and how many checks were fine."""
-    path = Path(out_dir) / "doctor.json"
-    if not path.is_file():
-        return []
-    try:
-        data = json.loads(path.read_text())
-        findings = [Finding(**f) for f in data["findings"]]
-    except (ValueError, KeyError, TypeError) as exc:
-        return ["## Doctor", "", f"{path.name} could not be read ({exc}).", ""]
-    problems = [f for f in findings if f.status == "problem"]
-    lines = ["## Doctor", "", f"From `{path.name}` ({data.get('source')} run on {data.get('device')}): "
-             f"{len(problems)} problem(s), {sum(f.status == 'fine' for f in findings)} check(s) fine, "
-             f"{sum(f.status == 'not checked here' for f in findings)} not checked here.", ""]
-    lines += [f"{i}. **{f.name}** ({_saves(f)} per step): {f.evidence}. Fix: {f.fix}" for i, f in enumerate(problems, 1)]
-    return lines + [""] if problems else lines
-
-
-def update_report(out_dir: Path) -> bool:
-    """A report.md already in out_dir (an ablation's) gets the Doctor section, in place of an older one, before
-    its Recommendation; True when one was updated."""
-    from .checkpoint import atomic_write_text
-
-    path = Path(out_dir) / "report.md"
-    if not path.is_file():
-        return False
-    text = path.read_text()
-    start = text.find("\n## Doctor\n")
-    if start >= 0:
-        end = text.find("\n## ", start + 1)
-        text = text[:start + 1] + (text[end + 1:] if end >= 0 else "")
-    section = "\n".join(markdown_section(out_dir)) + "\n"
-    at = text.find("## Recommendation")
-    text = text[:at] + section + text[at:] if at >= 0 else text.rstrip("\n") + "\n\n" + section
-    atomic_write_text(path, text)
-    return True
-
-
 def doctor(obs: Observations, out_dir: str | Path, show: bool = True) -> list[Finding]:
     """The ranked findings of these observations: printed (show), written to out_dir/doctor.json, and into
     an ablation's report.md there if one exists."""
     out_dir = Path(out_dir)
     findings = run_checks(obs)
     write_doctor(out_dir, obs, findings)
-    update_report(out_dir)
+    replace_doctor_section(out_dir / "report.md", doctor_section(out_dir))
     if show:
         print_findings(findings, obs)
     return findings

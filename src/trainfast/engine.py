@@ -1,6 +1,6 @@
 """The built-in loop: `train_one_epoch`, shared by `train`, `ablate` and the benchmarks, for every task.
 
-The loop is a Session loop (session.py): it is written exactly as a user's own loop adopted with
+The loop is a Session loop (session/): it is written exactly as a user's own loop adopted with
 `trainfast.Session` is, on the same objects, so both get every technique from the same code. It reads top to
 bottom with no `if technique:` branch: a switched-off technique is a no-op object (fp32 `Precision`,
 `Clipper(None)`, the eager module instead of a compiled one, an optimizer step that acts on every batch
@@ -16,12 +16,13 @@ from .session import TrainState
 from .tasks import as_task
 
 
-def no_op(state: TrainState) -> None:
-    pass
+def no_step_hook(state: TrainState) -> None:
+    """train_one_epoch's default `after_step`: nothing runs after a training step (the trainer's checkpoint
+    cadence replaces it)."""
 
 
 def train_one_epoch(state: TrainState, batches: Iterable, task, meter: Meter,
-                    after_step: Callable[[TrainState], None] = no_op) -> EpochStats:
+                    after_step: Callable[[TrainState], None] = no_step_hook) -> EpochStats:
     """One pass over `batches`. `task`: the run's task (tasks/), or a classification loss function."""
     task = as_task(task)
     forward, optimizer, scheduler = state.forward, state.optimizer, state.scheduler
@@ -32,7 +33,7 @@ def train_one_epoch(state: TrainState, batches: Iterable, task, meter: Meter,
         state.backward(loss)                     # sums a dict; / grad_accum_steps, fp16 scaling, nonfinite=skip
         optimizer.step()                         # once per accumulation: unscale, clip, step (fp16: skipped
         scheduler.step()                         # on inf/NaN grads), O2's masters; the schedule follows it
-        optimizer.zero_grad(set_to_none=False)   # the seeds' baseline; recipe.set_to_none=True frees instead
+        optimizer.zero_grad(set_to_none=False)   # zeroes in place (the baseline); recipe.set_to_none=True frees instead
         meter.update(loss, outputs, targets)     # on the device (every term of a dict); read every log_every steps
         after_step(state)                        # checkpoint cadence (checkpoint.Checkpointer); no-op by default
     state.epoch += 1

@@ -1,16 +1,33 @@
-"""The doctor's environment facts (seed 002's checklist): library versions, the devices and what they
+"""The doctor's environment facts: library versions, the devices and what they
 support, the CPU flags that decide bf16 speed, thread counts, and a tiny convolution and matmul actually run
 on every device, with a failure explained in words (which build, which driver, which devices are visible)
 instead of a raw stack trace."""
 from __future__ import annotations
 
 import os
+import platform
 from typing import Any
 
 import torch
 
-from .report import CPU_FLAGS_THAT_MATTER, _cpu_name
 from .techniques.precision import cpu_flags
+
+# The CPU features that decide a CPU run's speed: vector width and fused multiply-add for fp32, and the
+# instructions that make bf16 (and int8) matmuls fast rather than emulated.
+CPU_FLAGS_THAT_MATTER = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_tile",
+                         "amx_int8")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), or what the platform says where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def collect_environment() -> dict[str, Any]:
@@ -31,7 +48,7 @@ def collect_environment() -> dict[str, Any]:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "cuda_available": cuda,
         "devices": [_cuda_device(i) for i in range(torch.cuda.device_count())] if cuda else [],
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_cores": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "cpu_flags": [f for f in CPU_FLAGS_THAT_MATTER if f in flags],

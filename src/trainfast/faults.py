@@ -1,4 +1,4 @@
-"""Non-finite loss policies (seed 004's detection loop stops on a NaN loss; we also offer skipping).
+"""Non-finite loss policies (a detection reference loop stops on a NaN loss; skipping is offered too).
 
 The engine asks `state.nonfinite.allows(loss, step)` before the backward pass:
 - "stop" (default) always allows and reads nothing: the Meter finds the NaN/inf at its next read (every

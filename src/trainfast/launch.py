@@ -37,7 +37,7 @@ class RunFailed(RuntimeError):
 class Command:
     argv: tuple[str, ...]
     nproc: int = 1                  # > 1: every run under torch.distributed.run (torchrun), this many ranks
-    mode: str = "speed"             # probe.MODES
+    mode: str = "speed"             # probe.PROBE_MODES
 
     def launch_argv(self) -> list[str]:
         """The argument list actually started: under --nproc, `python script.py ...` becomes

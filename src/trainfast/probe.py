@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 MEASURE_ENV = "TRAINFAST_MEASURE"
-MODES = ("speed", "full")
+PROBE_MODES = ("speed", "full")    # stop once the budget is timed, or let the run end by itself
 CHECK_EVERY = 8          # updates between two speed-mode decisions (each a collective under torchrun)
 MAX_BUDGETS = 4          # speed mode stops after this many times the steps first asked for, met or not
 
@@ -62,8 +62,8 @@ class MeasureSpec:
             spec = cls(**json.loads(text))
         except (ValueError, TypeError) as exc:
             raise MeasureError(f"{MEASURE_ENV}={text!r} is not a measurement spec: {exc}") from None
-        if spec.mode not in MODES:
-            raise MeasureError(f"{MEASURE_ENV}: mode {spec.mode!r} is not one of {', '.join(MODES)}")
+        if spec.mode not in PROBE_MODES:
+            raise MeasureError(f"{MEASURE_ENV}: mode {spec.mode!r} is not one of {', '.join(PROBE_MODES)}")
         return spec
 
 
@@ -266,9 +266,13 @@ def current() -> Probe | None:
 
 
 def install() -> None:
-    """What trainfast's sitecustomize calls in a measured run: the probe with its global optimizer hook."""
+    """What trainfast's sitecustomize calls in a measured run: the probe, told about every Session the script
+    creates (observers.py), with its global optimizer hook for a script that creates none."""
     probe = current()
     if probe is not None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
+        from .observers import observe_sessions
+
+        observe_sessions(probe)
         register_optimizer_step_post_hook(probe._global_step)

@@ -10,9 +10,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:                 # torch is imported where it is used: `trainfast --help` reads the Recipe
+    import torch
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 PRECISION_LEVELS = ("autocast", "master", "pure")   # Apex's O1, O2, O3 (fp32 is O0)
@@ -48,11 +49,11 @@ class Recipe:
     optimizer: str = "adamw"          # "sgd" (momentum 0.9) or "adamw"
     lr: float = 2e-3                  # peak learning rate
     weight_decay: float = 0.05        # decoupled for adamw, L2 for sgd
-    warmup_steps: int = 0             # linear LR warm-up from lr/warmup_steps to lr (seed 004)
+    warmup_steps: int = 0             # linear LR warm-up from lr/warmup_steps to lr
     seed: int = 0                     # one seed drives init, data order and per-worker streams
     grad_accum_steps: int = 1         # micro-batches per optimizer step (loss / k; DDP syncs on the k-th only)
 
-    # --- speed techniques (all off = the seeds' plain baseline loop) --------------------------
+    # --- speed techniques (all off = a plain PyTorch loop) --------------------------
     precision: str = "fp32"           # "fp32" | "bf16" | "fp16": autocast dtype; fp16 adds a GradScaler
     set_to_none: bool = False         # optimizer.zero_grad(set_to_none=True): no memset, grads freed
     non_blocking: bool = False        # host->device copies do not block the host (CUDA only)
@@ -69,7 +70,7 @@ class Recipe:
     cudnn_benchmark: bool = False     # let cuDNN autotune conv algorithms (CUDA only)
     grad_clip: float | None = None    # clip the global grad norm to this value (after unscaling)
     deterministic: bool = False       # torch.use_deterministic_algorithms(True), may be slower
-    # How a bf16/fp16 `precision` is applied (issue 3): "autocast" (O1: fp32 weights, autocast), "master" (O2:
+    # How a bf16/fp16 `precision` is applied: "autocast" (O1: fp32 weights, autocast), "master" (O2:
     # half weights, fp32 master copy in the optimizer, norms fp32), "pure" (O3: all half, risky). fp32 = O0.
     precision_level: str = "autocast"  # with bf16/fp16: "autocast" (O1), "master" (O2), "pure" (O3, risky)
 
@@ -218,6 +219,8 @@ def validate_fields(r: Recipe) -> None:
 
 def validate_for_device(r: Recipe, device: torch.device) -> None:
     """Checks that depend on where the run happens; called before any data or model is built."""
+    import torch
+
     if r.precision == "fp16" and device.type == "cpu" and not _cpu_supports_fp16_autocast():
         raise RecipeError("precision=fp16 is not supported by autocast on this CPU build of torch; use bf16")
     if r.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -235,6 +238,8 @@ def validate_for_device(r: Recipe, device: torch.device) -> None:
 
 
 def _cpu_supports_fp16_autocast() -> bool:
+    import torch
+
     try:
         with torch.autocast("cpu", dtype=torch.float16):
             torch.ones(2, 2) @ torch.ones(2, 2)
@@ -244,6 +249,8 @@ def _cpu_supports_fp16_autocast() -> bool:
 
 
 def resolve_device(name: str = "auto") -> torch.device:
+    import torch
+
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())

@@ -148,7 +148,7 @@ class BadFileTally:
 
 def join_run_tally(split: Any, max_fraction: float, size: int) -> RunTally:
     """The RunTally that a loader over `size` images built for `split` reports to. The loaders of one run
-    are built before any of them reads (trainer.build_run: train, then val) and share the tally, which
+    are built before any of them reads (the task's build_loaders: train, then val) and share the tally, which
     lives on the Split (`Split.bad_files`) because the Split is what they have in common. A loader built
     once reading has begun starts a new run: a second `train()` on the same Split counts from zero.
     Without a Split (`split=None`) the loader counts alone."""

@@ -33,7 +33,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..techniques.base import ACTS, Effect
-from .datasets import DataError
+from .datasets import DataError, Split
+from .imagefolder import ImageFiles, decode_bytes, read_bytes
 
 CACHE_FORMAT = 2     # 2: HWC pixel order
 HEADROOM = 1.05          # free space required: the pixels plus 5%
@@ -42,8 +43,6 @@ SMALL_FOLDER = 256       # fewer images than this decode in the calling process
 
 def effect(split) -> Effect:
     """The cache replaces decoding files: it acts when the data is read from an image folder."""
-    from .imagefolder import ImageFiles
-
     if split is None or any(isinstance(d, ImageFiles) for d in (split.train, split.val)):
         return ACTS
     return Effect(False, "decode_cache acts on image folders only; this data is already in memory")
@@ -84,8 +83,6 @@ class _DecodeInto(Dataset):
         return len(self.paths)
 
     def __getitem__(self, index: int) -> tuple[int, bool]:
-        from .imagefolder import decode_bytes, read_bytes
-
         height, width = self.shapes[index]
         if height == 0:
             return index, False
@@ -194,3 +191,24 @@ def open_or_build(paths: list[Path], workers: int | None = None, log=print, buil
         log(f"decode_cache: {int((~cached).sum())} image(s) could not be decoded; they are read from their "
             f"files (and skipped and counted there if they stay unreadable)")
     return DecodedPixels(folder, offsets, shapes, cached)
+
+
+def with_decode_cache(split: Split, recipe, dist=None, log=print) -> Split:
+    """The split with its image-folder datasets reading from the decode cache (built on first use)
+    when the recipe asks for it; unchanged otherwise. Under torchrun, rank 0 builds it and the other
+    ranks wait for the finished cache to appear (a build can outlast any collective's timeout)."""
+    import copy
+    import dataclasses
+
+    if not recipe.decode_cache:
+        return split
+    main = dist is None or dist.is_main
+    datasets = {}
+    for name in ("train", "val"):
+        dataset = getattr(split, name)
+        if isinstance(dataset, ImageFiles):
+            dataset = copy.copy(dataset)
+            dataset.pixels = open_or_build([path for path, _ in dataset.samples], log=log if main else (lambda _: None),
+                                           build=main)
+        datasets[name] = dataset
+    return dataclasses.replace(split, **datasets)

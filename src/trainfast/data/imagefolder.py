@@ -227,29 +227,6 @@ class ImageFiles(Dataset):
         return image, label
 
 
-def with_decode_cache(split: Split, recipe, dist=None, log=print) -> Split:
-    """The split with its image-folder datasets reading from the decode cache (built on first use)
-    when the recipe asks for it; unchanged otherwise. Under torchrun, rank 0 builds it and the other
-    ranks wait for the finished cache to appear (a build can outlast any collective's timeout)."""
-    import copy
-    import dataclasses
-
-    from .decoded_cache import open_or_build
-
-    if not recipe.decode_cache:
-        return split
-    main = dist is None or dist.is_main
-    datasets = {}
-    for name in ("train", "val"):
-        dataset = getattr(split, name)
-        if isinstance(dataset, ImageFiles):
-            dataset = copy.copy(dataset)
-            dataset.pixels = open_or_build([path for path, _ in dataset.samples], log=log if main else (lambda _: None),
-                                           build=main)
-        datasets[name] = dataset
-    return dataclasses.replace(split, **datasets)
-
-
 def load_imagefolder(path: str, image_size: int = 224) -> Split:
     root = Path(path)
     if (root / "train").is_dir() and (root / "val").is_dir():

@@ -1,4 +1,4 @@
-"""Detection-specific pieces of the loop: seed 004's warm-up and evaluation as COCO mAP.
+"""Detection-specific pieces of the loop: the first-epoch warm-up and evaluation as COCO mAP.
 
 The training step itself is the built-in loop's (a detector in train mode returns a dict of losses, which
 the loop sums for backward); what differs for detection lives here.

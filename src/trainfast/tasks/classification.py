@@ -6,7 +6,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from ..measure import count_correct
+from ..measure import count_correct, count_train_flops
 from ..recipe import Recipe, RecipeError
 
 
@@ -77,7 +77,7 @@ class Classification:
 
     # --- data, model, schedule --------------------------------------------------------------------------
     def load_data(self, spec: str, image_size: int | None):
-        from ..data.datasets import load_data
+        from ..data.loading import load_data
 
         return load_data(spec, image_size)
 
@@ -102,7 +102,7 @@ class Classification:
         return resolve_num_workers(recipe, split, device)
 
     def build_loaders(self, split, recipe, device: torch.device, dist) -> tuple[Any, Any]:
-        from ..trainer import build_loaders
+        from ..data.pipeline import build_loaders
 
         return build_loaders(split, recipe, device, dist)
 
@@ -115,6 +115,26 @@ class Classification:
         return field_effect(field, device, model, split)
 
     def flops_per_sample(self, model: nn.Module, split, recipe) -> float | None:
-        from ..ablate import count_flops_per_sample
+        """Model FLOPs of one training sample (forward + backward), counted on a batch of two (FLOPs scale
+        with the batch; memory format and precision do not change the count); None when the counter cannot
+        trace the model (every other number is still measured)."""
+        sample = first_readable(split.train)
+        batch = 2
+        inputs = torch.zeros((batch, *sample.shape))
+        targets = torch.zeros(batch, dtype=torch.long)
+        try:
+            return count_train_flops(model, self.loss_fn, inputs, targets) / batch
+        except Exception:
+            return None
 
-        return count_flops_per_sample(model, self.loss_fn, split, recipe)
+
+def first_readable(dataset, tries: int = 100) -> torch.Tensor:
+    """The first input of `dataset` that decodes (its shape sizes the FLOP count); an unreadable file is
+    the bad-file tally's business during training, not a reason for the count to crash."""
+    from ..data.datasets import DataError, Skipped
+
+    for index in range(min(tries, len(dataset))):
+        item = dataset[index]
+        if not isinstance(item, Skipped):
+            return item[0]
+    raise DataError(f"none of the first {min(tries, len(dataset))} training images could be read")

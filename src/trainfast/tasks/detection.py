@@ -24,7 +24,7 @@ from ..techniques.base import Effect
 # Where `trainfast train --task detection` starts when no --recipe is given (flags still override it): the
 # settings the detection defaults were measured with (detection/models.py: AdamW lr 1e-3, batch 4), weight
 # decay as torchvision's detection reference, and 3 epochs, a few minutes on 2 cores for Faster R-CNN on the
-# built-in data. The warm-up is seed 004's (apply_schedule), so warmup_steps stays 0.
+# built-in data. The warm-up is the detection reference's first-epoch warm-up (apply_schedule), so warmup_steps stays 0.
 DEFAULT_RECIPE = Recipe(epochs=3, batch_size=4, lr=1e-3, weight_decay=1e-4, log_every=8)
 
 
@@ -86,7 +86,7 @@ class Detection:
 
     # --- data, model, schedule --------------------------------------------------------------------------
     def load_data(self, spec: str, image_size: int | None):
-        from ..detection.data import load_detection_data
+        from ..detection.loading import load_detection_data
 
         if image_size is not None:
             raise RecipeError(f"--image-size {image_size}: detection models resize their images themselves "

@@ -1,4 +1,4 @@
-"""Global grad-norm clipping (seed 004's reference engine clips after unscaling). Under fp16 the gradients
+"""Global grad-norm clipping (as torchvision's detection reference engine does, after unscaling). Under fp16 the gradients
 are unscaled first, so the threshold means the same thing at every loss scale; under O2 the clipped
 tensors are the fp32 masters, the ones the optimizer steps."""
 from __future__ import annotations

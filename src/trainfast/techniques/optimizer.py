@@ -34,7 +34,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], recipe) -> torch.optim
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
-    """Linear warm-up over `warmup_steps` (seed 004's warmup_lr_scheduler), then constant. With 0 warm-up
+    """Linear warm-up over `warmup_steps` (the detection reference's warmup_lr_scheduler), then constant. With 0 warm-up
     steps the factor is exactly 1.0, so the LR is bit-identical to no scheduler."""
     # Under fp16 the GradScaler skips optimizer.step() on overflow (always on the first steps, while the
     # scale calibrates); the schedule still advances once per step, as in torchvision's reference

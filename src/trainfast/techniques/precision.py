@@ -7,7 +7,7 @@ torch.amp only covers O1):
   O2 `master`   bf16 | fp16    weights and activations in half, BatchNorm/LayerNorm/GroupNorm kept fp32 (Apex's
                                keep_batchnorm_fp32); the optimizer owns fp32 master copies: half gradients are
                                copied and unscaled into fp32, clipped, stepped (weight decay too) in fp32, and the
-                               result copied back to the half weights (seed 000's seven steps)
+                               result copied back to the half weights (Apex O2's recipe)
   O3 `pure`     bf16 | fp16    everything half, the optimizer steps the half weights: no master copy. Risky,
                                kept for comparison: an update smaller than half precision's spacing is lost.
 fp16 levels use dynamic loss scaling (skip the step on inf/NaN gradients and halve the scale, double it after
@@ -87,7 +87,7 @@ class Precision:
 
     def optimizer_params(self, model: nn.Module) -> list[torch.Tensor]:
         """The tensors the optimizer updates and the clipper clips (O2: the fp32 masters): one per trainable
-        parameter, in `model.parameters()` order (session.py maps a user's optimizer onto them by position)."""
+        parameter, in `model.parameters()` order (session/ maps a user's optimizer onto them by position)."""
         return [p for p in model.parameters() if p.requires_grad]
 
     def forward_context(self) -> contextlib.AbstractContextManager:

@@ -1,4 +1,4 @@
-"""The prefetcher (seed 000's "fast data prefetcher", NVIDIA Apex's ImageNet example): batches travel as
+"""The prefetcher (the "fast data prefetcher" of NVIDIA Apex's ImageNet example): batches travel as
 uint8 (4x fewer bytes than float32), batch i+1 is copied on a side stream while batch i computes, and
 float conversion + normalization run on the device instead of per sample in the workers.
 

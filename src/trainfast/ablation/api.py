@@ -1,0 +1,88 @@
+"""`trainfast.ablate(...)` and `ablate -- COMMAND`: a ladder planned, its work prepared and checked, the loop run."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..recipe import Recipe, resolve_device
+from ..results import AblationResult, Status
+from .ladders import plan_rungs
+from .loop import LadderOptions, check_positive_int, run_ladder
+from .work import BuiltinSpec, prepare_builtin, prepare_command
+
+# What `ablate` and `ablate_command` take beside their work: LadderOptions' fields, plus these.
+PLAN_OPTIONS = ("rungs", "amp_dtype", "nproc", "out")
+
+
+def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], LadderOptions]:
+    """(the plan's options, the loop's LadderOptions) from ablate()'s keyword arguments; an unknown one is
+    refused with the names it can be."""
+    known = {f.name for f in dataclasses.fields(LadderOptions)}
+    unknown = sorted(set(options) - known - set(PLAN_OPTIONS))
+    if unknown:
+        raise TypeError(f"ablate(): unknown option(s) {', '.join(unknown)}; choose from "
+                        f"{', '.join(sorted(known | set(PLAN_OPTIONS)))}")
+    plan = {k: options[k] for k in PLAN_OPTIONS if k in options}
+    plan.setdefault("nproc", 1)
+    check_positive_int("--nproc", plan["nproc"])
+    loop = LadderOptions(**{k: v for k, v in options.items() if k in known and not (k == "budget" and v is None)})
+    return plan, loop
+
+
+def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None, val_set=None, loss_fn=None, *,
+           data: str | None = None, image_size: int | None = None, recipe: Recipe | None = None,
+           device: str = "auto", mean=None, std=None, task: str | None = None, **options) -> AblationResult:
+    # 11 named parameters: the built-in work as users describe it (model, data, loss, task), the same names as
+    # trainfast.train takes; everything about the ladder itself goes through **options (LadderOptions).
+    """Run the ladder on the built-in run and write the report folder. `model` is a timm/built-in name (or a
+    detection model's) or a picklable zero-argument factory (each rung runs in its own process, so lambdas
+    cannot cross). With `train_set`/`val_set` the datasets are used instead of `data` (default: the task's
+    built-in data). `task`: classification, or detection (inferred from a detection model's name or a
+    DetectionSplit): its own ladder and every rung judged on COCO mAP instead of accuracy.
+
+    `options`: `rungs` (names; default the task's ladder), `amp_dtype` ("auto", "bf16", "fp16"), `nproc` (>1:
+    every rung as that many DDP processes, rank 0 reporting), `out` (the report folder), and every field of
+    LadderOptions (mode, repeats, noise_seeds, budget, min_effect, resume, rung_timeout, show,
+    settle_within_s). Every rung runs `repeats` times, each in a fresh process, interleaved, repeat i with seed
+    recipe.seed + i; the baseline `noise_seeds` times in all, so the accuracy band includes seed-to-seed
+    training noise."""
+    plan_opts, opts = split_options(options)
+    spec = BuiltinSpec(model, train_set, val_set, loss_fn, data, image_size, mean, std, task)
+    work = prepare_builtin(spec, recipe, device, plan_opts["nproc"])
+    plan = plan_rungs(work.base, plan_opts.get("rungs"), opts.mode, plan_opts.get("amp_dtype", "auto"), work.dev,
+                      work.job.task)
+    work.mark_effects(plan)
+    settings = {**work.settings, "mode": opts.mode, "repeats": opts.repeats, "noise_seeds": opts.noise_seeds,
+                "nproc": plan_opts["nproc"], "budget": dataclasses.asdict(opts.budget), "min_effect": opts.min_effect,
+                "rungs": {r.name: r.recipe.to_dict() for r in plan if r.status != Status.NO_EFFECT}}
+    return run_ladder(plan, work, settings, plan_opts.get("out"), opts)
+
+
+def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, device: str = "auto",
+                   measure: str = "speed", metric: str | None = None, goal: str | None = None,
+                   **options) -> AblationResult:
+    """`trainfast ablate -- COMMAND`: the ladder on a user's own training command (work.CommandWork). Every run
+    starts the command with the rung's switches in TRAINFAST_RECIPE; the probe in it (probe.py) times its
+    steps and writes the result. `measure="speed"`: each run stops once warm-up plus the timing budget is
+    timed. `measure="full"`: each runs to its end and the metric it reports with `tf.report` (`metric`,
+    default the first one reported; `goal` "max" or "min", default "min" for names with loss/error in them)
+    is compared with the baseline's noise band, as the built-in ablation compares accuracy. A command that
+    never creates a trainfast.Session is measured too (steps/s from the global optimizer hook); every other
+    rung is then reported as having no effect on it. `options`: as ablate()'s."""
+    plan_opts, opts = split_options(options)
+    if measure != "full":           # speed mode: nothing to judge accuracy on, so no extra baseline seeds
+        opts = dataclasses.replace(opts, noise_seeds=opts.repeats)
+    base = recipe or Recipe()
+    dev = resolve_device(device)
+    plan = plan_rungs(base, plan_opts.get("rungs"), opts.mode, plan_opts.get("amp_dtype", "auto"), dev)
+    work = prepare_command(command, [r.changes for r in plan], recipe=base, device=device, nproc=plan_opts["nproc"],
+                           measure=measure, budget=opts.budget, metric=metric, goal=goal)
+    work.mark_effects(plan)
+    settings = {**work.settings, "measure": measure, "metric": {"name": metric, "goal": goal}, "mode": opts.mode,
+                "repeats": opts.repeats, "noise_seeds": opts.noise_seeds, "device": str(dev),
+                "budget": dataclasses.asdict(opts.budget), "min_effect": opts.min_effect,
+                "rungs": {r.name: work.fields(r.recipe) for r in plan if r.status != Status.NO_EFFECT}}
+    return run_ladder(plan, work, settings, plan_opts.get("out"), opts, measure)

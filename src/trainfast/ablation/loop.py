@@ -1,0 +1,280 @@
+"""The interleaved loop: one ablation's runs, for every kind of work alike (work.py).
+
+Every rung runs `repeats` times, each in a fresh process, in interleaved passes (every rung once, then every
+rung again; repeat i with seed + i in every rung), so a slow spell of the machine hits all rungs alike. Each
+finished run is kept in the run store (an interrupted ablation resumes), the ladder is scored after every run
+(scoring.py) and shown live; the report is written at the end (report/).
+
+The loop owns its time: `LadderOptions.time_budget_s` cuts the plan to fit after the first run has priced
+one (fewer repeats first, then the last rungs), and `settle_within_s` adds passes while a verdict is one a
+rerun may not repeat, as long as another pass ends within that many seconds of the start.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..measure import measure_ceiling
+from ..recipe import RecipeError
+from ..results import AblationResult, Rung, Status
+from ..stats import MIN_EFFECT
+from ..techniques.precision import DTYPES
+from .rung import TimingBudget
+from .scoring import pick_best, score_rungs, seed_summary, unresolved
+from .server import wait_rung_server
+from .store import RunStore, write_json
+from .work import Work
+
+MAX_REPEATS = 8                 # settling adds passes up to this many repeats of every rung
+SETTLE_WITHIN_S = 150.0         # the built-in ablation's default: what keeps `make ablate` under 3 minutes
+
+
+@dataclass(frozen=True)
+class LadderOptions:
+    """How a ladder is run and judged; checked when made, before any work starts.
+
+    repeats: timed runs of every rung (interleaved). noise_seeds: baseline runs in all, the extra ones for
+    accuracy only (the accuracy band's seed-to-seed noise). budget: steady steps each run is timed over.
+    min_effect: a difference below it (a fraction) is never called a gain or a loss. rung_timeout: seconds
+    a run may take (default: 10x the baseline's first run, at least 300 s). settle_within_s: passes added
+    while a verdict is within the noise (None or 0: exactly `repeats`). time_budget_s: the seconds the whole
+    ladder may take (the first run prices the rest; the plan is cut to fit)."""
+    mode: str = "cumulative"
+    repeats: int = 3
+    noise_seeds: int = 3
+    budget: TimingBudget = field(default_factory=TimingBudget)
+    min_effect: float = MIN_EFFECT
+    resume: bool = False
+    rung_timeout: float | None = None
+    show: bool = True
+    settle_within_s: float | None = SETTLE_WITHIN_S
+    time_budget_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--noise-seeds", self.noise_seeds), ("--repeats", self.repeats)):
+            check_positive_int(flag, value)
+        if self.rung_timeout is not None and not self.rung_timeout > 0:
+            raise RecipeError(f"--rung-timeout {self.rung_timeout!r} must be a positive number of seconds")
+        if not 0 <= self.min_effect < 1:
+            raise RecipeError(f"--min-effect {self.min_effect!r} must be a fraction in [0, 1), e.g. 0.05 for 5%")
+
+
+def check_positive_int(flag: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise RecipeError(f"{flag} {value!r} must be a positive integer")
+
+
+@dataclass
+class Cut:
+    """What the time budget cut from the plan, priced by the first run."""
+    seconds_per_run: float
+    rungs: int
+    repeats: int
+    asked: dict[str, int]
+    skipped: list[str]
+
+    @property
+    def trimmed(self) -> bool:
+        return trimmed(self.to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seconds_per_run": self.seconds_per_run, "rungs": self.rungs, "repeats": self.repeats,
+                "asked": self.asked, "skipped": self.skipped}
+
+
+def trimmed(cut: dict[str, Any] | None) -> bool:
+    """Whether a cut (a result's settings["budget_cut"]) left fewer repeats or rungs than asked: no pass is added
+    to a ladder that could not even fit its plan."""
+    return cut is not None and bool(cut["skipped"] or cut["repeats"] < cut["asked"]["repeats"])
+
+
+def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float) -> tuple[int, int]:
+    """How many rungs (the plan's first ones, baseline included) and repeats fit `seconds_left` at `per_run`
+    seconds a run, one run (the first) already done. Repeats go first, down to 2 (the fewest that give a
+    process-to-process spread, so an interval); then the last rungs, down to 2 (a baseline and one rung).
+    The plan's order is its priority: the precision levels, the largest gains, come first. Two rungs get 3
+    repeats, not 2, when that many are asked for: at 2 the interval has one degree of freedom and no verdict."""
+    floor = min(repeats, 2)
+    runs_left = 1 + max(0.0, seconds_left) / max(per_run, 1e-9)      # the runs the budget pays for, the first included
+    fitted = max(floor, min(repeats, int(runs_left // rungs)))
+    if rungs * fitted <= runs_left:
+        return rungs, fitted
+    kept = min(rungs, max(2, int(runs_left // fitted)))
+    if kept == 2 and fitted == 2:
+        # Two rungs twice leave the pooled noise one degree of freedom (t = 12.7 at 95%): even a 2x gain at 7%
+        # noise is "no measurable difference". A third repeat (two degrees, t = 4.3) is what a verdict needs.
+        fitted = min(repeats, 3)
+    return kept, fitted
+
+
+class LadderRun:
+    """One ladder's runs (module docstring). `run()` returns the scored result and writes the report folder;
+    on Ctrl-C it writes the partial report and raises KeyboardInterrupt (resume with the same out_dir)."""
+
+    def __init__(self, plan: list[Rung], work: Work, settings: dict[str, Any], out_dir: Path,
+                 options: LadderOptions, measure: str = "speed") -> None:
+        self.plan, self.work, self.settings, self.out_dir, self.opts = plan, work, settings, out_dir, options
+        self.launch = work.launcher(measure)
+        self.metric = work.metric(measure)
+        self.after_run = work.after_run(plan)
+        self.repeats, self.noise_seeds = options.repeats, options.noise_seeds
+        self.measured = [r for r in plan if r.status != Status.NO_EFFECT]
+        # Interleaved: repeat 0 of every rung, then repeat 1 of every rung, ...; the baseline's extra seeds last.
+        self.queue = [(rung, i, options.budget) for i in range(self.repeats) for rung in self.measured]
+        self.queue += [(plan[0], i, None) for i in range(self.repeats, self.noise_seeds)]
+        self.next_index = max(self.repeats, self.noise_seeds)
+        self.seed_runs: list[dict[str, Any]] = []
+        self.cut: Cut | None = None
+        self.pass_times: dict[int, list[float]] = {}    # repeat index -> [start, end] of that pass's timed runs
+        self.added: list[dict[str, Any]] = []           # the passes settling added, and why
+        self.started = time.monotonic()
+        self.ceilings: dict[str, float] = {}
+
+    def run(self) -> AblationResult:
+        from ..report import Display, environment
+
+        store = RunStore(self.out_dir, self.settings, self.opts.resume)
+        wait_rung_server()
+        self.ceilings = {p: measure_ceiling(self.work.dev, DTYPES[p])
+                         for p in dict.fromkeys(r.recipe.precision for r in self.measured)}
+        env = environment(self.work.dev)
+        display = Display(self.plan, self.ceilings, env, show=self.opts.show, settings=self.settings)
+        interrupted = False
+        with display:
+            try:
+                while self.queue or self.add_pass():
+                    self.run_next(store, display)
+                    self.rescore()
+                    display.update()
+            except KeyboardInterrupt:
+                interrupted = True
+            if not interrupted:
+                # The ceiling is a peak: measured again after the ladder and the higher kept, so a slow spell
+                # on a shared machine at the start does not put rungs "above" it.
+                self.ceilings.update({p: max(c, measure_ceiling(self.work.dev, DTYPES[p]))
+                                      for p, c in self.ceilings.items()})
+            for rung in self.plan:
+                if rung.status == Status.PARTIAL and interrupted:
+                    rung.status = Status.DONE        # a partial report still shows what was measured
+            self.rescore()
+        result = self.result(env)
+        display.final(result, interrupted)
+        if interrupted:
+            raise KeyboardInterrupt
+        return result
+
+    def run_next(self, store: RunStore, display) -> None:
+        """The next run of the queue: read back from the store, or launched; its rung updated."""
+        rung, i, budget = self.queue.pop(0)
+        if rung.status in (Status.NO_EFFECT, Status.SKIPPED):     # no-effect: found out by an earlier run
+            return
+        recipe = rung.recipe.replace(seed=rung.recipe.seed + i)
+        key = f"{rung.name}-r{i}"
+        timed = budget is not None          # a timed repeat; else a baseline's accuracy-only seed
+        if timed:
+            self.pass_times.setdefault(i, [time.monotonic(), 0.0])
+        result = store.load(key)
+        if result is None:
+            rung.status = Status.RUNNING
+            display.start_rung(rung, recipe.seed, len(rung.repeats) + 1 if timed else i + 1,
+                               self.repeats if timed else self.noise_seeds)
+            run_dir = self.out_dir / "rungs" / key
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_json(run_dir / "recipe.json", recipe.to_dict())
+            result = self.launch(rung, recipe, budget, run_dir, display, self.time_limit())
+            if "error" not in result:
+                store.save(key, result)
+        else:
+            display.reused(rung, i)
+        if "error" in result:
+            rung.fail(result["error"], result.get("log_tail", ""))
+        elif rung.status != Status.FAILED:
+            (rung.repeats if timed else rung.seed_runs).append(result)
+            rung.status = Status.DONE if len(rung.repeats) == self.repeats else Status.PARTIAL
+        if timed:
+            self.pass_times[i][1] = time.monotonic()
+        if self.after_run is not None:
+            self.after_run(rung, result)
+        if self.opts.time_budget_s is not None and self.cut is None and "error" not in result:
+            self.fit_budget(result)
+
+    def time_limit(self) -> float | None:
+        """--rung-timeout, or by default 10x the baseline's first run (at least 5 minutes: compilation alone
+        can take that); the first run itself is unlimited by default."""
+        if self.opts.rung_timeout is not None:
+            return self.opts.rung_timeout
+        walls = [r["wall_time_s"] for r in self.plan[0].repeats if r.get("wall_time_s")]
+        return max(300.0, 10 * walls[0]) if walls else None
+
+    def fit_budget(self, first: dict[str, Any]) -> None:
+        """After the first run: the plan cut to the time budget, priced by that run (the baseline's, fp32:
+        usually the slowest), whole-process wall time."""
+        per_run = max(time.monotonic() - self.started, first.get("wall_time_s") or 0.0)
+        left = self.opts.time_budget_s - (time.monotonic() - self.started)
+        rungs_kept, repeats_kept = fit_to_budget(len(self.measured), self.repeats, per_run, left)
+        self.cut = Cut(per_run, rungs_kept, repeats_kept, {"rungs": len(self.measured), "repeats": self.repeats},
+                       [r.name for r in self.measured[rungs_kept:]])
+        for skipped in self.measured[rungs_kept:]:
+            skipped.status = Status.SKIPPED
+            skipped.reason = (f"would not fit the time budget ({self.opts.time_budget_s:.0f} s at ~{per_run:.0f} s "
+                              f"a run, {repeats_kept} repeats)")
+        self.repeats = self.noise_seeds = repeats_kept
+        self.queue = [(r, j, b) for r, j, b in self.queue if j < repeats_kept and r.status != Status.SKIPPED]
+
+    def add_pass(self) -> bool:
+        """Queue one more pass of every measured rung, if a verdict is unsettled or a gain unresolved and the
+        pass fits settle_within_s; whether one was queued."""
+        self.queue = self.another_pass()
+        return bool(self.queue)
+
+    def another_pass(self) -> list[tuple[Rung, int, TimingBudget]]:
+        """The runs of one more pass (add_pass), or none."""
+        shaky = [r.name for r in self.plan[1:] if r.measured and (r.result.unsettled or unresolved(r, self.opts.min_effect))]
+        settle = self.opts.settle_within_s
+        if (not settle or (self.cut is not None and self.cut.trimmed) or not shaky or self.repeats >= MAX_REPEATS
+                or not self.pass_times):
+            return []
+        first, last = self.pass_times[max(self.pass_times)]
+        if time.monotonic() - self.started + (last - first) > settle:
+            return []
+        self.added.append({"repeat": self.repeats + 1, "unsettled": shaky, "pass_s": last - first})
+        self.repeats += 1
+        extra = [(r, self.next_index, self.opts.budget) for r in self.measured if r.measured]
+        for r, _, _ in extra:
+            r.status = Status.PARTIAL
+        self.next_index += 1
+        return extra
+
+    def rescore(self) -> None:
+        base = self.plan[0]
+        self.seed_runs = [seed_summary(r, self.metric[0]) for r in base.repeats + base.seed_runs]
+        score_rungs(self.plan, self.ceilings, [s["accuracy"] for s in self.seed_runs], self.work.flops_per_sample,
+                    self.opts.mode, self.opts.min_effect, self.metric)
+
+    def result(self, env: dict[str, Any]) -> AblationResult:
+        """The scored ladder, its recommendation and the settings as run (cut and settled), report written."""
+        from ..report import write_report
+
+        best, tie, odds = pick_best(self.plan, self.opts.min_effect)
+        settings = self.settings
+        if self.cut is not None:
+            settings = {**settings, "repeats": self.repeats, "noise_seeds": self.noise_seeds,
+                        "budget_cut": self.cut.to_dict()}
+        if self.added:
+            settings = {**settings, "repeats": self.repeats,
+                        "settle": {"within_s": self.opts.settle_within_s, "passes": self.added}}
+        result = AblationResult(self.plan, env, self.out_dir, best.recipe, best.name, self.ceilings, self.seed_runs,
+                                tie, settings, odds)
+        write_report(result)
+        return result
+
+
+def run_ladder(plan: list[Rung], work: Work, settings: dict[str, Any], out: str | Path | None,
+               options: LadderOptions, measure: str = "speed") -> AblationResult:
+    """The one ablation loop, for the built-in run and a user's command alike (LadderRun)."""
+    from .store import default_out_dir
+
+    out_dir = Path(out) if out is not None else default_out_dir()
+    return LadderRun(plan, work, settings, out_dir, options, measure).run()

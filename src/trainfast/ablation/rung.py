@@ -1,0 +1,142 @@
+"""Inside a rung's process: the built-in run (run.py) trained, evaluated and timed, measured by the same
+probe as a user's script under `ablate -- COMMAND` (probe.py), so both kinds of rung report the same record.
+
+Every rung runs in its own process (server.py), so peak memory, compile caches in memory and allocator state
+never leak from one rung into the next; every rung uses the same seed, so the same initial weights and the
+same data order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any, Callable
+
+import torch
+
+from ..data.badfiles import skipped_last_pass
+from ..engine import train_one_epoch
+from ..measure import EpochStats
+from ..probe import MeasureSpec, Probe
+from ..recipe import Recipe
+from ..run import BuiltinRun, assemble_run
+
+
+@dataclass(frozen=True)
+class TimingBudget:
+    """How long a rung is timed, in steps after warm-up, whatever the epoch length: at least `steps`
+    steady steps, or at least `floor` of them once they take `seconds` (slow models: fewer, longer steps).
+    Short epochs are continued past the accuracy run (the data cycled) until the budget is met."""
+    steps: int = 16
+    seconds: float = 60.0
+    floor: int = 8
+    min_seconds: float = 2.0    # millisecond steps are timed over at least this long: enough blocks for a spread
+
+
+@dataclass
+class Job:
+    """What a rung process needs to rebuild the run: names (CLI) or picklable objects (Python API)."""
+    model: str | Callable[[], torch.nn.Module]
+    data: Any                           # the loaded split (a spawned process gets its tensors by shared memory)
+    loss_fn: Callable | None = None
+    device: str = "auto"
+    nproc: int = 1                      # >1: the rung runs as that many torch.distributed workers (DDP)
+    task: str = "classification"        # tasks/: what a batch, a loss and the judged metric mean
+
+
+def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None],
+             budget: TimingBudget | None = None) -> dict[str, Any]:
+    """Train `recipe.epochs` epochs with the shared engine, evaluate, time the steady state, and return every
+    measured number. `budget=None`: accuracy only (the baseline's extra noise seeds)."""
+    run = assemble_run(job.model, job.data, recipe, device=job.device, task=job.task, loss_fn=job.loss_fn,
+                       env=False)
+    try:
+        return measure_rung(run, emit, budget)
+    finally:
+        run.close()
+
+
+def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBudget | None) -> dict[str, Any]:
+    """The accuracy run (every epoch, then the evaluation), then more steps until the timing budget is met;
+    the probe's record of it, with the evaluation's numbers."""
+    recipe, state, task = run.recipe, run.state, run.task
+    timed, budget = budget is not None, budget or TimingBudget()
+    probe = Probe(MeasureSpec("", "full", **dataclasses.asdict(budget)))
+    probe.attach(run.session)
+    probe.watch(state, recipe.num_workers)
+    progress = Progress(emit, len(run.train_batches) * recipe.epochs)
+
+    trained, epoch_times, skipped = EpochStats(), [], 0
+    for epoch in range(recipe.epochs):
+        stats = train_pass(run, epoch, run.train_batches, progress)
+        trained.absorb(stats)
+        epoch_times.append(stats.seconds)
+        skipped += skipped_last_pass(run.train_batches, run.device)
+    metrics = task.evaluate(state.model, run.val_batches, state.precision, run.dist)
+    train_metrics = task.train_metrics(trained, run.dist)
+    updates = state.step            # the accuracy run's optimizer steps (the timing steps below add more)
+    extra_passes = time_the_rest(run, probe, budget, progress) if timed else 0
+    judged = task.rung_metrics(metrics)    # "accuracy": the metric every rung is judged on (detection: mAP)
+    probe.reported = {"accuracy": judged["accuracy"], "loss": judged["loss"]}
+    probe.extra = {
+        "seed": recipe.seed,
+        "epoch_time_s": sum(epoch_times) / len(epoch_times),
+        "epoch_times_s": epoch_times,
+        **judged,
+        **train_metrics,
+        "train_losses": trained.losses,     # rank 0's
+        "steps": updates,
+        "num_workers": recipe.num_workers,
+        "skipped_files": skipped + skipped_last_pass(run.val_batches, run.device),   # unreadable images, all epochs
+    }
+    return probe.result("accuracy run ended" + (", then the timing budget" if extra_passes else ""))
+
+
+@dataclass
+class Progress:
+    """The rung's progress events for the parent's display: step and loss at every metric window."""
+    emit: Callable[[dict], None]
+    total: int
+
+    def on_window(self, step: int, stats) -> None:
+        self.emit({"event": "progress", "step": step, "total": self.total, "loss": stats.losses[-1]})
+
+
+def train_pass(run: BuiltinRun, epoch: int, batches, progress: Progress):
+    run.dist.set_epoch(epoch)
+    with run.dist.watch():
+        return train_one_epoch(run.state, batches, run.task, run.meter(progress.on_window))
+
+
+def time_the_rest(run: BuiltinRun, probe: Probe, budget: TimingBudget, progress: Progress) -> int:
+    """Timing: the steps after warm-up, continued past the accuracy run (after its evaluation, so the metric
+    is untouched) until the budget is met; returns the passes added. Every rank runs the same number of extra
+    steps (the most any rank needs: probe.steps_needed is a collective), so their collectives stay matched.
+    On CPU in one process, blocks of steps during which other processes used the machine are left out and
+    more steps are run instead (up to 3x the budget): see measure.Timing."""
+    timer, extra_passes, limit = run.state.timer, 0, None
+    while True:
+        need = probe.steps_needed()
+        limit = limit or timer.updates + 3 * max(budget.steps, need)
+        need = min(need, limit - timer.updates)
+        if need <= 0:
+            return extra_passes
+        progress.total = timer.updates + need
+        train_pass(run, run.recipe.epochs + extra_passes, islice(run.train_batches, need), progress)
+        extra_passes += 1
+
+
+def rung_main(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> dict[str, Any]:
+    """What a rung process runs (under procs.child_main: its own process group, its log, the parent watch)."""
+    if job.nproc > 1:
+        from ..distributed import launch_local
+
+        return launch_local(rung_worker, (job, recipe, budget, events), job.nproc)
+    return run_rung(job, recipe, events.put, budget)
+
+
+def rung_worker(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> dict[str, Any]:
+    """One rank of an `ablate --nproc N` rung (started by torch.distributed.elastic); rank 0 reports."""
+    emit = events.put if os.environ.get("RANK", "0") == "0" else (lambda event: None)
+    return run_rung(job, recipe, emit, budget)

@@ -1,0 +1,239 @@
+"""Scoring: a ladder's runs -> each rung's numbers, its verdicts and the recommendation. Pure functions of
+the runs' records (no process, no file, no clock), so a verdict can be recomputed from a results folder.
+
+Every interval here rests on one noise estimate, pooled over all the measured rungs (ladder_noise): the
+scores and the recommendation never judge with different noise.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from ..recipe import Recipe
+from ..results import Rung, RungResult, Status
+from ..stats import (MIN_EFFECT, SAME, Candidate, Noise, Repeat, compare, pooled_noise, rate_estimate, recommend,
+                     recommendation_odds)
+from ..techniques.precision import level_note
+
+FIRST_REPORTED = "<first reported>"     # ablate --measure full without --metric: what the script reports first
+
+
+def accuracy_band(accuracy: float, n: int | None, seed_accuracies: list[float] | None = None,
+                  runs: int = 1) -> float | None:
+    """Half-width of the band within which a rung's accuracy is indistinguishable from the baseline's.
+
+    Two noise sources: evaluation sampling (n held-out samples: two binomial standard errors of a
+    difference, sqrt(2) x one run's) and training itself (another seed, or the numerics of a technique,
+    sends SGD down another path: two standard deviations of the baseline over its k seeds, scaled by
+    sqrt(1/runs + 1/k) for comparing the mean of a rung's `runs` repeats against the mean of k). The band
+    is the larger of the two. A script's own metric (n None: not a proportion of held-out samples that we
+    know of) has the training-noise part only, and no band at all (None) from fewer than two seeds."""
+    if not n and len(seed_accuracies or []) < 2:
+        return None
+    band = 0.0
+    if n:
+        p = min(max(accuracy, 1.0 / n), 1 - 1.0 / n)
+        band = 2 * math.sqrt(2 * p * (1 - p) / n)
+    if seed_accuracies and len(seed_accuracies) >= 2:
+        k = len(seed_accuracies)
+        band = max(band, 2 * statistics.stdev(seed_accuracies) * math.sqrt(1 / max(1, runs) + 1 / k))
+    return band
+
+
+def rung_repeats(rung: Rung) -> list[Repeat]:
+    """The rung's timed steps, one Repeat per finished process (samples x world size: the job's rate)."""
+    out = []
+    for r in rung.repeats:
+        kept = [b for b in r["timing"]["blocks"] if not b["disturbed"]] or r["timing"]["blocks"]   # as Timing does
+        blocks = tuple((b["samples"] * r["world_size"], b["seconds"]) for b in kept)
+        if blocks:
+            out.append(Repeat(blocks))
+    return out
+
+
+def ladder_noise(rungs: list[Rung]) -> Noise | None:
+    """The process-to-process noise behind every interval of this ablation, pooled over its measured rungs."""
+    return pooled_noise([rung_repeats(r) for r in rungs if r.measured])
+
+
+def aggregate(rung: Rung, noise: Noise | None, metric: str | None = "accuracy") -> None:
+    """The rung's numbers over its repeats: means for the metric and times, the worst peak memory, and the
+    rate with its interval. A user's script has no epoch time, held-out samples or training loss of ours:
+    those are None for it."""
+    reps = rung.repeats
+    if not reps:
+        return
+    first = reps[0]
+    timed = rung_repeats(rung)
+    rate = rate_estimate(timed, noise) if timed else None
+    values = [run_metric(r, metric) for r in reps]
+    known = None not in values
+
+    def mean(key: str) -> float | None:
+        vals = [r.get(key) for r in reps]
+        return statistics.fmean(vals) if None not in vals else None
+
+    rung.result = RungResult(
+        **{k: first.get(k) for k in ("val_samples", "world_size", "num_workers", "precision_state", "train_losses",
+                                     "rate_unit", "session", "compile", "overridden")},
+        repeats=len(reps),
+        throughput=rate.value if rate else 0.0,
+        throughput_interval=rate.interval if rate else None,
+        throughput_spread=rate.half_width if rate else None,
+        accuracy=statistics.fmean(values) if known else None,
+        accuracies=values if known else [],
+        loss=mean("loss"),
+        train_loss=mean("train_loss"),
+        epoch_time_s=mean("epoch_time_s"),
+        wall_s=statistics.fmean(r["wall_time_s"] for r in reps) if all(r.get("wall_time_s") for r in reps) else None,
+        peak_memory_bytes=max(r["peak_memory_bytes"] for r in reps),
+        data_wait_fraction=statistics.fmean(r["data_wait_fraction"] for r in reps),
+        skipped_files=max(r.get("skipped_files") or 0 for r in reps),      # each run reads the same files
+        steps=first.get("steps", first.get("steps_run")),
+        warmup_steps=[r["timing"]["warmup_steps"] for r in reps],
+        disturbed_steps=[r["timing"].get("disturbed_steps", 0) for r in reps],
+        timed_steps=[r["timing"]["timed_steps"] for r in reps],
+        timed_seconds=[r["timing"]["timed_seconds"] for r in reps],
+        wall_time_s=[r.get("wall_time_s") for r in reps],
+    )
+
+
+def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: list[float] | None = None,
+                flops_per_sample: float | None = None, mode: str = "cumulative",
+                min_effect: float = MIN_EFFECT, metric: tuple[str | None, str | None] = ("accuracy", "max")) -> None:
+    """Speed-up with its interval and verdict against the baseline (and, cumulative, against the rung
+    before: what adding this switch bought), memory ratio, ceiling fraction and accuracy flags. Accuracy (or
+    a script's reported `metric`) is judged against the baseline's mean over its seeds; a flag marks a rung
+    outside the band, `accuracy_worse` one outside it on the wrong side (below for a metric to maximize)."""
+    name, goal = metric
+    sign = -1.0 if (goal or metric_goal(name)) == "min" else 1.0
+    noise = ladder_noise(rungs)
+    for rung in rungs:
+        aggregate(rung, noise, name)
+    base = rungs[0] if rungs and rungs[0].status == Status.DONE and rungs[0].result.repeats else None
+    reference, seeds = None, []
+    if base:
+        seeds = [a for a in (seed_accuracies or base.result.accuracies) if a is not None]
+        reference = statistics.fmean(seeds) if seeds and base.result.accuracy is not None else None
+    previous = base
+    for rung in rungs:
+        r = rung.result
+        if rung.status != Status.DONE or not r.repeats:
+            continue
+        ceiling = ceilings.get(rung.recipe.precision)
+        r.flops_per_sample = flops_per_sample
+        r.flops_per_s = flops_per_sample * r.throughput if flops_per_sample else None
+        r.ceiling_flops_per_s = ceiling
+        r.ceiling_fraction = r.flops_per_s / ceiling if ceiling and r.flops_per_s else None
+        if base and rung is not base:
+            judge_against(rung, base, previous if mode == "cumulative" else None, min_effect, noise)
+            if reference is not None and r.accuracy is not None:
+                r.accuracy_delta = r.accuracy - reference
+                r.accuracy_band = accuracy_band(reference, base.result.val_samples, seeds, runs=r.repeats)
+                r.accuracy_flag = r.accuracy_band is not None and abs(r.accuracy_delta) > r.accuracy_band
+                r.accuracy_worse = r.accuracy_flag and sign * r.accuracy_delta < 0
+        elif rung is base:
+            r.speedup, r.speedup_interval, r.verdict = 1.0, [1.0, 1.0], "reference"
+            if reference is not None:
+                r.accuracy_reference = reference
+                r.accuracy_band = accuracy_band(reference, r.val_samples, seeds, runs=r.repeats)
+        r.noise = noise_summary(noise, r.repeats, min_effect)
+        previous = rung
+
+
+def judge_against(rung: Rung, base: Rung, previous: Rung | None, min_effect: float, noise: Noise | None) -> None:
+    """The rung's speed-up and verdict against the baseline, and against `previous` (the rung above, in a
+    cumulative ladder): what adding its switch bought. Its memory against the baseline's."""
+    r, mine, theirs = rung.result, rung_repeats(rung), rung_repeats(base)
+    if mine and theirs:
+        versus = compare(rung.name, mine, "baseline", theirs, min_effect, noise)
+        r.speedup, r.speedup_interval = versus.speedup.value, versus.speedup.interval
+        r.verdict, r.verdict_text = versus.verdict, versus.text
+        r.agreement, r.firm = versus.agreement, versus.firm
+        above = rung_repeats(previous) if previous is not None else []
+        if above:
+            step = compare(rung.name, mine, previous.name, above, min_effect, noise)
+            r.vs_previous = {"rung": previous.name, **step.to_dict(), "text": step.text}
+    r.memory_ratio = r.peak_memory_bytes / base.result.peak_memory_bytes
+
+
+def noise_summary(noise: Noise | None, pairs: int, min_effect: float) -> dict[str, Any] | None:
+    """The noise behind a rung's intervals, and what it means for repeatability: the smallest speed-up its
+    comparisons detect in 80% of runs, and the repeats that would detect `min_effect` (or 10%, if larger)."""
+    if noise is None or pairs < 1:
+        return None
+    target = max(min_effect, 0.10)
+    return {"sigma_log": math.sqrt(noise.variance), "df": noise.df,
+            "detectable_effect": noise.detectable(pairs, min_effect),
+            "repeats_for": {f"{target:.2f}": noise.repeats_for(target, min_effect)}}
+
+
+def metric_goal(name: str | None) -> str:
+    """Whether a metric is better high or low, from its name: losses, errors and perplexities are minimized."""
+    lowered = (name or "").lower()
+    return "min" if any(word in lowered for word in ("loss", "err", "perplexity", "wer", "mse", "mae")) else "max"
+
+
+def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT) -> tuple[Rung, list[str], dict[str, float]]:
+    """The recommendation, its tie (stats.recommend) and how often a rerun would recommend each rung
+    (stats.recommendation_odds). Candidates: the baseline and the measured rungs whose accuracy is not below the
+    baseline's noise band and that are not risky by construction (O3 `pure` levels: one short run inside the
+    band does not show that updates below half precision's spacing were not lost; they are measured and shown,
+    never recommended). A rung is recommended over a simpler one only when it is measurably faster; the
+    baseline if nothing is."""
+    base = rungs[0]
+    if base.status != Status.DONE or not rung_repeats(base):
+        return base, [base.name], {base.name: 1.0}
+    candidates = [base] + [r for r in rungs[1:] if r.status == Status.DONE and rung_repeats(r)
+                           and level_note(r.recipe) is None and not r.result.accuracy_worse]
+    pool = [Candidate(r.name, switch_count(base.recipe, r.recipe), rung_repeats(r)) for r in candidates]
+    noise = ladder_noise(rungs)
+    name, tie = recommend(pool, min_effect, noise)
+    return next(r for r in rungs if r.name == name), tie, recommendation_odds(pool, min_effect, noise)
+
+
+def recipe_changes(base: Recipe, recipe: Recipe) -> dict[str, Any]:
+    """The fields of `recipe` that differ from `base`'s, with their values."""
+    a, b = base.to_dict(), recipe.to_dict()
+    return {k: b[k] for k in b if a[k] != b[k]}
+
+
+def switch_count(base: Recipe, recipe: Recipe) -> float:
+    """How far a rung's recipe is from the baseline's, for the tie-break towards the simplest: one per changed
+    Recipe field, and a batch size counted by its doublings (batch 256 from 64 is a larger change to the
+    optimization than 128, so of two sizes within the noise of each other the smaller is recommended)."""
+    changed = recipe_changes(base, recipe).keys() - {"seed", "batch_size"}
+    if recipe.batch_size == base.batch_size:
+        return len(changed)
+    return len(changed) + abs(math.log2(recipe.batch_size / base.batch_size))
+
+
+def unresolved(rung: Rung, min_effect: float = MIN_EFFECT) -> bool:
+    """A difference this run estimated at min_effect or more (against the baseline or the rung above) that it
+    called "no measurable difference": a real gain of that size too small for this run's noise. A quieter
+    run of the same command resolves it and calls it faster, so with time left settling spends it here too
+    (a noisy run otherwise stops early on firm-looking "no difference" calls a quiet run contradicts)."""
+    r = rung.result
+    line = math.log1p(min_effect)
+    comparisons = [{"verdict": r.verdict, "speedup": r.speedup}, r.vs_previous]
+    return any(v and v.get("verdict") == SAME and v.get("speedup") and abs(math.log(v["speedup"])) >= line
+               for v in comparisons)
+
+
+def seed_summary(result: dict[str, Any], metric: str | None) -> dict[str, Any]:
+    """One baseline run as a noise seed: its seed, loss, rate and judged metric."""
+    return {**{k: result.get(k) for k in ("seed", "loss", "throughput")}, "accuracy": run_metric(result, metric)}
+
+
+def run_metric(result: dict[str, Any], metric: str | None) -> float | None:
+    """The number a run is judged on for accuracy: the built-in run's held-out accuracy, or what a user's
+    script reported under `metric` (FIRST_REPORTED: the first thing it reported); None for no metric (speed
+    mode: its runs stop at different points, so what they reported is not comparable)."""
+    reported = result.get("reported") or {}
+    if metric is None:
+        return None
+    if metric == FIRST_REPORTED:
+        metric = next(iter(reported), None)
+    value = reported.get(metric, result.get(metric)) if metric is not None else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -1,0 +1,59 @@
+"""The run store: an ablation's folder, so an interrupted ablation resumes instead of starting over.
+
+`out/plan.json` holds the plan (the settings that decide what runs), `out/runs/<rung>-r<i>.json` one finished
+run each (the probe's record), both written atomically. With resume, a finished run is read back instead of
+run again; a plan that differs from the folder's is refused with the differences named, never mixed.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint import atomic_write_text
+from ..recipe import RecipeError
+
+
+def default_out_dir(kind: str = "ablate") -> Path:
+    return Path("runs") / datetime.now().strftime(f"{kind}-%Y%m%d-%H%M%S")
+
+
+def write_json(path: Path, data: Any) -> None:
+    """`data` as indented JSON, written atomically (values JSON does not know are written as text)."""
+    atomic_write_text(path, json.dumps(data, indent=1, default=str))
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as it reads back from JSON (what plan.json holds), for comparing a plan with a folder's."""
+    return json.loads(json.dumps(value, default=str))
+
+
+class RunStore:
+    def __init__(self, out_dir: Path, settings: dict[str, Any], resume: bool) -> None:
+        self.dir = out_dir / "runs"
+        plan_path = out_dir / "plan.json"
+        if plan_path.exists():
+            if not resume:
+                raise RecipeError(f"{out_dir} already holds an ablation: pass --resume to continue it, or "
+                                  "choose another --out")
+            old = json.loads(plan_path.read_text())
+            diff = [k for k in sorted(set(old) | set(settings)) if old.get(k) != jsonable(settings.get(k))]
+            if diff:
+                raise RecipeError(f"--resume: the plan in {plan_path} differs from this command in "
+                                  + "; ".join(f"{k}: {old.get(k)!r} there, {jsonable(settings.get(k))!r} here"
+                                              for k in diff))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_json(plan_path, settings)
+        self.resume = resume
+
+    def load(self, key: str) -> dict[str, Any] | None:
+        path = self.dir / f"{key}.json"
+        if not self.resume or not path.exists():
+            return None
+        result = json.loads(path.read_text())
+        result["reused"] = True
+        return result
+
+    def save(self, key: str, result: dict[str, Any]) -> None:
+        write_json(self.dir / f"{key}.json", result)

@@ -1,0 +1,226 @@
+"""The kinds of work an ablation runs, behind one protocol (Work): the built-in run and a user's training
+command today; a framework adapter is one more kind. The loop (loop.py) knows only the protocol.
+
+A kind of work is prepared once in the parent, where everything it needs is checked before the first run
+(a bad model name, a missing script, a rung that cannot work): it rules out the rungs whose switches cannot
+act, starts one run of a rung (`launcher`), says which number a run is judged on (`metric`), and may learn
+from the first run what the others cannot do (`after_run`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+from ..probe import PROBE_MODES
+from ..procs import run_supervised
+from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
+from ..results import Effect, Rung, Status
+from ..run import as_split, prepare_data
+from ..techniques import changes_effect, field_effect
+from .rung import Job, TimingBudget, rung_main
+from .scoring import FIRST_REPORTED
+from .server import rung_context, start_rung_server
+from .store import write_json
+
+# launch(rung, recipe, budget or None, run_dir, display, time_limit_s) -> the run's record, or {"error", "log_tail"}
+Launch = Callable[[Rung, Recipe, "TimingBudget | None", Path, Any, "float | None"], dict]
+
+
+class Work(Protocol):
+    dev: torch.device
+    base: Recipe                         # the recipe every rung starts from
+    settings: dict[str, Any]             # what identifies this work in plan.json (a resumed plan must match)
+    flops_per_sample: float | None       # the model's, when known here
+
+    def mark_effects(self, plan: list[Rung]) -> None:
+        """Rule out the rungs whose switches cannot act on this device, model or data (Status.NO_EFFECT)."""
+
+    def launcher(self, measure: str) -> Launch:
+        """What starts one run; `measure`: a PROBE_MODES value (a built-in run always trains to its end)."""
+
+    def metric(self, measure: str) -> tuple[str | None, str | None]:
+        """(the metric a run is judged on, "max" or "min"), or (None, None) when runs are only timed."""
+
+    def after_run(self, plan: list[Rung]) -> Callable[[Rung, dict], None] | None:
+        """Called after each run: what a run revealed that changes the plan, or None."""
+
+
+def mark_effects(plan: list[Rung], dev: torch.device, model: torch.nn.Module | None = None, split=None,
+                 effect_of: Callable = field_effect) -> None:
+    """Every rung after the baseline whose switches cannot act here is not run: its effect says why."""
+    for rung in plan[1:]:
+        if rung.status == Status.NO_EFFECT:         # ruled out when planned (a slow half type)
+            continue
+        effect = changes_effect(rung.changes, dev, model, split, effect_of)
+        rung.effect, rung.reason = Effect(effect.label), effect.reason
+        if not effect.acts:
+            rung.status = Status.NO_EFFECT
+
+
+@dataclass
+class Builtin:
+    """The built-in run's model and data, loaded and checked once in the parent (prepare_builtin), and what
+    starts one run of it: a process forked from the warm fork server running rung.rung_main."""
+    job: Job
+    dev: torch.device
+    base: Recipe                         # the recipe with num_workers="auto" resolved
+    split: Any
+    probe_model: torch.nn.Module         # a copy built here: what the switches would act on, and its FLOPs
+    flops_per_sample: float | None
+    settings: dict[str, Any]
+    task: Any                            # tasks/: judges which switches can act on its model and data
+
+    def mark_effects(self, plan: list[Rung]) -> None:
+        """As Work's, judged on the model and data; the decode cache rung's cache is built once here and
+        opened by the rungs."""
+        mark_effects(plan, self.dev, self.probe_model, self.split, self.task.field_effect)
+        if any(r.recipe.decode_cache and r.status != Status.NO_EFFECT for r in plan):
+            prepare_data(self.split, self.base.replace(decode_cache=True), self.dev)
+
+    def metric(self, measure: str = "speed") -> tuple[str, str]:
+        """A built-in run is always trained to its end and evaluated (and timed on the way): its accuracy
+        (the task's judged metric, e.g. detection's mAP, under that name in the run's record)."""
+        return ("accuracy", "max")
+
+    def after_run(self, plan: list[Rung]) -> None:
+        """Nothing a run can reveal changes the plan: the model and data were checked in the parent."""
+        return None
+
+    def launcher(self, measure: str = "speed") -> Launch:
+        ctx, job = rung_context(), self.job
+
+        def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
+            return run_supervised(ctx, rung_main, (job, recipe, run_budget),
+                                  on_event=lambda e: display.progress(rung, e), log_path=run_dir / "log.txt",
+                                  time_limit_s=limit)
+        return launch
+
+
+@dataclass(frozen=True)
+class BuiltinSpec:
+    """What the built-in run is made of, as `ablate()` and `tune()` take it: a model (a timm/built-in name or a
+    picklable zero-argument factory), data (a spec string, or train_set/val_set datasets), its loss and task."""
+    model: str | Callable[[], torch.nn.Module] = "resnet9"
+    train_set: Any = None
+    val_set: Any = None
+    loss_fn: Callable | None = None
+    data: str | None = None
+    image_size: int | None = None
+    mean: Any = None
+    std: Any = None
+    task: str | None = None
+
+
+def prepare_builtin(spec: BuiltinSpec, recipe: Recipe | None = None, device: str = "auto", nproc: int = 1) -> Builtin:
+    """Everything the built-in runs need, checked here, before the first run starts."""
+    from ..tasks import build_task, infer_task
+
+    start_rung_server()
+    name = infer_task(spec.task, spec.model, spec.train_set)
+    task = build_task(name, spec.loss_fn)
+    base = recipe or Recipe()
+    dev = resolve_device(device)
+    validate_for_device(base, dev)
+    task.validate(base)
+    if isinstance(spec.model, str):
+        task.check_model(spec.model)
+    data = spec.data or task.default_data
+    split = (as_split(spec.train_set, spec.val_set, mean=spec.mean, std=spec.std) if spec.train_set is not None
+             else task.load_data(data, spec.image_size))
+    # num_workers="auto" is measured once, here: every rung then runs with the same worker count, so the
+    # differences between rungs come from their techniques, not from a noisy per-rung choice.
+    base = task.resolve_workers(base, split, dev)
+    probe_model = task.build_model(spec.model, split) if isinstance(spec.model, str) else spec.model()
+    flops_per_sample = task.flops_per_sample(probe_model, split, base)
+    # The rungs get the loaded split itself (a forked process receives its tensors through shared memory),
+    # not the spec to load again: loading the built-in data costs each process more than its training.
+    job = Job(spec.model, split, spec.loss_fn, device, nproc, name)
+    image_size = split.image_size or spec.image_size
+    settings = {"model": spec.model if isinstance(spec.model, str) else getattr(spec.model, "__qualname__",
+                                                                                  repr(spec.model)),
+                "data": data if spec.train_set is None else split.name, "image_size": image_size,
+                "device": str(dev), "task": name, "metric_name": task.metric_name, "metric_label": task.metric_label}
+    return Builtin(job, dev, base, split, probe_model, flops_per_sample, settings, task)
+
+
+@dataclass
+class CommandWork:
+    """A user's training command (launch.py): what starts one run of it (the command with the run's switches in
+    TRAINFAST_RECIPE, timed by the probe in it, probe.py) and what the first run tells about it."""
+    cmd: Any                             # launch.Command
+    dev: torch.device
+    base: Recipe
+    switched: list[str]                  # the Recipe fields any run may switch (plus the seed)
+    budget: TimingBudget
+    settings: dict[str, Any]
+    metric_name: str | None = None       # what the script reports (tf.report) that full runs are judged on
+    goal: str | None = None              # "max" or "min"; None: from the metric's name
+    flops_per_sample: float | None = None     # the script's model is not known here
+
+    def fields(self, recipe: Recipe) -> dict[str, Any]:
+        """What reaches the script: only the switched fields, so its own settings (grad_accum_steps,
+        log_every...) stand and the baseline turns off whatever the script turned on."""
+        values = recipe.to_dict()
+        return {k: values[k] for k in self.switched}
+
+    def mark_effects(self, plan: list[Rung]) -> None:
+        """What the device alone rules out (the script's model and data are not known before it runs)."""
+        mark_effects(plan, self.dev)
+
+    def launcher(self, measure: str) -> Launch:
+        """measure "speed": a run stops once warm-up and the timing budget are timed; "full": it runs to its
+        end (the metric it reports is compared). A run without a budget (a baseline noise seed) is full."""
+        from ..launch import command_main, run_environment
+        from ..probe import MeasureSpec
+
+        def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
+            spec = MeasureSpec(str((run_dir / "result.json").resolve()), measure if run_budget else "full",
+                               **dataclasses.asdict(self.budget))
+            env = run_environment(self.fields(recipe), spec)
+            argv = self.cmd.launch_argv()
+            write_json(run_dir / "command.json", {"argv": argv, "env": env, "cwd": os.getcwd()})
+            return run_supervised(rung_context(), command_main, (argv, env, str(run_dir)),
+                                  log_path=run_dir / "log.txt", time_limit_s=limit)
+        return launch
+
+    def metric(self, measure: str) -> tuple[str | None, str | None]:
+        """In full mode the value the script reports with tf.report (the first one unless named); in speed
+        mode nothing (the runs stop before the end)."""
+        return (self.metric_name or FIRST_REPORTED, self.goal) if measure == "full" else (None, None)
+
+    def after_run(self, plan: list[Rung]) -> Callable[[Rung, dict], None]:
+        """The baseline tells whether the script uses a Session; without one no switch can reach it."""
+        def after(rung: Rung, result: dict[str, Any]) -> None:
+            if rung is plan[0] and "error" not in result and not result.get("session", True):
+                for other in plan[1:]:
+                    other.rule_out(Effect.NO_SESSION,
+                                   "the script does not use trainfast.Session, so the recipe cannot reach it")
+        return after
+
+
+def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], *, recipe: Recipe | None,
+                    device: str, nproc: int, measure: str, budget: TimingBudget, metric: str | None = None,
+                    goal: str | None = None) -> CommandWork:
+    """The command checked before any run (empty, not on PATH, a missing script, a Python that cannot import
+    trainfast), and the fields its runs may switch: every field some candidate changes."""
+    from ..launch import Command, check_command
+
+    check_measure(measure, goal)
+    start_rung_server()
+    cmd = Command(tuple(command), nproc, measure)
+    check_command(cmd)
+    switched = sorted({k for changes in plan_changes for k in changes} | {"seed"})
+    settings = {"command": list(cmd.argv), "nproc": nproc, "cwd": os.getcwd()}
+    return CommandWork(cmd, resolve_device(device), recipe or Recipe(), switched, budget, settings, metric, goal)
+
+
+def check_measure(measure: str, goal: str | None) -> None:
+    if measure not in PROBE_MODES:
+        raise RecipeError(f"--measure {measure!r} is not one of {', '.join(PROBE_MODES)}")
+    if goal not in (None, "max", "min"):
+        raise RecipeError(f"--metric-goal {goal!r} must be max or min")

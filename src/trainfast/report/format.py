@@ -1,0 +1,71 @@
+"""Numbers and verdicts as the table, the charts and the prose write them: significant figures, a rate with
+its ±, a speed-up with its interval, a verdict in a few words, a rung's label."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from ..results import Rung
+from ..stats import FASTER, SLOWER
+from ..techniques.precision import opt_level
+
+
+def fmt_sig(x: float | None, digits: int = 3) -> str:
+    """`x` with `digits` significant figures, trailing zeros kept (5.40, 45.3, 453; 1,234 stays whole)."""
+    if x is None:
+        return "—"
+    if x == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:,.{decimals}f}"
+
+
+def fmt_rate(x: float | None, spread: float | None = None) -> str:
+    """A rate to 3 significant figures, and its ± at the same decimals."""
+    if x is None:
+        return "—"
+    text = fmt_sig(x)
+    if spread is None:
+        return text
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return f"{text} ± {spread:,.{decimals}f}"
+
+
+def fmt_bytes(x: float | None) -> str:
+    return "—" if x is None else f"{x / 2**20:,.0f} MiB"
+
+
+def fmt_flops(x: float | None) -> str:
+    return "—" if x is None else f"{x / 1e9:,.1f} G"
+
+
+def fmt_speedup(speedup: float | None, interval: Sequence[float] | None = None) -> str:
+    """'1.74x (1.52–1.99)': the speed-up and its 95% interval (left out when it is a point, as the baseline's)."""
+    if speedup is None:
+        return "—"
+    lo, hi = interval or (None, None)
+    return f"{speedup:.2f}x" + (f" ({lo:.2f}–{hi:.2f})" if lo is not None and lo != hi else "")
+
+
+def short_verdict(verdict: str | None, speedup: float | None, firm: bool = True) -> str:
+    """'faster by 77%' / 'slower by 8%' / 'no measurable difference' from a comparison's verdict and speed-up;
+    a verdict a rerun would not reliably repeat (not firm: stats.rerun_agreement) ends in '?'."""
+    if not verdict:
+        return "—"
+    mark = "" if firm else " ?"
+    if verdict == FASTER and speedup is not None:
+        return f"faster by {100 * (speedup - 1):.0f}%{mark}"
+    if verdict == SLOWER and speedup is not None:
+        return f"slower by {100 * (1 - speedup):.0f}%{mark}"
+    return verdict + mark
+
+
+def rung_label(rung: Rung) -> str:
+    if rung.name == "baseline":
+        return "baseline (fp32)"
+    if rung.name.startswith("baseline-seed"):
+        return f"baseline (seed {rung.recipe.seed}, for the noise band)"
+    if "precision_level" in rung.changes:       # a precision-level rung: its name says the dtype already
+        return f"{rung.name} ({opt_level(rung.recipe)})"
+    extra = f" ({rung.changes['precision']})" if "precision" in rung.changes else ""
+    return f"+{rung.name}{extra}"

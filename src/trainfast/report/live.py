@@ -1,0 +1,94 @@
+"""The terminal while an ablation runs: a live table of the rungs and a progress bar for the running one, then
+the final table and the recommendation."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..results import AblationResult, Rung
+from .format import rung_label
+from .summary import best_line, repeatability_line
+from .table import Columns, headers, table_rows
+
+
+class Display:
+    """A rich live table plus a progress bar for the running rung; plain lines when not on a terminal."""
+
+    def __init__(self, rungs: list[Rung], ceilings: dict[str, float], env: dict[str, Any], show: bool = True,
+                 settings: dict[str, Any] | None = None) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.rungs, self.ceilings, self.env, self.show, self.settings = rungs, ceilings, env, show, settings or {}
+        self.console = Console()
+        if not self.console.is_terminal:
+            # Piped or logged: no live redraws, and wide enough that the final table is not wrapped.
+            self.console = Console(width=max(self.console.width, 230))
+        self.progress_bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=self.console)
+        self.task = None
+        self.live = None
+
+    def _render(self):
+        from rich.console import Group
+        from rich.table import Table
+
+        table = Table(title=f"trainfast ablate — {self.env['device_name']} ({self.env['device']})")
+        columns = Columns.for_settings(self.settings, self.rungs)
+        for h in headers(columns):
+            table.add_column(h, justify="left" if h == "rung" else "right")
+        for row in table_rows(self.rungs, columns):
+            table.add_row(*row)
+        return Group(table, self.progress_bar)
+
+    def __enter__(self):
+        from rich.live import Live
+
+        if self.show:
+            ceil = ", ".join(f"{k}: {v / 1e9:,.0f} GFLOP/s" for k, v in self.ceilings.items())
+            self.console.print(f"[bold]measured matmul peak[/bold] {ceil}")
+            if self.console.is_terminal:
+                self.live = Live(self._render(), console=self.console, refresh_per_second=4)
+                self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live is not None:
+            self.live.update(self._render())
+            self.live.__exit__(*exc)
+        return False
+
+    def start_rung(self, rung: Rung, seed: int, run: int = 1, runs: int = 1) -> None:
+        if self.task is not None:
+            self.progress_bar.remove_task(self.task)
+        what = f"{rung_label(rung)} — seed {seed}, run {run} of {runs}"
+        self.task = self.progress_bar.add_task(what, total=None, loss="…")
+        if self.show and self.live is None:
+            self.console.print(f"running {what} …")
+        self.update()
+
+    def reused(self, rung: Rung, repeat: int) -> None:
+        if self.show:
+            self.console.print(f"reused {rung_label(rung)}, run {repeat + 1} (finished before the interruption)")
+
+    def progress(self, rung: Rung, event: dict) -> None:
+        self.progress_bar.update(self.task, completed=event["step"], total=event["total"], loss=f"{event['loss']:.3f}")
+        self.update()
+
+    def update(self) -> None:
+        if self.live is not None:
+            self.live.update(self._render())
+
+    def final(self, result: AblationResult, interrupted: bool = False) -> None:
+        if not self.show:
+            return
+        if self.live is None:
+            self.console.print(self._render().renderables[0])
+        if interrupted:
+            done = sum(len(r.repeats) for r in result.rungs)
+            self.console.print(f"[bold]interrupted[/bold]: {done} run(s) finished; partial report in "
+                               f"{result.out_dir}/; continue with the same command and --resume")
+            return
+        repeatability = repeatability_line(result)
+        if repeatability:
+            self.console.print(repeatability)
+        self.console.print(best_line(result) + f" — report in {result.out_dir}/ (results.json, report.md, charts)")

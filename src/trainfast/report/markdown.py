@@ -1,0 +1,130 @@
+"""report.md, and write_report: the whole report folder (results.json, the charts, report.md) for a result.
+
+report.md puts the claim, the evidence and the environment together: the machine and its measured peak, the
+table, how repeatable its verdicts are, how to read it, the accuracy band, notes, the doctor's findings when
+`trainfast doctor --out` wrote them to the same folder, the recommendation and the charts."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..checkpoint import atomic_write_text
+from ..checks import INPUT_BOUND_SHARE
+from ..results import AblationResult, Rung, Status
+from .charts import write_charts
+from .doctor_findings import doctor_section
+from .format import rung_label
+from .notes import rung_notes
+from .results_json import write_results_json
+from .summary import best_line, repeatability_line
+from .table import Columns, headers, markdown_table, table_rows
+
+RECOMMENDATION_RULE = (
+    "Candidates are the baseline and the measured rungs whose accuracy is not below the baseline's noise "
+    "band (risky O3 rungs are measured, never recommended). A rung is recommended over a simpler one only "
+    "when it is measurably faster than it, with a firm verdict (a `?` verdict, one a rerun would not "
+    "repeat at least 80% of the time, is within the noise and never changes the recommendation): the "
+    "fastest rung, when it is measurably faster than the baseline, or the simplest of the rungs that are "
+    "measurably faster than the baseline and not measurably slower than it. The rungs not measurably "
+    "different from the recommendation are its tie (`best.tie` in results.json). How often a rerun would "
+    "recommend each rung (`best.rerun_odds`): 400 simulated reruns, each rung's mean drawn around this "
+    "run's with this run's error and the rerun's own (the pooled noise), the same rule applied.")
+
+
+def write_report(result: AblationResult) -> None:
+    """The report folder: results.json, the charts and report.md."""
+    write_results_json(result)
+    charts = write_charts(result)
+    atomic_write_text(Path(result.out_dir) / "report.md", "\n".join(report_lines(result, charts)))
+
+
+def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
+    env = result.environment
+    columns = Columns.for_settings(result.settings, result.rungs)
+    repeatability = repeatability_line(result)
+    lines = [
+        "# trainfast ablation report", "",
+        f"Measured on **{env['device_name']}** ({env['device']}, {env['cpu_cores']} cores, torch {env['torch']}, "
+        f"git {env['git_sha'] or 'n/a'}). CPU flags: {', '.join(env['cpu_flags']) or 'none of note'}.", "",
+        "Measured matmul peak (the roof for `% of matmul peak`): "
+        + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in result.ceilings.items()) + ".", "",
+        markdown_table(headers(columns), table_rows(result.rungs, columns)), "",
+        data_wait_line(result.rungs), "",
+        *([repeatability, ""] if repeatability else []),
+        how_to_read(result), "",
+    ]
+    if result.rungs[0].result.accuracy is not None:
+        lines += [accuracy_note(result), ""]
+    items = rung_notes(result)
+    if items:
+        lines += ["## Notes", "", *items, ""]
+    lines += doctor_section(result.out_dir)      # `trainfast doctor --out` this folder: its findings, when present
+    lines += ["## Recommendation", "", best_line(result) + ".", "", RECOMMENDATION_RULE, "",
+              "```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
+    return lines + ["## Charts", ""] + [f"![{c.stem}]({c.name})" for c in charts] + [""]
+
+
+def how_to_read(result: AblationResult) -> str:
+    st = result.settings
+    budget = st.get("budget", {})
+    return (
+        f"How to read it: every rung ran {st.get('repeats')} time(s), each in a fresh process, in interleaved order "
+        "(every rung once, then every rung again; repeat i with seed + i in every rung), so a slow spell of the "
+        "machine hits all rungs alike. Each run is timed over its steady steps: warm-up (compilation, allocator, "
+        "worker start-up) ends where step times settle, detected per run, and the data is cycled past the epoch "
+        f"until at least {budget.get('steps')} steady steps (or {budget.get('floor')} once they take "
+        f"{budget.get('seconds'):g} s) are timed. samples/s is total samples over total time of those steps (what a "
+        "clock around them reads), the mean over repeats, ± the half-width of its 95% interval. The speed-up is "
+        "the geometric mean over paired repeats of rate(rung) / rate(reference); its 95% interval is a paired "
+        "t-interval with the process-to-process noise pooled over every rung (log rate = rung + pass + noise; "
+        "with one repeat, a block bootstrap over the steps of that process instead). A rung is `faster` or `slower` "
+        f"only when that interval excludes 1.0, the effect is at least {100 * st.get('min_effect', 0):.0f}%, and "
+        "(with repeats) the estimate clears that line by the margin that makes a rerun of the same command call "
+        "it too at least 80% of the time; otherwise `no measurable difference`, so that two runs agree. "
+        "`vs rung above` judges what adding this rung's switch bought. "
+        "Epoch s is the mean wall time of the accuracy run's epochs, warm-up included (evaluation excluded). "
+        "Peak memory is the CUDA allocator peak on GPU, the rung process's peak RSS on CPU (the largest over "
+        "repeats). `% of matmul peak` is the model's FLOP/s (torch.utils.flop_counter) over the best matmul "
+        "FLOP/s measured in the rung's dtype on this machine before and after the ladder: a measured peak, "
+        "not the hardware's limit.")
+
+
+def data_wait_line(rungs: list[Rung]) -> str:
+    """Input-bound or not, for every measured rung: the share of the timed steps the loop spent waiting for
+    the next batch (the rest is computing). Above checks.INPUT_BOUND_SHARE, faster input would speed the run up."""
+    parts = [f"{rung_label(r)} {100 * r.result.data_wait_fraction:.0f}%"
+             + (" (input-bound)" if r.result.data_wait_fraction > INPUT_BOUND_SHARE else "")
+             for r in rungs if r.status == Status.DONE and r.result.data_wait_fraction is not None]
+    return "Time waiting for data (share of the timed steps; the rest is computing): " + (", ".join(parts) or "—") + "."
+
+
+def accuracy_note(result: AblationResult) -> str:
+    """The judged metric's noise band, how it was made, and the rungs outside it (or that there is none)."""
+    base = result.rungs[0].result
+    band = next((r.result.accuracy_band for r in result.rungs if r.result.accuracy_band is not None), None)
+    flagged = [rung_label(r) for r in result.rungs if r.result.accuracy_flag]
+    accs = [s["accuracy"] for s in result.seed_runs if s.get("accuracy") is not None]
+    seeds = ", ".join(f"{a:.3f}" for a in accs)
+    runs = result.settings.get("repeats", 1)
+    outside = ("Outside it (marked !): " + ", ".join(flagged) + ".") if flagged else "Every rung is inside it."
+    if band is None:        # one baseline run finished (a seed failed or --noise-seeds 1): nothing to judge against
+        name = Columns.for_settings(result.settings, result.rungs).metric_label
+        return (f"{name}: no noise band (one baseline run); give the baseline more seeds with --noise-seeds "
+                "to judge the metric.")
+    if base.val_samples is None:         # a script's own metric: seed-to-seed noise only
+        name = Columns.for_settings(result.settings, result.rungs).metric_label
+        text = (f"{name} noise band: ±{band:.3g} around the baseline's mean over {len(accs)} seed(s) ({seeds}): two "
+                f"seed-to-seed standard deviations, scaled for comparing a rung's mean over its {runs} seed(s) with "
+                "that mean. Δ is measured from that mean. ")
+        if band == 0:
+            text += ("The seeds all gave the same value: if the script seeds its own random generators after "
+                     "creating the Session, the ablation's seeds do not reach it and any change is flagged. ")
+        return text + outside
+    name = result.settings.get("metric_name", "accuracy")     # detection: mAP
+    title = name if name[1:2].isupper() else name[0].upper() + name[1:]       # "mAP" stays "mAP"
+    proxy = "" if name == "accuracy" else (f" (for {name}, those of a proportion of that size: a proxy, as {name} "
+                                           "is not a share of images)")
+    return (f"{title} noise band: ±{band:.3f} around the baseline's mean {name} over {len(accs)} "
+            f"seed(s) ({seeds}) on {base.val_samples} held-out samples: the larger of two binomial standard errors "
+            f"of a difference{proxy} and two seed-to-seed standard deviations (scaled for comparing a rung's mean over "
+            f"its {runs} seed(s) with that mean). Δ is measured from that mean. " + outside)

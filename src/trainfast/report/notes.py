@@ -1,0 +1,76 @@
+"""report.md's Notes: per rung, why it was not run or failed, and what qualifies its numbers (input-bound,
+disturbed steps, skipped files, the loss scaler, a risky precision level), then a rate above the ceiling."""
+from __future__ import annotations
+
+from ..checks import INPUT_BOUND_SHARE
+from ..results import AblationResult, Effect, Rung, Status
+from ..techniques.precision import level_note
+from .format import rung_label
+
+FEW_CLEAN_STEPS = 8     # fewer clean steps than this in a run: too few for a firm verdict
+
+
+def rung_notes(result: AblationResult) -> list[str]:
+    """The Notes section's items: the rungs ruled out, the reasons given for the others, the failures with
+    their log tails, then each rung's caveats and a rate above the measured ceiling."""
+    rungs = result.rungs
+    items = [ruled_out_note(r) for r in rungs if r.status == Status.NO_EFFECT]
+    items += [f"- **{rung_label(r)}**: {r.reason}" for r in rungs if r.status in (Status.DONE, Status.SKIPPED) and r.reason]
+    items += [failure_note(r) for r in rungs if r.status == Status.FAILED]
+    items += [f"- **{rung_label(r)}**: {text}" for r in rungs for text in caveats(r)]
+    above = above_ceiling_note(rungs)
+    if above:
+        items.append(f"- {above}")
+    return items
+
+
+def ruled_out_note(rung: Rung) -> str:
+    what = {Effect.NO_SESSION: "no effect", Effect.SLOW_HALF: "not run"}.get(rung.effect, "no effect on this device")
+    return f"- **{rung_label(rung)}**: {what} — {rung.reason}"
+
+
+def failure_note(rung: Rung) -> str:
+    """The error, and the end of the failed run's log indented under it."""
+    tail = rung.result.log_tail or ""
+    block = "\n\n  ```\n" + "\n".join("  " + line for line in tail.splitlines()) + "\n  ```" if tail else ""
+    return f"- **{rung_label(rung)}**: failed — {rung.result.error}" + block
+
+
+def caveats(rung: Rung) -> list[str]:
+    """What qualifies a rung's numbers, in words: what a reader should know before trusting or comparing them."""
+    r, done = rung.result, rung.status == Status.DONE
+    out = []
+    if done and (r.data_wait_fraction or 0) > INPUT_BOUND_SHARE:
+        out.append(f"input-bound — {100 * r.data_wait_fraction:.0f}% of the timed steps was spent waiting for data")
+    if done and any(run["timing"].get("all_disturbed") for run in rung.repeats):
+        out.append("in some run every block of steps was disturbed (other processes used more than a quarter of the "
+                   "machine throughout): its rate comes from disturbed steps; run it again on a quieter machine")
+    disturbed = sum(r.disturbed_steps or [])
+    if done and disturbed:
+        clean = sum(r.timed_steps or [])
+        out.append(f"{disturbed} step(s) left out as disturbed (other processes used more than a quarter of the "
+                   f"machine meanwhile); its rate comes from {clean} clean steps"
+                   + (" — too few for a firm verdict: run it again on a quieter machine"
+                      if min(r.timed_steps or [0]) < FEW_CLEAN_STEPS else ""))
+    if done and r.skipped_files:
+        out.append(f"{r.skipped_files} unreadable image(s) skipped (paths in the rung's log)")
+    state = r.precision_state or {}
+    if "loss_scale" in state:
+        out.append(f"loss scaler final scale {state['loss_scale']:g}, {state['skipped_steps']} skipped step(s)"
+                   + (f", longest run of skips {state['longest_skip_run']}" if state.get("longest_skip_run") else ""))
+    risk = level_note(rung.recipe)
+    if risk:
+        out.append(risk)
+    return out
+
+
+def above_ceiling_note(rungs: list[Rung]) -> str | None:
+    """Said when a rung's model FLOP/s exceeds the measured matmul ceiling, which a peak cannot allow."""
+    above = [rung_label(r) for r in rungs if r.status == Status.DONE and (r.result.ceiling_fraction or 0) > 1]
+    if not above:
+        return None
+    return (f"{', '.join(above)} ran above 100% of the measured matmul peak. The peak is the best of a few "
+            "2048x2048 products before and after the ladder; a model whose layers are larger or better fused than "
+            "one such product, a machine that ran faster during the ladder than during those probes (a shared or "
+            "throttled machine), or a FLOP count that overstates the model's work can all exceed it. Compare "
+            "the rungs with each other here, not with 100%.")

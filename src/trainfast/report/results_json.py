@@ -1,0 +1,64 @@
+"""results.json: every number of the table with the recipe that produced it, each process's own record and
+the machine it was measured on, in plain JSON (schema: results.SCHEMA_VERSION)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint import atomic_write_text
+from ..results import SCHEMA_VERSION, AblationResult, Effect, Rung, Status
+
+# A rung's numbers that lead its entry, in this order (what the table shows); every other result field follows.
+HEADLINE = ("throughput", "throughput_interval", "throughput_spread", "speedup", "speedup_interval", "epoch_time_s",
+            "peak_memory_bytes", "accuracy", "loss", "flops_per_s", "ceiling_fraction")
+
+
+def rung_verdict(rung: Rung) -> str | None:
+    """The verdict results.json gives a rung: stats' against the baseline, or why it has none."""
+    if rung.status == Status.NO_EFFECT:
+        return "not run: slower on this device" if rung.effect == Effect.SLOW_HALF else "no effect on this device"
+    if rung.status == Status.FAILED:
+        return "failed"
+    return rung.result.verdict
+
+
+def rung_dict(rung: Rung) -> dict[str, Any]:
+    """One rung's entry: what it changed and its recipe, its status, its verdict, then every RungResult field
+    (null when not measured), the headline numbers first, then every process's own record (step times
+    included)."""
+    numbers = rung.result.to_dict()
+    del numbers["verdict"]
+    item: dict[str, Any] = {
+        "name": rung.name,
+        "changes": rung.changes,
+        "recipe": rung.recipe.to_dict(),
+        "effect": str(rung.effect),
+        "effect_reason": rung.reason,
+        "status": str(rung.status),
+        "verdict": rung_verdict(rung),
+    }
+    item.update({key: numbers.pop(key) for key in HEADLINE})
+    item.update(numbers)
+    item["runs"] = rung.repeats
+    return item
+
+
+def results_dict(result: AblationResult) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "environment": result.environment,
+        "settings": result.settings,
+        "ceilings_flops_per_s": result.ceilings,
+        "best": {"name": result.best_name, "recipe": result.best.to_dict(), "tie": result.tie,
+                 "rerun_odds": result.odds},
+        "baseline_seeds": result.seed_runs,
+        "rungs": [rung_dict(rung) for rung in result.rungs],
+    }
+
+
+def write_results_json(result: AblationResult) -> Path:
+    """results.json in the result's folder, whole or not at all (an interrupted write leaves the old one)."""
+    path = Path(result.out_dir) / "results.json"
+    atomic_write_text(path, json.dumps(results_dict(result), indent=2, default=str))
+    return path

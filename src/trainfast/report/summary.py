@@ -1,0 +1,86 @@
+"""The sentences the terminal and report.md both end with: the recommendation, and how repeatable the
+verdicts behind it are."""
+from __future__ import annotations
+
+import math
+
+from ..results import AblationResult, Rung, Status
+from ..stats import FIRM, MIN_EFFECT
+from .format import rung_label
+
+
+def best_line(result: AblationResult) -> str:
+    """The recommendation, the rungs not measurably different from it, and how often a rerun would recommend
+    the same (stats.recommendation_odds): an answer one run gives and the next may not is said to be one."""
+    labels = {r.name: rung_label(r) for r in result.rungs}
+    text = f"recommended: {labels[result.best_name]}"
+    others = [n for n in result.tie if n != result.best_name]
+    if others:
+        text += (f" (tied with {', '.join(labels[n] for n in others)}: not measurably different from it; of the "
+                 "rungs not measurably slower than the fastest, the simplest is recommended, and a `?` verdict is "
+                 "within the noise)")
+    same = result.odds.get(result.best_name)
+    if same is None:
+        return text
+    if same >= FIRM:
+        return text + f". A rerun would recommend the same about {100 * same:.0f}% of the time"
+    rest = ", ".join(f"{labels[n]} {100 * p:.0f}%" for n, p in result.odds.items() if n != result.best_name and p >= 0.05)
+    return (text + f". A rerun would recommend the same only about {100 * same:.0f}% of the time ({rest}): these "
+            "rungs are within the noise of each other here, so which of them is recommended is not a finding; "
+            "more --repeats separate them")
+
+
+def judged(result: AblationResult) -> list[Rung]:
+    """The finished rungs judged against the baseline."""
+    return [r for r in result.rungs if r.status == Status.DONE and r.name != "baseline"]
+
+
+def repeatability_line(result: AblationResult) -> str | None:
+    """How repeatable these verdicts are, from the measured process-to-process noise: the smallest difference
+    found in 80% of runs, the verdicts a rerun may not repeat (marked ?), and the repeats that would make 10%
+    (or --min-effect, if larger) detectable. None without a pooled noise estimate (one repeat)."""
+    noise = next((r.result.noise for r in result.rungs if r.status == Status.DONE and r.result.noise), None)
+    if not noise:
+        return None
+    shaky = [rung_label(r) + ("" if r.result.is_firm else " (vs baseline)") for r in judged(result)
+             if r.result.unsettled]
+    (target, repeats), = noise["repeats_for"].items()
+    text = (f"Repeatability: the process-to-process noise is {100 * noise['sigma_log']:.1f}% per run (pooled over the "
+            f"rungs, {noise['df']} df); with {result.settings.get('repeats')} repeats a speed-up below "
+            f"~{100 * noise['detectable_effect']:.0f}% between two rungs is found in fewer than 80% of runs. ")
+    text += settle_text(result)
+    if shaky:
+        text += (f"Verdicts marked ? ({', '.join(shaky)}) would be repeated by a rerun less than 80% of the time: "
+                 "their differences sit near the decision threshold, within the noise, and another run may call "
+                 "them otherwise. ")
+    else:
+        text += "Every verdict here would be repeated by a rerun at least 80% of the time. "
+    together = joint_agreement(result)
+    if together is not None:
+        text += (f"All the verdicts against the baseline at once: a rerun would repeat every one of them about "
+                 f"{100 * together:.0f}% of the time (the product of their chances, as if independent). ")
+    return text + f"`--repeats {repeats}` would make a {100 * float(target):.0f}% difference detectable."
+
+
+def settle_text(result: AblationResult) -> str:
+    """The passes settling added after the repeats asked for, and why; "" when it added none."""
+    settle = result.settings.get("settle")
+    if not settle:
+        return ""
+    passes = settle["passes"]
+    why = ", ".join(dict.fromkeys(name for p in passes for name in p["unsettled"]))
+    min_effect = result.settings.get("min_effect", MIN_EFFECT)
+    return (f"{len(passes)} pass(es) of every rung were added after the {passes[0]['repeat'] - 1} asked for, "
+            f"because verdicts were within the noise or gains of {100 * min_effect:.0f}% or "
+            f"more were not yet resolved ({why}), while another pass fitted in the {settle['within_s']:.0f} s "
+            + ("allowed (tune: half the budget left when this stage began, all of it in the last stage). "
+               if "stage" in result.settings else "of --settle-within. "))
+
+
+def joint_agreement(result: AblationResult) -> float | None:
+    """The chance that a rerun repeats every verdict against the baseline: the product of the verdicts' own
+    chances (stats.rerun_agreement), which treats them as independent (they share the baseline's repeats, so
+    this is a rough figure). A ladder of a dozen verdicts each repeated 90% of the time is repeated whole only
+    ~30% of the time: the report says so rather than letting one run's table pass for the answer."""
+    chances = [r.result.agreement for r in judged(result) if r.result.agreement is not None]
+    return math.prod(chances) if chances else None

@@ -1,0 +1,105 @@
+"""The ablation table, one row per rung, shared by the live display, report.md and tune's report."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..results import Effect, Rung, RungResult, Status
+from ..techniques.precision import not_run_text
+from .format import fmt_bytes, fmt_rate, fmt_speedup, rung_label, short_verdict
+
+
+@dataclass(frozen=True)
+class Columns:
+    """What the ablation table shows: the built-in run's epoch time and held-out accuracy, or for a user's
+    script (`ablate -- COMMAND`) its run time, the metric it reported and its rate unit (steps/s when the
+    samples of a step are unknown)."""
+    cumulative: bool = True
+    unit: str = "samples/s"
+    time_label: str = "epoch s"
+    time_key: str = "epoch_time_s"
+    metric_label: str = "val acc"
+
+    @classmethod
+    def for_settings(cls, settings: dict[str, Any], rungs: list[Rung] | None = None) -> "Columns":
+        cumulative = settings.get("mode", "cumulative") == "cumulative"
+        if not settings.get("command"):
+            return cls(cumulative, metric_label=settings.get("metric_label", cls.metric_label))   # detection: mAP
+        units = {run.get("rate_unit") for r in rungs or [] for run in r.repeats}
+        metric = settings.get("metric") or {}
+        name = metric.get("name") or next((k for r in rungs or [] for run in r.repeats for k in run.get("reported", {})),
+                                          None)
+        return cls(cumulative, "steps/s" if "steps/s" in units else "samples/s", "run s", "wall_s",
+                   name if settings.get("measure") == "full" and name else "metric")
+
+
+def headers(columns: Columns = Columns()) -> list[str]:
+    cols = ["rung", f"{columns.unit} (± 95% CI)", "speed-up (95% CI)", "verdict vs baseline"]
+    if columns.cumulative:
+        cols.append("vs rung above")
+    return cols + [columns.time_label, "peak memory", f"{columns.metric_label} (Δ)", "% of matmul peak"]
+
+
+def table_rows(rungs: list[Rung], columns: Columns = Columns()) -> list[list[str]]:
+    """The ablation table's rows: a measured rung's numbers, or in words why a rung has none."""
+    width = len(headers(columns))
+    rows = []
+    for rung in rungs:
+        why = unmeasured_text(rung)
+        if why is not None:
+            rows.append([rung_label(rung), why] + ["—"] * (width - 2))
+        elif not rung.repeats or not rung.result.repeats:
+            rows.append([rung_label(rung), str(rung.status)] + [""] * (width - 2))
+        else:
+            rows.append(measured_row(rung, columns))
+    return rows
+
+
+def unmeasured_text(rung: Rung) -> str | None:
+    """Why a rung has no numbers (ruled out, failed, cut by the time budget); None for one that has or will."""
+    if rung.status == Status.NO_EFFECT:
+        if rung.effect == Effect.NO_SESSION:
+            return "no effect: " + rung.reason
+        if rung.effect == Effect.NOT_APPLICABLE:
+            return "not applicable: " + rung.reason
+        if rung.effect == Effect.SLOW_HALF:
+            return not_run_text(rung.reason)
+        return "no effect on this device"
+    if rung.status == Status.FAILED:
+        return "failed: " + (rung.result.error or "")[:60]
+    if rung.status == Status.SKIPPED:
+        return "skipped: not in the time budget"
+    return None
+
+
+def above_verdict(r: RungResult) -> str:
+    """The verdict against the rung above (a cumulative ladder's `vs rung above`), in a few words."""
+    above = r.vs_previous or {}
+    return short_verdict(above.get("verdict"), above.get("speedup"), above.get("firm", True))
+
+
+def measured_row(rung: Rung, columns: Columns) -> list[str]:
+    r = rung.result
+    baseline = rung.name == "baseline"
+    verdict = "reference" if baseline else short_verdict(r.verdict, r.speedup, r.is_firm)
+    if rung.status != Status.DONE:
+        verdict += f" (so far: {len(rung.repeats)} repeat(s))"
+    acc = "—" if r.accuracy is None else f"{r.accuracy:.3f}"
+    if not baseline and r.accuracy_delta is not None:
+        acc += f" ({r.accuracy_delta:+.3f}{' !' if r.accuracy_flag else ''})"
+    frac = "—" if r.ceiling_fraction is None else f"{100 * r.ceiling_fraction:.1f}%"
+    mem = fmt_bytes(r.peak_memory_bytes)
+    if r.memory_ratio and not baseline:
+        mem += f" ({r.memory_ratio:.2f}x)"
+    row = [rung_label(rung), fmt_rate(r.throughput, r.throughput_spread), fmt_speedup(r.speedup, r.speedup_interval),
+           verdict]
+    if columns.cumulative:
+        row.append(above_verdict(r))
+    seconds = getattr(r, columns.time_key)
+    return row + ["—" if seconds is None else f"{seconds:.1f}", mem, acc, frac]
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""The built-in run, assembled in one place.
+
+`trainfast train`, every rung of a built-in ablation, `trainfast doctor` and `trainfast bench-data` get their
+run from here, so what one measures is what another trains. The order, each step needing the one before:
+  1. a Session: the recipe (TRAINFAST_RECIPE on top, unless the caller's recipe is the experiment), the
+     process group under torchrun, the runtime flags (cudnn.benchmark, deterministic), every RNG seeded;
+  2. the task (tasks/): what a batch, a loss and the judged metric mean;
+  3. the model, built after seeding so its initialization is reproducible;
+  4. the data: the decode cache when the recipe asks for it, num_workers="auto" measured (prepare_data);
+  5. under DDP, one probe step on a copy for parameters that get no gradient (find_unused_parameters);
+  6. the Session's setup: the recipe's techniques on the model and the recipe's optimizer (session/);
+  7. the task's loaders, their batches on the device, and its warm-up schedule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .data.datasets import Split
+from .data.decoded_cache import with_decode_cache
+from .detection.data import DetectionSplit
+from .distributed import Dist
+from .measure import Meter, local_terms, reset_peak_memory
+from .recipe import Recipe
+from .session import Session, TrainState, sum_losses
+from .tasks import build_task, infer_task
+
+
+@dataclass
+class BuiltinRun:
+    """One rank's assembled run: its Session (recipe, process group, device, state), its task, its data
+    (after the decode cache) and the batches of both splits on the device."""
+    session: Session
+    task: Any
+    split: Any
+    train_batches: Any
+    val_batches: Any
+
+    @property
+    def state(self) -> TrainState:
+        return self.session.state
+
+    @property
+    def recipe(self) -> Recipe:
+        return self.session.recipe
+
+    @property
+    def dist(self) -> Dist:
+        return self.session.dist
+
+    @property
+    def device(self) -> torch.device:
+        return self.session.device
+
+    def meter(self, on_window: Callable | None = None) -> Meter:
+        """A Meter for one pass of the loop (build_meter)."""
+        return build_meter(self.state, self.dist, on_window, self.task)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def assemble_run(model: str | nn.Module | Callable[[], nn.Module], split, recipe: Recipe | None = None, *,
+                 device: str | torch.device = "auto", task: str | None = None, loss_fn: Callable | None = None,
+                 env: bool = True) -> BuiltinRun:
+    """The built-in run in the module docstring's order. `model`: a model name (built by the task), a module,
+    or a zero-argument factory (called after seeding). `task`: a task name, inferred from the model or split
+    when None. `env=False`: TRAINFAST_RECIPE is not applied (an ablation rung's recipe is the experiment)."""
+    name = infer_task(task, model, split)
+    build_task(name, loss_fn).validate(recipe or Recipe())        # refused before anything starts
+    session = Session(recipe, device=device, env=env)                                   # 1
+    try:
+        work = build_task(name, loss_fn, session.dist)                                  # 2
+        work.validate(session.recipe)                    # again: TRAINFAST_RECIPE may have changed it
+        module = build_module(model, work, split)                                       # 3
+        split, session.recipe = prepare_data(split, session.recipe, session.device, session.dist, work)   # 4
+        reset_peak_memory(session.device)
+        session.dist.probe_unused(module, first_step_loss(work, split.train, session.recipe.batch_size,  # 5
+                                                          session.device))
+        session.setup(module)                                                           # 6
+        train_batches, val_batches = work.build_loaders(split, session.recipe, session.device, session.dist)  # 7
+        work.apply_schedule(session.state, len(train_batches))
+    except BaseException:
+        session.close()
+        raise
+    return BuiltinRun(session, work, split, train_batches, val_batches)
+
+
+def as_split(train_set, val_set=None, num_classes: int | None = None, mean=None, std=None) -> Split | DetectionSplit:
+    """Accept our Split (or DetectionSplit) or two plain datasets. With mean/std, datasets are expected to
+    yield uint8 images (normalized by trainfast); without, they yield model-ready tensors."""
+    if isinstance(train_set, (Split, DetectionSplit)):
+        return train_set
+    if val_set is None:
+        raise ValueError("train(): val_set is required when train_set is a plain Dataset")
+    return Split(train_set, val_set, num_classes or 0, mean, std, 0, type(train_set).__name__)
+
+
+def build_module(model: str | nn.Module | Callable[[], nn.Module], task, split) -> nn.Module:
+    if isinstance(model, str):
+        return task.build_model(model, split)
+    return model() if callable(model) and not isinstance(model, nn.Module) else model
+
+
+def prepare_data(split, recipe: Recipe, device: torch.device, dist: Dist | None = None, task=None):
+    """(split, recipe) ready to load: image folders read through the decode cache when the recipe asks for it
+    (decode once, then read uint8 pixels), and num_workers="auto" measured once and recorded in the recipe."""
+    split = with_decode_cache(split, recipe, dist)
+    task = task or build_task("classification")
+    return split, task.resolve_workers(recipe, split, device)
+
+
+def first_step_loss(task, dataset, batch_size: int, device: torch.device) -> Callable[[nn.Module], torch.Tensor]:
+    """The task's summed loss of a model on the dataset's first samples: what the unused-parameter probe
+    backpropagates (only read under DDP, so the samples are loaded only then)."""
+    def loss_of(model: nn.Module) -> torch.Tensor:
+        inputs, targets = task.probe_batch([dataset[i] for i in range(min(batch_size, len(dataset)))], device)
+        return sum_losses(task.forward(model, inputs, targets)[1])
+    return loss_of
+
+
+def build_meter(state: TrainState, dist: Dist, on_window: Callable | None = None, task=None) -> Meter:
+    """One epoch's Meter: it counts micro-steps from where the state is, raises on a non-finite loss only
+    under nonfinite=stop, and under torchrun decides that together with every rank. `task` (default
+    classification) decides what a step counts and whether loss terms are compared and averaged over ranks."""
+    recipe = state.recipe
+    task = task or build_task("classification")
+    return Meter(dist.device, recipe.log_every, on_window=on_window, first_step=state.micro_step,
+                 stop_on_nonfinite=recipe.nonfinite == "stop",
+                 agree=dist.agree_nonfinite if dist.enabled else None, timer=state.timer, score=task.score,
+                 reduce_terms=dist.reduce_terms if task.loss_terms else local_terms)

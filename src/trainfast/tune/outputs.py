@@ -1,0 +1,87 @@
+"""What a search writes: best.yaml (a recipe `trainfast train --recipe best.yaml` takes as is), tune.json and
+tune.md (each stage's table, what was left out of the recipe and why, the notes)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..ablation.store import write_json
+from ..results import AblationResult
+from .combine import Decision
+
+
+def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, combined: AblationResult | None,
+                  seconds: float, budget_s: float, planned_steps: int | None,
+                  on_level: AblationResult | None = None, batch: AblationResult | None = None) -> None:
+    import yaml
+
+    from ..checkpoint import atomic_write_text
+
+    atomic_write_text(out_dir / "best.yaml", "# trainfast tune: the recommended recipe (trainfast train --recipe "
+                      "best.yaml)\n" + yaml.safe_dump(decision.recipe.to_dict(), sort_keys=False))
+    data = {"recommended": decision.name, "recipe": decision.recipe.to_dict(), "speedup": decision.speedup,
+            "speedup_interval": decision.speedup_interval, "combined": decision.combined,
+            "dropped": decision.dropped, "notes": decision.notes, "search_seconds": seconds, "budget_seconds": budget_s,
+            "planned_steps": planned_steps, "singles": summary(singles), "on_level": summary(on_level),
+            "combine": summary(combined), "batch_search": decision.batch}
+    write_json(out_dir / "tune.json", data)
+    lines = tune_md(decision, singles, combined, seconds, budget_s, planned_steps, on_level, batch)
+    (out_dir / "tune.md").write_text("\n".join(lines) + "\n")
+
+
+def summary(result: AblationResult | None) -> dict[str, Any]:
+    """A stage's rungs as tune.json gives them: each one's status, switches, verdict, speed-up and accuracy."""
+    return {r.name: {"status": r.status, "changes": r.changes, "verdict": r.result.verdict,
+                     "speedup": r.result.speedup, "speedup_interval": r.result.speedup_interval,
+                     "firm": r.result.firm, "accuracy": r.result.accuracy,
+                     "accuracy_worse": r.result.accuracy_worse}
+            for r in (result.rungs if result else [])}
+
+
+def tune_md(decision: Decision, singles: AblationResult, combined: AblationResult | None, seconds: float,
+            budget_s: float, planned_steps: int | None, on_level: AblationResult | None,
+            batch: AblationResult | None) -> list[str]:
+    """tune.md's lines: the recommendation, each stage's table, what is not in the recipe and the notes."""
+    from ..report import Columns, headers, markdown_table, table_rows
+
+    interval = decision.speedup_interval
+    columns = Columns(cumulative=False)
+    lines = ["# trainfast tune", "",
+             f"Recommended: **{decision.name}**, {decision.speedup:.2f}x the baseline"
+             + (f" (95% interval {interval[0]:.2f}–{interval[1]:.2f})" if interval else "") + ", written to "
+             f"[best.yaml](best.yaml). The search took {seconds:.0f} s (budget {budget_s:.0f} s); planned run: "
+             f"{planned_steps} optimizer steps.", "",
+             "## Each switch alone (stage 1)", "", markdown_table(headers(columns), table_rows(singles.rungs, columns)),
+             "", "Details: [singles/report.md](singles/report.md).", ""]
+    if on_level is not None:
+        lines += [f"## On top of {on_level.rungs[0].name.removeprefix('on-')} (stage 1b)", "",
+                  "Every other switch again, against the precision level alone.", "",
+                  markdown_table(headers(columns), table_rows(on_level.rungs, columns)), "",
+                  "Details: [on-level/report.md](on-level/report.md).", ""]
+    if combined is not None:
+        lines += ["## Together (stage 2)", "", f"Combined: {', '.join(decision.combined)}; the best single switch "
+                  "and the combination without each switch in turn, against the same baseline.", "",
+                  markdown_table(headers(columns), table_rows(combined.rungs, columns)), "",
+                  "Details: [combine/report.md](combine/report.md).", ""]
+    if batch is not None and decision.batch is not None:
+        lines += batch_section(decision.batch, batch)
+    lines += ["## Not in the recipe", ""] + [f"- **{name}**: {why}" for name, why in decision.dropped.items()]
+    if decision.notes:
+        lines += ["", "## Notes", ""] + [f"- {note}" for note in decision.notes]
+    return lines
+
+
+def batch_section(found: dict[str, Any], batch: AblationResult) -> list[str]:
+    """tune.md's section on --batch-size-search: the size found, the advice, the sizes' table."""
+    from ..report import Columns, headers, markdown_table, table_rows
+
+    advice = (f"batch size {found['batch_size']} is the largest that was still firmly faster and kept "
+              f"accuracy: `trainfast train --recipe best.yaml --batch-size {found['batch_size']}` (a larger batch "
+              "takes fewer steps an epoch and usually wants a larger learning rate: check the accuracy at "
+              "your full length)" if found["batch_size"] != found["from"] else
+              f"no larger batch was firmly faster with accuracy kept: batch size {found['from']} stays")
+    return ["## Larger batches (reported apart: not in best.yaml)", "",
+            "The recommended recipe at larger batch sizes, each against the size above it (a cumulative "
+            f"ladder); accuracy after the same epochs. {advice}.", "",
+            markdown_table(headers(Columns(cumulative=True)), table_rows(batch.rungs, Columns(cumulative=True))),
+            "", "Details: [batch/report.md](batch/report.md).", ""]

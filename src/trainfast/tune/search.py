@@ -1,0 +1,320 @@
+"""The search: `tune()` as its stages, each a ladder of the ablation's own loop in a folder of its own, all
+sharing one SearchBudget and one Search (the work, the base recipe, the options, the notes)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..ablation import LadderOptions, run_ladder
+from ..ablation.loop import trimmed
+from ..ablation.store import default_out_dir
+from ..ablation.work import BuiltinSpec, Work, prepare_builtin, prepare_command
+from ..recipe import Recipe, RecipeError, resolve_device
+from ..results import AblationResult, Rung, Status
+from ..techniques.precision import auto_amp_dtype, slow_half_reason
+from .batch import batch_finding, batch_rungs
+from .budget import SearchBudget, singles_share
+from .combine import Decision, break_even_steps, combine, combine_stage, decide, on_level_decision
+from .options import TuneOptions, tune_options
+from .outputs import write_outputs
+from .switches import firm_gain, is_level, kept_level, on_level_order, plan_singles, single_names
+
+
+@dataclass
+class Search:
+    """What every stage shares: the work its runs are started by, the recipe they start from, the options,
+    the one budget, and the notes on what was cut or skipped (they end the recommendation's notes)."""
+    work: Work
+    base: Recipe
+    out_dir: Path
+    options: TuneOptions
+    budget: SearchBudget
+    replan: Callable[[], list[Rung]]          # stage 1's rungs planned afresh, their effects marked
+    notes: list[str] = field(default_factory=list)
+
+    def settings(self, name: str, rungs: list[Rung], repeats: int, measure: str, mode: str) -> dict[str, Any]:
+        """A stage's plan.json: what identifies its runs, so a resumed stage reuses only runs of the same plan."""
+        opts = self.options
+        common = {**self.work.settings, "repeats": opts.repeats, "budget": dataclasses.asdict(opts.timing),
+                  "min_effect": opts.min_effect, "device": str(self.work.dev)}
+        return {**common, "stage": name, "mode": mode, "repeats": repeats, "noise_seeds": repeats, "measure": measure,
+                "rungs": {r.name: r.recipe.to_dict() for r in rungs if r.status != Status.NO_EFFECT}}
+
+    def stage(self, name: str, rungs: list[Rung], repeats: int, measure: str = "speed", mode: str = "each",
+              share: float = 1.0, again: bool = False, credit_s: float = 0.0, last: bool = False) -> AblationResult:
+        """One stage: speed for the singles (a command's runs stop once timed), full for stage 2, whose
+        candidates are also judged on the metric (the built-in run always trains to its end). `again`: the
+        stage's folder is resumed (its runs so far reused, at no cost), with `credit_s`, what they took, added
+        to its time so its plan prices them like the runs still to come.
+
+        With `settle`, the budget the planned passes leave is spent where it changes an answer: more passes
+        while a verdict is marked ? or a gain of min_effect or more is unresolved (the ladder's settling, as
+        in `ablate`), until the stage has taken SETTLE_SHARE of the budget left when it started (all of it
+        in the `last` stage), so later stages keep their time. A default search that stopped after 3 passes
+        left channels_last on top of bf16 at 1.14x (1.02-1.27) "no measurable difference ?" with 12 of its
+        15 minutes unused."""
+        opts = self.options
+        left = self.budget.left()
+        allowed = self.budget.allowance(share, credit_s, left)
+        settle_s = self.budget.settle_s(allowed, credit_s, left, last) if opts.settle else 0.0
+        ladder = LadderOptions(mode=mode, repeats=repeats, noise_seeds=repeats, budget=opts.timing,
+                               min_effect=opts.min_effect, resume=opts.resume or again, rung_timeout=None,
+                               show=opts.show, settle_within_s=settle_s, time_budget_s=allowed)
+        return run_ladder(rungs, self.work, self.settings(name, rungs, repeats, measure, mode), self.out_dir / name,
+                          ladder, measure)
+
+    def cut_note(self, result: AblationResult, why: str = "") -> None:
+        """A note on what the stage's time budget cut from its plan, if anything."""
+        cut = result.settings.get("budget_cut")
+        if trimmed(cut):
+            asked = cut["asked"]["repeats"]
+            what = [f"{cut['repeats']} repeats instead of {asked}"] if cut["repeats"] < asked else []
+            what += [f"without {', '.join(cut['skipped'])}"] if cut["skipped"] else []
+            self.notes.append(f"{result.settings['stage']}: ran {' and '.join(what)} to fit the budget "
+                              f"(~{cut['seconds_per_run']:.0f} s a run){why}")
+
+
+@dataclass
+class Findings:
+    """What the stages found so far, passed from each stage to the next."""
+    singles: list[Rung]
+    first: AblationResult                    # stage 1
+    steps: int | None                        # the planned run's optimizer steps, when known
+    combined: Recipe                         # the switches that gained, together
+    in_combination: list[str]
+    dropped: dict[str, str]                  # switch -> why it is not in the combination
+    per_run: float = 0.0                     # stage 1's mean seconds a run: what later stages are priced by
+    level: Rung | None = None                # the precision level the combination keeps
+    on_level: AblationResult | None = None   # stage 1b
+    second: AblationResult | None = None     # stage 2
+    batch: AblationResult | None = None      # --batch-size-search
+
+
+def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: TuneOptions,
+                   budget: SearchBudget) -> tuple[Search, list[Rung]]:
+    """The work prepared and checked, the switches chosen, stage 1's rungs planned and marked: everything
+    that can refuse the search does so here, before the first run."""
+    out_dir = Path(opts.out) if opts.out is not None else default_out_dir("tune")
+    if out_dir.exists() and not opts.resume and any(out_dir.iterdir()):
+        raise RecipeError(f"{out_dir} already holds a search: pass --resume to continue it, or choose another --out")
+    work: Work | None = None
+    if opts.command is None:
+        from ..data.decoded_cache import effect as decode_cache_effect
+
+        work = prepare_builtin(spec, recipe, device)
+        base, dev, image_folder = work.base, work.dev, decode_cache_effect(work.split).acts
+    else:
+        base, dev, image_folder = recipe or Recipe(), resolve_device(device), False
+    amp = auto_amp_dtype(dev) if opts.amp_dtype == "auto" else opts.amp_dtype
+    names = chosen_switches(single_names(amp, image_folder), opts.switches)
+    slow = slow_half_reason(dev, amp) if opts.amp_dtype == "auto" else None
+    singles = plan_singles(base, names, amp, dev, slow)
+    if work is None:
+        # Every candidate is a combination of the singles' fields: those are all a run may switch.
+        work = prepare_command(opts.command, [r.changes for r in singles], recipe=base, device=device,
+                               nproc=opts.nproc, measure="speed", budget=opts.timing, metric=opts.metric,
+                               goal=opts.goal)
+    work.mark_effects(singles)
+
+    def replan() -> list[Rung]:
+        rungs = plan_singles(base, names, amp, dev, slow)
+        work.mark_effects(rungs)
+        return rungs
+    return Search(work, base, out_dir, opts, budget, replan), singles
+
+
+def chosen_switches(names: list[str], switches: list[str] | None) -> list[str]:
+    """`names` narrowed to --switches (every one of which must be among them), in the search's order."""
+    if not switches:
+        return names
+    unknown = [n for n in switches if n not in names]
+    if unknown:
+        raise RecipeError(f"--switches: {', '.join(unknown)} not among {', '.join(names)}")
+    return [n for n in names if n in switches]
+
+
+def run_singles(search: Search, singles: list[Rung]) -> Findings:
+    """Stage 1 (singles/): every switch alone against the baseline, then combined on paper (combine)."""
+    opts, budget = search.options, search.budget
+    share = singles_share(singles)
+    first_started = time.monotonic()
+    first = search.stage("singles", singles, opts.repeats, share=share)
+    steps = opts.planned_steps or next((run.get("steps") for run in singles[0].repeats), None)
+    combined, in_combination, dropped = combine(search.base, singles, steps)
+    cut = first.settings.get("budget_cut")
+    if share < 1 and trimmed(cut) and not kept_level(singles, in_combination) and \
+            budget.fits(1, cut["seconds_per_run"]):
+        # No precision level gained, so there is no stage 1b to keep the rest of the budget for: stage 1 goes
+        # on with all of it, re-planned as if it had had it from the start (its runs so far reused).
+        singles = search.replan()
+        first = search.stage("singles", singles, opts.repeats, again=True, credit_s=time.monotonic() - first_started)
+        combined, in_combination, dropped = combine(search.base, singles, steps)
+        share = 1.0
+        search.notes.append("no precision level gained firmly, so stage 1 went on with the budget kept for stage 1b")
+    search.cut_note(first, f"; {1 - share:.0%} of the budget was kept for stage 1b, where a switch cut here is "
+                           f"judged on top of the precision level if one gains" if share < 1 else "")
+    per_run = statistics.fmean([run.get("wall_time_s") or 0 for r in singles for run in r.repeats] or [0])
+    if steps is None and "compile" in in_combination:
+        search.notes.append("the planned run's length is not known (a command's runs stop once timed): compile "
+                            "was kept without its break-even check; pass --planned-steps to decide it")
+    return Findings(singles, first, steps, combined, in_combination, dropped, per_run,
+                    kept_level(singles, in_combination))
+
+
+def run_on_level(search: Search, found: Findings) -> None:
+    """Stage 1b (on-level/): precision changes every kernel, so the other switches are judged again on top of
+    the level the combination keeps (channels_last, for one, pays in bf16 and not in fp32); the combination
+    becomes the level plus what gained on top of it."""
+    level, repeats = found.level, search.options.repeats
+    others = [r for r in found.singles[1:] if r.status != Status.NO_EFFECT and not is_level(r)]
+    if level is None or not others:
+        return
+    rungs = [Rung(f"on-{level.name}", dict(level.changes), level.recipe)]
+    rungs += [Rung(r.name, dict(r.changes), level.recipe.replace(**r.changes)) for r in on_level_order(others)]
+    # Run when the level and one switch fit twice: the stage cuts itself to the budget (the ladder's time budget).
+    if not search.budget.fits(2 * min(repeats, 2), found.per_run):
+        search.notes.append(f"the switches were not judged again on top of {level.name} (would not fit the budget)")
+        return
+    found.on_level = search.stage("on-level", rungs, repeats)
+    search.cut_note(found.on_level)
+    on_top, names_on_top, dropped_on_top = combine(level.recipe, rungs, found.steps)
+    found.combined, found.in_combination = on_top, [level.name, *names_on_top]
+    levels = {r.name for r in found.singles if is_level(r)}
+    dropped = {k: v for k, v in found.dropped.items() if k in levels}     # the others: judged on top instead
+    dropped.update({k: f"on top of {level.name}: {v}" for k, v in dropped_on_top.items()})
+    found.dropped = dropped
+
+
+def recommend(search: Search, found: Findings) -> Decision:
+    """The recommendation: the baseline when nothing gained; the best measured recipe when one switch gained
+    or stage 2 would not fit (3 rungs, 2 repeats at the least); else what stage 2 decides."""
+    if not found.in_combination:
+        return Decision(search.base, "baseline", dropped=found.dropped,
+                        notes=["no switch gained firmly on its own: the baseline is recommended"])
+    if len(found.in_combination) == 1 or not search.budget.fits(3 * min(search.options.repeats, 2), found.per_run):
+        return best_measured(search, found)
+    return run_combine(search, found)
+
+
+def best_measured(search: Search, found: Findings) -> Decision:
+    """Without stage 2: the single switch that gained most, as measured alone; or, where switches gained on
+    top of the level, the best of those: the level plus that switch is a recipe stage 1b measured."""
+    names = found.in_combination
+    only = max((r for r in found.singles if r.name in names and firm_gain(r)),
+               key=lambda r: r.result.speedup)       # the singles' speed-ups: all against the fp32 baseline
+    decision = Decision(only.recipe, only.name, gainers=list(names), combined=[only.name],
+                        dropped=found.dropped, speedup=only.result.speedup,
+                        speedup_interval=only.result.speedup_interval,
+                        notes=["one switch gained: nothing to combine"] if len(names) == 1 else [])
+    on_top = [r for r in (found.on_level.rungs[1:] if found.on_level else []) if r.name in names and firm_gain(r)]
+    if len(names) > 1 and on_top and found.level is not None:
+        decision = on_level_decision(found.level, max(on_top, key=lambda r: r.result.speedup), decision)
+    if len(names) > 1 and set(decision.combined) == set(names):
+        search.notes.append(f"stage 2 was skipped (would not fit the budget); it had nothing to add: stage 1b "
+                            f"measured {decision.name}, all that gained, together")
+    elif len(names) > 1:
+        search.notes.append(f"stage 2 was skipped (would not fit the budget): {', '.join(names)} were not "
+                            f"measured together; {decision.name} is recommended, the best measured recipe")
+    return decision
+
+
+def run_combine(search: Search, found: Findings) -> Decision:
+    """Stage 2 (combine/): the combination against the baseline, the best single switch and itself without
+    each switch, every run trained to its end; shortened to fit the budget (2 repeats, then no leave-one-out)."""
+    opts = search.options
+    changes = {r.name: r.changes for r in [*found.singles, *(found.on_level.rungs if found.on_level else [])]}
+    rungs = combine_stage(search.base, found.singles, found.combined, found.in_combination, changes)
+    repeats = opts.repeats
+    left = search.budget.left()
+    if not search.budget.fits(len(rungs) * repeats, found.per_run, left) and repeats > 2:
+        repeats = 2
+        search.notes.append(f"stage 2 ran {repeats} repeats instead of {opts.repeats} to fit the budget")
+    if not search.budget.fits(len(rungs) * repeats, found.per_run, left):
+        rungs = rungs[:3]
+        search.notes.append("the leave-one-out rungs (the combination without each switch) were skipped to fit "
+                            "the budget: harmful interactions were not looked for")
+    found.second = search.stage("combine", rungs, repeats, measure="full", last=not opts.batch_size_search)
+    search.cut_note(found.second)
+    decision = decide(found.second.rungs, opts.min_effect)
+    decision.gainers = list(found.in_combination)
+    decision.combined = list(found.in_combination)
+    decision.dropped = {**found.dropped, **decision.dropped}
+    return decision
+
+
+def compile_note(singles: list[Rung], decision: Decision) -> None:
+    """What compile's break-even was here, when stage 1 measured it."""
+    compiled = next((r for r in singles if r.changes.get("compile") and r.status == Status.DONE), None)
+    if compiled is not None and singles[0].status == Status.DONE:
+        even = break_even_steps(compiled, singles[0])
+        decision.notes.append(f"compile repays its compilation after ~{even:.0f} steps" if math.isfinite(even) else
+                              "compile saved no time per step here: it never repays its compilation")
+
+
+def run_batch_search(search: Search, decision: Decision, per_run: float) -> AblationResult | None:
+    """--batch-size-search (batch/): the recommended recipe at larger batch sizes, a cumulative ladder; the
+    finding goes to decision.batch, never into its recipe."""
+    repeats = search.options.repeats
+    rungs = batch_rungs(decision.recipe, len(search.work.split.train))
+    if len(rungs) < 2:
+        search.notes.append("--batch-size-search: no larger batch leaves two steps an epoch on this data")
+        return None
+    if not search.budget.fits(len(rungs) * repeats, per_run):
+        search.notes.append("--batch-size-search was skipped: it would not fit the budget")
+        return None
+    batch = search.stage("batch", rungs, repeats, mode="cumulative", last=True)
+    search.cut_note(batch)
+    decision.batch = batch_finding(batch)
+    return batch
+
+
+def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None, val_set=None, loss_fn=None, *,
+         data: str = "digits", image_size: int | None = None, recipe: Recipe | None = None, device: str = "auto",
+         mean=None, std=None, **options) -> Decision:
+    """Search for the fastest recipe that keeps accuracy (the package's docstring); best.yaml, tune.md and
+    tune.json in the search's folder. The work: a built-in model and data as `ablate()` takes them, or
+    `command`. `options`: TuneOptions' fields.
+
+    `planned_steps`: the optimizer steps of the run the recipe is for (default: the recipe's epochs x steps
+    per epoch), which decides compile. `budget_s`: the search plans within it; a stage that would not fit is
+    shortened (fewer repeats, no leave-one-out rungs) or skipped, and the report says so. `switches`: search
+    only these (names as single_names gives them, e.g. autocast-bf16, channels_last).
+
+    `command`: search on a user's own training command instead of the built-in run (`trainfast tune --
+    python train.py ...`; the ablation's CommandWork): stages 1 and 1b time each run in speed mode; stage 2
+    runs every candidate to its end, so the accuracy guard compares the metric the script reports with
+    `tf.report` (`metric`, `goal` as in ablate_command) with the baseline's band. `planned_steps` then
+    decides compile (the script's run length is not known before it ends).
+
+    `batch_size_search`: afterwards, the recommended recipe at 2x, 4x, 8x its batch size (stage batch/, a
+    cumulative ladder): the largest that fits and is still firmly faster with accuracy kept is reported
+    apart (decision.batch, tune.md), never written into best.yaml: a larger batch changes the optimization
+    (steps per epoch, the learning rate it wants), which the user decides.
+
+    `settle`: after a stage's planned `repeats` passes, more passes (up to the ladder's MAX_REPEATS) while a
+    verdict is within the noise and the budget allows (Search.stage); False: exactly `repeats` passes in
+    every stage."""
+    opts = tune_options(options)
+    budget = SearchBudget(opts.budget_s)
+    spec = BuiltinSpec(model, train_set, val_set, loss_fn, data, image_size, mean, std)
+    search, singles = prepare_search(spec, recipe, device, opts, budget)
+    found = run_singles(search, singles)
+    run_on_level(search, found)
+    decision = recommend(search, found)
+    compile_note(found.singles, decision)
+    if opts.batch_size_search:
+        found.batch = run_batch_search(search, decision, found.per_run)
+    decision.notes += search.notes
+    write_outputs(search.out_dir, decision, found.first, found.second, budget.elapsed(), opts.budget_s, found.steps,
+                  found.on_level, found.batch)
+    if opts.show:
+        print(f"recommended: {decision.name} ({decision.speedup:.2f}x the baseline) — {search.out_dir}/best.yaml, "
+              f"{search.out_dir}/tune.md")
+    return decision

@@ -1,0 +1,172 @@
+"""The layers of trainfast, enforced: a module imports only from its own layer or the layers below it, never
+from a layer above, not even inside a function or under TYPE_CHECKING; and no two modules import each other
+round a cycle, whatever their layers. The order is written down in CONTRIBUTING.md ("Layers")."""
+from __future__ import annotations
+
+import ast
+import fnmatch
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "trainfast"
+
+# Top to bottom. A name matches a module or, with ".*", every module of a package.
+LAYERS: list[tuple[str, list[str]]] = [
+    ("entry points", ["trainfast", "trainfast.__main__", "trainfast.cli", "trainfast._site", "trainfast._site.*"]),
+    ("search", ["trainfast.tune", "trainfast.tune.*"]),
+    ("applications", ["trainfast.ablation", "trainfast.ablation.*", "trainfast.doctor", "trainfast.bench_data",
+                      "trainfast.trainer"]),
+    ("output", ["trainfast.report", "trainfast.report.*"]),
+    ("assembly and instruments", ["trainfast.run", "trainfast.launch", "trainfast.probe", "trainfast.checks",
+                                  "trainfast.watch", "trainfast.envcheck"]),
+    ("loop and tasks", ["trainfast.engine", "trainfast.tasks", "trainfast.tasks.*"]),
+    ("session", ["trainfast.session", "trainfast.session.*"]),
+    ("techniques, data, distribution", ["trainfast.techniques", "trainfast.techniques.*", "trainfast.data",
+                                        "trainfast.data.*", "trainfast.detection", "trainfast.detection.*",
+                                        "trainfast.distributed", "trainfast.faults", "trainfast.checkpoint",
+                                        "trainfast.models"]),
+    ("foundations", ["trainfast.recipe", "trainfast.measure", "trainfast.stats", "trainfast.procs",
+                     "trainfast.results", "trainfast.observers"]),
+]
+
+
+def module_files(root: Path = PACKAGE) -> dict[str, Path]:
+    mods = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = path
+    return mods
+
+
+def imports_of(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """Every trainfast module `name` imports, at any depth of its code (functions, TYPE_CHECKING blocks)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            targets = [module] + [f"{module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in mods:       # `from pkg import name`: the module pkg.name, or pkg
+                target = target.rpartition(".")[0]
+            if target.startswith("trainfast") and target != name:
+                found.add(target)
+    return found
+
+
+def layer_of(name: str) -> int:
+    for index, (_, patterns) in enumerate(LAYERS):
+        if any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            return index
+    raise LookupError(name)
+
+
+def graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    mods = module_files(root)
+    return {name: imports_of(name, path, mods) for name, path in mods.items()}
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for name, targets in edges.items():
+        for target in targets:
+            if target.startswith(name + "."):        # a package's __init__ re-exporting its own modules
+                continue
+            if layer_of(target) < layer_of(name):
+                bad.append(f"{name} ({LAYERS[layer_of(name)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})")
+    return sorted(bad)
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Import cycles (strongly connected components of more than one module), a package's __init__ importing
+    its own modules left out (they import the package's siblings, not the __init__)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w.startswith(v + "."):
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_has_a_layer():
+    unplaced = []
+    for name in module_files():
+        try:
+            layer_of(name)
+        except LookupError:
+            unplaced.append(name)
+    assert not unplaced, f"modules in no layer (add them to LAYERS and CONTRIBUTING.md): {unplaced}"
+
+
+def test_no_module_imports_from_a_layer_above():
+    bad = upward_imports(graph())
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_no_import_cycles():
+    found = cycles(graph())
+    assert not found, f"import cycles: {found}"
+
+
+@pytest.mark.parametrize("code, expect", [
+    ("def f():\n    from ..ablation import ablate\n", "trainfast.ablation"),      # inside a function
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..tune import tune\n", "trainfast.tune"),
+    ("import trainfast.cli\n", "trainfast.cli"),
+])
+def test_the_check_finds_an_upward_import(tmp_path, code, expect):
+    """The check can fail: an upward import planted in a copy of a low module is reported."""
+    import shutil
+
+    copy = tmp_path / "trainfast"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "data" / "sampler.py", "a") as f:
+        f.write("\n" + code)
+    bad = upward_imports(graph(copy))
+    assert any(line.startswith("trainfast.data.sampler ") and expect in line for line in bad), bad
+
+
+def test_the_check_finds_a_cycle(tmp_path):
+    import shutil
+
+    copy = tmp_path / "trainfast"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "stats.py", "a") as f:
+        f.write("\ndef f():\n    from .procs import run_supervised\n")
+    with open(copy / "procs.py", "a") as f:
+        f.write("\ndef g():\n    from .stats import compare\n")
+    assert ["trainfast.procs", "trainfast.stats"] in cycles(graph(copy))
