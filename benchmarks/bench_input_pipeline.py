@@ -33,7 +33,7 @@ def stage_times(folder: Path, size: int = 224) -> dict[str, float]:
     import torch
     from PIL import Image
     from torchvision import transforms as T
-    from torchvision.io import decode_jpeg, read_file
+    from torchcodec.decoders import decode_jpeg
     from torchvision.transforms.v2 import functional as TF
 
     from trainfast.data.datasets import normalize, stats_tensors
@@ -42,7 +42,7 @@ def stage_times(folder: Path, size: int = 224) -> dict[str, float]:
     torch.set_num_threads(1)      # what one DataLoader worker gets
     files = sorted(folder.rglob("*.jpg"))[:STAGE_FILES]
     pil = [Image.open(f).convert("RGB") for f in files]
-    tensors = [decode_jpeg(read_file(str(f))) for f in files]
+    tensors = [decode_jpeg(str(f)) for f in files]
     crop = T.RandomResizedCrop(size)
     pil_crops = [crop(im) for im in pil]
     mean, std = stats_tensors((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -59,7 +59,7 @@ def stage_times(folder: Path, size: int = 224) -> dict[str, float]:
         "torchvision: PIL open + decode + convert(RGB)": lambda: [Image.open(f).convert("RGB") for f in files],
         "torchvision: RandomResizedCrop + flip on PIL": lambda: [T.RandomHorizontalFlip()(crop(im)) for im in pil],
         "torchvision: ToTensor + Normalize (float32)": lambda: [to_float(im) for im in pil_crops],
-        "trainfast: decode alone (torchvision.io.decode_jpeg)": lambda: [decode_jpeg(read_file(str(f))) for f in files],
+        "trainfast: decode alone (torchcodec decode_jpeg)": lambda: [decode_jpeg(str(f)) for f in files],
         "trainfast: read + header + decode + crop + resize + flip": lambda: [ours(f) for f in files],
         "trainfast: uint8 crop + resize alone": lambda: [uint8_crop(t) for t in tensors],
         "trainfast: batched normalize (per image)": lambda: [normalize(batch, mean, std, out=out) for _ in range(len(files) // 64 or 1)],
@@ -80,7 +80,7 @@ def print_stages(times: dict[str, float]) -> None:
     for name, ms in times.items():
         print(f"  {name:<60} {ms:6.3f} ms")
     default = sum(ms for name, ms in times.items() if name.startswith("torchvision"))
-    decode = times["trainfast: decode alone (torchvision.io.decode_jpeg)"]
+    decode = times["trainfast: decode alone (torchcodec decode_jpeg)"]
     ours = times["trainfast: read + header + decode + crop + resize + flip"] + times["trainfast: batched normalize (per image)"]
     print(f"  torchvision default, all stages: {default:.3f} ms; trainfast, all stages: {ours:.3f} ms "
           f"-> {default / ours:.2f}x on one core")

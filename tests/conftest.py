@@ -60,3 +60,10 @@ def scored_rung(name: str, rates: list[float], accuracy: float, **changes) -> "R
                              "train_losses": [], "timing": {"blocks": blocks, "warmup_steps": 1, "timed_steps": 24,
                                                             "timed_seconds": 1.0, "disturbed_steps": 0}})
     return rung
+
+
+def save_png(image, path: str) -> None:
+    """A uint8 [3, H, W] tensor as a PNG file, through Pillow (torchvision.io's encoders are deprecated)."""
+    from PIL import Image
+
+    Image.fromarray(image.permute(1, 2, 0).contiguous().numpy()).save(path)

@@ -45,13 +45,13 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 def test_killed_ablation_leaves_no_process_and_resumes(tmp_path):
     out = tmp_path / "ablation"
     cmd = [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",
-           "--rungs", "set_to_none", "--repeats", "1", "--noise-seeds", "1", "--out", str(out),
+           "--rungs", "fused", "--repeats", "1", "--noise-seeds", "1", "--out", str(out),
            "--timing-steps", "150",   # a rung of a few seconds (~20 ms a step): the signal lands while it runs
            "--settle-within", "0"]    # one pass of each rung, however noisy the machine
     parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: (out / "runs" / "baseline-r0.json").exists(), 240, "the baseline run to finish")
-        wait_for(lambda: (out / "rungs" / "set_to_none-r0" / "log.txt").exists(), 60, "the second rung to start")
+        wait_for(lambda: (out / "rungs" / "fused-r0" / "log.txt").exists(), 60, "the second rung to start")
         time.sleep(2.0)                                   # well inside its training (3 epochs)
         tree = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
         assert len(alive(tree)) >= 2, "expected the fork server and a rung process below the ablation"
@@ -85,10 +85,10 @@ def test_killed_ablation_leaves_no_process_and_resumes(tmp_path):
 def test_a_hanging_rung_is_stopped_at_its_limit_and_the_others_finish(tmp_path, digits16):
     t0 = time.monotonic()
     result = ablate(tiny_resnet, digits16.train, digits16.val, hangs_under_half_precision, mean=digits16.mean,
-                    std=digits16.std, recipe=Recipe(batch_size=32), rungs=["amp", "set_to_none"], mode="each", amp_dtype="bf16",
+                    std=digits16.std, recipe=Recipe(batch_size=32), rungs=["amp", "fused"], mode="each", amp_dtype="bf16",
                     repeats=1, noise_seeds=1, out=tmp_path, show=False, rung_timeout=25)
     status = {r.name: r.status for r in result.rungs}
-    assert status == {"baseline": "done", "amp": "failed", "set_to_none": "done"}, status
+    assert status == {"baseline": "done", "amp": "failed", "fused": "done"}, status
     amp = next(r for r in result.rungs if r.name == "amp")
     assert "time limit of 25 s" in amp.result.error
     assert time.monotonic() - t0 < 240
@@ -99,7 +99,7 @@ def test_a_hanging_rung_is_stopped_at_its_limit_and_the_others_finish(tmp_path, 
 def test_ctrl_c_stops_the_rung_and_writes_the_partial_report(tmp_path):
     out = tmp_path / "ablation"
     cmd = [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",
-           "--rungs", "set_to_none", "--repeats", "1", "--noise-seeds", "1", "--out", str(out),
+           "--rungs", "fused", "--repeats", "1", "--noise-seeds", "1", "--out", str(out),
            "--timing-steps", "150",   # a rung of a few seconds (~20 ms a step): the signal lands while it runs
            "--settle-within", "0"]    # one pass of each rung, however noisy the machine
     # As from a terminal: SIGINT at its default. A test run started in the background by a non-interactive shell
@@ -109,7 +109,7 @@ def test_ctrl_c_stops_the_rung_and_writes_the_partial_report(tmp_path):
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for(lambda: (out / "runs" / "baseline-r0.json").exists(), 240, "the baseline run to finish")
-        wait_for(lambda: (out / "rungs" / "set_to_none-r0" / "log.txt").exists(), 60, "the second rung to start")
+        wait_for(lambda: (out / "rungs" / "fused-r0" / "log.txt").exists(), 60, "the second rung to start")
         time.sleep(1.0)
         tree = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
         parent.send_signal(signal.SIGINT)                 # what Ctrl-C sends the parent

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchvision.io import write_png
+from conftest import save_png
 
 from trainfast.data.datasets import DataError, Skipped
 from trainfast.detection import load_detection_data
@@ -30,7 +30,7 @@ def write_folder(root: Path, data: dict, json_name: str = "instances.json", imag
     root.mkdir(parents=True, exist_ok=True)
     (root / image_dir).mkdir(parents=True, exist_ok=True)
     for image in data["images"]:
-        write_png(torch.full((3, image["height"], image["width"]), 90, dtype=torch.uint8),
+        save_png(torch.full((3, image["height"], image["width"]), 90, dtype=torch.uint8),
                   str(root / image_dir / image["file_name"]))
     (root / json_name).parent.mkdir(parents=True, exist_ok=True)
     (root / json_name).write_text(json.dumps(data))
@@ -170,7 +170,7 @@ def test_unreadable_or_mis_sized_image_is_skipped_at_read_time(tmp_path):
     data = instances(5)
     root = write_folder(tmp_path / "c", data)
     (root / "images" / "img0.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
-    write_png(torch.zeros(3, 10, 10, dtype=torch.uint8), str(root / "images" / "img1.png"))
+    save_png(torch.zeros(3, 10, 10, dtype=torch.uint8), str(root / "images" / "img1.png"))
     split = load_coco(root)
     items = {r.image_id: ds[i] for ds in (split.train, split.val) for i, r in enumerate(ds.records)}
     assert isinstance(items[100], Skipped) and "img0.png" in items[100].path

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchvision.io import write_png
+from conftest import save_png
 
 from trainfast import Recipe, ablate
 from trainfast.cli import main
@@ -49,7 +49,7 @@ def coco(tmp_path_factory) -> Path:
     images, annotations = [], []
     for i in range(len(source)):
         image, target = source[i]
-        write_png(image, str(root / f"{i:03d}.png"))
+        save_png(image, str(root / f"{i:03d}.png"))
         images.append({"id": i + 1, "file_name": f"{i:03d}.png", "height": image.shape[1], "width": image.shape[2]})
         for (x1, y1, x2, y2), label in zip(target["boxes"].tolist(), target["labels"].tolist()):
             annotations.append({"id": len(annotations) + 1, "image_id": i + 1, "category_id": label,
@@ -118,14 +118,18 @@ def test_ablate_detection_writes_map_per_rung(coco, tmp_path, two_ranks):
     from trainfast.ablation.rung import TimingBudget
 
     result = ablate(SSD, data=f"coco:{coco}", task="detection", recipe=Recipe(epochs=1, batch_size=4),
-                    rungs=["set_to_none", "group_aspect_ratio"], repeats=1, noise_seeds=1, out=tmp_path / "report",
+                    rungs=["amp", "set_to_none", "group_aspect_ratio"], amp_dtype="bf16", repeats=1, noise_seeds=1,
+                    out=tmp_path / "report",
                     budget=TimingBudget(steps=1, seconds=1.0, floor=1, min_seconds=0.0), show=False,
                     settle_within_s=0)    # exactly one pass: a noisy machine adds none (timing-steps 1 never settles)
     data = json.loads((tmp_path / "report" / "results.json").read_text())
     assert data["settings"]["task"] == "detection" and data["settings"]["metric_name"] == "mAP"
     rungs = {r["name"]: r for r in data["rungs"]}
-    assert list(rungs) == ["baseline", "set_to_none", "group_aspect_ratio"]
-    for name in ("baseline", "set_to_none"):                             # the judged metric is mAP
+    assert list(rungs) == ["baseline", "amp", "set_to_none", "group_aspect_ratio"]
+    # the built-in loop's zero_grad() already frees the gradients (PyTorch's default): set_to_none changes nothing
+    assert rungs["set_to_none"]["effect"] == "not-applicable" and "already calls optimizer.zero_grad()" in \
+        rungs["set_to_none"]["effect_reason"]
+    for name in ("baseline", "amp"):                                     # the judged metric is mAP
         runs = rungs[name]["runs"]
         run = runs[0]
         assert len(runs) == 1 and rungs[name]["accuracy"] == run["map"] and 0.0 <= run["map"] <= 1.0 and "map_50" in run
@@ -136,7 +140,7 @@ def test_ablate_detection_writes_map_per_rung(coco, tmp_path, two_ranks):
     report = (tmp_path / "report" / "report.md").read_text()
     assert "mAP" in report and "not applicable: the model resizes every image" in report
     assert "mAP noise band" in report and "a proxy, as mAP is not a share of images" in report
-    assert result.best_name in ("baseline", "set_to_none")
+    assert result.best_name in ("baseline", "amp")
 
 
 def test_detection_ladder_refuses_what_cannot_work_on_a_detector():

@@ -4,8 +4,8 @@ import time
 
 import pytest
 import torch
+from conftest import save_png
 from torch.utils.data import DataLoader
-from torchvision.io import write_png
 
 from trainfast.detection import (GroupedBatchSampler, build_detection_model, collate_detection, evaluate_detection,
                                  images_to_device, load_detection_data, warmup_scheduler)
@@ -67,7 +67,7 @@ def test_a_coco_folder_written_here_loads_and_trains(tmp_path):
     for i in range(len(source)):
         image, target = source[i]
         name = f"{i:03d}.png"
-        write_png(image, str(tmp_path / "images" / name))
+        save_png(image, str(tmp_path / "images" / name))
         images.append({"id": i + 1, "file_name": name, "height": image.shape[1], "width": image.shape[2]})
         for box, label in zip(target["boxes"].tolist(), target["labels"].tolist()):
             x1, y1, x2, y2 = box

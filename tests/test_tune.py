@@ -201,7 +201,7 @@ def test_a_real_search_writes_best_yaml_resumes_and_trains_with_it(tmp_path):
     level = f"autocast-{amp}"
     out = tmp_path / "tune"
     kwargs = dict(data="digits", image_size=16, out=out, repeats=1, show=False, recipe=Recipe(batch_size=128),
-                  switches=[level, "set_to_none", "channels_last"], device="cpu", settle=False)
+                  switches=[level, "fused", "channels_last"], device="cpu", settle=False)
     first = tune("resnet9", **kwargs)
     assert (out / "best.yaml").exists() and (out / "tune.md").exists() and (out / "singles" / "results.json").exists()
     import json
@@ -213,7 +213,7 @@ def test_a_real_search_writes_best_yaml_resumes_and_trains_with_it(tmp_path):
         # bf16 gained: the other switches were judged again on top of it
         on_level = json.loads((out / "on-level" / "results.json").read_text())
         names = [r["name"] for r in on_level["rungs"]]
-        assert names[0] == f"on-{level}" and sorted(names[1:]) == ["channels_last", "set_to_none"]
+        assert names[0] == f"on-{level}" and sorted(names[1:]) == ["channels_last", "fused"]
         assert all(r["recipe"]["precision"] == amp for r in on_level["rungs"])
     again = tune("resnet9", resume=True, batch_size_search=True, **kwargs)    # stages 1-2 reused, then batch/
     assert again.name == first.name and again.recipe == first.recipe
@@ -324,7 +324,7 @@ def test_a_ladder_with_a_time_budget_runs_what_fits_and_says_what_it_skipped(tmp
 def test_when_no_precision_level_gains_stage_1_goes_on_with_the_budget_kept_for_stage_1b(tmp_path, monkeypatch):
     # Runs priced at 100 s, an 800 s budget: stage 1 may spend half, which fits the baseline and O1 three times.
     # O1 gains nothing here, so no stage 1b follows: stage 1 is re-planned with the whole budget, its runs so
-    # far reused, and the switches it had cut are judged (set_to_none gains 1.5x and is recommended).
+    # far reused, and the switches it had cut are judged (fused gains 1.5x and is recommended).
     import torch
 
     import trainfast.tune.search as search_module
@@ -335,7 +335,7 @@ def test_when_no_precision_level_gains_stage_1_goes_on_with_the_budget_kept_for_
     def launch(rung, recipe, budget, run_dir, display, limit):
         launched.append(f"{rung.name}-s{recipe.seed}")
         wobble = 1 + 0.01 * (recipe.seed % 3 - 1)           # deterministic, small: every verdict is clear
-        rate = 500.0 * (1.5 if recipe.set_to_none else 1.0) * wobble
+        rate = 500.0 * (1.5 if recipe.optimizer_impl == "fused" else 1.0) * wobble
         return {**scored_rung("x", [rate], 0.95).repeats[0], "seed": recipe.seed, "wall_time_s": 100.0}
 
     stages = []
@@ -347,14 +347,14 @@ def test_when_no_precision_level_gains_stage_1_goes_on_with_the_budget_kept_for_
     monkeypatch.setattr(search_module, "run_ladder", faked)
     out = tmp_path / "tune"
     decision = tune("resnet9", data="digits", image_size=16, out=out, show=False, device="cpu", amp_dtype="bf16",
-                    switches=["autocast-bf16", "set_to_none", "channels_last"], budget_s=800.0)
+                    switches=["autocast-bf16", "fused", "channels_last"], budget_s=800.0)
     assert [(name, resume) for name, resume, _ in stages] == [("singles", False), ("singles", True)]
     assert stages[0][2] <= 400 < 750 <= stages[1][2]
     assert launched[:6] == ["baseline-s0", "autocast-bf16-s0", "baseline-s1", "autocast-bf16-s1", "baseline-s2",
                             "autocast-bf16-s2"]
-    assert {"set_to_none-s0", "set_to_none-s1", "channels_last-s0", "channels_last-s1"} <= set(launched[6:])
+    assert {"fused-s0", "fused-s1", "channels_last-s0", "channels_last-s1"} <= set(launched[6:])
     assert "baseline-s0" not in launched[6:]                # reused, not run again
-    assert decision.name == "set_to_none" and decision.recipe.precision == "fp32"
+    assert decision.name == "fused" and decision.recipe.precision == "fp32"
     assert "stage 1 went on with the budget kept for stage 1b" in (out / "tune.md").read_text()
     assert not (out / "on-level").exists()
     assert torch.isfinite(torch.tensor(decision.speedup)) and decision.speedup > 1.4
@@ -381,14 +381,14 @@ def test_the_search_tries_first_what_gained_or_was_not_measured_and_cuts_the_res
 def test_each_stage_settles_its_verdicts_only_with_the_time_it_leaves_the_stages_after_it(tmp_path, monkeypatch):
     # Extra passes (run_ladder's settling) may take a stage to half the budget left when it starts, the last
     # stage to all of it; settle=False runs exactly the repeats asked for. bf16 gains 1.5x, and on top of it
-    # set_to_none and channels_last 1.3x each: all three stages run.
+    # fused and channels_last 1.3x each: all three stages run.
     import trainfast.tune.search as search_module
     from trainfast.ablation import run_ladder
 
     def launch(rung, recipe, budget, run_dir, display, limit):
         wobble = 1 + 0.01 * (recipe.seed % 3 - 1)
         rate = 500.0 * wobble * (1.5 if recipe.precision == "bf16" else 1.0)
-        rate *= (1.3 if recipe.set_to_none else 1.0) * (1.3 if recipe.channels_last else 1.0)
+        rate *= (1.3 if recipe.optimizer_impl == "fused" else 1.0) * (1.3 if recipe.channels_last else 1.0)
         return {**scored_rung("x", [rate], 0.95).repeats[0], "seed": recipe.seed, "wall_time_s": 1.0}
 
     for settle in (True, False):
@@ -400,10 +400,10 @@ def test_each_stage_settles_its_verdicts_only_with_the_time_it_leaves_the_stages
 
         monkeypatch.setattr(search_module, "run_ladder", faked)
         decision = tune("resnet9", data="digits", image_size=16, out=tmp_path / f"tune-{settle}", show=False,
-                        device="cpu", amp_dtype="bf16", switches=["autocast-bf16", "set_to_none", "channels_last"],
+                        device="cpu", amp_dtype="bf16", switches=["autocast-bf16", "fused", "channels_last"],
                         budget_s=800.0, settle=settle)
         assert list(stages) == ["singles", "on-level", "combine"]
-        assert decision.recipe.precision == "bf16" and decision.recipe.set_to_none and decision.recipe.channels_last
+        assert decision.recipe.precision == "bf16" and decision.recipe.optimizer_impl == "fused" and decision.recipe.channels_last
         (singles, singles_settle), (on_level, on_level_settle), (combine, combine_settle) = stages.values()
         if not settle:
             assert singles_settle == on_level_settle == combine_settle == 0.0

@@ -440,3 +440,39 @@ def test_a_gain_estimated_past_the_minimum_effect_but_not_resolved_asks_for_more
     assert not unresolved(rung(FASTER, 1.74, {"verdict": same, "speedup": 1.03, "firm": True}))   # under 5%
     assert not unresolved(rung(FASTER, 1.74, {"verdict": FASTER, "speedup": 1.16, "firm": True}))
     assert not unresolved(rung(same, 1.08), min_effect=0.10)
+
+
+def test_an_ablation_in_which_every_run_failed_says_so_and_recommends_nothing(tmp_path):
+    """No recommendation (not "baseline, 100% of the time") when nothing was measured; the CLI exits non-zero on
+    such a result (cli._ablate checks result.best)."""
+    import dataclasses
+    import json
+
+    from trainfast.ablation.loop import LadderOptions, run_ladder
+    from trainfast.ablation.rung import TimingBudget
+    from trainfast.results import Rung, Status
+
+    def launch(rung, recipe, budget, run_dir, display, limit):
+        return {"error": "the run exited with status 1", "log_tail": "RuntimeError: boom"}
+
+    plan = [Rung("baseline", {}, Recipe()), Rung("fused", {"optimizer_impl": "fused"}, Recipe(optimizer_impl="fused"))]
+    settings = {"repeats": 2, "budget": dataclasses.asdict(TimingBudget()), "min_effect": 0.05}
+    result = run_ladder(plan, FakeWork(launch), settings, tmp_path / "failed",
+                        LadderOptions(repeats=2, noise_seeds=2, show=False, settle_within_s=0))
+    assert all(r.status == Status.FAILED for r in result.rungs) and result.failed
+    assert result.best is None and result.best_name is None and result.no_recommendation.startswith("every run failed")
+    data = json.loads((tmp_path / "failed" / "results.json").read_text())
+    assert data["best"]["name"] is None and data["best"]["none_because"].startswith("every run failed")
+    report = (tmp_path / "failed" / "report.md").read_text()
+    assert "no recommendation: every run failed" in report and "recommended:" not in report
+    assert "RuntimeError: boom" in report
+
+
+def test_results_json_names_the_metric_beside_its_value(tmp_path):
+    import json
+
+    result, _ = _settle_ladder(tmp_path, 5, None)
+    data = json.loads((result.out_dir / "results.json").read_text())
+    assert data["metric"] == {"name": "accuracy", "goal": "max"}
+    keys = list(data["rungs"][1])
+    assert keys[keys.index("accuracy") + 1] == "metric_name" and data["rungs"][1]["metric_name"] == "accuracy"

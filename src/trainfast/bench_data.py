@@ -26,8 +26,9 @@ from typing import Iterable
 
 import torch
 
+from .data.imagefolder import DEFAULT_DECODER
 
-OURS = "trainfast (uint8, libjpeg-turbo, normalize on device)"
+OURS = f"trainfast (uint8, {DEFAULT_DECODER} decoding, normalized on device)"
 CACHED = "trainfast + decode_cache (uint8 pixels, no decode)"
 THEIRS = "torchvision default (PIL, float32 in workers)"
 
@@ -57,13 +58,14 @@ def time_pass(batches: Iterable, device: torch.device) -> float:
     return images / (time.perf_counter() - t0)
 
 
-def folder_split(root: Path, image_size: int):
-    """Every image of the folder, with the training transforms (the benchmark reads, it does not score)."""
+def folder_split(root: Path, image_size: int, decoder: str | None = None):
+    """Every image of the folder, with the training transforms (the benchmark reads, it does not score);
+    `decoder`: which library decodes whole files (data/imagefolder.py's default when None)."""
     from .data.datasets import Split
     from .data.imagefolder import ImageFiles, scan_folder
 
     samples, classes = scan_folder(root)
-    dataset = ImageFiles(samples, image_size, train=True)
+    dataset = ImageFiles(samples, image_size, train=True, decoder=decoder)
     return Split(dataset, dataset, len(classes), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), image_size, str(root))
 
 
@@ -130,6 +132,13 @@ def pipelines_for(split, recipe, dev: torch.device, root: Path, image_size: int,
                  # The same loader without the prefetcher: how much of the time normalization takes on
                  # this device (on a CPU-only run it is host work too, unlike on a GPU).
                  "  trainfast loader alone (uint8, not normalized)": ToDevice(ours.loader, dev)}
+    # The other decoder for whole files (TorchCodec's or torchvision.io's), same pipeline otherwise: what the
+    # default decoder buys, measured here rather than assumed.
+    other = "torchvision" if DEFAULT_DECODER == "torchcodec" else None
+    if other is not None:
+        alt = folder_split(root, image_size, other)
+        pipelines[f"  trainfast with {other} decoding whole files"] = build_batches(alt.train, alt, recipe, dev,
+                                                                                   train=True)
     if decode_cache:
         t0 = time.perf_counter()
         cached = with_decode_cache(split, recipe.replace(decode_cache=True), log=lambda m: print_fn(f"  {m}"))

@@ -352,7 +352,8 @@ def _ablate(args, recipe: Recipe) -> int:
     except KeyboardInterrupt:
         return 130                        # the partial report is written; Display said where
 
-    return 0 if all(r.status != "failed" for r in result.rungs) else 1
+    # Non-zero when a run failed, and when nothing could be recommended (every run failed, or the baseline did).
+    return 0 if result.best is not None and all(r.status != "failed" for r in result.rungs) else 1
 
 
 def _tune(args, recipe: Recipe) -> int:

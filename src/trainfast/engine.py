@@ -16,6 +16,14 @@ from .session import TrainState
 from .tasks import as_task
 
 
+# The built-in loop zeroes the gradients as a stock PyTorch 2.x loop does: optimizer.zero_grad(), whose default
+# (set_to_none=True) frees them instead of writing zeros, so the baseline is what a user would otherwise run.
+# recipe.set_to_none changes nothing here; it acts on a user's loop that zeroes in place, through the Session.
+ZERO_GRAD_NOTE = ("the built-in loop already calls optimizer.zero_grad() with PyTorch's default (set_to_none=True), "
+                  "as a stock loop does; the switch acts on a script that zeroes in place "
+                  "(zero_grad(set_to_none=False)): measure it there with `ablate -- python train.py`")
+
+
 def no_step_hook(state: TrainState) -> None:
     """train_one_epoch's default `after_step`: nothing runs after a training step (the trainer's checkpoint
     cadence replaces it)."""
@@ -33,7 +41,7 @@ def train_one_epoch(state: TrainState, batches: Iterable, task, meter: Meter,
         state.backward(loss)                     # sums a dict; / grad_accum_steps, fp16 scaling, nonfinite=skip
         optimizer.step()                         # once per accumulation: unscale, clip, step (fp16: skipped
         scheduler.step()                         # on inf/NaN grads), O2's masters; the schedule follows it
-        optimizer.zero_grad(set_to_none=False)   # zeroes in place (the baseline); recipe.set_to_none=True frees instead
+        optimizer.zero_grad()                    # a stock loop's: PyTorch's default frees them (set_to_none=True)
         meter.update(loss, outputs, targets)     # on the device (every term of a dict); read every log_every steps
         after_step(state)                        # checkpoint cadence (checkpoint.Checkpointer); no-op by default
     state.epoch += 1

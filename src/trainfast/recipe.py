@@ -55,7 +55,7 @@ class Recipe:
 
     # --- speed techniques (all off = a plain PyTorch loop) --------------------------
     precision: str = "fp32"           # "fp32" | "bf16" | "fp16": autocast dtype; fp16 adds a GradScaler
-    set_to_none: bool = False         # optimizer.zero_grad(set_to_none=True): no memset, grads freed
+    set_to_none: bool = False         # force zero_grad(set_to_none=True) in a loop that zeroes in place (torch's default frees)
     non_blocking: bool = False        # host->device copies do not block the host (CUDA only)
     pin_memory: bool = False          # page-locked host batches, required for async copies (CUDA only)
     num_workers: int | str = 0        # DataLoader worker processes, or "auto": the fastest of a short measurement

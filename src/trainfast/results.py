@@ -148,16 +148,26 @@ class AblationResult:
     rungs: list[Rung]
     environment: dict[str, Any]
     out_dir: Path
-    best: Recipe
-    best_name: str
+    best: Recipe | None                  # None: no recommendation (the baseline has no finished run to compare with)
+    best_name: str | None
     ceilings: dict[str, float]
     seed_runs: list[dict[str, Any]] = field(default_factory=list)
     tie: list[str] = field(default_factory=list)        # rungs not measurably different from the recommendation
     settings: dict[str, Any] = field(default_factory=dict)
     odds: dict[str, float] = field(default_factory=dict)    # how often a rerun would recommend each rung
+    metric: dict[str, Any] | None = None     # what `accuracy` holds: {"name", "goal"}; None when runs are only timed
 
     @property
     def failed(self) -> bool:
-        """Every run that was started failed: nothing was measured, so nothing is recommended."""
-        ran = [r for r in self.rungs if r.status not in (Status.NO_EFFECT, Status.SKIPPED)]
+        """Every run that was started failed: nothing was measured."""
+        ran = [r for r in self.rungs if r.status not in (Status.NO_EFFECT, Status.SKIPPED, Status.PENDING)]
         return bool(ran) and all(r.status == Status.FAILED for r in ran)
+
+    @property
+    def no_recommendation(self) -> str | None:
+        """Why nothing is recommended, or None when something is."""
+        if self.best_name is not None:
+            return None
+        if self.failed:
+            return "every run failed (the errors are in the notes and each run's log.txt)"
+        return "the baseline has no finished run, so nothing could be compared with it"

@@ -22,7 +22,7 @@ from ..results import AblationResult, Rung, Status
 from ..stats import MIN_EFFECT
 from ..techniques.precision import DTYPES
 from .rung import TimingBudget
-from .scoring import pick_best, score_rungs, seed_summary, unresolved
+from .scoring import FIRST_REPORTED, metric_goal, pick_best, score_rungs, seed_summary, unresolved
 from .server import wait_rung_server
 from .store import RunStore, write_json
 from .work import Work
@@ -265,10 +265,23 @@ class LadderRun:
         if self.added:
             settings = {**settings, "repeats": self.repeats,
                         "settle": {"within_s": self.opts.settle_within_s, "passes": self.added}}
-        result = AblationResult(self.plan, env, self.out_dir, best.recipe, best.name, self.ceilings, self.seed_runs,
-                                tie, settings, odds)
+        result = AblationResult(self.plan, env, self.out_dir, best.recipe if best else None, best.name if best else None,
+                                self.ceilings, self.seed_runs, tie, settings, odds, self.judged_metric())
         write_report(result)
         return result
+
+
+    def judged_metric(self) -> dict[str, Any] | None:
+        """What a rung's `accuracy` holds, by name: the task's metric (accuracy, mAP), or what a script
+        reported (the first thing it reported, unless named); None when runs are only timed."""
+        key, goal = self.metric
+        if key is None:
+            return None
+        name = self.settings.get("metric_name") or key
+        if key == FIRST_REPORTED:
+            runs = self.plan[0].repeats + self.plan[0].seed_runs
+            name = next((k for run in runs for k in (run.get("reported") or {})), None)
+        return {"name": name, "goal": goal or metric_goal(name)}
 
 
 def run_ladder(plan: list[Rung], work: Work, settings: dict[str, Any], out: str | Path | None,

@@ -175,16 +175,16 @@ def metric_goal(name: str | None) -> str:
     return "min" if any(word in lowered for word in ("loss", "err", "perplexity", "wer", "mse", "mae")) else "max"
 
 
-def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT) -> tuple[Rung, list[str], dict[str, float]]:
+def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT) -> tuple[Rung | None, list[str], dict[str, float]]:
     """The recommendation, its tie (stats.recommend) and how often a rerun would recommend each rung
     (stats.recommendation_odds). Candidates: the baseline and the measured rungs whose accuracy is not below the
     baseline's noise band and that are not risky by construction (O3 `pure` levels: one short run inside the
     band does not show that updates below half precision's spacing were not lost; they are measured and shown,
     never recommended). A rung is recommended over a simpler one only when it is measurably faster; the
-    baseline if nothing is."""
+    baseline if nothing is. None when the baseline has no finished run: nothing can be judged against it."""
     base = rungs[0]
     if base.status != Status.DONE or not rung_repeats(base):
-        return base, [base.name], {base.name: 1.0}
+        return None, [], {}
     candidates = [base] + [r for r in rungs[1:] if r.status == Status.DONE and rung_repeats(r)
                            and level_note(r.recipe) is None and not r.result.accuracy_worse]
     pool = [Candidate(r.name, switch_count(base.recipe, r.recipe), rung_repeats(r)) for r in candidates]

@@ -17,11 +17,13 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from ..probe import PROBE_MODES
+from ..engine import ZERO_GRAD_NOTE
 from ..procs import run_supervised
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import Effect, Rung, Status
 from ..run import as_split, prepare_data
 from ..techniques import changes_effect, field_effect
+from ..techniques.base import Effect as TechniqueEffect
 from .rung import Job, TimingBudget, rung_main
 from .scoring import FIRST_REPORTED
 from .server import rung_context, start_rung_server
@@ -78,9 +80,16 @@ class Builtin:
     def mark_effects(self, plan: list[Rung]) -> None:
         """As Work's, judged on the model and data; the decode cache rung's cache is built once here and
         opened by the rungs."""
-        mark_effects(plan, self.dev, self.probe_model, self.split, self.task.field_effect)
+        mark_effects(plan, self.dev, self.probe_model, self.split, self.field_effect)
         if any(r.recipe.decode_cache and r.status != Status.NO_EFFECT for r in plan):
             prepare_data(self.split, self.base.replace(decode_cache=True), self.dev)
+
+    def field_effect(self, field: str, device: torch.device, model, split) -> TechniqueEffect:
+        """The task's judgement of a switch, and the built-in loop's own: its zero_grad() already frees the
+        gradients (engine.ZERO_GRAD_NOTE), so set_to_none has nothing to change in it."""
+        if field == "set_to_none":
+            return TechniqueEffect(False, ZERO_GRAD_NOTE, applies=False)
+        return self.task.field_effect(field, device, model, split)
 
     def metric(self, measure: str = "speed") -> tuple[str, str]:
         """A built-in run is always trained to its end and evaluated (and timed on the way): its accuracy

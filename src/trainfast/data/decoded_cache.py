@@ -3,7 +3,7 @@
 On a machine with few cores the JPEG decode is the floor of the input pipeline (libjpeg-turbo spends
 ~0.8 ms on a 500x375 photo here, most of the ~1.1 ms our whole per-image path costs). Training runs
 many epochs over the same files, so the decode can be paid once: every image is decoded to uint8 HWC
-(exactly torchvision.io's pixels) into one file, memory-mapped by the workers; each epoch then only
+(exactly the decoder's pixels, data/imagefolder.py) into one file, memory-mapped by the workers; each epoch then only
 crops and resizes. What it costs: disk, about 3 bytes per pixel (~0.56 MB for a 500x375 photo, 5-10x
 the JPEG), checked against the free space before anything is written, and one decoding pass, done
 in parallel the first time.

@@ -4,15 +4,15 @@ The fast path, per sample in the workers. JPEG: Pillow reads the header only and
 from the image size; when the crop still has at least the output size on each side after a 1/2, 1/4
 or 1/8 reduction, libjpeg-turbo decodes reduced in the DCT domain (Pillow's draft mode: a 4000x3000
 phone photo cropped to 224 decodes 1/64 of the pixels) and only the crop box becomes a tensor, in HWC
-order, which torch's uint8 antialiased resize is fastest on. Otherwise torchvision.io.decode_jpeg
-(libjpeg-turbo) decodes the whole file. PNG/GIF/WebP: torchvision.io decoders; BMP and the rest:
-Pillow. Then RandomResizedCrop + horizontal flip (train) or resize + centre crop (val), on uint8.
+order, which torch's uint8 antialiased resize is fastest on. Otherwise the whole file is decoded by
+TorchCodec's decoders (torchvision.io's where TorchCodec is not installed): JPEG, PNG, GIF, WebP; BMP and
+the rest: Pillow. Then RandomResizedCrop + horizontal flip (train) or resize + centre crop (val), on uint8.
 Images stay uint8 through collate and the worker queue (4x fewer bytes than float32); float conversion
 and normalization happen on the device in the prefetcher, or on the host in the plain baseline
 (`HostNormalized`), with the same arithmetic.
 
 When no reduction applies (any 500x375 photo cropped to 224: halving needs a crop of >= 448 on both
-sides), the pixels are exactly torchvision.io.decode_jpeg's. A reduced decode is libjpeg's own
+sides), the pixels are exactly the decoder's. A reduced decode is libjpeg's own
 downscale, an 8x8 DCT truncated to 4x4, 2x2 or 1x1 coefficients: close to an area resize, not
 bit-equal to decoding at full size and resizing.
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -35,6 +36,7 @@ from torch.utils.data import Dataset
 from .datasets import IMAGE_EXTENSIONS, DataError, Skipped, Split, _split_indices
 
 JPEG_SUFFIXES = (".jpg", ".jpeg")
+DECODERS = ("torchcodec", "torchvision")
 TORCHVISION_DECODES = (".png", ".gif", ".webp")   # and JPEG at full size; the rest via Pillow
 DCT_REDUCTIONS = (8, 4, 2)    # libjpeg's power-of-two scaled decodes, largest first
 VAL_RESIZE_RATIO = 0.875      # val: resize the short side to size / 0.875 (256 for 224), centre crop size
@@ -81,13 +83,35 @@ def read_bytes(path: Path) -> bytearray:
     return data
 
 
-def decode_bytes(data: bytearray, path: Path) -> torch.Tensor:
-    """uint8 [3, H, W] RGB of a whole file (grayscale, palette and CMYK converted). Raises on a corrupt
-    or truncated file."""
-    if path.suffix.lower() in JPEG_SUFFIXES + TORCHVISION_DECODES:
-        from torchvision.io import ImageReadMode, decode_image
+def default_decoder() -> str:
+    """TorchCodec, PyTorch's image and video decoders (torchvision.io's image decoding is deprecated in its
+    favour since torchvision 0.29), when it is installed; else torchvision.io. Both decode JPEG with
+    libjpeg-turbo."""
+    import importlib.util
 
-        return decode_image(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB)
+    return "torchcodec" if importlib.util.find_spec("torchcodec") is not None else "torchvision"
+
+
+DEFAULT_DECODER = default_decoder()
+
+
+def decode_bytes(data: bytearray, path: Path, decoder: str | None = None) -> torch.Tensor:
+    """uint8 [3, H, W] RGB of a whole file (grayscale, palette and CMYK converted; an animation's first
+    frame). Raises on a corrupt or truncated file. `decoder`: "torchcodec" or "torchvision" (default_decoder)
+    for JPEG, PNG, GIF and WebP; Pillow for the rest."""
+    if path.suffix.lower() in JPEG_SUFFIXES + TORCHVISION_DECODES:
+        encoded = torch.frombuffer(data, dtype=torch.uint8)
+        if (decoder or DEFAULT_DECODER) == "torchcodec":
+            from torchcodec.decoders import ImageReadMode, decode_image
+
+            image = decode_image(encoded, mode=ImageReadMode.RGB)
+        else:       # chosen (bench-data's comparison) or the only one installed: its deprecation is known
+            from torchvision.io import ImageReadMode, decode_image
+
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "The image decoding and encoding capabilities", DeprecationWarning)
+                image = decode_image(encoded, mode=ImageReadMode.RGB)
+        return image[0] if image.dim() == 4 else image
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as image:
@@ -127,11 +151,11 @@ def decode_jpeg_region(image, box: tuple[int, int, int, int], need: int) -> torc
     return rgb_tensor(image)
 
 
-def load_region(path: Path, region, cached: torch.Tensor | None = None) -> torch.Tensor:
+def load_region(path: Path, region, cached: torch.Tensor | None = None, decoder: str | None = None) -> torch.Tensor:
     """Decode `path` and cut the region that `region(width, height)` returns as (left, top, right,
     bottom, need). With `cached` (the file's pixels from the decode cache) nothing is decoded: the same
     region of the same pixels. A JPEG whose region allows a DCT reduction (see dct_reduction) decodes
-    reduced through Pillow; everything else decodes whole (JPEG through torchvision.io, 7% faster than
+    reduced through Pillow; everything else decodes whole (JPEG through `decoder`'s libjpeg-turbo, faster than
     Pillow's decode at 500x375 here) and is sliced. Either way the file is read once."""
     if cached is not None:
         left, top, right, bottom, _ = region(cached.shape[-1], cached.shape[-2])
@@ -144,7 +168,7 @@ def load_region(path: Path, region, cached: torch.Tensor | None = None) -> torch
             *box, need = region(*image.size)
             if image.format == "JPEG" and dct_reduction(box[2] - box[0], box[3] - box[1], need) > 1:
                 return decode_jpeg_region(image, tuple(box), need)
-    pixels = decode_bytes(data, path)
+    pixels = decode_bytes(data, path, decoder)
     if box is None:
         *box, _ = region(pixels.shape[-1], pixels.shape[-2])
     left, top, right, bottom = box
@@ -158,8 +182,8 @@ class TrainCrop:
     objects add ~0.25 ms of dispatch per image, a fifth of the decode). Draws from the worker's torch RNG,
     which the loader seeds per (rank, worker, epoch); same draws, same order, whatever the decode path."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, decoder: str | None = None) -> None:
+        self.size, self.decoder = size, decoder
 
     def region(self, width: int, height: int) -> tuple[int, int, int, int, int]:
         from torchvision.transforms import RandomResizedCrop
@@ -171,7 +195,7 @@ class TrainCrop:
     def __call__(self, path: Path, cached: torch.Tensor | None = None) -> torch.Tensor:
         from torchvision.transforms.v2 import functional as TF
 
-        crop = load_region(path, self.region, cached)
+        crop = load_region(path, self.region, cached, self.decoder)
         image = TF.resize(crop, [self.size, self.size], antialias=True)
         image = image.flip(-1) if torch.rand(1).item() < 0.5 else image
         return image.contiguous()
@@ -180,8 +204,8 @@ class TrainCrop:
 class ValCrop:
     """Resize the short side to size / 0.875 (256 for 224), then centre-crop size x size, on uint8."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, decoder: str | None = None) -> None:
+        self.size, self.decoder = size, decoder
         self.short_side = round(size / VAL_RESIZE_RATIO)
 
     def region(self, width: int, height: int) -> tuple[int, int, int, int, int]:
@@ -190,7 +214,7 @@ class ValCrop:
     def __call__(self, path: Path, cached: torch.Tensor | None = None) -> torch.Tensor:
         from torchvision.transforms.v2 import functional as TF
 
-        image = TF.resize(load_region(path, self.region, cached), self.short_side, antialias=True)
+        image = TF.resize(load_region(path, self.region, cached, self.decoder), self.short_side, antialias=True)
         return TF.center_crop(image, self.size).contiguous()
 
 
@@ -199,19 +223,20 @@ def describe_error(exc: Exception) -> str:
     return re.sub(r"\S+\.cpp:\d+,?\s*", "", str(exc)).strip()[:160]
 
 
-def build_transform(image_size: int, train: bool):
+def build_transform(image_size: int, train: bool, decoder: str | None = None):
     """uint8 in, uint8 out: the crop picks and resamples pixels, it never converts them to float."""
-    return TrainCrop(image_size) if train else ValCrop(image_size)
+    return TrainCrop(image_size, decoder) if train else ValCrop(image_size, decoder)
 
 
 class ImageFiles(Dataset):
     """One file per item -> (uint8 [3, S, S], label), or `Skipped` when the file cannot be decoded."""
 
-    def __init__(self, samples: list[tuple[Path, int]], image_size: int, train: bool = False) -> None:
+    def __init__(self, samples: list[tuple[Path, int]], image_size: int, train: bool = False,
+                 decoder: str | None = None) -> None:
         self.samples = samples
         self.image_size = image_size
         self.train = train
-        self.transform = build_transform(image_size, train)
+        self.transform = build_transform(image_size, train, decoder)
         self.pixels = None        # decoded_cache.DecodedPixels when the recipe's decode_cache is on
 
     def __len__(self) -> int:

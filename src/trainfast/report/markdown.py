@@ -59,8 +59,9 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
     if items:
         lines += ["## Notes", "", *items, ""]
     lines += doctor_section(result.out_dir)      # `trainfast doctor --out` this folder: its findings, when present
-    lines += ["## Recommendation", "", best_line(result) + ".", "", RECOMMENDATION_RULE, "",
-              "```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
+    lines += ["## Recommendation", "", best_line(result) + ".", "", RECOMMENDATION_RULE, ""]
+    if result.best is not None:
+        lines += ["```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
     return lines + ["## Charts", ""] + [f"![{c.stem}]({c.name})" for c in charts] + [""]
 
 

@@ -23,7 +23,7 @@ def rung_verdict(rung: Rung) -> str | None:
     return rung.result.verdict
 
 
-def rung_dict(rung: Rung) -> dict[str, Any]:
+def rung_dict(rung: Rung, metric_name: str | None = None) -> dict[str, Any]:
     """One rung's entry: what it changed and its recipe, its status, its verdict, then every RungResult field
     (null when not measured), the headline numbers first, then every process's own record (step times
     included)."""
@@ -38,7 +38,10 @@ def rung_dict(rung: Rung) -> dict[str, Any]:
         "status": str(rung.status),
         "verdict": rung_verdict(rung),
     }
-    item.update({key: numbers.pop(key) for key in HEADLINE})
+    for key in HEADLINE:
+        item[key] = numbers.pop(key)
+        if key == "accuracy":
+            item["metric_name"] = metric_name   # what `accuracy` holds: accuracy, mAP, or a script's metric
     item.update(numbers)
     item["runs"] = rung.repeats
     return item
@@ -50,10 +53,11 @@ def results_dict(result: AblationResult) -> dict[str, Any]:
         "environment": result.environment,
         "settings": result.settings,
         "ceilings_flops_per_s": result.ceilings,
-        "best": {"name": result.best_name, "recipe": result.best.to_dict(), "tie": result.tie,
-                 "rerun_odds": result.odds},
+        "metric": result.metric,
+        "best": {"name": result.best_name, "recipe": result.best.to_dict() if result.best else None, "tie": result.tie,
+                 "rerun_odds": result.odds, "none_because": result.no_recommendation},
         "baseline_seeds": result.seed_runs,
-        "rungs": [rung_dict(rung) for rung in result.rungs],
+        "rungs": [rung_dict(rung, (result.metric or {}).get("name")) for rung in result.rungs],
     }
 
 

@@ -12,6 +12,8 @@ from .format import rung_label
 def best_line(result: AblationResult) -> str:
     """The recommendation, the rungs not measurably different from it, and how often a rerun would recommend
     the same (stats.recommendation_odds): an answer one run gives and the next may not is said to be one."""
+    if result.no_recommendation:
+        return f"no recommendation: {result.no_recommendation}"
     labels = {r.name: rung_label(r) for r in result.rungs}
     text = f"recommended: {labels[result.best_name]}"
     others = [n for n in result.tie if n != result.best_name]
