@@ -1,9 +1,11 @@
 """trainfast doctor: every mistake is flagged in a tiny loop that has it and not in its corrected twin; an
 input-bound run is called input-bound and a compute-bound one is not; the sync counter counts exactly; on a
 machine without a GPU the CUDA-only checks say "not checked here"."""
+import importlib
 import json
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,10 +94,12 @@ def test_num_workers_twin_is_not_flagged():
     assert finding(run_checks(obs), "num_workers=0").status == "fine"
 
 
-def test_builtin_zero_grad_flag_and_twin(slow_run, fast_run):
-    flagged = finding(run_checks(slow_run), "zero_grad without set_to_none")   # the recipe's default: False
-    assert flagged.status == "problem" and flagged.fix == "--set-to-none" and flagged.cost_s is not None
-    assert finding(run_checks(fast_run), "zero_grad without set_to_none").status == "fine"
+def test_builtin_zero_grad_is_fine_and_names_its_line(slow_run, fast_run):
+    """The built-in loop calls optimizer.zero_grad() (torch's default frees), with or without --set-to-none."""
+    for obs in (slow_run, fast_run):
+        found = finding(run_checks(obs), "zero_grad without set_to_none")
+        assert found.status == "fine" and obs.grads and set(obs.grads) == {"none"}
+        assert "engine.py" in found.evidence and "set_to_none=True" in found.evidence
 
 
 def test_builtin_loop_is_checked_and_fine(fast_run):
@@ -103,6 +107,7 @@ def test_builtin_loop_is_checked_and_fine(fast_run):
     assert finding(findings, "evaluation builds an autograd graph").status == "fine"   # actually checked
     assert fast_run.eval_forwards == 2
     assert finding(findings, "dropout active in eval mode").status == "fine"
+    assert finding(findings, "evaluation without model.eval()").status == "fine"
     syncs = finding(findings, "host-device syncs per step")
     assert syncs.status == "fine" and fast_run.user_syncs() == []
     # the Meter's one read per window: a tolist and an item every log_every (10) steps
@@ -193,13 +198,152 @@ def test_functional_dropout_in_eval_is_flagged_with_its_line():
 
 
 def test_zero_grad_without_set_to_none_and_missing_zero_grad():
-    _, findings = loop_findings(zero="zeroed")
+    obs, findings = loop_findings(zero="zeroed")
     flagged = finding(findings, "zero_grad without set_to_none")
     assert flagged.status == "problem" and "set_to_none=True" in flagged.fix
+    assert "set_to_none=False" in flagged.evidence and "test_doctor.py" in flagged.evidence
+    assert obs.zero_grad_s is not None and flagged.cost_s == obs.zero_grad_s      # the in-place call, timed
     _, never = loop_findings(zero="never")
     assert "never called" in finding(never, "zero_grad without set_to_none").evidence
     _, twin = loop_findings(zero="none")
     assert finding(twin, "zero_grad without set_to_none").status == "fine"
+
+
+def zero_grad_finding(loop) -> tuple[Observations, object]:
+    obs = observe_loop(loop, steps=4, sync_steps=4, eval_within=0)
+    return obs, finding(run_checks(obs), "zero_grad without set_to_none")
+
+
+def test_zero_grad_read_before_the_next_gradient_whatever_the_order():
+    """zero_grad after the forward (the detection reference engine's order), after the step, or before the
+    forward: the gradients are read when the next step's first gradient arrives, so each is told apart."""
+    def loop(order: str, set_to_none: bool = True):
+        def run():
+            model = Net()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            g = torch.Generator().manual_seed(0)
+            for _ in range(12):
+                x, y = torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+                if order == "first":
+                    optimizer.zero_grad(set_to_none=set_to_none)
+                loss = F.cross_entropy(model(x), y)
+                if order == "after_forward":
+                    optimizer.zero_grad(set_to_none=set_to_none)
+                loss.backward()
+                optimizer.step()
+                if order == "after_step":
+                    optimizer.zero_grad(set_to_none=set_to_none)
+        return run
+
+    for order in ("first", "after_forward", "after_step"):
+        obs, clean = zero_grad_finding(loop(order))
+        assert clean.status == "fine" and set(obs.grads) == {"none"}, (order, clean.evidence)
+        obs, kept = zero_grad_finding(loop(order, set_to_none=False))
+        assert kept.status == "problem" and set(obs.grads) == {"zeroed"}, (order, kept.evidence)
+        assert "set_to_none=False" in kept.evidence and "never" not in kept.evidence
+
+
+def test_zero_grad_once_an_epoch_is_not_once_a_step():
+    def loop():
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(3):
+            optimizer.zero_grad()                       # at the epoch's start only
+            for _ in range(6):
+                F.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 3, (4,))).backward()
+                optimizer.step()
+
+    obs, found = zero_grad_finding(loop)
+    assert found.status == "problem" and "carried" in obs.grads
+    assert "not between every optimizer step" in found.evidence and "test_doctor.py" in found.evidence
+
+
+def test_zero_grad_with_two_optimizers_and_with_accumulation():
+    """A GAN's order (the generator's backward reaches the discriminator's gradients before its own zero_grad)
+    and gradient accumulation (zero_grad every other backward) are both right, and both read fine."""
+    def gan():
+        g_net, d_net = nn.Linear(4, 8), nn.Sequential(nn.Linear(8, 1))
+        g_opt, d_opt = torch.optim.Adam(g_net.parameters()), torch.optim.Adam(d_net.parameters())
+        for _ in range(12):
+            real, fake = torch.randn(4, 8), g_net(torch.randn(4, 4))
+            d_opt.zero_grad()
+            (d_net(real).mean() - d_net(fake.detach()).mean()).backward()
+            d_opt.step()
+            g_opt.zero_grad()
+            d_net(fake).mean().backward()              # adds into the discriminator's gradients too
+            g_opt.step()
+
+    def accumulating():
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(24):
+            (F.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 3, (4,))) / 2).backward()
+            if i % 2 == 1:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    for loop in (gan, accumulating):
+        obs, found = zero_grad_finding(loop)
+        assert found.status == "fine" and obs.grads and set(obs.grads) == {"none"}, (loop.__name__, found.evidence)
+
+
+def test_evaluation_reads_are_not_per_step_syncs():
+    """A short epoch whose evaluation (a metric read per batch) falls inside the counted steps: those reads are
+    once per evaluation, not per training step."""
+    def loop():
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(6):
+            for _ in range(3):
+                optimizer.zero_grad()
+                F.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 3, (4,))).backward()
+                optimizer.step()
+            model.eval()
+            with torch.no_grad():
+                correct = sum((model(torch.randn(4, 8)).argmax(1) == 0).sum().item() for _ in range(4))
+            model.train()
+            print(correct)
+
+    obs = observe_loop(loop, steps=4, sync_steps=6)
+    assert obs.user_syncs() == [] and finding(run_checks(obs), "host-device syncs per step").status == "fine"
+
+
+def test_evaluation_without_model_eval():
+    """A grad-free forward of the trained model in training mode is an evaluation without model.eval(): a
+    problem where something in the model acts differently (nn.Dropout; F.dropout following self.training),
+    harmless where nothing does."""
+    class Follows(nn.Module):                       # dropout that follows self.training, no Dropout module
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.fc(F.dropout(x, 0.5, training=self.training))
+
+    def loop(model, eval_mode: bool):
+        def run():
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            for _ in range(3):
+                for _ in range(5):
+                    optimizer.zero_grad()
+                    F.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 3, (4,))).backward()
+                    optimizer.step()
+                model.train(not eval_mode)
+                with torch.no_grad():
+                    model(torch.randn(4, 8))
+                    model(torch.randn(4, 8))
+                model.train()
+        return run
+
+    name = "evaluation without model.eval()"
+    for model, status in ((Net(), "problem"), (Follows(), "problem"), (nn.Linear(8, 3), "fine")):
+        obs = observe_loop(loop(model, eval_mode=False), steps=2, sync_steps=2)
+        found = finding(run_checks(obs), name)
+        assert found.status == status and obs.train_mode_eval["forwards"] == 2, (type(model).__name__, found.evidence)
+        assert obs.eval_wait["outcome"] == "reached"   # the watched steps end at 5: the evaluation came after
+        twin = finding(run_checks(observe_loop(loop(model, eval_mode=True), steps=2, sync_steps=2)), name)
+        assert twin.status == "fine" and "ran in eval mode" in twin.evidence
+    assert "Dropout" in finding(run_checks(observe_loop(loop(Net(), False), steps=2, sync_steps=2)), name).evidence
 
 
 def test_data_parallel_is_flagged_and_twin_is_not():
@@ -371,7 +515,7 @@ def test_own_loop_data_wait_from_its_dataloader():
                 F.cross_entropy(model(x), y).backward()
                 optimizer.step()
 
-    obs = observe_loop(loop, steps=4, sync_steps=2)
+    obs = observe_loop(loop, steps=4, sync_steps=2, eval_within=0)     # it never evaluates: no wait for it
     assert obs.num_workers == 0 and obs.samples == [4] * len(obs.samples)
     assert obs.wait_share >= 0.2 and bound(obs) == "input-bound"        # no replay for an own loop: the wait alone
     assert finding(run_checks(obs), "num_workers=0").status == "problem"
@@ -404,3 +548,159 @@ def test_a_failing_hook_never_breaks_the_loop(monkeypatch):
     obs = observe_loop(lambda: run_loop(), steps=4, sync_steps=2)
     assert obs.steps_run == 7 and any("failed and was skipped" in note for note in obs.notes)
     assert obs.grads == []          # so that check says "not checked here", not "fine"
+
+
+# --- the corpus: each mistake planted in loops of three orders and styles, each with its clean twin ---------
+
+LOOPS = Path(__file__).parent / "doctor_loops"
+sys.path.insert(0, str(LOOPS))
+from loopkit import PLANTS  # noqa: E402  (the corpus's own folder, put on the path just above)
+
+STYLES = ("tutorial_loop", "engine_loop", "split_loop")
+MISTAKE_CHECKS = sorted(set(PLANTS.values()))
+ALSO = {"slow_loader": {"waiting for the next batch"}}        # the same mistake, seen as time
+EVIDENCE = {"no_zero_grad": "never called", "zero_grad_in_place": "set_to_none=False", "item_per_step": "item()",
+            "functional_dropout": "F.dropout(x, 0.25)", "eval_with_grad": "the loop's first evaluation",
+            "eval_in_train_mode": "Dropout", "slow_loader": "the wait is"}
+
+
+@pytest.fixture
+def no_ceiling(monkeypatch):
+    """The matmul peak (a second of benchmark per run) is not what the corpus checks."""
+    import trainfast.measure
+
+    monkeypatch.setattr(trainfast.measure, "measure_ceiling", lambda *args, **kwargs: 1e12)
+
+
+@pytest.mark.parametrize("plant", ["clean", *PLANTS])
+@pytest.mark.parametrize("style", STYLES)
+def test_corpus_mistake_found_where_planted_and_nowhere_else(style, plant, no_ceiling, capsys):
+    """Every loop evaluates at the end of its 24-step epoch, after the 1 + 4 + 10 watched steps: the doctor
+    keeps it going until then. The planted mistake's check says "problem" (with its evidence), every other
+    mistake check says "fine" (checked, not skipped), and nothing else is a problem."""
+    loop = importlib.import_module(style)
+    obs = observe_loop(lambda: loop.main(["--plant", plant]), steps=10, sync_steps=4)
+    findings = run_checks(obs)
+    assert obs.eval_wait["outcome"] == "reached" and obs.eval_wait["steps"] > 0
+    expected = {PLANTS[plant]} | ALSO.get(plant, set()) if plant != "clean" else set()
+    problems = {f.name: f.evidence for f in findings if f.status == "problem"}
+    assert set(problems) == expected, problems
+    for name in MISTAKE_CHECKS:
+        if name not in expected:
+            assert finding(findings, name).status == "fine", (name, finding(findings, name).evidence)
+    if plant != "clean":
+        assert EVIDENCE[plant] in problems[PLANTS[plant]], problems[PLANTS[plant]]
+    if plant in ("zero_grad_in_place", "item_per_step"):               # the loop's own line is named
+        assert f"{style}.py" in problems[PLANTS[plant]]
+
+
+def doctor_script(tmp_path, script, *args, flags=()) -> dict:
+    out = tmp_path / "doc"
+    assert main(["doctor", "--steps", "4", "--log-every", "4", *flags, "--out", str(out), "--", sys.executable,
+                 str(script), *args]) == 0
+    return json.loads((out / "doctor.json").read_text())
+
+
+def statuses(data: dict) -> dict[str, str]:
+    return {f["name"]: f["status"] for f in data["findings"]}
+
+
+def test_doctor_script_kept_going_until_its_epoch_end_evaluation(tmp_path):
+    """`doctor -- python engine_loop.py`: the evaluation at the end of the epoch (24 steps) comes after the
+    1 + 4 + 4 watched steps; the script is kept going until it, then stopped."""
+    planted = doctor_script(tmp_path, LOOPS / "engine_loop.py", "--plant", "eval_with_grad")
+    graph = next(f for f in planted["findings"] if f["name"] == "evaluation builds an autograd graph")
+    assert graph["status"] == "problem" and "the loop's first evaluation" in graph["evidence"]
+    assert planted["observations"]["eval_wait"]["outcome"] == "reached"
+    assert planted["observations"]["steps_run"] == 9
+    assert [f["name"] for f in planted["findings"] if f["status"] == "problem"] == [graph["name"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", STYLES)
+def test_doctor_script_clean_twins_have_no_problem(tmp_path, style):
+    clean = doctor_script(tmp_path, LOOPS / f"{style}.py")
+    assert clean["observations"]["eval_wait"]["outcome"] == "reached"
+    assert "problem" not in statuses(clean).values()
+    assert all(statuses(clean)[name] == "fine" for name in MISTAKE_CHECKS)
+
+
+LONG_EPOCH = """
+import sys, time, torch, torch.nn.functional as F
+model = torch.nn.Linear(8, 3)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(100_000):
+    optimizer.zero_grad()
+    F.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 3, (4,))).backward()
+    optimizer.step()
+    if "--stall" in sys.argv and step == 20:
+        time.sleep(600)               # no step, no forward: only the doctor's outside limit can end the wait
+model.eval()
+with torch.no_grad():
+    model(torch.randn(4, 8))
+"""
+
+
+def test_eval_within_limit_then_not_checked_with_the_reason(tmp_path):
+    script = tmp_path / "long_epoch.py"
+    script.write_text(LONG_EPOCH)
+    t0 = time.monotonic()
+    data = doctor_script(tmp_path, script, flags=("--eval-within", "2"))
+    assert time.monotonic() - t0 < 120                      # stopped at the limit, not at the epoch's end
+    wait = data["observations"]["eval_wait"]
+    assert wait["outcome"] == "limit" and wait["waited_s"] >= 2 and wait["steps"] > 0
+    for name in ("evaluation builds an autograd graph", "evaluation without model.eval()"):
+        found = next(f for f in data["findings"] if f["name"] == name)
+        assert found["status"] == NOT_HERE and "--eval-within" in found["evidence"] and "2 s" in found["evidence"]
+    off = doctor_script(tmp_path / "off", script, flags=("--eval-within", "0"))
+    assert off["observations"]["eval_wait"]["outcome"] == "off"
+    assert off["observations"]["steps_run"] == 9
+
+
+def test_a_script_that_stalls_while_waiting_is_stopped_from_outside(tmp_path, monkeypatch):
+    import trainfast.doctor
+
+    monkeypatch.setattr(trainfast.doctor, "EVAL_GRACE_S", 1.0)
+    script = tmp_path / "stall.py"
+    script.write_text(LONG_EPOCH)
+    t0 = time.monotonic()
+    obs = trainfast.doctor.observe_script([sys.executable, str(script), "--stall"], tmp_path / "doc", steps=4,
+                                          sync_steps=4, eval_within=1.0)
+    assert time.monotonic() - t0 < 60
+    assert obs.eval_wait["outcome"] == "limit" and any("stopped from outside" in n for n in obs.notes)
+    assert obs.steps_run == 9 and finding(run_checks(obs), "evaluation builds an autograd graph").status == NOT_HERE
+
+
+# --- loops nobody here wrote: no problem reported that is not real ------------------------------------------
+
+REPO = Path(__file__).parent.parent
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["tests/scripts/mnist_main.py", "examples/plain_loop.py",
+                                    "examples/adopted_loop.py"])
+def test_doctor_on_loops_written_elsewhere_reports_no_false_problem(tmp_path, script):
+    """pytorch/examples' mnist (its data read offline) and the repository's examples: clean loops that
+    evaluate at the end of each epoch. Every mistake check is checked and fine; nothing is a problem."""
+    out = tmp_path / "doc"
+    assert main(["doctor", "--out", str(out), "--", sys.executable, str(REPO / script)]) == 0
+    data = json.loads((out / "doctor.json").read_text())
+    found = statuses(data)
+    assert "problem" not in found.values(), [f for f in data["findings"] if f["status"] == "problem"]
+    for name in ("zero_grad without set_to_none", "evaluation builds an autograd graph",
+                 "evaluation without model.eval()", "dropout active in eval mode", "host-device syncs per step"):
+        assert found[name] == "fine", name
+    assert data["observations"]["eval_wait"]["outcome"] == "reached"
+
+
+def test_corpus_every_mistake_at_once_in_the_reference_engine_order(no_ceiling, capsys):
+    """The loop with planted mistakes that its clean twin mirrors: in-place zero_grad after the forward, a
+    per-step .item(), F.dropout without training=, evaluation at the epoch's end without no_grad, a slow
+    dataset read in the training process. Each is found, with nothing else."""
+    planted = ("zero_grad_in_place", "item_per_step", "functional_dropout", "eval_with_grad", "slow_loader")
+    loop = importlib.import_module("engine_loop")
+    obs = observe_loop(lambda: loop.main(["--plant", ",".join(planted)]), steps=10, sync_steps=4)
+    problems = {f.name: f.evidence for f in run_checks(obs) if f.status == "problem"}
+    assert set(problems) == {PLANTS[p] for p in planted} | ALSO["slow_loader"], problems
+    assert "set_to_none=False" in problems["zero_grad without set_to_none"]
+    assert "engine_loop.py" in problems["host-device syncs per step"]

@@ -60,7 +60,10 @@ class Observations:
     eval_forwards: int = 0
     eval_graph: dict[str, int] = field(default_factory=dict)
     dropout: dict[str, Any] | None = None
-    grads: list[str] = field(default_factory=list)
+    train_mode_eval: dict[str, Any] | None = None   # grad-free forwards left in training mode (Watch.train_mode_check)
+    eval_wait: dict[str, Any] | None = None         # how the watch came to the evaluation (Watch.wait_record)
+    grads: list[str] = field(default_factory=list)  # per step: what zero_grad left when the next gradients came
+    zero_grad_calls: list[dict[str, Any]] = field(default_factory=list)   # Watch.zero_grad_lines()
     zero_grad_s: float | None = None
     recipe_flags: bool = True                # the built-in run: a fix can be a Recipe flag (--set-to-none)
     data_parallel: bool = False
@@ -295,18 +298,84 @@ def eval_dropout(obs: Observations) -> Finding:
     return Finding(name, "mistake", "fine", "two eval forwards of the same input agree exactly")
 
 
+def eval_unseen(obs: Observations) -> str:
+    """Why the evaluation checks have nothing to read."""
+    wait = obs.eval_wait or {}
+    outcome, steps = wait.get("outcome"), wait.get("steps", 0)
+    if outcome == "limit":
+        return (f"no evaluation forward ran in the watched steps, nor in the {wait['limit_s']:g} s the loop was then "
+                f"kept going, untimed ({steps} more step(s)): its evaluation comes later (--eval-within SECONDS waits "
+                "longer)")
+    if outcome == "ended":
+        return f"the loop ended after {obs.steps_run + steps} step(s) without an evaluation forward"
+    if outcome == "off":
+        return "no evaluation forward ran in the watched steps, and waiting for one was off (--eval-within 0)"
+    return "no evaluation forward (model in eval mode, or grad off) ran while watched"
+
+
+def eval_source(obs: Observations) -> str:
+    """Where the evaluation the checks read came from, when the loop was kept going for it."""
+    wait = obs.eval_wait or {}
+    if wait.get("outcome") == "reached" or (wait.get("outcome") == "ended" and wait.get("steps")):
+        return (f" (the loop's first evaluation, reached {wait['waited_s']:.0f} s and {wait['steps']} untimed step(s) "
+                "after the watched steps; the run was stopped there)")
+    return ""
+
+
 @check
 def eval_graph(obs: Observations) -> Finding:
     name = "evaluation builds an autograd graph"
-    if not obs.eval_forwards:
-        return Finding(name, "mistake", NOT_HERE, "no evaluation forward (model in eval mode) ran while watched")
+    total = obs.eval_forwards + (obs.train_mode_eval or {}).get("forwards", 0)
+    if not total:
+        return Finding(name, "mistake", NOT_HERE, eval_unseen(obs))
     if obs.eval_graph:
         where = ", ".join(f"{k} ({v} forward(s))" for k, v in obs.eval_graph.items())
-        return Finding(name, "mistake", "problem", f"{sum(obs.eval_graph.values())} of {obs.eval_forwards} eval-mode "
-                       f"forwards ran with grad enabled and returned outputs that require grad: {where}",
+        return Finding(name, "mistake", "problem", f"{sum(obs.eval_graph.values())} of {total} evaluation "
+                       f"forwards ran in eval mode with grad enabled and returned outputs that require grad: {where}"
+                       + eval_source(obs),
                        fix="wrap evaluation in `with torch.inference_mode():` (or torch.no_grad()): no graph is kept, "
                            "activations are freed at once")
-    return Finding(name, "mistake", "fine", f"{obs.eval_forwards} eval-mode forward(s) ran without autograd")
+    return Finding(name, "mistake", "fine", f"{total} evaluation forward(s) ran without autograd" + eval_source(obs))
+
+
+# what each kind of module does differently in training mode
+TRAIN_MODE_EFFECTS = (("Dropout", "dropout drops units"),
+                      ("BatchNorm", "batch norm normalizes with each batch's statistics and updates its running "
+                                    "ones with evaluation data"),
+                      ("InstanceNorm", "instance norm updates its running statistics"),
+                      ("MultiheadAttention", "attention dropout drops weights"),
+                      ("RNN", "the recurrent layers' dropout drops"), ("LSTM", "the recurrent layers' dropout drops"),
+                      ("GRU", "the recurrent layers' dropout drops"))
+
+
+@check
+def eval_mode(obs: Observations) -> Finding:
+    name = "evaluation without model.eval()"
+    seen = obs.train_mode_eval
+    if not seen:
+        if not obs.eval_forwards:
+            return Finding(name, "mistake", NOT_HERE, eval_unseen(obs))
+        return Finding(name, "mistake", "fine", f"{obs.eval_forwards} evaluation forward(s) ran in eval mode"
+                       + eval_source(obs))
+    text = (f"{seen['forwards']} grad-free forward(s) of the trained model ran in training mode (model.eval() "
+            "was not called before them)")
+    fix = "call model.eval() before evaluating, and model.train() before training again"
+    modules, repeat = seen.get("modules") or {}, seen.get("repeat")
+    if modules:
+        listed = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in modules.items())
+        effects = list(dict.fromkeys(e for key, e in TRAIN_MODE_EFFECTS if any(key in m for m in modules)))
+        return Finding(name, "mistake", "problem", f"{text}: its {listed} act as in training"
+                       + (f" ({'; '.join(effects)})" if effects else "") + eval_source(obs), fix=fix)
+    if repeat and "error" in repeat:
+        return Finding(name, "mistake", NOT_HERE, f"{text}; the model would not take that input again: "
+                       f"{repeat['error']}")
+    if repeat and (repeat["relative_diff"] > 1e-3 or repeat["calls"]):
+        where = "; still dropping: " + "; ".join(repeat["calls"]) if repeat["calls"] else ""
+        return Finding(name, "mistake", "problem", f"{text}: two such forwards of the same input differ by up to "
+                       f"{repeat['max_diff']:.3g} (dropout that follows self.training){where}" + eval_source(obs),
+                       fix=fix)
+    return Finding(name, "mistake", "fine", f"{text}, but nothing in this model acts differently in eval() (no "
+                   "dropout or batch norm module; two forwards of the same input agree): here it changes nothing")
 
 
 @check
@@ -327,23 +396,42 @@ def host_copies(obs: Observations) -> Finding:
     return Finding(name, "mistake", "fine", text)
 
 
+def zero_grad_lines(calls: list[dict[str, Any]]) -> str:
+    return "; ".join(f"{c['call']} with set_to_none={c['set_to_none']} ({c['calls']} call(s)) at {c['where']}"
+                     for c in calls[:3])
+
+
 @check
 def zero_grad(obs: Observations) -> Finding:
+    """Read from the gradients themselves as gradients arrive between two steps (whatever the order of
+    zero_grad, forward and backward in the loop); the zero_grad calls seen name the line."""
     name = "zero_grad without set_to_none"
-    if not obs.grads:
-        return Finding(name, "mistake", NOT_HERE, "no training forward followed an optimizer step while watched")
+    calls = obs.zero_grad_calls
+    kept = [c for c in calls if not c["set_to_none"]]
     flag = "--set-to-none" if obs.recipe_flags else "optimizer.zero_grad(set_to_none=True) (torch's default)"
     if "carried" in obs.grads:
-        return Finding(name, "mistake", "problem", "gradients still held the previous step's values at the next "
-                       "forward: zero_grad() is never called, so every step adds to the last one's gradients",
-                       fix="call optimizer.zero_grad() once per step (after step(), or before backward)")
-    if "zeroed" in obs.grads:
+        why = (f"zero_grad is called ({zero_grad_lines(calls)}) but not between every optimizer step and the next "
+               "backward, so those steps add to the last one's gradients" if calls else
+               "zero_grad() is never called, so every step adds to the last one's gradients")
+        return Finding(name, "mistake", "problem", "gradients still held the previous step's values when the next "
+                       f"step's gradients arrived: {why}",
+                       fix="call optimizer.zero_grad() once per step, anywhere between step() and the next backward()")
+    per_step = sum(c["calls"] for c in kept) / max(1, obs.steps_run)
+    if "zeroed" in obs.grads or (not obs.grads and per_step >= 0.5):
         cost = obs.zero_grad_s
-        text = "gradients are zeroed in place every step (a memset of every gradient, and memory kept)"
+        text = ("gradients are zeroed in place every step (a memset of every gradient, and their memory kept "
+                "between steps)" + (f": {zero_grad_lines(kept)}" if kept else
+                                    " by something other than zero_grad (p.grad.zero_(), say)"))
         if cost is not None:
             text += f"; the memset measured {_ms(cost)}"
         return Finding(name, "mistake", "problem", text, cost, cost / obs.step_s if cost and obs.step_s else None, flag)
-    return Finding(name, "mistake", "fine", "gradients are freed between steps (set_to_none)")
+    if obs.grads:
+        return Finding(name, "mistake", "fine", "gradients are freed between steps (set_to_none)"
+                       + (f": {zero_grad_lines(calls)}" if calls else ""))
+    if calls and not kept:
+        return Finding(name, "mistake", "fine", f"zero_grad frees the gradients: {zero_grad_lines(calls)}")
+    return Finding(name, "mistake", NOT_HERE, "no backward followed an optimizer step while watched, and no "
+                   "zero_grad call was seen")
 
 
 @check
@@ -384,13 +472,22 @@ def num_workers(obs: Observations) -> Finding:
     if obs.num_workers > 0:
         return Finding(name, "mistake", "fine", f"{obs.num_workers} loader worker(s)")
     text = f"the loader runs in the training process; the wait is {_pct(share)} of the step"
+    fix = "--num-workers auto" if obs.recipe_flags else "DataLoader(num_workers=2 or more)"
     if gain is not None:
         text += f" and the cached-batch replay is {_pct(max(gain, 0.0))} faster"
+        # Material only when both say so: a wait the replay does not confirm is the loader's own noise.
+        if share >= MATERIAL_SHARE and gain >= MATERIAL_SHARE:
+            cost = gain * obs.step_s
+            return Finding(name, "mistake", "problem", text, cost, cost / obs.step_s, fix)
     else:
+        # Without the replay nothing confirms that workers would win the wait back (on a CPU they take cores
+        # from the compute): a problem only where the loop is input-bound; a smaller wait is a number to know.
+        if share >= INPUT_BOUND_SHARE:
+            text += " (no cached-batch replay for this loop: the wait alone decides, and bounds the saving)"
+            return Finding(name, "mistake", "problem", text, obs.wait_s, obs.wait_s / obs.step_s, fix)
+        if share >= MATERIAL_SHARE:
+            return Finding(name, "mistake", "measured", text + ": loader workers could save up to that, unconfirmed "
+                           f"(no cached-batch replay for this loop) and below the {_pct(INPUT_BOUND_SHARE)} that "
+                           "makes a loop input-bound")
         text += " (no cached-batch replay for this loop: the wait alone decides, and bounds the saving)"
-    # Material only when both say so: a wait the replay does not confirm is the loader's own noise.
-    if share >= MATERIAL_SHARE and (gain is None or gain >= MATERIAL_SHARE):
-        cost = gain * obs.step_s if gain is not None else obs.wait_s
-        fix = "--num-workers auto" if obs.recipe_flags else "DataLoader(num_workers=2 or more)"
-        return Finding(name, "mistake", "problem", text, cost, cost / obs.step_s, fix)
     return Finding(name, "mistake", "fine", text + f": below the {_pct(MATERIAL_SHARE)} that would make workers pay")

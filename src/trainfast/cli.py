@@ -240,6 +240,11 @@ def add_doctor_flags(dr: argparse.ArgumentParser) -> None:
     dr.add_argument("--out", default=None, help="folder for doctor.json (default: runs/doctor-<timestamp>)")
     dr.add_argument("--timeout", type=_positive_float, default=600.0,
                     help="with `-- COMMAND`: stop the script after this many seconds (default 600)")
+    dr.add_argument("--eval-within", type=_seconds_or_zero, default=120.0, metavar="SECONDS",
+                    help="with `-- COMMAND`: most scripts evaluate at the end of an epoch, after the watched steps; "
+                         "one that has not evaluated by then is kept running, untimed, until its first evaluation "
+                         "or this many seconds, so the evaluation checks see it (default 120: a small epoch; 0: "
+                         "stop right after the watched steps)")
 
 
 def add_train_flags(tr: argparse.ArgumentParser) -> None:
@@ -399,7 +404,8 @@ def _doctor(args, recipe: Recipe) -> int:
         fields = {k: v for k, v in recipe.to_dict().items() if v != getattr(Recipe(), k)}   # the flags given
         try:
             obs = observe_script(args.user_command, out, steps=steps, sync_steps=watch_steps(recipe.log_every),
-                                 device=str(device), timeout_s=args.timeout, recipe_fields=fields)
+                                 device=str(device), timeout_s=args.timeout, eval_within=args.eval_within,
+                                 recipe_fields=fields)
         except ScriptFailed as exc:
             print(f"trainfast doctor: {exc}", file=sys.stderr)
             return 1

@@ -17,7 +17,9 @@ into ranked Findings; doctor.json holds both.
 A user's own loop is watched the same way, minus what only the built-in loop allows (the replay): in this
 process with `observe_loop(fn)`, or in a script with `trainfast doctor -- python train.py`, where trainfast's
 sitecustomize starts the Watch (TRAINFAST_DOCTOR in the environment) and the script is stopped after its
-steps.
+steps. Most loops evaluate at the end of an epoch, after those steps: a loop that has not evaluated by then
+is kept running, untimed, until its first evaluation forwards or `eval_within` seconds (whichever comes
+first), so the evaluation checks see a real evaluation; the findings say which it was.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 from itertools import islice
 from pathlib import Path
@@ -41,6 +44,8 @@ from .report import doctor_section, replace_doctor_section, saves_text
 from .watch import EnoughSteps, Watch
 
 DEFAULT_STEPS = 10          # timed steps: a median over the steps after warm-up (the watched pass warms up)
+DEFAULT_EVAL_WITHIN = 120.0  # seconds an own loop is kept going for its first evaluation: a small epoch
+EVAL_GRACE_S = 30.0         # a script still running this long past its evaluation wait is stopped from outside
 DOCTOR_ENV = "TRAINFAST_DOCTOR"
 
 
@@ -109,7 +114,7 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
     obs.samples = [s.samples for s in steady]
     obs.replay_step_seconds = [s.seconds for s in replayed[warmup:]]   # the same steps left out: they warmed up together
     _from_watch(obs, watch)
-    obs.eval_forwards, obs.eval_graph = evaluation.eval_forwards, dict(evaluation.eval_graph)
+    add_evaluation(obs, evaluation)
     obs.num_workers = recipe.num_workers
     obs.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
     obs.ceiling_dtype = recipe.precision
@@ -148,8 +153,16 @@ def _from_watch(obs: Observations, watch: Watch) -> None:
     obs.syncs = watch.counter.by_line()
     obs.shapes = watch.shapes
     obs.grads = watch.grads
+    obs.zero_grad_calls = watch.zero_grad_lines()
     obs.zero_grad_s = watch.zero_grad_s
     obs.data_parallel = watch.data_parallel
+
+
+def add_evaluation(obs: Observations, watch: Watch) -> None:
+    """What the watch saw of the loop's evaluation, and how its wait for one ended (Watch.wait_record)."""
+    obs.eval_forwards, obs.eval_graph = watch.eval_forwards, dict(watch.eval_graph)
+    obs.train_mode_eval = watch.train_mode_check()
+    obs.eval_wait = watch.eval_wait
 
 
 def _clone(batch: Any) -> Any:
@@ -226,19 +239,24 @@ def profile_cuda(run: Callable[[int], None], steps: int = 5) -> dict[str, Any]:
 # --- a user's own loop, in this process ---------------------------------------------------------------
 
 def observe_loop(loop: Callable[[], Any], *, steps: int = DEFAULT_STEPS, sync_steps: int = 10,
-                 device: str = "cpu") -> Observations:
-    """Run `loop()` (a user's training loop) under the Watch for 1 + sync_steps + steps optimizer steps (then
-    it is stopped; a loop that ends sooner is read as it ends) and return what was observed."""
+                 device: str = "cpu", eval_within: float = DEFAULT_EVAL_WITHIN) -> Observations:
+    """Run `loop()` (a user's training loop) under the Watch for 1 + sync_steps + steps optimizer steps, then,
+    if it has not evaluated yet, up to `eval_within` more seconds (untimed) until it does; then it is stopped
+    (a loop that ends sooner is read as it ends) and what was observed is returned."""
+    taken: list[Observations] = []
     watch = Watch(None, device_type=torch.device(device).type, sync_window=(1, 1 + sync_steps),
-                  stop_after=1 + sync_steps + steps)
-    dropout: list[dict | None] = []
-    watch.on_stop = lambda w: dropout.append(w.dropout_check())
+                  stop_after=1 + sync_steps + steps, eval_within=eval_within,
+                  on_stop=lambda w: taken.append(loop_observations(w, device, w.dropout_check())))
     with watch:
         try:
             loop()
         except EnoughSteps:
             pass
-    return loop_observations(watch, device, dropout[0] if dropout else watch.dropout_check())
+    if watch.eval_wait is None:           # the loop ended on its own
+        watch.eval_wait = watch.wait_record("ended")
+    obs = taken[0] if taken else loop_observations(watch, device, watch.dropout_check())
+    add_evaluation(obs, watch)
+    return obs
 
 
 def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observations:
@@ -258,7 +276,7 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
     obs.data_wait_s = waits[warmup:] if loader_seen else None
     obs.samples = samples[warmup:] if loader_seen and any(samples) else None
     _from_watch(obs, watch)
-    obs.eval_forwards, obs.eval_graph = watch.eval_forwards, dict(watch.eval_graph)
+    add_evaluation(obs, watch)
     obs.dropout = dropout
     obs.recipe_flags = False
     obs.num_workers = watch.num_workers
@@ -291,7 +309,7 @@ def loop_flops(watch: Watch, device: torch.device) -> tuple[float | None, float 
     try:
         shadow = copy.deepcopy(model).train()
         devices = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), FlopCounterMode(display=False) as counter:
+        with torch.random.fork_rng(devices=devices), torch.enable_grad(), FlopCounterMode(display=False) as counter:
             outputs = [t for t in _tensors(shadow(*watch.last_input)) if t.requires_grad]
             sum(t.float().sum() for t in outputs).backward()
         per_sample = counter.get_total_flops() / max(1, batch_samples(watch.last_input[0]))
@@ -305,37 +323,60 @@ def loop_flops(watch: Watch, device: torch.device) -> tuple[float | None, float 
 # --- a user's script: `trainfast doctor -- python train.py` ------------------------------------------
 
 def install_in_script() -> None:
-    """Called by trainfast's sitecustomize when TRAINFAST_DOCTOR is set: watch this process's loop, write the
-    observations after its steps and end it (exit status 0), or at exit if it ends sooner."""
+    """Called by trainfast's sitecustomize when TRAINFAST_DOCTOR is set: watch this process's loop; after its
+    steps write the observations (so a script stopped from outside while it is kept going for its evaluation
+    still has them), then, once the evaluation came or the wait ended, write them again with it and end the
+    script (exit status 0); or write them at exit if it ends sooner."""
     import atexit
 
     from .probe import StopRun
 
     spec = json.loads(os.environ[DOCTOR_ENV])
     device = spec.get("device", "cpu")
-    written: list[bool] = []
+    taken: list[Observations] = []
+    done: list[bool] = []
+    rank0 = os.environ.get("RANK", "0") == "0"          # under torchrun, rank 0 alone writes
 
-    def write(w: Watch, dropout=None) -> None:
-        if written or os.environ.get("RANK", "0") != "0":        # under torchrun, rank 0 alone writes
-            return
-        written.append(True)
-        obs = loop_observations(w, device, dropout if dropout is not None else w.dropout_check())
+    def write(obs: Observations) -> None:
         from .checkpoint import atomic_write_text
 
         atomic_write_text(spec["result"], json.dumps(asdict(obs), default=str))
 
+    def snapshot(w: Watch) -> None:
+        if rank0:
+            taken.append(loop_observations(w, device, w.dropout_check()))
+            taken[0].eval_wait = {"outcome": "waiting", "limit_s": w.eval_within, "steps": 0, "waited_s": 0.0}
+            write(taken[0])
+
+    def finish(w: Watch) -> None:
+        if done or not rank0:
+            return
+        done.append(True)
+        obs = taken[0] if taken else loop_observations(w, device, w.dropout_check())
+        add_evaluation(obs, w)
+        write(obs)
+
+    def at_exit() -> None:
+        if watch.steps and not done:
+            if watch.eval_wait is None:
+                watch.eval_wait = watch.wait_record("ended")
+            finish(watch)
+
     watch = Watch(None, device_type=torch.device(device).type, sync_window=(1, 1 + spec["sync_steps"]),
-                  stop_after=1 + spec["sync_steps"] + spec["steps"], on_stop=write, stop_with=StopRun)
+                  stop_after=1 + spec["sync_steps"] + spec["steps"], on_stop=snapshot, on_finish=finish,
+                  stop_with=StopRun, eval_within=float(spec.get("eval_within", 0.0)))
     watch.__enter__()
-    atexit.register(lambda: write(watch) if watch.steps else None)
+    atexit.register(at_exit)
 
 
 def observe_script(command: list[str], out_dir: Path, *, steps: int = DEFAULT_STEPS, sync_steps: int = 10,
-                   device: str = "cpu", timeout_s: float = 600.0,
+                   device: str = "cpu", timeout_s: float = 600.0, eval_within: float = DEFAULT_EVAL_WITHIN,
                    recipe_fields: dict[str, Any] | None = None) -> Observations:
     """Run the user's command (an argument list, never a shell string) under the doctor, its output in
     out_dir/log.txt, and read the observations its process wrote. `recipe_fields` (the recipe flags given to
-    the doctor) reach a script's trainfast.Session through TRAINFAST_RECIPE, as under `ablate -- COMMAND`."""
+    the doctor) reach a script's trainfast.Session through TRAINFAST_RECIPE, as under `ablate -- COMMAND`.
+    The script keeps its own evaluation wait (`eval_within`) at its steps and forwards; one that stops making
+    either while waiting is stopped from here, EVAL_GRACE_S later, and read from what it wrote first."""
     from .recipe import RECIPE_ENV
     from .launch import SITE_DIR, Command, check_command
 
@@ -345,22 +386,60 @@ def observe_script(command: list[str], out_dir: Path, *, steps: int = DEFAULT_ST
     result.unlink(missing_ok=True)
     path = os.environ.get("PYTHONPATH", "")
     env = {**os.environ, DOCTOR_ENV: json.dumps({"result": str(result), "steps": steps, "sync_steps": sync_steps,
-                                                 "device": device}),
+                                                 "device": device, "eval_within": eval_within}),
            "PYTHONPATH": str(SITE_DIR) + (os.pathsep + path if path else "")}
     if recipe_fields:
         env[RECIPE_ENV] = json.dumps(recipe_fields)
     with open(out_dir / "log.txt", "wb") as log:
-        try:
-            code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            raise ScriptFailed(f"the command ran past {timeout_s:.0f} s; see {out_dir / 'log.txt'}") from None
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        code, stopped = await_script(proc, result, timeout_s, eval_within + EVAL_GRACE_S)
     if not result.is_file():
+        if stopped:
+            raise ScriptFailed(f"the command ran past {timeout_s:.0f} s; see {out_dir / 'log.txt'}")
         tail = (out_dir / "log.txt").read_text(errors="replace")[-2000:]
         raise ScriptFailed(f"the command exited with status {code} before a single optimizer step was watched; "
                            f"its log ({out_dir / 'log.txt'}) ends:\n{tail}")
-    data = json.loads(result.read_text())
-    return Observations(**data)
+    obs = Observations(**json.loads(result.read_text()))
+    if (obs.eval_wait or {}).get("outcome") == "waiting":      # stopped from here while kept going
+        obs.eval_wait = {**obs.eval_wait, "outcome": "limit", "waited_s": eval_within}
+        obs.notes.append("the script made no step or forward to end its evaluation wait; it was stopped from "
+                         "outside")
+    return obs
+
+
+def await_script(proc: subprocess.Popen, result: Path, timeout_s: float, wait_s: float) -> tuple[int, bool]:
+    """Waits for the script: (its exit status, whether it had to be stopped). Stopped at `timeout_s`, or
+    `wait_s` after it first wrote its observations (it is then only kept going for its evaluation), or when
+    this process is interrupted (then the interruption goes on)."""
+    deadline = time.monotonic() + timeout_s
+    written_at: float | None = None
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=0.5), False
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if written_at is None and result.is_file():
+                written_at = now
+            if now >= deadline or (written_at is not None and now >= written_at + wait_s):
+                stop_script(proc)
+                return proc.returncode, True
+    except BaseException:
+        stop_script(proc)
+        raise
+
+
+def stop_script(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`; its DataLoader workers notice their parent's exit themselves."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 # --- output ---------------------------------------------------------------------------------------------
