@@ -433,12 +433,12 @@ def test_bench_data_runs_both_pipelines_and_refuses_other_data(tmp_path):
     results = bench_data(f"imagefolder:{tmp_path / 'photos'}", batch_size=4, num_workers=0, image_size=16,
                          passes=1, device="cpu", print_fn=lines.append)
     assert all(r.median > 0 and len(r.rates) == 1 for r in results.values())
-    from trainfast.data.imagefolder import DEFAULT_DECODER
+    from trainfast.data.imagefolder import default_decoder
 
     # with TorchCodec the default decoder, the same pipeline decoding with torchvision.io is a row of its own
-    assert len(results) == (5 if DEFAULT_DECODER == "torchcodec" else 4)
+    assert len(results) == (5 if default_decoder() == "torchcodec" else 4)
     assert any(name.startswith("trainfast + decode_cache") for name in results)
-    assert DEFAULT_DECODER != "torchcodec" or any("torchvision decoding whole files" in name for name in results)
+    assert default_decoder() != "torchcodec" or any("torchvision decoding whole files" in name for name in results)
     assert sum("ratio" in line for line in lines) == 2      # the JPEG path and the cache, each vs torchvision
     assert main(["bench-data", "--data", "digits"]) == 2
 

@@ -26,9 +26,9 @@ from typing import Iterable
 
 import torch
 
-from .data.imagefolder import DEFAULT_DECODER
+from .data.imagefolder import default_decoder
 
-OURS = f"trainfast (uint8, {DEFAULT_DECODER} decoding, normalized on device)"
+OURS = "trainfast (uint8, default decoder, normalized on device)"
 CACHED = "trainfast + decode_cache (uint8 pixels, no decode)"
 THEIRS = "torchvision default (PIL, float32 in workers)"
 
@@ -114,7 +114,7 @@ def bench_data(data: str, batch_size: int = 64, num_workers: int | str = 2, imag
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - recipe.num_workers))
     print_fn(f"bench-data: {root} on {dev}, batch {batch_size}, {recipe.num_workers} workers, "
              f"{torch.get_num_threads()} main-process thread(s), RandomResizedCrop({image_size}) + flip, "
-             f"{passes} timed passes after 1 warm-up pass each")
+             f"{passes} timed passes after 1 warm-up pass each; images decoded by {default_decoder()}")
     try:
         return _run_passes(pipelines_for(split, recipe, dev, root, image_size, decode_cache, print_fn), passes,
                            dev, print_fn)
@@ -134,7 +134,7 @@ def pipelines_for(split, recipe, dev: torch.device, root: Path, image_size: int,
                  "  trainfast loader alone (uint8, not normalized)": ToDevice(ours.loader, dev)}
     # The other decoder for whole files (TorchCodec's or torchvision.io's), same pipeline otherwise: what the
     # default decoder buys, measured here rather than assumed.
-    other = "torchvision" if DEFAULT_DECODER == "torchcodec" else None
+    other = "torchvision" if default_decoder() == "torchcodec" else None
     if other is not None:
         alt = folder_split(root, image_size, other)
         pipelines[f"  trainfast with {other} decoding whole files"] = build_batches(alt.train, alt, recipe, dev,

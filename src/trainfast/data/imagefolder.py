@@ -23,6 +23,7 @@ before any training starts; a file that fails to decode during training is skipp
 """
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
@@ -83,16 +84,16 @@ def read_bytes(path: Path) -> bytearray:
     return data
 
 
+@functools.cache
 def default_decoder() -> str:
     """TorchCodec, PyTorch's image and video decoders (torchvision.io's image decoding is deprecated in its
-    favour since torchvision 0.29), when it is installed; else torchvision.io. Both decode JPEG with
-    libjpeg-turbo."""
-    import importlib.util
-
-    return "torchcodec" if importlib.util.find_spec("torchcodec") is not None else "torchvision"
-
-
-DEFAULT_DECODER = default_decoder()
+    favour since torchvision 0.29), when it loads beside this torch; else torchvision.io. Both decode JPEG with
+    libjpeg-turbo, to the same pixels. Decided once per process, on first use."""
+    try:
+        import torchcodec.decoders  # noqa: F401  (a TorchCodec built for another torch fails to load here)
+    except Exception:
+        return "torchvision"
+    return "torchcodec"
 
 
 def decode_bytes(data: bytearray, path: Path, decoder: str | None = None) -> torch.Tensor:
@@ -101,7 +102,7 @@ def decode_bytes(data: bytearray, path: Path, decoder: str | None = None) -> tor
     for JPEG, PNG, GIF and WebP; Pillow for the rest."""
     if path.suffix.lower() in JPEG_SUFFIXES + TORCHVISION_DECODES:
         encoded = torch.frombuffer(data, dtype=torch.uint8)
-        if (decoder or DEFAULT_DECODER) == "torchcodec":
+        if (decoder or default_decoder()) == "torchcodec":
             from torchcodec.decoders import ImageReadMode, decode_image
 
             image = decode_image(encoded, mode=ImageReadMode.RGB)
