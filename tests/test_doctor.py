@@ -559,6 +559,9 @@ from loopkit import PLANTS  # noqa: E402  (the corpus's own folder, put on the p
 STYLES = ("tutorial_loop", "engine_loop", "split_loop")
 MISTAKE_CHECKS = sorted(set(PLANTS.values()))
 ALSO = {"slow_loader": {"waiting for the next batch"}}        # the same mistake, seen as time
+# Checks judged on measured time: on a loaded 2-core machine a clean loop's few-% data wait can read "measured"
+# (below the problem line, worth knowing) instead of "fine". Neither is a false alarm; "problem" would be.
+TIMED_CHECKS = {PLANTS["slow_loader"], "waiting for the next batch"}
 EVIDENCE = {"no_zero_grad": "never called", "zero_grad_in_place": "set_to_none=False", "item_per_step": "item()",
             "functional_dropout": "F.dropout(x, 0.25)", "eval_with_grad": "the loop's first evaluation",
             "eval_in_train_mode": "Dropout", "slow_loader": "the wait is"}
@@ -577,7 +580,8 @@ def no_ceiling(monkeypatch):
 def test_corpus_mistake_found_where_planted_and_nowhere_else(style, plant, no_ceiling, capsys):
     """Every loop evaluates at the end of its 24-step epoch, after the 1 + 4 + 10 watched steps: the doctor
     keeps it going until then. The planted mistake's check says "problem" (with its evidence), every other
-    mistake check says "fine" (checked, not skipped), and nothing else is a problem."""
+    mistake check says "fine" (checked, not skipped; a timed one may say "measured"), and nothing else is a
+    problem."""
     loop = importlib.import_module(style)
     obs = observe_loop(lambda: loop.main(["--plant", plant]), steps=10, sync_steps=4)
     findings = run_checks(obs)
@@ -587,7 +591,8 @@ def test_corpus_mistake_found_where_planted_and_nowhere_else(style, plant, no_ce
     assert set(problems) == expected, problems
     for name in MISTAKE_CHECKS:
         if name not in expected:
-            assert finding(findings, name).status == "fine", (name, finding(findings, name).evidence)
+            allowed = ("fine", "measured") if name in TIMED_CHECKS else ("fine",)
+            assert finding(findings, name).status in allowed, (name, finding(findings, name).evidence)
     if plant != "clean":
         assert EVIDENCE[plant] in problems[PLANTS[plant]], problems[PLANTS[plant]]
     if plant in ("zero_grad_in_place", "item_per_step"):               # the loop's own line is named

@@ -1,24 +1,19 @@
 """What `trainfast doctor` watches while a training loop runs: any loop, trainfast's built-in one or a user's
-own (in this process, or in a script started by `trainfast doctor -- python script.py`).
+own (in this process, or in a script started by `trainfast doctor -- python script.py`). `Watch` puts the
+instruments around the loop, drives them by its steps and keeps what they find.
 
 Four instruments, all off the hot path except where said:
-  - `SyncCounter`, a TorchFunctionMode: every call that reads a tensor's value on the host (`.item()`,
-    `.tolist()`, `.numpy()`, `.cpu()`, `.to("cpu")` from a GPU, `bool(t)`, `float(t)`, `int(t)`, printing or
-    formatting a tensor, `.nonzero()`) is counted with the source line that made it. On a GPU each one stalls
-    the host until the device has finished everything queued before it. On the CPU nothing is asynchronous,
-    so the same reads are counted because they *would* sync on a GPU (there `.to(...)` is left out: on the
-    CPU `x.to(device)` cannot be told from `x.to("cpu")`). Reads made by torch's own code (an optimizer's
-    step counters, which live on the host) are not the loop's and are not counted. A mode costs a Python call
-    per torch call, so it is switched on for a window of steps that is never timed.
+  - `SyncCounter` (syncs.py), a TorchFunctionMode: every call that reads a tensor's value on the host is
+    counted with the source line that made it. A mode costs a Python call per torch call, so it is switched
+    on for a window of steps that is never timed.
   - Forward hooks on the model (or, for a script whose model is unknown, global module hooks that keep only
     the outermost module of each call): the input shape of every training forward, nn.DataParallel, and the
     evaluation forwards: those in eval mode that still build an autograd graph (no torch.no_grad()), and the
     grad-free ones of the trained model left in training mode (no model.eval(): dropout drops, batch norm
-    uses and updates batch statistics).
-  - The gradients between two steps: a hook on one parameter of each stepped optimizer runs each time a
-    gradient arrives, just before autograd adds it into .grad, so it sees what zero_grad left there (freed:
-    set_to_none; zeros: zeroed in place; the last step's values: not cleared), whatever the order of
-    zero_grad, forward and backward in the loop (interval_state). Beside it, `Optimizer.zero_grad` and
+    uses and updates batch statistics). At the end the model is tested on an input it trained and one it
+    evaluated on (evalcheck.py).
+  - The gradients between two steps (gradwatch.py): a hook on one parameter of each stepped optimizer sees
+    what zero_grad left in .grad each time a gradient arrives; `Optimizer.zero_grad` and
     `nn.Module.zero_grad` are wrapped while the watch is on, so a finding can name the call, its
     set_to_none and its line.
   - torch's global optimizer-step hook: counts and times the steps and drives the windows above; and, for a
@@ -29,10 +24,6 @@ Four instruments, all off the hot path except where said:
 """
 from __future__ import annotations
 
-import functools
-import inspect
-import linecache
-import os
 import sys
 import time
 import weakref
@@ -41,210 +32,12 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
-TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-TRAINFAST_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-HERE = os.path.abspath(__file__)
-# Frames between a Tensor method written in Python (__format__, __repr__) and its caller: the method itself.
-PASS_THROUGH = {HERE, os.path.join(TORCH_DIR, "overrides.py"), os.path.join(TORCH_DIR, "_tensor.py")}
-# trainfast's Session forwards a loop's zero_grad to the real optimizer: the loop's line is the one to name.
-FORWARDING = tuple(os.path.join(TRAINFAST_DIR, d) + os.sep for d in ("session", "techniques"))
-
-# Tensor methods that hand a tensor's value to the host: each one waits for the device to catch up.
-SYNC_METHODS = frozenset({"item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__",
-                          "__repr__", "__format__", "nonzero"})
-DROPOUTS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"})
-
-
-def caller(skip_torch: bool) -> tuple[str, int] | None:
-    """(file, line) of the code that made the current torch call. skip_torch=False: None when that code is
-    torch's own (its reads are its business); True: torch's frames are walked past (F.dropout is Python)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if path in PASS_THROUGH:
-            frame = frame.f_back
-            continue
-        if path.startswith(TORCH_DIR):
-            if not skip_torch:
-                return None
-            frame = frame.f_back
-            continue
-        return path, frame.f_lineno
-    return None
-
-
-def describe(where: tuple[str, int]) -> str:
-    path, line = where
-    code = linecache.getline(path, line).strip()
-    short = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
-    return f"{short}:{line}" + (f"  `{code}`" if code else "")
-
-
-def _to_host(args: tuple, kwargs: dict) -> bool:
-    """`.to(...)` from a device to the CPU (the only `.to` that waits for the device)."""
-    tensor = args[0] if args else None
-    if not isinstance(tensor, torch.Tensor) or tensor.device.type == "cpu":
-        return False
-    target = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None))
-    return target is not None and torch.device(target).type == "cpu"
-
-
-class SyncCounter(TorchFunctionMode):
-    """Counts host reads of tensor values by source line (see the module docstring), and functional dropout
-    calls that still drop (training=True) by source line."""
-
-    def __init__(self, device_type: str = "cpu") -> None:
-        super().__init__()
-        self.on_cpu = device_type == "cpu"
-        self.syncs: Counter = Counter()         # (op, file, line) -> calls
-        self.dropouts: Counter = Counter()      # (file, line) -> calls with training=True
-        # Inside a DataLoader's next(): the loader's reads of host tensors (a label's int()) are not syncs.
-        self.in_loader = False
-        # From an eval-mode forward to the next training forward: an evaluation's reads (a metric's .item()
-        # per batch) are once per evaluation pass, not per training step.
-        self.in_eval = False
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
-        if self.in_loader or self.in_eval:
-            pass
-        elif name in SYNC_METHODS or (name == "to" and _to_host(args, kwargs)):
-            tensor = args[0] if args else None
-            # On a GPU a read of a host tensor is no sync; on the CPU every read counts (it would be one there).
-            if isinstance(tensor, torch.Tensor) and (self.on_cpu or tensor.device.type != "cpu"):
-                where = caller(skip_torch=False)
-                if where is not None:
-                    self.syncs[(name.strip("_"), *where)] += 1
-        elif name in DROPOUTS:
-            training = kwargs.get("training", args[2] if len(args) > 2 else True)
-            if training:
-                where = caller(skip_torch=True)
-                if where is not None:
-                    self.dropouts[where] += 1
-        return func(*args, **kwargs)
-
-    @property
-    def total(self) -> int:
-        return sum(self.syncs.values())
-
-    def by_line(self) -> list[dict[str, Any]]:
-        """Every counting line, most calls first; trainfast's own lines (its Meter's once-a-window read) marked."""
-        rows = [{"op": op, "where": describe((path, line)), "calls": n, "trainfast": path.startswith(TRAINFAST_DIR)}
-                for (op, path, line), n in self.syncs.items()]
-        return sorted(rows, key=lambda r: -r["calls"])
-
-
-def grads_state(params) -> str:
-    """What these parameters' gradients hold just before a new step's gradient is added into them: "none"
-    (freed: set_to_none), "zeroed" (kept and zeroed in place: one memset per step), "carried" (kept with values:
-    no zero_grad since the last step, so this step's gradients add to the last one's). One host read."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return "none"
-    nonzero = torch.stack([g.detach().abs().amax().float() for g in grads]).amax()
-    return "carried" if bool(nonzero > 0) else "zeroed"
-
-
-def interval_state(seen: list[str]) -> str:
-    """What zero_grad did between two steps of an optimizer, from what each gradient arrival on one of its
-    parameters found in .grad: "none" or "zeroed" anywhere means the last step's values were cleared before
-    the next step (a GAN's generator backward may reach the discriminator's gradients before the
-    discriminator's own zero_grad; a later micro-batch finds the earlier ones'); "carried" only when every
-    arrival found values, the first of them the last step's."""
-    for state in ("none", "zeroed"):
-        if state in seen:
-            return state
-    return seen[0]
-
-
-def graded_param(optimizer, tries: int = 8) -> nn.Parameter | None:
-    """A parameter of this optimizer whose gradient is not all zero right after its step (so a zero there at
-    the next step was put there by a zero_grad, not by the data); None when the first `tries` with a gradient
-    are all zero. One host read each."""
-    seen = 0
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.grad is None or not p.requires_grad:
-                continue
-            if bool(p.grad.detach().abs().amax() > 0):
-                return p
-            seen += 1
-            if seen >= tries:
-                return None
-    return None
-
-
-def mode_dependent(model: nn.Module) -> dict[str, int]:
-    """Modules (by class) that compute differently in train() and eval(): dropout that drops; batch norm
-    (batch statistics, and its running ones updated); instance norm and attention/RNN dropout likewise."""
-    from torch.nn.modules.batchnorm import _BatchNorm
-    from torch.nn.modules.dropout import _DropoutNd
-    from torch.nn.modules.instancenorm import _InstanceNorm
-
-    found: Counter = Counter()
-    for m in model.modules():
-        if ((isinstance(m, _DropoutNd) and m.p > 0) or isinstance(m, _BatchNorm)
-                or (isinstance(m, _InstanceNorm) and m.track_running_stats)
-                or (isinstance(m, (nn.MultiheadAttention, nn.RNNBase)) and getattr(m, "dropout", 0) > 0)):
-            found[type(m).__name__] += 1
-    return dict(found)
-
-
-def time_call(fn: Callable, device: torch.device) -> float:
-    """Seconds fn() took, the device synchronized on both sides (never inside a timed step)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
-
-
-def check_eval_dropout(model: nn.Module, *inputs: Any, training: bool = False) -> dict[str, Any]:
-    """In eval() and inference_mode, two forwards of the same input must agree: a difference is dropout that
-    does not follow eval() (F.dropout with training=True, or its default). Returns the largest difference and
-    the lines of the functional dropouts that still dropped. The RNG is forked, and the model's mode restored.
-    training=True: the same test in the mode a loop evaluated in without model.eval() (its buffers, batch
-    norm's running statistics, are put back afterwards)."""
-    was_training = model.training
-    device = next((t.device for t in _tensors(inputs)), torch.device("cpu"))
-    counter = SyncCounter(device.type)
-    buffers = [(b, b.detach().clone()) for b in model.buffers()] if training else []
-    model.train(training)
-    try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.inference_mode():
-            with counter:
-                first = model(*inputs)
-            second = model(*inputs)
-    finally:
-        model.train(was_training)
-        with torch.no_grad():
-            for buffer, saved in buffers:
-                buffer.copy_(saved)
-    pairs = list(zip(_tensors(first), _tensors(second)))
-    diff = max((float((a.float() - b.float()).abs().max()) for a, b in pairs if a.numel()), default=0.0)
-    scale = max((float(a.float().abs().max()) for a, _ in pairs if a.numel()), default=0.0)
-    return {"max_diff": diff, "relative_diff": diff / scale if scale else diff,
-            "calls": [describe(w) for w in counter.dropouts]}
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
-def shape_of(args: tuple) -> list:
-    return [list(t.shape) for t in _tensors(args[:1])]
-
+# Names other code imports from here are re-exported: SyncCounter, check_eval_dropout, grads_state, _tensors.
+from .evalcheck import _tensors, check_eval_dropout, mode_dependent
+from .gradwatch import (call_site, graded_param, grads_state, interval_state, time_memset, wrap_zero_grad,
+                        zero_grad_rows)
+from .syncs import SyncCounter
 
 class EnoughSteps(BaseException):
     """Raised from the optimizer-step hook once the watch has its steps (a BaseException, so a loop's own
@@ -358,20 +151,11 @@ class Watch:
     def _wrap_zero_grad(self, owner: type, call: str) -> None:
         """Notes every `zero_grad` call of the watched steps by its set_to_none and the loop's line, and times
         the memset of a few in-place ones (what set_to_none skips), inside the untimed sync window only."""
-        original, watch = owner.zero_grad, self
-        parameters = inspect.signature(original).parameters
-        default = parameters["set_to_none"].default if "set_to_none" in parameters else True
-        self._restore.append((owner, "zero_grad", original))
+        def on_call(obj, set_to_none: bool) -> None:
+            if self._safe(self._note_zero_grad)(obj, call, set_to_none):
+                self._safe(self._time_memset)(obj)
 
-        @functools.wraps(original)
-        def counted(obj, *args, **kwargs):
-            set_to_none = kwargs.get("set_to_none", args[0] if args else default)
-            if watch._safe(watch._note_zero_grad)(obj, call, bool(set_to_none)):
-                watch._safe(watch._time_memset)(obj)
-            return original(obj, *args, **kwargs)
-
-        disable = getattr(torch, "_disable_dynamo", None)      # as torch's own zero_grad: never traced
-        owner.zero_grad = disable(counted) if disable is not None else counted
+        self._restore.append((owner, "zero_grad", wrap_zero_grad(owner, on_call)))
 
     def _note_zero_grad(self, obj, call: str, set_to_none: bool) -> bool:
         """Counts the call by its line; True when it is to be timed."""
@@ -383,12 +167,10 @@ class Watch:
         return not set_to_none and self.counting and len(self.zero_grad_times) < self.ZERO_GRAD_TIMINGS
 
     def _time_memset(self, obj) -> None:
-        """Times the memset an in-place zero_grad is about to make (the one set_to_none skips), by making it:
-        zeroing what is zeroed next is harmless."""
-        grads = [p.grad for p in _params(obj) if p.grad is not None and not p.grad.is_sparse]
-        if grads:
-            with torch.no_grad():
-                self.zero_grad_times.append(time_call(lambda: torch._foreach_zero_(grads), grads[0].device))
+        """Times the memset an in-place zero_grad is about to make (gradwatch.time_memset)."""
+        seconds = time_memset(obj)
+        if seconds is not None:
+            self.zero_grad_times.append(seconds)
 
     paused = False            # the doctor's own forwards (the eval-dropout test) are not the loop's
 
@@ -595,27 +377,11 @@ class Watch:
         return {"forwards": self.train_mode_evals, "modules": self.train_mode_modules, "repeat": repeat}
 
     def zero_grad_lines(self) -> list[dict[str, Any]]:
-        rows = [{"call": call, "set_to_none": stn, "where": describe((path, line)), "calls": n}
-                for (call, stn, path, line), n in self.zero_grad_calls.items()]
-        return sorted(rows, key=lambda r: -r["calls"])
+        return zero_grad_rows(self.zero_grad_calls)
 
 
-def call_site() -> tuple[str, int] | None:
-    """(file, line) of the loop's code that made the current call: past torch, this module and the Session
-    layers that forward it."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if not (path in PASS_THROUGH or path.startswith(TORCH_DIR) or path.startswith(FORWARDING)):
-            return path, frame.f_lineno
-        frame = frame.f_back
-    return None
-
-
-def _params(obj: Any) -> list:
-    if isinstance(obj, nn.Module):
-        return list(obj.parameters())
-    return [p for group in getattr(obj, "param_groups", []) for p in group["params"]]
+def shape_of(args: tuple) -> list:
+    return [list(t.shape) for t in _tensors(args[:1])]
 
 
 def _detached(value: Any) -> Any:
