@@ -1,11 +1,12 @@
-# The two commands: `make ablate` and `make test`. Both create .venv on first use.
+# The commands: `make ablate`, `make test` (the fast suite) and `make test-all` (every test, the slow
+# end-to-end ones included: what CI runs). Each creates .venv on first use.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 # torch/torchvision are pinned to the releases this project is developed and tested with.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: ablate test venv clean
+.PHONY: ablate test test-all venv clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +20,12 @@ venv: $(VENV)/.installed
 ablate: venv
 	$(VENV)/bin/trainfast ablate $(ARGS)
 
+# The fast suite: behaviour and correctness, a few minutes on 2 cores. Tests marked `slow` (several
+# processes, several epochs, ablations and tune end to end) run in test-all; every behaviour keeps a fast test.
 test: venv
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+test-all: venv
 	$(PY) -m pytest $(ARGS)
 
 clean:

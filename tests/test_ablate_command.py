@@ -167,6 +167,7 @@ def test_commands_that_cannot_run_are_refused_before_any_run(tmp_path):
     assert proc.returncode == 2 and "give the command as `python your_script.py ...`" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_command_that_fails_or_never_steps_is_reported_with_its_log(tmp_path):
     out = tmp_path / "bad"
     script = tmp_path / "nostep.py"

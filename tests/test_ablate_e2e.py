@@ -30,6 +30,7 @@ def cli_report(tmp_path_factory):
     return out, proc.stdout
 
 
+@pytest.mark.slow
 def test_report_folder_has_everything(cli_report):
     out, stdout = cli_report
     for name in ("results.json", "report.md", "throughput.png", "peak_memory.png", "accuracy.png"):
@@ -37,6 +38,7 @@ def test_report_folder_has_everything(cli_report):
     assert "baseline (fp32)" in stdout and "no effect on this device" in stdout   # the printed table
 
 
+@pytest.mark.slow
 def test_results_schema_and_numbers(cli_report):
     out, _ = cli_report
     data = json.loads((out / "results.json").read_text())
@@ -81,6 +83,7 @@ def test_results_schema_and_numbers(cli_report):
     assert data["settings"]["repeats"] == 2
 
 
+@pytest.mark.slow
 def test_no_effect_rung_is_reported_not_measured(cli_report):
     out, _ = cli_report
     data = json.loads((out / "results.json").read_text())

@@ -42,6 +42,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_killed_ablation_leaves_no_process_and_resumes(tmp_path):
     out = tmp_path / "ablation"
     cmd = [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",
@@ -96,6 +97,7 @@ def test_a_hanging_rung_is_stopped_at_its_limit_and_the_others_finish(tmp_path, 
     assert "failed — " in report and "time limit" in report
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_rung_and_writes_the_partial_report(tmp_path):
     out = tmp_path / "ablation"
     cmd = [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",

@@ -92,6 +92,7 @@ def test_other_ranks_wait_for_the_builder(tmp_path):
     assert np.array_equal(waited["pixels"].offsets, built.offsets)
 
 
+@pytest.mark.slow
 def test_the_ablation_rung_is_no_effect_on_in_memory_data(tmp_path):
     from trainfast.ablation import ablate
 

@@ -114,6 +114,7 @@ def test_bad_detection_flags_are_refused_before_any_work(argv, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ablate_detection_writes_map_per_rung(coco, tmp_path, two_ranks):
     from trainfast.ablation.rung import TimingBudget
 

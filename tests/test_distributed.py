@@ -120,6 +120,7 @@ def assert_close(a: dict, b: dict) -> None:
 
 # --- launched through torchrun ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_with_double_batch(two_procs):
     ranks = reports(two_procs, "ddp")
     assert [r["steps"] for r in ranks] == [STEPS, STEPS]
@@ -129,12 +130,14 @@ def test_two_processes_match_one_process_with_double_batch(two_procs):
     assert_close(weights(two_procs / "ddp" / "model.pt"), one_process_reference())
 
 
+@pytest.mark.slow
 def test_grad_accumulation_gives_the_same_update(two_procs):
     # 2 ranks x 2 micro-batches of 4 with no_sync on the first: the same global batch of 16 per update.
     assert reports(two_procs, "accum")[0]["steps"] == STEPS
     assert_close(weights(two_procs / "accum" / "model.pt"), one_process_reference())
 
 
+@pytest.mark.slow
 def test_two_runs_are_bit_identical(two_procs, launches):
     out, code, log = launches["repeat"]
     assert code == 0, log[-4000:]
@@ -142,11 +145,13 @@ def test_two_runs_are_bit_identical(two_procs, launches):
     assert all(torch.equal(first[k], second[k]) for k in first)
 
 
+@pytest.mark.slow
 def test_fsdp2_matches_ddp(two_procs):
     assert reports(two_procs, "fsdp")[0]["steps"] == STEPS
     assert_close(weights(two_procs / "fsdp" / "model.pt"), weights(two_procs / "ddp" / "model.pt"))
 
 
+@pytest.mark.slow
 def test_a_session_loop_under_torchrun_shards_its_loader_and_matches_one_process(two_procs):
     """A user's plain shuffled DataLoader, adopted: DistributedSampler with set_epoch, DDP, the reduced log."""
     ranks = reports(two_procs, "session")
@@ -156,11 +161,13 @@ def test_a_session_loop_under_torchrun_shards_its_loader_and_matches_one_process
     assert_close(weights(two_procs / "session" / "model.pt"), one_process_reference())
 
 
+@pytest.mark.slow
 def test_a_session_loop_under_fsdp2_remaps_the_users_optimizer_onto_the_shards(two_procs):
     assert reports(two_procs, "session_fsdp")[0]["steps"] == STEPS
     assert_close(weights(two_procs / "session_fsdp" / "model.pt"), weights(two_procs / "ddp" / "model.pt"))
 
 
+@pytest.mark.slow
 def test_nan_on_one_rank_stops_every_rank_at_the_same_step(two_procs):
     ranks = reports(two_procs, "nan")
     assert all(r["nonfinite"] for r in ranks), ranks
@@ -170,6 +177,7 @@ def test_nan_on_one_rank_stops_every_rank_at_the_same_step(two_procs):
     assert "loss is nan" in ranks[1]["error"]
 
 
+@pytest.mark.slow
 def test_unused_parameter_is_named_in_the_warning(two_procs):
     ranks = reports(two_procs, "unused")
     warned = [w for w in ranks[0]["warnings"] if "no gradient" in w]
@@ -178,6 +186,7 @@ def test_unused_parameter_is_named_in_the_warning(two_procs):
     assert ranks[0]["steps"] == STEPS                                      # and training went on
 
 
+@pytest.mark.slow
 def test_two_nodes_on_localhost_train(two_procs, launches):
     out, code, log = launches["nodes"]
     assert (code, launches["node1"][1]) == (0, 0), log[-3000:] + launches["node1"][2][-3000:]
@@ -186,6 +195,7 @@ def test_two_nodes_on_localhost_train(two_procs, launches):
     assert_close(weights(out / "ddp" / "model.pt"), weights(two_procs / "ddp" / "model.pt"))
 
 
+@pytest.mark.slow
 def test_a_silent_rank_is_named_within_the_timeout(launches):
     out, code, log = launches["hang"]        # rank 1 sleeps in its 5th forward; dist_timeout_s=15
     assert code != 0
@@ -193,6 +203,7 @@ def test_a_silent_rank_is_named_within_the_timeout(launches):
     assert "RankTimeoutError" in error and "Ranks 1 failed" in error, error
 
 
+@pytest.mark.slow
 def test_torchrun_cli_train_writes_one_run_folder(launches):
     out, code, log = launches["cli"]
     assert code == 0, log[-4000:]
@@ -203,6 +214,7 @@ def test_torchrun_cli_train_writes_one_run_folder(launches):
     assert log.count("epoch 1:") == 1                                      # printed by rank 0 only
 
 
+@pytest.mark.slow
 def test_ablate_nproc_runs_each_rung_under_torch_distributed(tmp_path):
     from trainfast.ablation import ablate
 
