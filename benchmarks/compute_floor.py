@@ -1,4 +1,4 @@
-"""How much faster than a peer any recipe could be: the compute floor of an epoch (issue 12).
+"""How much faster than a peer any recipe could be: the compute floor of an epoch.
 
 For a peers.py workload (model, image size, batch size, training photos), the time of one training step with
 the data already in memory, nothing else in the step (no loader, no evaluation, no checkpoint, no logging):

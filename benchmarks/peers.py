@@ -1,4 +1,4 @@
-"""trainfast against what users run today, side by side on the same model, data and settings (issue 12).
+"""trainfast against what users run today, side by side on the same model, data and settings.
 
 Per tool and workload, the per-epoch cost by whole-process timing: the wall time of an E_long-epoch run minus
 that of an E_short-epoch run, divided by the extra epochs, so interpreter start-up, imports, model build,

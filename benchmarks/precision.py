@@ -1,4 +1,4 @@
-"""Step time and peak memory of every precision level, side by side in one run (issue 3).
+"""Step time and peak memory of every precision level, side by side in one run.
 
 Each (model, level) runs in its own fresh process, so its peak memory (peak RSS on CPU, the allocator peak
 on CUDA) is its own and no allocator or cache state leaks between levels. Each child trains with the

@@ -1,4 +1,4 @@
-"""Accuracy parity of the precision levels (issue 3 acceptance): train the default model on the built-in
+"""Accuracy parity of the precision levels: train the default model on the built-in
 digits data for the same epochs, over several seeds per level, with the shared engine (trainfast.train), and
 compare each level's held-out accuracy with fp32's.
 

@@ -1,5 +1,5 @@
 """The bad-file fraction is judged over the run (both splits, all passes, all ranks), never over a split
-too small to support it; per-split skipped counts stay exact (issue 15, item 1)."""
+too small to support it; per-split skipped counts stay exact."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
 """Numeric flags outside the Recipe are refused at parse time, naming the flag and the value, before any
-data is loaded or any model is built (issue 15, item 5)."""
+data is loaded or any model is built."""
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,4 @@
-"""The detection task in the built-in run (issue 13): `trainfast train` and `trainfast ablate` on a detector,
+"""The detection task in the built-in run: `trainfast train` and `trainfast ablate` on a detector,
 loss dicts logged term by term and checked across 2 gloo ranks, a non-finite term stopping every rank, and
 aspect-ratio grouping through the real loader. Tiny settings: SSDlite (a quarter of Faster R-CNN's step) on a
 COCO folder of 10 images written here, one epoch."""

@@ -1,6 +1,6 @@
 """Supervised child processes (trainfast.procs): results and errors come back, a hung child is stopped at
 its time limit, and nothing a child started outlives its parent, whether the parent is SIGKILLed or
-interrupted (issue 15, items 3 and 4)."""
+interrupted."""
 from __future__ import annotations
 
 import json

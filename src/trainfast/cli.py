@@ -121,7 +121,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
                              "| cifar10:PATH; detection: synthetic (default: shapes on real photos) | "
                              "synthetic:digits | coco:PATH")
     parser.add_argument("--image-size", type=_positive_int, default=None,
-                        help="input resolution (default: 32 for digits)")
+                        help="input resolution (default: 16 for digits, 32 for synthetic, 224 for an image folder)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available) | cpu | cuda | cuda:N")
     parser.add_argument("--recipe", default=None, help="a preset (baseline, fast) or a YAML recipe file")
     add_recipe_flags(parser)

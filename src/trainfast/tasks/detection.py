@@ -139,7 +139,7 @@ class Detection:
                      for dataset, train in ((split.train, True), (split.val, False)))
 
     def apply_schedule(self, state, steps_per_epoch: int) -> None:
-        """Seed 004's warm-up (detection/engine.py: LinearLR from lr/1000 over the first epoch, at most 1000
+        """The detection reference's first-epoch warm-up (detection/engine.py: LinearLR from lr/1000 over the first epoch, at most 1000
         steps) unless the recipe asks for its own (warmup_steps > 0). A from-scratch detector's first gradients
         are large enough to send the loss to NaN at the full learning rate."""
         from ..session import SessionScheduler
