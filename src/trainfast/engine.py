@@ -19,9 +19,8 @@ from .tasks import as_task
 # The built-in loop zeroes the gradients as a stock PyTorch 2.x loop does: optimizer.zero_grad(), whose default
 # (set_to_none=True) frees them instead of writing zeros, so the baseline is what a user would otherwise run.
 # recipe.set_to_none changes nothing here; it acts on a user's loop that zeroes in place, through the Session.
-ZERO_GRAD_NOTE = ("the built-in loop already calls optimizer.zero_grad() with PyTorch's default (set_to_none=True), "
-                  "as a stock loop does; the switch acts on a script that zeroes in place "
-                  "(zero_grad(set_to_none=False)): measure it there with `ablate -- python train.py`")
+ZERO_GRAD_NOTE = ("the built-in loop's zero_grad() already frees the gradients (PyTorch's default); "
+                  "it acts on a script that zeroes in place")
 
 
 def no_step_hook(state: TrainState) -> None:

@@ -17,7 +17,9 @@ HEADLINE = ("throughput", "throughput_interval", "throughput_spread", "speedup",
 def rung_verdict(rung: Rung) -> str | None:
     """The verdict results.json gives a rung: stats' against the baseline, or why it has none."""
     if rung.status == Status.NO_EFFECT:
-        return "not run: slower on this device" if rung.effect == Effect.SLOW_HALF else "no effect on this device"
+        return {Effect.SLOW_HALF: "not run: slower on this device", Effect.NOT_APPLICABLE: "not applicable",
+                Effect.NO_SESSION: "no effect: the script has no trainfast.Session"}.get(rung.effect,
+                                                                                       "no effect on this device")
     if rung.status == Status.FAILED:
         return "failed"
     return rung.result.verdict
