@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__
-from .recipe import Recipe, RecipeError, field_docs, preset
+from .recipe import FIELD_CHOICES, Recipe, RecipeError, field_docs, preset
 
 
 def _optional(kind):
@@ -88,6 +88,8 @@ def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
                                help=text)
         elif set(args) == {int, str}:  # int | str, e.g. num_workers: 2 or auto
             group.add_argument(flag, dest=f.name, type=_int_or_auto, default=None, metavar="INT|auto", help=text)
+        elif f.name in FIELD_CHOICES:
+            group.add_argument(flag, dest=f.name, choices=FIELD_CHOICES[f.name], default=None, help=text)
         else:
             group.add_argument(flag, dest=f.name, type=hint, default=None, metavar=hint.__name__.upper(), help=text)
 
@@ -273,6 +275,29 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = 
     "train": ("train with a recipe and write a run folder", add_train_flags),
     "bench-data": ("images/s of the input pipeline alone, beside torchvision's default", add_bench_data_flags),
 }
+# Shown under each subcommand's --help. A script after `--` must create a trainfast.Session for the recipe to
+# reach it (three changed lines: README's first screen); without one only its speed is measured.
+EXAMPLES = {
+    "ablate": """\
+  trainfast ablate                                   # the default ladder: resnet9 on the built-in digits
+  trainfast ablate --model resnet18 --data imagefolder:PHOTOS --image-size 128
+  trainfast ablate --rungs amp,channels_last -- python train.py --epochs 1    # your own script""",
+    "tune": """\
+  trainfast tune --budget 15m                        # writes runs/tune-*/best.yaml
+  trainfast tune --model resnet18 --data imagefolder:PHOTOS --image-size 128 --budget 30m
+  trainfast tune --budget 20m -- python train.py --epochs 1""",
+    "doctor": """\
+  trainfast doctor                                   # the built-in run
+  trainfast doctor -- python train.py --epochs 1     # your own script, as it is
+  trainfast doctor --model resnet18 --data imagefolder:PHOTOS --num-workers 2""",
+    "train": """\
+  trainfast train --recipe runs/tune-X/best.yaml --model resnet18 --data imagefolder:PHOTOS --epochs 10
+  trainfast train --precision bf16 --channels-last --out runs/r9 --resume auto
+  torchrun --nproc-per-node 2 -m trainfast train --recipe best.yaml""",
+    "bench-data": """\
+  trainfast bench-data --data imagefolder:PHOTOS
+  trainfast bench-data --data imagefolder:PHOTOS --image-size 128 --num-workers 2 --passes 7""",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -280,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trainfast {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=LazyParser)
     for name, (text, add_flags) in SUBCOMMANDS.items():
-        sub.add_parser(name, help=text, add_flags=add_flags)
+        sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", add_flags=add_flags,
+                       epilog="examples:\n" + EXAMPLES[name], formatter_class=argparse.RawDescriptionHelpFormatter)
     return parser
 
 

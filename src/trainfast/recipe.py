@@ -21,6 +21,9 @@ OPTIMIZERS = ("sgd", "adamw")
 OPTIMIZER_IMPLS = ("default", "for-loop", "foreach", "fused")
 NONFINITE_POLICIES = ("stop", "skip")
 STRATEGIES = ("ddp", "fsdp", "dp")
+# The string fields that take one of a fixed set of values: validate_fields checks them, the CLI lists them.
+FIELD_CHOICES = {"precision": PRECISIONS, "precision_level": PRECISION_LEVELS, "optimizer": OPTIMIZERS,
+                 "optimizer_impl": OPTIMIZER_IMPLS, "nonfinite": NONFINITE_POLICIES, "strategy": STRATEGIES}
 
 
 def field_docs() -> dict[str, str]:
