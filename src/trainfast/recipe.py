@@ -173,21 +173,13 @@ def apply_env_recipe(recipe: Recipe, environ: Mapping[str, str] | None = None) -
     return merged, overridden
 
 
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise RecipeError(f"{name}={value!r} is not one of {', '.join(choices)}")
-
-
 def validate_fields(r: Recipe) -> None:
     """Checks that need no device: types, ranges, and switches that need another switch."""
-    _choice("precision", r.precision, PRECISIONS)
-    _choice("precision_level", r.precision_level, PRECISION_LEVELS)
+    for name, choices in FIELD_CHOICES.items():
+        if getattr(r, name) not in choices:
+            raise RecipeError(f"{name}={getattr(r, name)!r} is not one of {', '.join(choices)}")
     if r.precision == "fp32" and r.precision_level != "autocast":
         raise RecipeError(f"precision_level={r.precision_level!r} needs precision=bf16 or fp16 (fp32 is O0, it has no levels)")
-    _choice("optimizer", r.optimizer, OPTIMIZERS)
-    _choice("optimizer_impl", r.optimizer_impl, OPTIMIZER_IMPLS)
-    _choice("nonfinite", r.nonfinite, NONFINITE_POLICIES)
-    _choice("strategy", r.strategy, STRATEGIES)
     for name in ("epochs", "batch_size", "log_every", "max_consecutive_skips", "keep_checkpoints",
                  "grad_accum_steps", "dist_timeout_s"):
         value = getattr(r, name)
