@@ -67,3 +67,18 @@ def save_png(image, path: str) -> None:
     from PIL import Image
 
     Image.fromarray(image.permute(1, 2, 0).contiguous().numpy()).save(path)
+
+
+def torchrun_env() -> dict:
+    """The environment a test's torchrun job starts with: this checkout's trainfast and tests importable, one
+    thread per rank (two ranks share 2 cores), and no rendezvous variables inherited from an outer job."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root / "tests"), e.get("PYTHONPATH", "")])
+    e["OMP_NUM_THREADS"] = "1"
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        e.pop(key, None)
+    return e

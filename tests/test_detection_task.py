@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import save_png
+from conftest import save_png, torchrun_env
 
 from trainfast import Recipe, ablate
 from trainfast.cli import main
@@ -30,15 +30,6 @@ from trainfast.tasks.detection import Detection
 ROOT = Path(__file__).resolve().parents[1]
 SSD = "ssdlite320_mobilenet_v3_large"
 SSD_TERMS = {"bbox_regression", "classification"}
-
-
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), e.get("PYTHONPATH", "")])
-    e["OMP_NUM_THREADS"] = "1"
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        e.pop(key, None)
-    return e
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +58,7 @@ def two_ranks(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ranks")
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                              str(free_port()), str(ROOT / "tests" / "det_worker.py"), str(out), "ok,keys,nan"],
-                            env=env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=torchrun_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     yield out, proc
     proc.kill()
 

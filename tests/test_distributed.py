@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import torchrun_env  # noqa: E402
 from dist_common import MEAN, STD, make_model, make_split  # noqa: E402
 
 from trainfast import Recipe, RecipeError, train  # noqa: E402
@@ -26,15 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(ROOT / "tests" / "dist_worker.py")
 LAUNCH_TIMEOUT = 480
 STEPS, BATCH, LR = 20, 8, 0.05      # the worker's recipe: 320 samples, 2 ranks x 8 = 16 per step
-
-
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), e.get("PYTHONPATH", "")])
-    e["OMP_NUM_THREADS"] = "1"
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        e.pop(key, None)
-    return e
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str]:
@@ -55,7 +47,7 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 
 def start(*args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", *args]
-    return subprocess.Popen(cmd, env=env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, env=torchrun_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def launch(out: Path, scenarios: str, nproc: int = 2) -> subprocess.Popen:
