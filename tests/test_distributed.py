@@ -4,7 +4,6 @@ torch dominates a launch on a loaded 2-core machine."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
