@@ -627,7 +627,8 @@ def test_doctor_script_clean_twins_have_no_problem(tmp_path, style):
     clean = doctor_script(tmp_path, LOOPS / f"{style}.py")
     assert clean["observations"]["eval_wait"]["outcome"] == "reached"
     assert "problem" not in statuses(clean).values()
-    assert all(statuses(clean)[name] == "fine" for name in MISTAKE_CHECKS)
+    for name in MISTAKE_CHECKS:             # a timed check may read "measured" on a loaded machine, never "problem"
+        assert statuses(clean)[name] in (("fine", "measured") if name in TIMED_CHECKS else ("fine",)), name
 
 
 LONG_EPOCH = """
