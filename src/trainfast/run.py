@@ -122,12 +122,11 @@ def first_step_loss(task, dataset, batch_size: int, device: torch.device) -> Cal
     return loss_of
 
 
-def build_meter(state: TrainState, dist: Dist, on_window: Callable | None = None, task=None) -> Meter:
+def build_meter(state: TrainState, dist: Dist, on_window: Callable | None, task) -> Meter:
     """One epoch's Meter: it counts micro-steps from where the state is, raises on a non-finite loss only
-    under nonfinite=stop, and under torchrun decides that together with every rank. `task` (default
-    classification) decides what a step counts and whether loss terms are compared and averaged over ranks."""
+    under nonfinite=stop, and under torchrun decides that together with every rank. `task` decides what a
+    step counts and whether loss terms are compared and averaged over ranks."""
     recipe = state.recipe
-    task = task or build_task("classification")
     return Meter(dist.device, recipe.log_every, on_window=on_window, first_step=state.micro_step,
                  stop_on_nonfinite=recipe.nonfinite == "stop",
                  agree=dist.agree_nonfinite if dist.enabled else None, timer=state.timer, score=task.score,

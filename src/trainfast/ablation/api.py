@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch

@@ -21,7 +21,8 @@ from ..engine import ZERO_GRAD_NOTE
 from ..procs import run_supervised
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import Effect, Rung, Status
-from ..run import as_split, prepare_data
+from ..data.decoded_cache import with_decode_cache
+from ..run import as_split, build_module
 from ..techniques import changes_effect, field_effect
 from ..techniques.base import Effect as TechniqueEffect
 from .rung import Job, TimingBudget, rung_main
@@ -82,7 +83,7 @@ class Builtin:
         opened by the rungs."""
         mark_effects(plan, self.dev, self.probe_model, self.split, self.field_effect)
         if any(r.recipe.decode_cache and r.status != Status.NO_EFFECT for r in plan):
-            prepare_data(self.split, self.base.replace(decode_cache=True), self.dev)
+            with_decode_cache(self.split, self.base.replace(decode_cache=True))
 
     def field_effect(self, field: str, device: torch.device, model, split) -> TechniqueEffect:
         """The task's judgement of a switch, and the built-in loop's own: its zero_grad() already frees the
@@ -144,7 +145,7 @@ def prepare_builtin(spec: BuiltinSpec, recipe: Recipe | None = None, device: str
     # num_workers="auto" is measured once, here: every rung then runs with the same worker count, so the
     # differences between rungs come from their techniques, not from a noisy per-rung choice.
     base = task.resolve_workers(base, split, dev)
-    probe_model = task.build_model(spec.model, split) if isinstance(spec.model, str) else spec.model()
+    probe_model = build_module(spec.model, task, split)
     flops_per_sample = task.flops_per_sample(probe_model, split, base)
     # The rungs get the loaded split itself (a forked process receives its tensors through shared memory),
     # not the spec to load again: loading the built-in data costs each process more than its training.
