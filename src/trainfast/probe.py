@@ -88,6 +88,8 @@ class Probe:
         self.started = time.perf_counter()
         self.extra: dict[str, Any] = {}          # more numbers for the result (the built-in run's evaluation)
         self.reported: dict[str, Any] = {}       # metrics of a run without a Session (the built-in run's)
+        # More parts of the result, read when it is written: name -> (its value, the script settings it replaced)
+        self.sections: dict[str, Any] = {}
 
     # --- where steps come from ------------------------------------------------------------------------
 
@@ -199,7 +201,9 @@ class Probe:
             "scaler_skips": precision.get("skipped_steps"),
             "compile": compile_counters(),
             "reported": {**self.reported, **(session.reported if session is not None else {})},
-            "overridden": {k: list(v) for k, v in session.overridden.items()} if session is not None else {},
+            "overridden": {**({k: list(v) for k, v in session.overridden.items()} if session is not None else {}),
+                           **{k: v for section in self.sections.values() for k, v in section.overridden().items()}},
+            **{name: section.to_dict() for name, section in self.sections.items()},
             "run_seconds": time.perf_counter() - self.started,
             **self.extra,
         }

@@ -39,6 +39,7 @@ class Effect(str, Enum):
     NOT_APPLICABLE = "not-applicable"    # the task's model or data has nothing for them to act on
     SLOW_HALF = "slower here"            # a half type without fast kernels on this device: shown, not run
     NO_SESSION = "no-session"            # the measured script never creates a trainfast.Session
+    NOT_APPLIED = "not-applied"          # the run's framework did not end up with the switch (read back)
 
     def __str__(self) -> str:
         return self.value

@@ -29,6 +29,7 @@ from .rung import Job, TimingBudget, rung_main
 from .scoring import FIRST_REPORTED
 from .server import rung_context, start_rung_server
 from .store import write_json
+from .proof import SECTION as FRAMEWORKS, framework_names, not_applied, script_settings, unsupported
 
 # launch(rung, recipe, budget or None, run_dir, display, time_limit_s) -> the run's record, or {"error", "log_tail"}
 Launch = Callable[[Rung, Recipe, "TimingBudget | None", Path, Any, "float | None"], dict]
@@ -204,13 +205,37 @@ class CommandWork:
         return (self.metric_name or FIRST_REPORTED, self.goal) if measure == "full" else (None, None)
 
     def after_run(self, plan: list[Rung]) -> Callable[[Rung, dict], None]:
-        """The baseline tells whether the script uses a Session; without one no switch can reach it."""
+        """The baseline tells whether the script uses a Session or a framework trainfast switches from inside
+        (frameworks/); without either no switch can reach it. A framework's rung is ruled out where the
+        framework has no setting for its switches, and any run whose switches were not read back as applied
+        rules its rung out as "not applied", never timed as no difference."""
         def after(rung: Rung, result: dict[str, Any]) -> None:
-            if rung is plan[0] and "error" not in result and not result.get("session", True):
-                for other in plan[1:]:
-                    other.rule_out(Effect.NO_SESSION,
-                                   "the script does not use trainfast.Session, so the recipe cannot reach it")
+            if "error" in result:
+                return
+            sections = result.get(FRAMEWORKS) or {}
+            if rung is plan[0]:
+                self.baseline_seen(plan, result, sections)
+            elif sections and rung.status != Status.NO_EFFECT:
+                problem = not_applied(rung.changes, sections)
+                if problem:
+                    rung.rule_out(Effect.NOT_APPLIED, problem)
         return after
+
+    def baseline_seen(self, plan: list[Rung], result: dict[str, Any], sections: dict[str, Any]) -> None:
+        if sections:
+            self.settings["framework"] = framework_names(sections)
+            self.settings["script_settings"] = script_settings(sections)
+            fields = {s["field"]: True for rec in sections.values() for s in rec.get("switches", {}).values()}
+            self.settings["baseline_not_applied"] = not_applied(fields, sections)
+            for other in plan[1:]:
+                why = unsupported(other.changes, sections)
+                if why and other.status != Status.NO_EFFECT:
+                    other.rule_out(Effect.NOT_APPLICABLE, why)
+        elif not result.get("session", True):
+            for other in plan[1:]:
+                other.rule_out(Effect.NO_SESSION,
+                               "the script uses neither trainfast.Session nor a framework trainfast switches "
+                               "(transformers Trainer, Lightning, Accelerate), so the recipe cannot reach it")
 
 
 def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], *, recipe: Recipe | None,

@@ -14,7 +14,8 @@ def rung_notes(result: AblationResult) -> list[str]:
     """The Notes section's items: the rungs ruled out, the reasons given for the others, the failures with
     their log tails, then each rung's caveats and a rate above the measured ceiling."""
     rungs = result.rungs
-    items = [ruled_out_note(r) for r in rungs if r.status == Status.NO_EFFECT]
+    items = framework_notes(result.settings)
+    items += [ruled_out_note(r) for r in rungs if r.status == Status.NO_EFFECT]
     items += [f"- **{rung_label(r)}**: {r.reason}" for r in rungs if r.status in (Status.DONE, Status.SKIPPED) and r.reason]
     items += [failure_note(r) for r in rungs if r.status == Status.FAILED]
     items += [f"- **{rung_label(r)}**: {text}" for r in rungs for text in caveats(r)]
@@ -24,8 +25,26 @@ def rung_notes(result: AblationResult) -> list[str]:
     return items
 
 
+def framework_notes(settings: dict) -> list[str]:
+    """A framework's script (transformers Trainer, Lightning, Accelerate): how its rungs were switched, what
+    the script had set itself, and a baseline switch the framework did not end up with."""
+    if not settings.get("framework"):
+        return []
+    items = [f"- **{settings['framework']}**: every rung switched the script through the framework's own settings "
+             "from inside its process, each proven by reading it back from what the framework built (per run: "
+             "`frameworks` in the rung's result.json)"]
+    if settings.get("script_settings"):
+        items.append("- the script's own settings, replaced in every run by the rung's value: "
+                     + ", ".join(f"`{s}`" for s in settings["script_settings"]))
+    if settings.get("baseline_not_applied"):
+        items.append(f"- **baseline**: not every switch was turned off: {settings['baseline_not_applied']}")
+    return items
+
+
 def ruled_out_note(rung: Rung) -> str:
-    what = {Effect.NO_SESSION: "no effect", Effect.SLOW_HALF: "not run"}.get(rung.effect, "no effect on this device")
+    what = {Effect.NO_SESSION: "no effect", Effect.SLOW_HALF: "not run", Effect.NOT_APPLICABLE: "not applicable",
+            Effect.NOT_APPLIED: "not applied (its runs were not timed as a result)"}.get(rung.effect,
+                                                                                        "no effect on this device")
     return f"- **{rung_label(rung)}**: {what} — {rung.reason}"
 
 

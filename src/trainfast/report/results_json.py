@@ -18,7 +18,8 @@ def rung_verdict(rung: Rung) -> str | None:
     """The verdict results.json gives a rung: stats' against the baseline, or why it has none."""
     if rung.status == Status.NO_EFFECT:
         return {Effect.SLOW_HALF: "not run: slower on this device", Effect.NOT_APPLICABLE: "not applicable",
-                Effect.NO_SESSION: "no effect: the script has no trainfast.Session"}.get(rung.effect,
+                Effect.NO_SESSION: "no effect: the script has no trainfast.Session",
+                Effect.NOT_APPLIED: "not applied: the framework did not end up with the switch"}.get(rung.effect,
                                                                                        "no effect on this device")
     if rung.status == Status.FAILED:
         return "failed"

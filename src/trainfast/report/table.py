@@ -61,7 +61,9 @@ def unmeasured_text(rung: Rung) -> str | None:
         if rung.effect == Effect.NO_SESSION:
             return "no effect: " + rung.reason
         if rung.effect == Effect.NOT_APPLICABLE:
-            return "not applicable: " + rung.reason
+            return "not applicable: " + short(rung.reason)
+        if rung.effect == Effect.NOT_APPLIED:
+            return "not applied: " + short(rung.reason)
         if rung.effect == Effect.SLOW_HALF:
             return not_run_text(rung.reason)
         return "no effect on this device"
@@ -70,6 +72,11 @@ def unmeasured_text(rung: Rung) -> str | None:
     if rung.status == Status.SKIPPED:
         return "skipped: not in the time budget"
     return None
+
+
+def short(reason: str, width: int = 64) -> str:
+    """A reason cut to fit a table cell; report.md's notes give it whole."""
+    return reason if len(reason) <= width else reason[:width - 12].rstrip(" ,;:") + "… (see notes)"
 
 
 def above_verdict(r: RungResult) -> str:

@@ -68,13 +68,21 @@ def apply_optimizer_impl(optimizer: torch.optim.Optimizer, impl: str, scheduler=
     flags = IMPL_FLAGS[impl]
     if not flags:
         return optimizer
+    return rebuild_optimizer(optimizer, flags, scheduler, impl)
+
+
+def rebuild_optimizer(optimizer: torch.optim.Optimizer, flags: dict[str, Any], scheduler=None,
+                      impl: str | None = None) -> torch.optim.Optimizer:
+    """The same class built again on the same param groups with `flags` (foreach/fused; None: torch picks),
+    state carried over and `scheduler` rebound; `impl` names the switch in the error for an optimizer that
+    takes no such flag."""
     cls = type(optimizer)
     accepted = inspect.signature(cls.__init__).parameters
     missing = [name for name in ("foreach", "fused") if name not in accepted]
     if any(name in missing for name in flags):
         from ..recipe import RecipeError
 
-        raise RecipeError(f"optimizer_impl={impl!r}: {cls.__module__}.{cls.__name__} takes no "
+        raise RecipeError(f"optimizer_impl={impl or flags!r}: {cls.__module__}.{cls.__name__} takes no "
                           f"{'/'.join(missing)} argument; use optimizer_impl=default with this optimizer")
     # foreach and fused exclude each other: the one not asked for is switched off explicitly.
     chosen = {**{name: False for name in ("foreach", "fused") if name in accepted}, **flags}

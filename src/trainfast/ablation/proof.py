@@ -1,0 +1,58 @@
+"""Reading a framework run's proof (frameworks/board.py, the "frameworks" section of a run's result): which
+of a rung's switches the script's framework has no setting for, which did not take effect, and what the
+script itself had set. Pure functions of the result, so the ablation's verdicts on them are tested alone."""
+from __future__ import annotations
+
+from typing import Any
+
+SECTION = "frameworks"   # the run result's key (frameworks.SECTION)
+UNSET = "<not set>"      # frameworks.board.UNSET: the script had no value of its own
+
+
+def framework_names(sections: dict[str, Any]) -> str:
+    return ", ".join(f"{name} {record.get('version', '')}".strip() for name, record in sections.items())
+
+
+def unsupported(changes: dict[str, Any], sections: dict[str, Any]) -> str | None:
+    """Why none of the rung's switches has a setting in the script's framework(s); None if one has."""
+    if not sections or not changes:
+        return None
+    reasons = []
+    for name in changes:
+        why = [rec["unsupported"][name] for rec in sections.values() if name in rec.get("unsupported", {})]
+        served = any(s["field"] == name for rec in sections.values() for s in rec.get("switches", {}).values())
+        if served or not why:
+            return None
+        reasons.append(f"{name}: {why[0]}")
+    return "; ".join(reasons)
+
+
+def not_applied(changes: dict[str, Any], sections: dict[str, Any]) -> str | None:
+    """The rung's switches that the framework did not end up with (read back differs from what was asked, or
+    nothing could be read back), in words; None when every one is proven applied."""
+    problems = []
+    for fw, record in sections.items():
+        for s in record.get("switches", {}).values():
+            if s["field"] not in changes or s["applied"] is True:
+                continue
+            if s["applied"] is None:
+                problems.append(f"{fw} {s['setting']}: asked {s['wanted']!r}, nothing read back (the framework "
+                                f"never reached it)")
+            else:
+                problems.append(f"{fw} {s['setting']}: asked {s['wanted']!r}, read back {s['read_back']!r}")
+    unserved = [n for n in changes if n != "seed" and not any(
+        n in rec.get("unsupported", {}) or any(s["field"] == n for s in rec.get("switches", {}).values())
+        for rec in sections.values())]
+    problems += [f"{n}: no adapter met a setting for it in this run" for n in unserved]
+    return "; ".join(problems) or None
+
+
+def script_settings(sections: dict[str, Any]) -> list[str]:
+    """What the script itself had set for the settings the runs switched ("transformers bf16=True"), for the
+    report: every run replaced these with the rung's value."""
+    out = []
+    for fw, record in sections.items():
+        for s in record.get("switches", {}).values():
+            if s["script"] != UNSET and s["script"] != s["wanted"]:
+                out.append(f"{fw} {s['setting']}={s['script']!r}")
+    return out

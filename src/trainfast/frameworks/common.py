@@ -1,0 +1,161 @@
+"""The switches every adapter applies the same way, on the torch objects a framework hands over: the training
+DataLoader's settings, the optimizer's implementation, the model's memory format, cudnn.benchmark, and their
+read-backs. Each uses the technique's own object (techniques/), so a framework's run and the built-in loop
+switch a technique through the same code."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..techniques.base import has_conv
+from ..techniques.memory_format import apply_memory_format
+from ..techniques.optimizer import IMPL_FLAGS, rebuild_optimizer
+from .board import FrameworkRecord
+
+LOADER_FIELDS = {"num_workers": "num_workers", "pin_memory": "pin_memory",
+                 "persistent_workers": "persistent_workers", "prefetch_factor": "prefetch_factor"}
+# Switches of trainfast's own pipeline and loop: a framework's script brings its own, so they have nothing to act on.
+OWN_PIPELINE = {
+    "prefetch": "trainfast's device-side prefetcher works on trainfast's own loaders; the script's loader is the framework's",
+    "decode_cache": "trainfast's decode cache works on its image-folder loader; the script's loader is the framework's",
+    "group_aspect_ratio": "trainfast's detection sampler; the script's loader is the framework's",
+    "deterministic": "not switched by the framework adapters",
+    "grad_clip": "the script's own setting (not a speed switch)",
+}
+
+
+def loader_settings(fields: dict[str, Any], current: DataLoader | None = None) -> dict[str, Any]:
+    """The loader settings a run asks for (those of `fields` that are loader settings), made consistent: with
+    no workers, no persistent workers and no prefetch factor (DataLoader refuses them)."""
+    wanted = {LOADER_FIELDS[k]: v for k, v in fields.items() if k in LOADER_FIELDS}
+    workers = wanted.get("num_workers", getattr(current, "num_workers", 0))
+    if not workers:
+        if "persistent_workers" in wanted:
+            wanted["persistent_workers"] = False
+        if "prefetch_factor" in wanted:
+            wanted["prefetch_factor"] = None
+    return wanted
+
+
+def rebuild_loader(loader: DataLoader, settings: dict[str, Any]) -> DataLoader:
+    """The same loader (dataset, batches, order, collate) with other worker settings; `loader` itself when
+    nothing changes. Only a plain torch DataLoader is rebuilt: a subclass may keep state its constructor needs."""
+    if not settings or all(getattr(loader, k, None) == v for k, v in settings.items()):
+        return loader
+    if type(loader) is not DataLoader:
+        raise TypeError(f"{type(loader).__module__}.{type(loader).__name__} is not a plain torch DataLoader")
+    kwargs: dict[str, Any] = dict(
+        dataset=loader.dataset, collate_fn=loader.collate_fn, num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
+        persistent_workers=loader.persistent_workers, pin_memory_device=loader.pin_memory_device,
+        in_order=getattr(loader, "in_order", True))
+    if loader.num_workers:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    if loader.batch_sampler is not None:          # map-style: its batches (and their order) as they are
+        kwargs["batch_sampler"] = loader.batch_sampler
+    else:                                         # iterable dataset, or batch_size=None
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=loader.sampler)
+    kwargs.update(settings)
+    if not kwargs["num_workers"]:
+        kwargs.pop("prefetch_factor", None)
+        kwargs["persistent_workers"] = False
+    return DataLoader(**kwargs)
+
+
+def switch_loader(record: FrameworkRecord, loader: Any, fields: dict[str, Any]) -> Any:
+    """The training loader with the run's worker settings, each recorded (the script's value kept)."""
+    if not isinstance(loader, DataLoader):
+        return loader
+    settings = loader_settings(fields, loader)
+    if "num_workers" in settings and not isinstance(settings["num_workers"], int):
+        record.unsupported["num_workers"] = "num_workers='auto' is measured on trainfast's built-in data only"
+        settings.pop("num_workers")
+    try:
+        rebuilt = rebuild_loader(loader, settings)
+    except TypeError as exc:
+        for name in settings:
+            record.unsupported[name] = f"the training loader could not be rebuilt: {exc}"
+        return loader
+    for name, value in settings.items():
+        record.set(name, f"DataLoader.{name}", value, getattr(loader, name, None))
+    return rebuilt
+
+
+def prove_loader(record: FrameworkRecord, loader: Any) -> None:
+    for name in LOADER_FIELDS.values():
+        if loader is not None:
+            record.prove(f"DataLoader.{name}", getattr(loader, name, None))
+
+
+def impl_flags(impl: str) -> dict[str, Any]:
+    """The constructor flags of an optimizer implementation; "default" clears any the script passed (what torch
+    picks when none is given), so a baseline turns off the script's own fused=True."""
+    return IMPL_FLAGS[impl] if impl != "default" else {"fused": None, "foreach": None}
+
+
+def optimizer_impl(optimizer: torch.optim.Optimizer) -> str:
+    """What an optimizer runs, read from its param groups: "fused", "foreach", "for-loop", or "default"."""
+    group = optimizer.param_groups[0] if optimizer.param_groups else {}
+    if group.get("fused"):
+        return "fused"
+    if group.get("foreach"):
+        return "foreach"
+    return "for-loop" if group.get("foreach") is False else "default"
+
+
+def switch_optimizer(record: FrameworkRecord, optimizer: Any, impl: str, scheduler=None) -> Any:
+    """`optimizer` rebuilt with `impl` (techniques.optimizer: same class, same groups, scheduler rebound)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer
+    had = optimizer_impl(optimizer)
+    record.set("optimizer_impl", "optimizer implementation", impl, had)
+    if had == impl:
+        return optimizer
+    try:
+        return rebuild_optimizer(optimizer, impl_flags(impl), scheduler, impl)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        record.unsupported["optimizer_impl"] = f"{type(optimizer).__name__}: {exc}"
+        return optimizer
+
+
+def switch_memory_format(record: FrameworkRecord, model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
+    if not has_conv(model):
+        record.unsupported["channels_last"] = "the model has no convolutions: memory format changes nothing"
+        return model
+    record.set("channels_last", "memory format", "channels_last" if enabled else "contiguous")
+    return apply_memory_format(model, enabled)
+
+
+def memory_format_of(model: torch.nn.Module) -> str | None:
+    """The memory format of the model's first 4-D weight (a convolution's), None without one."""
+    for p in model.parameters():
+        if p.dim() == 4:
+            return "channels_last" if p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous() \
+                else "contiguous"
+    return None
+
+
+def is_compiled(model: Any) -> bool:
+    """Whether `model` runs through torch.compile: a compiled wrapper, or a module compiled in place."""
+    seen = 0
+    while model is not None and seen < 8:            # through the wrappers (DDP, accelerate, Lightning)
+        if type(model).__name__ == "OptimizedModule" or getattr(model, "_compiled_call_impl", None) is not None:
+            return True
+        model = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        seen += 1
+    return False
+
+
+def switch_cudnn_benchmark(record: FrameworkRecord, enabled: bool) -> None:
+    record.set("cudnn_benchmark", "torch.backends.cudnn.benchmark", enabled, torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.benchmark = enabled
+    record.readers.append(lambda r: r.prove("torch.backends.cudnn.benchmark", torch.backends.cudnn.benchmark))
+
+
+def mark_own_pipeline(record: FrameworkRecord, fields: dict[str, Any]) -> None:
+    for name, why in OWN_PIPELINE.items():
+        if name in fields:
+            record.unsupported[name] = why

@@ -1,0 +1,175 @@
+"""transformers' Trainer: each switch through the Trainer's own arguments, set in TrainingArguments'
+__post_init__ (so arguments built by HfArgumentParser from a command line are switched too, before the
+Trainer derives anything from them), and read back from what the Trainer ended up with.
+
+| Recipe field      | TrainingArguments                                  | proof read back                          |
+|-------------------|----------------------------------------------------|------------------------------------------|
+| precision         | bf16, fp16 (and tf32 set explicitly, see below)    | the Accelerator's mixed_precision        |
+| compile           | torch_compile (backend and mode cleared when off)  | the model the Trainer runs is compiled   |
+| optimizer_impl    | optim: adamw_torch / adamw_torch_fused             | the optimizer's class and `fused` flag   |
+| num_workers, ...  | dataloader_num_workers, _pin_memory, ...           | the training DataLoader's own attributes |
+| channels_last     | (none: the model's memory format, at Trainer init) | the model's conv weights                 |
+| seed              | seed                                               | args.seed                                |
+
+tf32 is set to False in every run: with torch_compile on and tf32 unset, TrainingArguments turns TF32 on
+by itself, and compile's row would measure the two together. The script's value is reported."""
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import torch
+
+from .board import Board, FrameworkRecord, UNSET
+from .common import (is_compiled, mark_own_pipeline, memory_format_of, prove_loader, switch_cudnn_benchmark,
+                     switch_memory_format)
+from .hooks import when_imported
+
+NAME = "transformers"
+ADAMW = ("adamw_torch", "adamw_torch_fused")
+ARG_LOADER = {"num_workers": "dataloader_num_workers", "pin_memory": "dataloader_pin_memory",
+              "persistent_workers": "dataloader_persistent_workers", "prefetch_factor": "dataloader_prefetch_factor"}
+PATCHED = "_trainfast_patched"
+
+
+def install(board: Board) -> None:
+    when_imported("transformers.training_args", lambda m: patch_arguments(m.TrainingArguments, board))
+    when_imported("transformers.trainer", lambda m: patch_trainer(m.Trainer, board))
+
+
+def record_of(board: Board) -> FrameworkRecord:
+    import transformers
+
+    return board.framework(NAME, transformers.__version__)
+
+
+def patch_arguments(cls: type, board: Board) -> None:
+    if getattr(cls.__post_init__, PATCHED, False):
+        return
+    original = cls.__post_init__
+
+    @functools.wraps(original)
+    def __post_init__(self, *args: Any, **kwargs: Any) -> None:
+        switch_arguments(self, record_of(board), board.fields)
+        original(self, *args, **kwargs)
+        settle_loader_arguments(self)
+
+    setattr(__post_init__, PATCHED, True)
+    cls.__post_init__ = __post_init__
+
+
+def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any]) -> None:
+    """Set the run's switches on the arguments before transformers derives anything from them."""
+    def put(field_: str, setting: str, value: Any) -> None:
+        record.set(field_, setting, value, getattr(args, setting, UNSET))
+        setattr(args, setting, value)
+
+    if "precision" in fields:
+        put("precision", "bf16", fields["precision"] == "bf16")
+        put("precision", "fp16", fields["precision"] == "fp16")
+        put("tf32", "tf32", False)
+        if fields["precision"] != "fp32" and not torch.cuda.is_available() and not args.use_cpu:
+            put("precision", "use_cpu", True)      # the Trainer refuses bf16 on a CPU unless told it is one
+        if fields.get("precision_level", "autocast") != "autocast":
+            record.unsupported["precision_level"] = "the Trainer's bf16/fp16 are autocast (O1) only"
+    if "compile" in fields:
+        put("compile", "torch_compile", bool(fields["compile"]))
+        if not fields["compile"]:       # a backend or mode alone turns torch_compile back on
+            put("compile", "torch_compile_backend", None)
+            put("compile", "torch_compile_mode", None)
+        put("tf32", "tf32", False)
+    if "optimizer_impl" in fields:
+        switch_optim(args, record, fields["optimizer_impl"])
+    for name, setting in ARG_LOADER.items():
+        if name in fields:
+            value = fields[name]
+            if name == "num_workers" and not isinstance(value, int):
+                record.unsupported[name] = "num_workers='auto' is measured on trainfast's built-in data only"
+                continue
+            put(name, setting, value)
+    if "seed" in fields:
+        put("seed", "seed", int(fields["seed"]))
+    if "set_to_none" in fields:
+        record.unsupported["set_to_none"] = ("the Trainer's zero_grad() frees the gradients already "
+                                             "(torch's default set_to_none=True)")
+    if "non_blocking" in fields:
+        record.unsupported["non_blocking"] = "the Trainer moves batches itself (its accelerator_config.non_blocking)"
+    mark_own_pipeline(record, fields)
+    if "cudnn_benchmark" in fields:
+        switch_cudnn_benchmark(record, bool(fields["cudnn_benchmark"]))
+
+
+def switch_optim(args: Any, record: FrameworkRecord, impl: str) -> None:
+    optim = getattr(args.optim, "value", args.optim)
+    if optim not in ADAMW:
+        record.unsupported["optimizer_impl"] = (f"the script's optim {optim!r} has no fused/unfused pair among the "
+                                                f"Trainer's optim choices (only {' / '.join(ADAMW)})")
+        return
+    if impl not in ("default", "fused"):
+        record.unsupported["optimizer_impl"] = f"the Trainer's optim choices have no {impl!r} AdamW"
+        return
+    wanted = "adamw_torch_fused" if impl == "fused" else "adamw_torch"
+    record.set("optimizer_impl", "optim", wanted, optim)
+    args.optim = wanted
+
+
+def settle_loader_arguments(args: Any) -> None:
+    """With no loader workers, no persistent workers and no prefetch factor: DataLoader refuses them."""
+    if not args.dataloader_num_workers:
+        args.dataloader_persistent_workers = False
+        args.dataloader_prefetch_factor = None
+
+
+def patch_trainer(cls: type, board: Board) -> None:
+    if getattr(cls.__init__, PATCHED, False):
+        return
+    init, get_loader = cls.__init__, cls.get_train_dataloader
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        record = record_of(board)
+        if "channels_last" in board.fields and self.model is not None:
+            self.model = switch_memory_format(record, self.model, bool(board.fields["channels_last"]))
+        # Held, not weakly: the proof is read when the result is written, which for a run that ends by itself
+        # is at exit, after the script has dropped its Trainer.
+        record.readers[:] = [lambda r: read_back(r, self)]
+
+    @functools.wraps(get_loader)
+    def get_train_dataloader(self, *args: Any, **kwargs: Any):
+        loader = get_loader(self, *args, **kwargs)
+        self._trainfast_loader = weakref.ref(loader)
+        return loader
+
+    setattr(__init__, PATCHED, True)
+    cls.__init__, cls.get_train_dataloader = __init__, get_train_dataloader
+
+
+def read_back(record: FrameworkRecord, trainer: Any) -> None:
+    """Each switch as the Trainer ended up with it (the run's proof)."""
+    if trainer is None:
+        return
+    args = trainer.args
+    mixed = str(getattr(getattr(trainer, "accelerator", None), "mixed_precision", "no"))
+    record.prove("bf16", mixed == "bf16")
+    record.prove("fp16", mixed == "fp16")
+    record.prove("tf32", args.tf32)
+    record.prove("torch_compile", is_compiled(trainer.model_wrapped) or is_compiled(trainer.model))
+    record.prove("torch_compile_backend", args.torch_compile_backend)
+    record.prove("torch_compile_mode", args.torch_compile_mode)
+    record.prove("seed", args.seed)
+    record.prove("use_cpu", args.use_cpu)
+    optimizer = getattr(getattr(trainer, "optimizer", None), "optimizer", getattr(trainer, "optimizer", None))
+    if optimizer is not None:
+        fused = bool(optimizer.param_groups[0].get("fused")) if optimizer.param_groups else False
+        name = type(optimizer).__name__
+        record.prove("optim", ("adamw_torch_fused" if fused else "adamw_torch") if name == "AdamW" else name)
+    loader_ref = getattr(trainer, "_trainfast_loader", None)
+    loader = loader_ref() if loader_ref is not None else None
+    prove_loader(record, loader)
+    for name, setting in ARG_LOADER.items():
+        if loader is not None:
+            record.prove(setting, getattr(loader, name, None))
+    if "memory format" in record.switches and trainer.model is not None:
+        record.prove("memory format", memory_format_of(trainer.model))
