@@ -62,7 +62,8 @@ def patch_arguments(cls: type, board: Board) -> None:
 def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any]) -> None:
     """Set the run's switches on the arguments before transformers derives anything from them."""
     def put(field_: str, setting: str, value: Any) -> None:
-        record.set(field_, setting, value, getattr(args, setting, UNSET))
+        had = getattr(args, setting, None)      # None: the script left it unset
+        record.set(field_, setting, value, UNSET if had is None else had)
         setattr(args, setting, value)
 
     if "precision" in fields:

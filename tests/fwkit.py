@@ -1,0 +1,34 @@
+"""Running a script as one measured run of `trainfast ablate -- COMMAND` would (the rung's fields in
+TRAINFAST_RECIPE, the probe's spec in TRAINFAST_MEASURE, trainfast's start-up hook first on PYTHONPATH), for
+the framework adapters' tests."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainfast.launch import run_environment
+from trainfast.probe import MeasureSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def measured_run(argv: list[str], fields: dict[str, Any], out: Path, mode: str = "full",
+                 timeout: float = 600) -> dict[str, Any]:
+    """Run `argv` (a python script and its arguments) measured with `fields`; its result.json, parsed."""
+    out.mkdir(parents=True, exist_ok=True)
+    spec = MeasureSpec(str(out / "result.json"), mode, steps=8, seconds=5.0, floor=4, min_seconds=0.5)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT / "src")}
+    env.pop("TRAINFAST_RECIPE", None)
+    env.update(run_environment(fields, spec))
+    env["PYTHONPATH"] += os.pathsep + str(ROOT / "src")
+    proc = subprocess.run([sys.executable, *argv], env=env, cwd=out, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads((out / "result.json").read_text())
+
+
+def switches(result: dict[str, Any], framework: str) -> dict[str, dict[str, Any]]:
+    return result["frameworks"][framework]["switches"]
