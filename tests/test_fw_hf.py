@@ -148,3 +148,18 @@ def test_the_example_under_the_probe_is_switched_and_timed_by_its_optimizer_step
     timed = timing["timed_steps"]
     wall = ends[-1] - ends[-1 - timed]       # the callback's clock around the same timed steps
     assert abs(timing["timed_seconds"] - wall) / wall < 0.05, (timing["timed_seconds"], wall)
+
+
+def test_activation_checkpointing_reaches_the_model_and_the_baseline_turns_it_off(tmp_path):
+    board = Board({"activation_checkpointing": True})
+    Args, Trainer = patched_classes(board)
+    trainer = tiny_trainer(Args, Trainer, tmp_path)
+    trainer.train()
+    assert trainer.model.is_gradient_checkpointing
+    assert switches({"frameworks": board.to_dict()}, "transformers")["activation_checkpointing"]["applied"] is True
+    board = Board({"activation_checkpointing": False})
+    Args, Trainer = patched_classes(board)
+    trainer = tiny_trainer(Args, Trainer, tmp_path, gradient_checkpointing=True)
+    trainer.train()
+    proof = switches({"frameworks": board.to_dict()}, "transformers")["activation_checkpointing"]
+    assert not trainer.model.is_gradient_checkpointing and proof["applied"] is True and proof["script"] is True

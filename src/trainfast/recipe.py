@@ -71,6 +71,7 @@ class Recipe:
     compile: bool = False             # torch.compile the model
     optimizer_impl: str = "default"   # "default" (torch picks) | "for-loop" | "foreach" | "fused"
     cudnn_benchmark: bool = False     # let cuDNN autotune conv algorithms (CUDA only)
+    activation_checkpointing: bool = False  # recompute activations in backward: less memory, slower (timm/transformers models)
     grad_clip: float | None = None    # clip the global grad norm to this value (after unscaling)
     deterministic: bool = False       # torch.use_deterministic_algorithms(True), may be slower
     # How a bf16/fp16 `precision` is applied: "autocast" (O1: fp32 weights, autocast), "master" (O2:

@@ -32,7 +32,9 @@ LADDER_MODES = ("cumulative", "each")    # how a ladder's rungs build on each ot
 # "amp" sits and are opt-in only, so the default ladder stays LADDER. Each sets precision and
 # precision_level, so in cumulative mode it replaces the previous level. "fp32" names the baseline (O0).
 # "decode_cache" (image folders: decode each file once, then read uint8 pixels) is opt-in too, after prefetch.
-OPT_IN_AFTER = {"prefetch": {"decode_cache": {"decode_cache": True}}}
+# "checkpointing" (activation checkpointing) is a memory rung, opt-in after the last: slower, less memory.
+OPT_IN_AFTER = {"prefetch": {"decode_cache": {"decode_cache": True}},
+                "fused": {"checkpointing": {"activation_checkpointing": True}}}
 RUNGS: dict[str, dict[str, Any]] = {**dict(list(LADDER.items())[:2]), **LEVEL_RUNGS}
 for _name, _changes in LADDER.items():
     RUNGS.setdefault(_name, _changes)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from ..techniques import checkpointing
 from ..techniques.base import has_conv
 from ..techniques.memory_format import apply_memory_format
 from ..techniques.optimizer import IMPL_FLAGS, rebuild_optimizer
@@ -127,6 +128,17 @@ def switch_memory_format(record: FrameworkRecord, model: torch.nn.Module, enable
         return model
     record.set("channels_last", "memory format", "channels_last" if enabled else "contiguous")
     return apply_memory_format(model, enabled)
+
+
+def switch_checkpointing(record: FrameworkRecord, model: torch.nn.Module, enabled: bool) -> None:
+    """Activation checkpointing through the model's own switch (timm, transformers), on or off."""
+    why = checkpointing.effect(model)
+    if not why.acts:
+        record.unsupported["activation_checkpointing"] = why.reason
+        return
+    record.set("activation_checkpointing", "activation checkpointing", enabled, checkpointing.is_checkpointing(model))
+    checkpointing.set_checkpointing(model, enabled)
+    record.readers.append(lambda r: r.prove("activation checkpointing", checkpointing.is_checkpointing(model)))
 
 
 def memory_format_of(model: torch.nn.Module) -> str | None:

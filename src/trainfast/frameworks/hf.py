@@ -9,6 +9,7 @@ Trainer derives anything from them), and read back from what the Trainer ended u
 | optimizer_impl    | optim: adamw_torch / adamw_torch_fused             | the optimizer's class and `fused` flag   |
 | num_workers, ...  | dataloader_num_workers, _pin_memory, ...           | the training DataLoader's own attributes |
 | channels_last     | (none: the model's memory format, at Trainer init) | the model's conv weights                 |
+| activation_checkpointing | activation_checkpointing (gradient_checkpointing) | the model's is_gradient_checkpointing |
 | seed              | seed                                               | args.seed                                |
 
 tf32 is set to False in every run: with torch_compile on and tf32 unset, TrainingArguments turns TF32 on
@@ -91,6 +92,8 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
             put(name, setting, value)
     if "seed" in fields:
         put("seed", "seed", int(fields["seed"]))
+    if "activation_checkpointing" in fields:
+        switch_checkpointing_argument(args, record, bool(fields["activation_checkpointing"]))
     if "set_to_none" in fields:
         record.unsupported["set_to_none"] = ("the Trainer's zero_grad() frees the gradients already "
                                              "(torch's default set_to_none=True)")
@@ -99,6 +102,16 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
     mark_own_pipeline(record, fields)
     if "cudnn_benchmark" in fields:
         switch_cudnn_benchmark(record, bool(fields["cudnn_benchmark"]))
+
+
+def switch_checkpointing_argument(args: Any, record: FrameworkRecord, enabled: bool) -> None:
+    """transformers 5 calls it activation_checkpointing, with gradient_checkpointing a deprecated alias that
+    wins when the new name is unset: both are set, the script's value read from either."""
+    names = [n for n in ("activation_checkpointing", "gradient_checkpointing") if hasattr(args, n)]
+    had = next((getattr(args, n) for n in names if getattr(args, n) is not None), None)
+    record.set("activation_checkpointing", names[0], enabled, UNSET if had is None else had)
+    for name in names:
+        setattr(args, name, enabled)
 
 
 def switch_optim(args: Any, record: FrameworkRecord, impl: str) -> None:
@@ -172,5 +185,8 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
     for name, setting in ARG_LOADER.items():
         if loader is not None:
             record.prove(setting, getattr(loader, name, None))
+    checkpointing = bool(getattr(trainer.model, "is_gradient_checkpointing", False))
+    record.prove("activation_checkpointing", checkpointing)
+    record.prove("gradient_checkpointing", checkpointing)
     if "memory format" in record.switches and trainer.model is not None:
         record.prove("memory format", memory_format_of(trainer.model))

@@ -12,6 +12,7 @@ from torch import nn
 from ..distributed import Dist
 from ..faults import build_nonfinite_policy
 from ..recipe import Recipe
+from ..techniques.checkpointing import apply_checkpointing
 from ..techniques.clip import Clipper
 from ..techniques.compile import apply_compile
 from ..techniques.memory_format import apply_memory_format
@@ -37,6 +38,7 @@ def build_state(model: nn.Module, recipe: Recipe, device: torch.device, dist: Di
     precision = precision or build_precision(dist.precision_name(recipe), device, recipe.precision_level)
     adopted = optimizer is not None
     names = {id(p): name for name, p in model.named_parameters()}    # how a user's optimizer finds them again
+    model = apply_checkpointing(model, recipe.activation_checkpointing)
     model = precision.prepare_model(apply_memory_format(model.to(device), recipe.channels_last))      # 1
     model.zero_grad(set_to_none=True)              # the step zeroes after each update, not before
     trained = dist.wrap(model, recipe)             # 2: DDP / FSDP2 (in place) / DataParallel; `model` alone

@@ -10,7 +10,7 @@ from torch import nn
 from typing import Callable
 
 from . import compile as compile_
-from . import grouping, memory_format, prefetch, runtime, transfer
+from . import checkpointing, grouping, memory_format, prefetch, runtime, transfer
 from .base import ACTS, Effect
 
 
@@ -32,6 +32,8 @@ def field_effect(field: str, device: torch.device, model: nn.Module | None, spli
         return compile_.effect(device)
     if field == "cudnn_benchmark":
         return runtime.cudnn_effect(device)
+    if field == "activation_checkpointing":
+        return checkpointing.effect(model)
     if field == "group_aspect_ratio":
         return grouping.effect(model, split)
     return ACTS
