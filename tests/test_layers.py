@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("entry points", ["trainfast", "trainfast.__main__", "trainfast.cli", "trainfast._site", "trainfast._site.*"]),
     ("search", ["trainfast.tune", "trainfast.tune.*"]),
     ("applications", ["trainfast.ablation", "trainfast.ablation.*", "trainfast.doctor", "trainfast.bench_data",
-                      "trainfast.trainer"]),
+                      "trainfast.trainer", "trainfast.selfcheck", "trainfast.selfcheck.*"]),
     ("output", ["trainfast.report", "trainfast.report.*"]),
     ("assembly and instruments", ["trainfast.run", "trainfast.launch", "trainfast.probe", "trainfast.checks",
                                   "trainfast.watch", "trainfast.syncs", "trainfast.gradwatch",
