@@ -14,7 +14,8 @@ PACKAGE = SRC / "trainfast"
 
 # Top to bottom. A name matches a module or, with ".*", every module of a package.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("entry points", ["trainfast", "trainfast.__main__", "trainfast.cli", "trainfast._site", "trainfast._site.*"]),
+    ("entry points", ["trainfast", "trainfast.__main__", "trainfast.cli", "trainfast.cliargs", "trainfast._site",
+                      "trainfast._site.*"]),
     ("search", ["trainfast.tune", "trainfast.tune.*"]),
     ("applications", ["trainfast.ablation", "trainfast.ablation.*", "trainfast.doctor", "trainfast.bench_data",
                       "trainfast.trainer", "trainfast.selfcheck", "trainfast.selfcheck.*"]),

@@ -12,62 +12,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__
+from .cliargs import (DEVICE_HELP, AliasHelpFormatter, Duration, add_aliased, add_comparison, add_out, add_resume,
+                      add_script_flags, add_switches, add_timing, format_duration, int_or_auto, optional,
+                      positive_int, resume_checkpoint, resume_folder, worker_count_or_auto)
 from .recipe import FIELD_CHOICES, Recipe, RecipeError, field_docs, preset
-
-
-def _optional(kind):
-    def parse(text: str):
-        return None if text.lower() in ("none", "null", "off") else kind(text)
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def _int_or_auto(text: str):
-    """For `int | str` fields (num_workers: 2 or auto). Anything else is refused by argparse as an int."""
-    return text if text == "auto" else int(text)
-
-
-_int_or_auto.__name__ = "int"      # argparse's message: "invalid int value: 'two'"
-
-
-def _int_at_least(minimum: int, meaning: str):
-    """argparse type for the numeric flags outside the Recipe (the Recipe validates its own fields): a value
-    below `minimum` is refused at parse time, before any data or model is built, and argparse names the
-    flag: "argument --image-size: must be a positive integer, got 0" (exit code 2)."""
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be {meaning}, got {value}")
-        return value
-    parse.__name__ = "int"
-    return parse
-
-
-_positive_int = _int_at_least(1, "a positive integer")
-
-
-def _float_in(low: float, high: float | None, meaning: str):
-    """The float twin of _int_at_least: low < value (< high when given), refused at parse time."""
-    def parse(text: str) -> float:
-        value = float(text)
-        if not (value > low and (high is None or value < high)):
-            raise argparse.ArgumentTypeError(f"must be {meaning}, got {value:g}")
-        return value
-    parse.__name__ = "float"
-    return parse
-
-
-_positive_float = _float_in(0.0, None, "positive")
-_fraction = _float_in(-1e-12, 1.0, "a fraction in [0, 1), e.g. 0.05 for 5%")
-_seconds_or_zero = _float_in(-1e-12, None, "0 or more seconds")
-_worker_count = _int_at_least(0, "0 or more (or auto)")
-
-
-def _worker_count_or_auto(text: str):
-    return text if text == "auto" else _worker_count(text)
-
-
-_worker_count_or_auto.__name__ = "int"
 
 
 def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
@@ -78,16 +26,20 @@ def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
         args = typing.get_args(hint)
+        default = format_duration(f.default) if f.name.endswith("_s") else f.default
         # argparse expands %-formats in help: escape the comments' own % signs
-        text = f"{docs.get(f.name, '')} (default: {f.default})".strip().replace("%", "%%")
-        if hint is bool:
+        text = f"{docs.get(f.name, '')} (default: {default})".strip().replace("%", "%%")
+        if f.name.endswith("_s"):      # seconds (dist_timeout_s): --dist-timeout DURATION, the unit in the value
+            add_aliased(group, flag[:-2], flag, dest=f.name, type=Duration(whole=True), default=None,
+                        metavar="DURATION", help=text)
+        elif hint is bool:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
         elif type(None) in args:      # Optional[int] / Optional[float]
             inner = next(a for a in args if a is not type(None))
-            group.add_argument(flag, dest=f.name, type=_optional(inner), default=None, metavar=inner.__name__.upper(),
+            group.add_argument(flag, dest=f.name, type=optional(inner), default=None, metavar=inner.__name__.upper(),
                                help=text)
         elif set(args) == {int, str}:  # int | str, e.g. num_workers: 2 or auto
-            group.add_argument(flag, dest=f.name, type=_int_or_auto, default=None, metavar="INT|auto", help=text)
+            group.add_argument(flag, dest=f.name, type=int_or_auto, default=None, metavar="INT|auto", help=text)
         elif f.name in FIELD_CHOICES:
             group.add_argument(flag, dest=f.name, choices=FIELD_CHOICES[f.name], default=None, help=text)
         else:
@@ -122,9 +74,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
                         help="classification: digits (default, ships with scikit-learn) | synthetic | imagefolder:PATH "
                              "| cifar10:PATH; detection: synthetic (default: shapes on real photos) | "
                              "synthetic:digits | coco:PATH")
-    parser.add_argument("--image-size", type=_positive_int, default=None,
+    parser.add_argument("--image-size", type=positive_int, default=None,
                         help="input resolution (default: 16 for digits, 32 for synthetic, 224 for an image folder)")
-    parser.add_argument("--device", default="auto", help="auto (cuda if available) | cpu | cuda | cuda:N")
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument("--recipe", default=None, help="a preset (baseline, fast) or a YAML recipe file")
     add_recipe_flags(parser)
 
@@ -159,111 +111,107 @@ class LazyParser(argparse.ArgumentParser):
 
 def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
     from .ablation import DETECTION_LADDER, LADDER_MODES, RUNGS
+    from .ablation.loop import MAX_REPEATS, SETTLE_WITHIN_S
 
     add_common(ab)
     ab.add_argument("--mode", choices=LADDER_MODES, default="cumulative",
-                    help="cumulative: each rung adds its switches to the rung above; each: one rung's switches at a time on the baseline")
-    ab.add_argument("--rungs", default=None, help=f"comma-separated subset of: {','.join(RUNGS)} (fp32 = baseline); "
-                                                  f"--task detection: {','.join(DETECTION_LADDER)}, or "
-                                                  "non_blocking, fused, autocast-bf16, autocast-fp16")
-    ab.add_argument("--amp-dtype", choices=("auto", "bf16", "fp16"), default="auto",
-                    help="dtype of the AMP rung; auto = bf16 where the device has fast bf16, else fp16 + GradScaler")
-    ab.add_argument("--noise-seeds", type=_positive_int, default=3,
-                    help="train the baseline with this many seeds in all to measure accuracy noise (default 3; "
-                         "the first --repeats of them are its timed repeats)")
-    ab.add_argument("--repeats", type=_positive_int, default=3,
-                    help="fresh processes per rung, run in interleaved order; each speed-up's interval comes from "
-                         "them (default %(default)s; more repeats: tighter intervals, proportionally longer)")
-    ab.add_argument("--settle-within", type=_seconds_or_zero, default=150.0, metavar="SECONDS",
+                    help="cumulative (default): each rung adds its switches to the rung above; each: one rung's "
+                         "switches at a time on the baseline")
+    add_switches(ab, f"{','.join(RUNGS)} (fp32 = baseline); --task detection: {','.join(DETECTION_LADDER)}, or "
+                     "non_blocking, fused, autocast-bf16, autocast-fp16", "the task's ladder")
+    add_comparison(ab, "rung")
+    ab.add_argument("--noise-seeds", type=positive_int, default=3, metavar="N",
+                    help="train the baseline with this many seeds in all to measure accuracy noise (default "
+                         "%(default)s; the first --repeats of them are its timed repeats)")
+    ab.add_argument("--settle-within", type=Duration(zero=True), default=SETTLE_WITHIN_S, metavar="DURATION",
                     help="after the --repeats passes, run every rung once more while a verdict is marked ? (a rerun "
-                         "might not repeat it) and the next pass still ends within SECONDS of the ladder's start (at "
-                         "most 8 repeats; default %(default)g, which keeps the default ablation under 3 minutes on 2 "
-                         "cores; 0: never)")
-    ab.add_argument("--timing-steps", type=_positive_int, default=16,
-                    help="steady steps (after warm-up) each run is timed over; short epochs are continued "
-                         "(default %(default)s)")
-    ab.add_argument("--timing-seconds", type=_positive_float, default=60.0,
-                    help="...or at least 8 steady steps once they take this long (slow models; default 60)")
-    ab.add_argument("--min-effect", type=_fraction, default=0.05,
-                    help="smallest speed difference called a gain or a loss, as a fraction (default 0.05 = 5%%)")
-    ab.add_argument("--rung-timeout", type=_positive_float, default=None, metavar="SECONDS",
+                         "might not repeat it) and the next pass still ends within DURATION of the ladder's start "
+                         f"(at most {MAX_REPEATS} repeats; default {format_duration(SETTLE_WITHIN_S)}, which keeps "
+                         "the default ablation under 3 minutes on 2 cores; 0: never)")
+    add_timing(ab)
+    ab.add_argument("--rung-timeout", type=Duration(), default=None, metavar="DURATION",
                     help="stop a run that takes longer and report it failed (default: 10x the baseline's first run, "
-                         "at least 300 s)")
-    ab.add_argument("--resume", action="store_true",
-                    help="continue an interrupted ablation in --out DIR: finished runs are reused, the rest run")
-    ab.add_argument("--out", default=None, help="report folder (default: runs/ablate-<timestamp>)")
-    ab.add_argument("--nproc", type=_positive_int, default=1,
-                    help="run every rung as N DDP processes (torch.distributed, gloo on CPU / nccl on CUDA; with a "
-                         "COMMAND: under torchrun)")
+                         "at least 5m)")
+    add_out(ab, "ablate", "the report")
+    add_resume(ab, "continue an interrupted ablation in DIR: finished runs are reused, the rest run")
+    ab.add_argument("--nproc", type=positive_int, default=1, metavar="N",
+                    help="run every rung as N processes (built-in run: DDP, gloo on CPU / nccl on CUDA; a COMMAND: "
+                         "under torchrun; default %(default)s)")
     cmd = ab.add_argument_group("your own script: trainfast ablate [flags] -- python train.py ARGS")
     cmd.add_argument("--measure", choices=("speed", "full"), default="speed",
                      help="speed (default): stop each run once warm-up and the timing budget are timed; full: run "
                           "the script to its end and compare the metric it reports (tf.report) with the baseline's "
                           "noise band")
-    cmd.add_argument("--metric", default=None,
-                     help="with --measure full: which tf.report(...) value to compare (default: the first reported)")
-    cmd.add_argument("--metric-goal", choices=("max", "min"), default=None,
-                     help="whether the metric is better high or low (default: min for names with loss/err, else max)")
+    add_script_flags(cmd, "with --measure full")
 
 
 def add_tune_flags(tu: argparse.ArgumentParser) -> None:
+    from .ablation.loop import MAX_REPEATS
+    from .tune import PRIORITY, TuneOptions
+
     add_common(tu)
-    tu.add_argument("--budget", default="15m", help="time for the whole search, e.g. 600, 10m, 1h (default 15m); "
-                                                    "stages that would not fit are shortened and the report says so")
-    tu.add_argument("--repeats", type=_positive_int, default=3, help="fresh processes per candidate (default 3)")
+    tu.add_argument("--budget", type=Duration(), default=TuneOptions.budget_s, metavar="DURATION",
+                    help=f"time for the whole search (default {format_duration(TuneOptions.budget_s)}); stages that "
+                         "would not fit are shortened and the report says so")
+    add_switches(tu, f"the O1/O2 precision levels (autocast-bf16, master-bf16, ...), {','.join(PRIORITY)}",
+                 "every one that can act here")
+    add_comparison(tu, "candidate")
     tu.add_argument("--no-settle", dest="settle", action="store_false",
                     help="run exactly --repeats passes in every stage (default: while a verdict is within the "
-                         "noise, more passes, up to 8, with the time the budget leaves)")
-    tu.add_argument("--planned-steps", type=_positive_int, default=None,
+                         f"noise, more passes, up to {MAX_REPEATS}, with the time the budget leaves)")
+    tu.add_argument("--planned-steps", type=positive_int, default=None, metavar="N",
                     help="optimizer steps of the run the recipe is for (decides compile; default: the recipe's epochs)")
-    tu.add_argument("--timing-steps", type=_positive_int, default=16, help="steady steps each run is timed over")
-    tu.add_argument("--amp-dtype", choices=("auto", "bf16", "fp16"), default="auto")
-    tu.add_argument("--min-effect", type=_fraction, default=0.05)
-    tu.add_argument("--switches", default=None, help="comma-separated subset to search (default: every switch that "
-                                                      "can act here: O1/O2 levels, set_to_none, prefetch, "
-                                                      "channels_last, compile, fused, decode_cache)")
-    tu.add_argument("--out", default=None, help="search folder (default: runs/tune-<timestamp>)")
-    tu.add_argument("--resume", action="store_true", help="continue an interrupted search in --out DIR")
+    add_timing(tu)
+    add_out(tu, "tune", "the search, best.yaml")
+    add_resume(tu, "continue an interrupted search in DIR")
     tu.add_argument("--batch-size-search", action="store_true",
                     help="then try the recommended recipe at 2x, 4x, 8x its batch size; the largest that is still "
                          "firmly faster and keeps accuracy is reported apart (not written into best.yaml)")
     tcmd = tu.add_argument_group("your own script: trainfast tune [flags] -- python train.py ARGS")
-    tcmd.add_argument("--nproc", type=_positive_int, default=1, help="run the command as N processes under torchrun")
-    tcmd.add_argument("--metric", default=None,
-                      help="the tf.report(...) value the accuracy guard compares (default: the first reported)")
-    tcmd.add_argument("--metric-goal", choices=("max", "min"), default=None,
-                      help="whether the metric is better high or low (default: min for names with loss/err, else max)")
+    tcmd.add_argument("--nproc", type=positive_int, default=1, metavar="N",
+                      help="run the command as N processes under torchrun (default %(default)s; the built-in run is "
+                           "one process)")
+    add_script_flags(tcmd, "the accuracy guard")
 
 
 def add_doctor_flags(dr: argparse.ArgumentParser) -> None:
+    from .doctor import DEFAULT_EVAL_WITHIN, DEFAULT_STEPS
+
+    timeout = 600.0                  # the CLI passes it on (observe_script's timeout_s)
+
     add_common(dr)
-    dr.add_argument("--steps", type=_positive_int, default=None,
-                    help="timed steps after the watched ones (default 10; a script: 10 after 1 + 10 watched)")
-    dr.add_argument("--out", default=None, help="folder for doctor.json (default: runs/doctor-<timestamp>)")
-    dr.add_argument("--timeout", type=_positive_float, default=600.0,
-                    help="with `-- COMMAND`: stop the script after this many seconds (default 600)")
-    dr.add_argument("--eval-within", type=_seconds_or_zero, default=120.0, metavar="SECONDS",
-                    help="with `-- COMMAND`: most scripts evaluate at the end of an epoch, after the watched steps; "
-                         "one that has not evaluated by then is kept running, untimed, until its first evaluation "
-                         "or this many seconds, so the evaluation checks see it (default 120: a small epoch; 0: "
-                         "stop right after the watched steps)")
+    add_timing(dr, steps=None, budget=False, aliases=("--steps",),   # --steps: tune has --planned-steps
+               steps_help=f"steps timed after the watched ones (default {DEFAULT_STEPS}; a script: {DEFAULT_STEPS} "
+                          f"after 1 + {DEFAULT_STEPS} watched)")
+    add_out(dr, "doctor", "doctor.json")
+    script = dr.add_argument_group("your own script: trainfast doctor [flags] -- python train.py ARGS")
+    add_aliased(script, "--script-timeout", "--timeout", dest="script_timeout", type=Duration(), default=timeout,
+                metavar="DURATION", help=f"stop the script after this long and report it failed (default "
+                                         f"{format_duration(timeout)})")
+    script.add_argument("--eval-within", type=Duration(zero=True), default=DEFAULT_EVAL_WITHIN, metavar="DURATION",
+                        help="most scripts evaluate at the end of an epoch, after the watched steps; one that has not "
+                             "evaluated by then is kept running, untimed, until its first evaluation or this long, so "
+                             f"the evaluation checks see it (default {format_duration(DEFAULT_EVAL_WITHIN)}: a small "
+                             "epoch; 0: stop right after the watched steps)")
 
 
 def add_train_flags(tr: argparse.ArgumentParser) -> None:
     add_common(tr)
-    tr.add_argument("--out", default=None, help="run folder (default: runs/train-<timestamp>)")
-    tr.add_argument("--resume", default=None, metavar="auto|FILE",
-                    help="auto: continue from the newest good checkpoint in --out DIR/checkpoints (fresh start when "
-                         "there is none; use it under torchrun --max-restarts); FILE: resume from that checkpoint")
+    add_out(tr, "train", "the run (metrics, recipe, weights, checkpoints/)")
+    add_resume(tr, "continue from the newest good checkpoint in the run folder DIR (fresh start when there is none; "
+                   "use it under torchrun --max-restarts), or from the checkpoint FILE", metavar="DIR|FILE")
 
 
 def add_bench_data_flags(bd: argparse.ArgumentParser) -> None:
     bd.add_argument("--data", required=True, help="imagefolder:PATH")
-    bd.add_argument("--batch-size", type=_positive_int, default=64)
-    bd.add_argument("--num-workers", type=_worker_count_or_auto, default=2, metavar="INT|auto")
-    bd.add_argument("--image-size", type=_positive_int, default=224)
-    bd.add_argument("--passes", type=_positive_int, default=5, help="timed passes over the folder per pipeline")
-    bd.add_argument("--device", default="auto")
+    bd.add_argument("--batch-size", type=positive_int, default=64, metavar="INT",
+                    help="samples per batch (default %(default)s)")
+    bd.add_argument("--num-workers", type=worker_count_or_auto, default=2, metavar="INT|auto",
+                    help="DataLoader worker processes, or auto (default %(default)s)")
+    bd.add_argument("--image-size", type=positive_int, default=224, help="input resolution (default %(default)s)")
+    bd.add_argument("--passes", type=positive_int, default=5, metavar="N",
+                    help="timed passes over the folder per pipeline (default %(default)s)")
+    bd.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
 # name -> (the line `trainfast --help` shows, what adds its flags)
@@ -281,7 +229,8 @@ EXAMPLES = {
     "ablate": """\
   trainfast ablate                                   # the default ladder: resnet9 on the built-in digits
   trainfast ablate --model resnet18 --data imagefolder:PHOTOS --image-size 128
-  trainfast ablate --rungs amp,channels_last -- python train.py --epochs 1    # your own script""",
+  trainfast ablate --out runs/a1 --resume                     # continue an interrupted ablation
+  trainfast ablate --switches amp,channels_last -- python train.py --epochs 1    # your own script""",
     "tune": """\
   trainfast tune --budget 15m                        # writes runs/tune-*/best.yaml
   trainfast tune --model resnet18 --data imagefolder:PHOTOS --image-size 128 --budget 30m
@@ -292,7 +241,7 @@ EXAMPLES = {
   trainfast doctor --model resnet18 --data imagefolder:PHOTOS --num-workers 2""",
     "train": """\
   trainfast train --recipe runs/tune-X/best.yaml --model resnet18 --data imagefolder:PHOTOS --epochs 10
-  trainfast train --precision bf16 --channels-last --out runs/r9 --resume auto
+  trainfast train --precision bf16 --channels-last --out runs/r9 --resume    # continue from its newest checkpoint
   torchrun --nproc-per-node 2 -m trainfast train --recipe best.yaml""",
     "bench-data": """\
   trainfast bench-data --data imagefolder:PHOTOS
@@ -306,13 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=LazyParser)
     for name, (text, add_flags) in SUBCOMMANDS.items():
         sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", add_flags=add_flags,
-                       epilog="examples:\n" + EXAMPLES[name], formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog="examples:\n" + EXAMPLES[name], formatter_class=AliasHelpFormatter)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_command_line(argv: list[str]) -> argparse.Namespace:
+    """The flags, and the user's command after `--` as `args.user_command` (None without one). The command
+    is cut off before argparse sees it, so a flag with an optional value (`--resume [DIR]`) never swallows it."""
     parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
     # `trainfast ablate|tune [flags] -- COMMAND ...`: everything after the first `--` is the user's command, as is.
     command = argv[argv.index("--") + 1:] if "--" in argv else None
     argv = argv[:argv.index("--")] if "--" in argv else argv
@@ -320,6 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     args.user_command = command
     if command is not None and args.command not in ("ablate", "tune", "doctor"):
         parser.error(f"`-- COMMAND` is for `trainfast ablate`, `tune` and `doctor`, not `trainfast {args.command}`")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_command_line(list(sys.argv[1:] if argv is None else argv))
     from .distributed import RankTimeoutError       # these import torch: only once a command runs, never for
     from .measure import LossTermsError, NonFiniteLossError   # --help or --version
 
@@ -362,16 +317,20 @@ def prepare_task(args: argparse.Namespace) -> Recipe:
     return recipe
 
 
+def split_names(text: str | None) -> list[str] | None:
+    """--switches a,b -> ["a", "b"]; not given -> None (the subcommand's default set)."""
+    return [n.strip() for n in text.split(",") if n.strip()] if text else None
+
+
 def _ablate(args, recipe: Recipe) -> int:
     from .ablation import TimingBudget, ablate, ablate_command
 
-    rungs = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
-    if args.resume and args.out is None:
-        raise ValueError("--resume needs --out DIR: the folder of the ablation to continue")
-    options = dict(rungs=rungs, amp_dtype=args.amp_dtype, nproc=args.nproc, out=args.out,    # ablation/api.py
+    resume, out = resume_folder(args.resume, args.out)
+    # the python API keeps its names (rungs, budget, settle_within_s); the CLI's are mapped here
+    options = dict(rungs=split_names(args.switches), amp_dtype=args.amp_dtype, nproc=args.nproc, out=out,
                    mode=args.mode, repeats=args.repeats, noise_seeds=args.noise_seeds,
-                   budget=TimingBudget(steps=args.timing_steps, seconds=args.timing_seconds),
-                   min_effect=args.min_effect, resume=args.resume, rung_timeout=args.rung_timeout,
+                   budget=TimingBudget(steps=args.timing_steps, seconds=args.timing_budget),
+                   min_effect=args.min_effect, resume=resume, rung_timeout=args.rung_timeout,
                    settle_within_s=args.settle_within)
     try:
         if args.user_command is not None:
@@ -389,17 +348,17 @@ def _ablate(args, recipe: Recipe) -> int:
 
 def _tune(args, recipe: Recipe) -> int:
     from .ablation import TimingBudget
-    from .tune import parse_budget, tune
+    from .tune import tune
 
-    if args.resume and args.out is None:
-        raise ValueError("--resume needs --out DIR: the folder of the search to continue")
+    resume, out = resume_folder(args.resume, args.out)
+    if args.nproc > 1 and args.user_command is None:
+        raise ValueError("--nproc runs a `-- COMMAND` under torchrun; the built-in search runs one process")
     try:
-        tune(args.model, data=args.data, image_size=args.image_size, recipe=recipe, device=args.device, out=args.out,
-             amp_dtype=args.amp_dtype, repeats=args.repeats, budget_s=parse_budget(args.budget),
-             planned_steps=args.planned_steps, timing=TimingBudget(steps=args.timing_steps),
-             min_effect=args.min_effect, resume=args.resume, command=args.user_command, nproc=args.nproc,
-             metric=args.metric, goal=args.metric_goal, batch_size_search=args.batch_size_search,
-             settle=args.settle, switches=[n.strip() for n in args.switches.split(",") if n.strip()] if args.switches else None)
+        tune(args.model, data=args.data, image_size=args.image_size, recipe=recipe, device=args.device, out=out,
+             amp_dtype=args.amp_dtype, repeats=args.repeats, budget_s=args.budget, planned_steps=args.planned_steps,
+             timing=TimingBudget(steps=args.timing_steps, seconds=args.timing_budget), min_effect=args.min_effect,
+             resume=resume, command=args.user_command, nproc=args.nproc, metric=args.metric, goal=args.metric_goal,
+             batch_size_search=args.batch_size_search, settle=args.settle, switches=split_names(args.switches))
     except KeyboardInterrupt:
         return 130
     return 0
@@ -416,7 +375,7 @@ def _doctor(args, recipe: Recipe) -> int:
     from .recipe import resolve_device, validate_for_device
 
     out = Path(args.out) if args.out else Path("runs") / datetime.now().strftime("doctor-%Y%m%d-%H%M%S")
-    steps = args.steps or DEFAULT_STEPS
+    steps = args.timing_steps or DEFAULT_STEPS
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         from .envcheck import collect_environment
 
@@ -430,7 +389,7 @@ def _doctor(args, recipe: Recipe) -> int:
         fields = {k: v for k, v in recipe.to_dict().items() if v != getattr(Recipe(), k)}   # the flags given
         try:
             obs = observe_script(args.user_command, out, steps=steps, sync_steps=watch_steps(recipe.log_every),
-                                 device=str(device), timeout_s=args.timeout, eval_within=args.eval_within,
+                                 device=str(device), timeout_s=args.script_timeout, eval_within=args.eval_within,
                                  recipe_fields=fields)
         except ScriptFailed as exc:
             print(f"trainfast doctor: {exc}", file=sys.stderr)
@@ -460,13 +419,12 @@ def _train(args, recipe: Recipe) -> int:
     from .tasks import build_task
     from .trainer import train
 
-    if args.resume is not None and args.out is None:
-        raise ValueError("--resume needs --out DIR: the run folder that holds the checkpoints")
+    resume, folder = resume_checkpoint(args.resume, args.out)
     device = resolve_device(args.device)
     validate_for_device(recipe, device)
     task = build_task(args.task)
     split = task.load_data(args.data, args.image_size)
-    out = Path(args.out) if args.out else Path("runs") / datetime.now().strftime("train-%Y%m%d-%H%M%S")
+    out = Path(folder) if folder else Path("runs") / datetime.now().strftime("train-%Y%m%d-%H%M%S")
     # Under torchrun every rank runs this; rank 0 alone prints (the trainer makes it the only writer).
     rank, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1)))
     console = Console(quiet=rank != 0)
@@ -484,7 +442,7 @@ def _train(args, recipe: Recipe) -> int:
 
         try:
             train(lambda: task.build_model(args.model, split), split, recipe=recipe, device=device, out=out,
-                  on_window=on_window, on_epoch=on_epoch, resume=args.resume, task=args.task)
+                  on_window=on_window, on_epoch=on_epoch, resume=resume, task=args.task)
         except (NonFiniteLossError, LossTermsError, CheckpointError) as exc:
             # Non-zero exit; checkpoints already in out/checkpoints are complete and untouched.
             progress.stop()
