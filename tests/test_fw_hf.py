@@ -148,6 +148,9 @@ def test_the_example_under_the_probe_is_switched_and_timed_by_its_optimizer_step
     timed = timing["timed_steps"]
     wall = ends[-1] - ends[-1 - timed]       # the callback's clock around the same timed steps
     assert abs(timing["timed_seconds"] - wall) / wall < 0.05, (timing["timed_seconds"], wall)
+    # samples/s from the Trainer's own batch size (32 a step, no accumulation), not steps/s
+    assert result["rate_unit"] == "samples/s"
+    assert result["throughput"] == pytest.approx(32 * timed / timing["timed_seconds"], rel=1e-6)
 
 
 def test_activation_checkpointing_reaches_the_model_and_the_baseline_turns_it_off(tmp_path):

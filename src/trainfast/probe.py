@@ -168,13 +168,19 @@ class Probe:
             return self.session.is_main
         return os.environ.get("RANK", "0") == "0"
 
+    def samples_per_step(self) -> int | None:
+        """A script without a Session: the samples of one optimizer step where a section knows them (a framework's
+        batch size times its accumulation steps), else None (its rate is then in steps/s)."""
+        known = [s.samples_per_step for s in self.sections.values() if getattr(s, "samples_per_step", None)]
+        return known[0] if known else None
+
     def timing(self):
         from .measure import Timing
 
         self.timer.read()
         steps = self.timer.steps
         if steps and not any(s.samples for s in steps):      # samples unknown: one "sample" per step
-            steps = [dataclasses.replace(s, samples=1) for s in steps]
+            steps = [dataclasses.replace(s, samples=self.samples_per_step() or 1) for s in steps]
         return Timing.from_steps(steps, check_disturbance=self.check_disturbance)
 
     def result(self, stopped: str) -> dict[str, Any]:
@@ -182,7 +188,7 @@ class Probe:
         from .measure import peak_memory_bytes
 
         timing = self.timing()
-        samples_known = any(s.samples for s in self.timer.steps)
+        samples_known = any(s.samples for s in self.timer.steps) or bool(self.samples_per_step())
         session = self.session
         precision = session.state.precision.metrics() if session is not None and session.state else {}
         return {

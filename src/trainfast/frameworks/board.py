@@ -82,6 +82,9 @@ class Board:
     """Every framework met in this process, for the switches `fields` (the Recipe fields the run asked for)."""
     fields: dict[str, Any]
     frameworks: dict[str, FrameworkRecord] = field(default_factory=dict)
+    # Samples in one optimizer step of one process (per-device batch x accumulation), where the framework says:
+    # the probe then reports samples/s instead of steps/s.
+    samples_per_step: int | None = None
 
     def framework(self, name: str, version: str) -> FrameworkRecord:
         if name not in self.frameworks:

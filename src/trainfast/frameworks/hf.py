@@ -146,6 +146,8 @@ def patch_trainer(cls: type, board: Board) -> None:
         record = record_of(board)
         if "channels_last" in board.fields and self.model is not None:
             self.model = switch_memory_format(record, self.model, bool(board.fields["channels_last"]))
+        args = self.args
+        board.samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         # Held, not weakly: the proof is read when the result is written, which for a run that ends by itself
         # is at exit, after the script has dropped its Trainer.
         record.readers[:] = [lambda r: read_back(r, self)]
