@@ -1,4 +1,4 @@
-"""`trainfast ablate|tune|doctor|train|bench-data`. Every Recipe field is one flag (`--set-to-none`,
+"""`trainfast ablate|tune|doctor|train|bench-data|selfcheck`. Every Recipe field is one flag (`--set-to-none`,
 `--num-workers 2`, ...), generated from the dataclass so the two can never drift. Unknown flags, bad values and
 bad config keys are refused before any data is loaded or any model is built."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__
+from . import __version__, selfcheck
 from .cliargs import (DEVICE_HELP, AliasHelpFormatter, Duration, add_aliased, add_comparison, add_out, add_resume,
                       add_script_flags, add_switches, add_timing, format_duration, int_or_auto, optional,
                       positive_int, resume_checkpoint, resume_folder, worker_count_or_auto)
@@ -222,6 +222,7 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = 
                "own script)", add_doctor_flags),
     "train": ("train with a recipe and write a run folder", add_train_flags),
     "bench-data": ("images/s of the input pipeline alone, beside torchvision's default", add_bench_data_flags),
+    "selfcheck": (selfcheck.HELP, selfcheck.add_flags),
 }
 # Shown under each subcommand's --help. A script after `--` must create a trainfast.Session for the recipe to
 # reach it (three changed lines: README's first screen); without one only its speed is measured.
@@ -246,6 +247,7 @@ EXAMPLES = {
     "bench-data": """\
   trainfast bench-data --data imagefolder:PHOTOS
   trainfast bench-data --data imagefolder:PHOTOS --image-size 128 --num-workers 2 --passes 7""",
+    "selfcheck": selfcheck.EXAMPLES,
 }
 
 
@@ -279,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     from .measure import LossTermsError, NonFiniteLossError   # --help or --version
 
     try:
+        if args.command == "selfcheck":
+            return selfcheck.main(args)
         if args.command == "bench-data":
             from .bench_data import bench_data
 

@@ -51,6 +51,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("selfcheck", help=HELP, description=HELP[0].upper() + HELP[1:] + ".",
                                    epilog="examples:\n" + EXAMPLES,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(parser)
+    return parser
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """selfcheck's flags (the CLI adds the subcommand itself, as it does every other)."""
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="folder for selfcheck.json (default: runs/selfcheck-<timestamp>)")
     parser.add_argument("--cpu-subset", action="store_true",
@@ -59,7 +65,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "); the CUDA ones are reported not applicable")
     parser.add_argument("--only", type=_names, default=None, metavar="NAME,...",
                         help=f"run only these checks (comma-separated): {', '.join(NAMES)}")
-    return parser
 
 
 def main(args: argparse.Namespace) -> int:
