@@ -154,17 +154,19 @@ def test_nproc_2_runs_every_rung_under_torchrun(tmp_path):
     assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 
 
-def test_commands_that_cannot_run_are_refused_before_any_run(tmp_path):
-    cases = [([], "no command after `--`"),
-             (["no-such-program-xyz"], "'no-such-program-xyz' is not an executable on PATH"),
-             ([sys.executable, str(tmp_path / "missing.py")], "missing.py' does not exist"),
-             (["true"], None)]
-    for command, message in cases[:3]:
-        proc, _ = ablate(tmp_path / "refused", command=command, check=False)
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-        assert not (tmp_path / "refused").exists()
-    proc, _ = ablate(tmp_path / "nproc", "--nproc", "2", command=["true"], check=False)
-    assert proc.returncode == 2 and "give the command as `python your_script.py ...`" in proc.stderr
+def test_commands_that_cannot_run_are_refused_before_any_run(tmp_path, capsys):
+    """In this process (each refusal comes before any work): the exit status, the message, no folder."""
+    from trainfast.cli import main
+
+    cases = [([], [], "no command after `--`"),
+             ([], ["no-such-program-xyz"], "'no-such-program-xyz' is not an executable on PATH"),
+             ([], [sys.executable, str(tmp_path / "missing.py")], "missing.py' does not exist"),
+             (["--nproc", "2"], ["true"], "give the command as `python your_script.py ...`")]
+    for flags, command, message in cases:
+        out = tmp_path / "refused"
+        assert main(["ablate", "--out", str(out), *flags, "--", *command]) == 2
+        assert message in capsys.readouterr().err
+        assert not out.exists()
 
 
 @pytest.mark.slow

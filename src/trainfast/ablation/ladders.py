@@ -28,7 +28,7 @@ LADDER: dict[str, dict[str, Any]] = {
     "fused": {"optimizer_impl": "fused"},
 }
 LADDER_MODES = ("cumulative", "each")    # how a ladder's rungs build on each other (plan_rungs)
-# Every rung --rungs accepts, in ladder order: the precision-level rungs (O1/O2/O3 in bf16/fp16) sit where
+# Every rung --switches accepts, in ladder order: the precision-level rungs (O1/O2/O3 in bf16/fp16) sit where
 # "amp" sits and are opt-in only, so the default ladder stays LADDER. Each sets precision and
 # precision_level, so in cumulative mode it replaces the previous level. "fp32" names the baseline (O0).
 # "decode_cache" (image folders: decode each file once, then read uint8 pixels) is opt-in too, after prefetch.
@@ -44,7 +44,7 @@ RUNG_ALIASES = {"fp32": "baseline"}
 # made or decoded per sample, the batch padded by the model), before channels_last; compile last, since in
 # cumulative mode every later rung would inherit it and it is not run on a detector (tasks/detection.py says
 # why). The rungs that cannot work on a detector (O2/O3 levels, prefetch, decode_cache) stay nameable so
-# --rungs refuses them with the reason (Detection.validate) instead of calling them unknown.
+# --switches refuses them with the reason (Detection.validate) instead of calling them unknown.
 DETECTION_LADDER: dict[str, dict[str, Any]] = {
     "baseline": {},
     "amp": {"precision": "{amp}"},
@@ -78,7 +78,7 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
     names = list(ladder) if not names else [RUNG_ALIASES.get(n, n) for n in names]
     unknown = [n for n in names if n not in table]
     if unknown:
-        raise RecipeError(f"--rungs: unknown rung(s) {', '.join(unknown)}; choose from "
+        raise RecipeError(f"--switches: unknown rung(s) {', '.join(unknown)}; choose from "
                           f"{', '.join([*table, *RUNG_ALIASES])}")
     ordered = ["baseline"] + [n for n in table if n in names and n != "baseline"]
     # --amp-dtype auto on a device where neither half type is fast (a CPU without bf16 hardware): the amp rung

@@ -37,7 +37,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LEVELS = ("autocast", "master", "pure")
 OPT_LEVELS = {"autocast": "O1", "master": "O2", "pure": "O3"}
 
-# Alternative ablation rungs, one per (level, dtype); opt-in with --rungs, never in the default ladder.
+# Alternative ablation rungs, one per (level, dtype); opt-in with --switches, never in the default ladder.
 LEVEL_RUNGS: dict[str, dict[str, str]] = {
     f"{level}-{dtype}": {"precision": dtype, "precision_level": level}
     for dtype in ("bf16", "fp16") for level in LEVELS
@@ -473,7 +473,7 @@ def slow_half_reason(device: torch.device, name: str) -> str | None:
     hardware = "AVX512-BF16 or AMX" if name == "bf16" else "AVX512-FP16 or AMX-FP16"
     return (f"{name} matmuls run at {half / 1e9:.1f} GFLOP/s on one core of this CPU against {fp32 / 1e9:.0f} in "
             f"fp32 ({fp32 / half:.0f}x slower, measured; no {hardware} here), so mixed precision would make every "
-            f"step slower (measure it anyway with --amp-dtype {name} or --rungs autocast-{name})")
+            f"step slower (measure it anyway with --amp-dtype {name} or --switches autocast-{name})")
 
 
 def not_run_text(reason: str) -> str:
