@@ -22,11 +22,11 @@ def install(probe: Any, fields: dict[str, Any]) -> Board | None:
     board is registered with the probe, which writes it into the run's result."""
     if not fields:
         return None
-    from . import hf
+    from . import accel, hf
 
     board = Board(dict(fields))
     probe.sections[SECTION] = board
-    for adapter in (hf,):
+    for adapter in (hf, accel):
         adapter.install(board)
     return board
 

@@ -1,0 +1,355 @@
+"""Accelerate: the switches Accelerate has a setting for go through the Accelerator's own arguments (set in a
+wrapped Accelerator.__init__), the rest are applied to the objects the script hands to Accelerator.prepare()
+before Accelerate wraps them; each is read back from what the Accelerator ended up with.
+
+| Recipe field     | where it is set                                      | proof read back                           |
+|------------------|------------------------------------------------------|-------------------------------------------|
+| precision        | Accelerator(mixed_precision="no" / "bf16" / "fp16")  | accelerator.mixed_precision; autocast:    |
+|                  |                                                      | native_amp, the autocast handler, and the |
+|                  |                                                      | prepared model's forward wrapped          |
+| compile          | Accelerator(dynamo_backend="inductor" / "no"), or    | the plugin's backend; the model prepare() |
+|                  | the backend of the script's own dynamo_plugin        | returned is compiled                      |
+| non_blocking     | DataLoaderConfiguration(non_blocking=...)            | the prepared training loader's copies     |
+| num_workers, ... | the training DataLoader, rebuilt before prepare()    | the prepared loader's own attributes      |
+| optimizer_impl   | the optimizer, rebuilt before prepare() (schedulers  | the prepared optimizer's fused / foreach  |
+|                  | built on it rebound)                                 | flags                                     |
+| channels_last    | the model, before prepare()                          | the prepared model's conv weights         |
+| set_to_none      | the prepared optimizer's zero_grad(set_to_none=...)  | what zero_grad last passed on             |
+| cudnn_benchmark  | torch.backends.cudnn.benchmark, at Accelerator()     | the flag                                  |
+
+The explicit arguments win over Accelerate's environment (ACCELERATE_MIXED_PRECISION, ACCELERATE_DYNAMO_BACKEND,
+which `accelerate launch` fills from `accelerate config`), so every run sets them; the script's own value (its
+argument, else that environment) is reported as what it had.
+
+Only one loader per Accelerator is switched, the training loader: of the loaders in the first prepare() call
+that has any, the first that shuffles, else the first. The probe times optimizer steps, so the loader feeding
+them is the one whose settings count; evaluation loaders stay as the script made them (their workers would
+only cost start-up time). Its batch, times the Accelerator's gradient_accumulation_steps, is the probe's
+samples per optimizer step (a script that accumulates by skipping optimizer.step() itself, not through
+Accelerate, is counted one batch per step).
+
+set_to_none=True forces zero_grad(set_to_none=True), which changes something only in a script that zeroes in
+place (zero_grad(set_to_none=False)); a script that calls zero_grad() frees the gradients already, and the
+switch is reported as having no setting to act on. The seed is the script's own (it calls set_seed itself).
+
+transformers' Trainer builds an Accelerator of its own: that one is left alone (the transformers adapter
+switches the Trainer through its arguments, and a second switch would report the same setting twice).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import gc
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+
+from ..techniques.optimizer import rebind_scheduler
+from .board import Board, FrameworkRecord, UNSET
+from .common import (is_compiled, mark_own_pipeline, memory_format_of, optimizer_impl, prove_loader,
+                     switch_cudnn_benchmark, switch_loader, switch_memory_format, switch_optimizer)
+from .hooks import when_imported
+
+NAME = "accelerate"
+PATCHED = "_trainfast_patched"
+RUN = "_trainfast_run"           # on each Accelerator the script made: its Run (None: left alone)
+MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+FREES = "the script's zero_grad() frees the gradients already (Accelerate's and torch's default set_to_none=True)"
+NO_ZERO_GRAD = "no zero_grad() call on an optimizer prepared by the Accelerator was seen"
+
+
+@dataclass
+class Run:
+    """One Accelerator the script made and what it prepared, held (not weakly) for the read-back: the proof is
+    read when the result is written, which for a run that ends by itself is at exit, after the script has
+    dropped them."""
+    accelerator: Any
+    models: list = field(default_factory=list)          # as prepare() returned them
+    optimizers: list = field(default_factory=list)      # the prepared (AcceleratedOptimizer) ones
+    loader: Any = None                                  # the prepared training loader
+    replaced: dict = field(default_factory=dict)        # id(script's optimizer) -> (it, its rebuilt twin)
+    set_to_none: Any = None                             # what zero_grad last passed on
+
+
+def install(board: Board) -> None:
+    when_imported("accelerate.accelerator", lambda m: patch_accelerator(m.Accelerator, board))
+
+
+def record_of(board: Board) -> FrameworkRecord:
+    import accelerate
+
+    return board.framework(NAME, accelerate.__version__)
+
+
+def made_by_transformers() -> bool:
+    """Whether the Accelerator being built is transformers' own (its Trainer's): the first caller outside this
+    module and Accelerate itself (a script's Accelerator subclass is the script's)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module != __name__ and module.split(".")[0] != "accelerate":
+            return module.split(".")[0] == "transformers"
+        frame = frame.f_back
+    return False
+
+
+def patch_accelerator(cls: type, board: Board) -> None:
+    if getattr(cls.__init__, PATCHED, False):
+        return
+    init, prepare = cls.__init__, cls.prepare
+    latest: list[Run] = []          # the Accelerator the script made last: the one the proof is read from
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if made_by_transformers():
+            setattr(self, RUN, None)
+            init(self, *args, **kwargs)
+            return
+        record = record_of(board)
+        bound = signature.bind(self, *args, **kwargs).arguments
+        bound.pop(next(iter(signature.parameters)))       # self
+        init(self, **switch_arguments(dict(bound), record, board.fields))
+        run = Run(self)
+        setattr(self, RUN, run)
+        if not latest:
+            record.readers.append(lambda r: read_back(r, latest[-1]))
+        latest[:] = [run]
+
+    @functools.wraps(prepare)
+    def prepare_(self, *args: Any, **kwargs: Any):
+        run = getattr(self, RUN, None)
+        if run is None:             # transformers' Accelerator, or one made before the patch
+            return prepare(self, *args, **kwargs)
+        record = record_of(board)
+        args, train_at = switch_prepared(self, run, record, board.fields, args)
+        result = prepare(self, *args, **kwargs)
+        keep_prepared(run, record, board.fields, args, result if len(args) != 1 else (result,), train_at)
+        if train_at is not None:
+            board.samples_per_step = samples_per_step(self, run.loader)
+        return result
+
+    setattr(__init__, PATCHED, True)
+    cls.__init__, cls.prepare = __init__, prepare_
+
+
+def env_or_unset(name: str) -> Any:
+    """What Accelerate's environment sets for an argument the script left out (UNSET: its default)."""
+    return os.environ[name].lower() if os.environ.get(name) else UNSET
+
+
+def switch_arguments(kw: dict[str, Any], record: FrameworkRecord, fields: dict[str, Any]) -> dict[str, Any]:
+    """The Accelerator's arguments with the run's switches (what the script passed is recorded)."""
+    if "precision" in fields:
+        wanted = MIXED[fields["precision"]]
+        had = kw.get("mixed_precision")
+        record.set("precision", "mixed_precision", wanted,
+                   env_or_unset("ACCELERATE_MIXED_PRECISION") if had is None else str(had))
+        record.set("precision", "autocast", wanted != "no")
+        kw["mixed_precision"] = wanted
+        if fields.get("precision_level", "autocast") != "autocast":
+            record.unsupported["precision_level"] = "Accelerate's mixed_precision is autocast (O1) only"
+    if "compile" in fields:
+        switch_dynamo(kw, record, bool(fields["compile"]))
+    if "non_blocking" in fields:
+        from accelerate.utils import DataLoaderConfiguration
+
+        config = kw.get("dataloader_config")
+        record.set("non_blocking", "non_blocking", bool(fields["non_blocking"]),
+                   UNSET if config is None else config.non_blocking)
+        kw["dataloader_config"] = (DataLoaderConfiguration(non_blocking=bool(fields["non_blocking"]))
+                                   if config is None else
+                                   dataclasses.replace(config, non_blocking=bool(fields["non_blocking"])))
+    if "set_to_none" in fields:
+        record.unsupported.setdefault("set_to_none", NO_ZERO_GRAD)
+    if "activation_checkpointing" in fields:
+        record.unsupported["activation_checkpointing"] = "the script's model is its own: Accelerate has no setting"
+    mark_own_pipeline(record, fields)
+    if "cudnn_benchmark" in fields:
+        switch_cudnn_benchmark(record, bool(fields["cudnn_benchmark"]))
+    return kw
+
+
+def switch_dynamo(kw: dict[str, Any], record: FrameworkRecord, enabled: bool) -> None:
+    """dynamo_backend, or the backend of the script's own dynamo_plugin (its mode and options kept): the
+    Accelerator refuses both at once."""
+    from accelerate.utils import DynamoBackend
+
+    wanted = "inductor" if enabled else "no"
+    plugin = kw.get("dynamo_plugin")
+    if plugin is not None:
+        had = str(getattr(plugin.backend, "value", plugin.backend)).lower()
+        plugin = copy.copy(plugin)
+        plugin.backend = DynamoBackend(wanted.upper())
+        kw["dynamo_plugin"] = plugin
+    else:
+        backend = kw.get("dynamo_backend")
+        had = env_or_unset("ACCELERATE_DYNAMO_BACKEND") if backend is None else \
+            str(getattr(backend, "value", backend)).lower()
+        kw["dynamo_backend"] = wanted
+    record.set("compile", "dynamo_backend", wanted, had)
+    record.set("compile", "compiled model", enabled)
+
+
+def training_loader_at(run: Run, args: tuple) -> int | None:
+    """Where the training loader is among prepare()'s arguments: the first loader that shuffles, else the
+    first; None once one is chosen (an Accelerator has one training loader) or with no loader."""
+    if run.loader is not None:
+        return None
+    loaders = [i for i, a in enumerate(args) if isinstance(a, DataLoader)]
+    shuffled = [i for i in loaders if isinstance(getattr(args[i], "sampler", None), RandomSampler)]
+    return (shuffled or loaders or [None])[0]
+
+
+def switch_prepared(accelerator: Any, run: Run, record: FrameworkRecord, fields: dict[str, Any],
+                    args: tuple) -> tuple[tuple, int | None]:
+    """prepare()'s arguments with the switches Accelerate has no setting for applied; the script keeps what
+    prepare() returns, so replacing an object before Accelerate wraps it replaces it for the script."""
+    args = list(args)
+    train_at = training_loader_at(run, tuple(args))
+    for i, obj in enumerate(args):
+        if isinstance(obj, torch.nn.Module):
+            args[i] = switch_model(record, obj, fields)
+        elif isinstance(obj, torch.optim.Optimizer) and "optimizer_impl" in fields:
+            rebuilt = switch_optimizer(record, obj, fields["optimizer_impl"])
+            if rebuilt is not obj:
+                run.replaced[id(obj)] = (obj, rebuilt)
+                args[i] = rebuilt
+        elif i == train_at:
+            args[i] = switch_loader(record, obj, fields)
+    rebind_schedulers(accelerator, run, args)
+    return tuple(args), train_at
+
+
+def switch_model(record: FrameworkRecord, model: torch.nn.Module, fields: dict[str, Any]) -> torch.nn.Module:
+    """channels_last on (or, when off, the script's own channels_last undone), and the script's own
+    torch.compile undone when compile is off (Accelerate compiles itself when it is on)."""
+    if "channels_last" in fields:
+        enabled = bool(fields["channels_last"])
+        if memory_format_of(model) == "channels_last":        # the script's own: reported, undone when off
+            record.set("channels_last", "memory format", "channels_last" if enabled else "contiguous",
+                       "channels_last")
+            if not enabled:
+                model = model.to(memory_format=torch.contiguous_format)
+        model = switch_memory_format(record, model, enabled)
+    compiled = record.switches.get("compiled model")
+    if compiled is not None and is_compiled(model):
+        if compiled.script == UNSET:
+            compiled.script = True              # the script compiled it itself
+        if compiled.wanted:
+            return model
+        if type(model).__name__ == "OptimizedModule":
+            model = model._orig_mod
+        if getattr(model, "_compiled_call_impl", None) is not None:     # Module.compile(), in place
+            model._compiled_call_impl = None
+    return model
+
+
+def rebind_schedulers(accelerator: Any, run: Run, args: list) -> None:
+    """Every LR scheduler built on an optimizer the run replaced points at its replacement: those passed to
+    this prepare() call, those prepared before (Accelerate wraps them), and those the script steps without
+    preparing (found through what refers to the replaced optimizer)."""
+    if not run.replaced:
+        return
+    Scheduler = torch.optim.lr_scheduler.LRScheduler
+    schedulers = [a for a in args if isinstance(a, Scheduler)]
+    schedulers += [getattr(s, "scheduler", s) for s in getattr(accelerator, "_schedulers", [])]
+    for old, _ in run.replaced.values():
+        for ref in gc.get_referrers(old):
+            if isinstance(ref, Scheduler):
+                schedulers.append(ref)
+            elif isinstance(ref, dict) and ref.get("optimizer") is old and "base_lrs" in ref:   # its __dict__
+                schedulers += [s for s in gc.get_referrers(ref) if isinstance(s, Scheduler)]
+    for scheduler in schedulers:
+        pair = run.replaced.get(id(getattr(scheduler, "optimizer", None)))
+        if pair is not None and scheduler.optimizer is pair[0]:
+            rebind_scheduler(scheduler, pair[1])
+
+
+def keep_prepared(run: Run, record: FrameworkRecord, fields: dict[str, Any], args: tuple, result: tuple,
+                  train_at: int | None) -> None:
+    """Hold what prepare() returned for the read-back; the prepared optimizers' zero_grad switched."""
+    for i, obj in enumerate(result):
+        if isinstance(args[i], torch.nn.Module):
+            run.models.append(obj)
+        elif isinstance(args[i], torch.optim.Optimizer):
+            run.optimizers.append(obj)
+            if "set_to_none" in fields:
+                switch_zero_grad(run, record, obj, bool(fields["set_to_none"]))
+    if train_at is not None:
+        run.loader = result[train_at]
+
+
+def switch_zero_grad(run: Run, record: FrameworkRecord, optimizer: Any, force: bool) -> None:
+    """set_to_none=True forces zero_grad(set_to_none=True); it has something to change only where the script
+    zeroes in place (zero_grad(set_to_none=False)). A script that frees already has nothing to switch."""
+    zero_grad = optimizer.zero_grad
+
+    @functools.wraps(zero_grad)
+    def switched(set_to_none: bool | None = None) -> None:
+        if set_to_none is False:
+            if "zero_grad(set_to_none)" not in record.switches:
+                record.set("set_to_none", "zero_grad(set_to_none)", force, False)
+                record.unsupported.pop("set_to_none", None)
+            set_to_none = force
+        elif "zero_grad(set_to_none)" not in record.switches:
+            record.unsupported["set_to_none"] = FREES
+        run.set_to_none = True if set_to_none is None else set_to_none
+        zero_grad(set_to_none=set_to_none)
+
+    optimizer.zero_grad = switched
+
+
+def samples_per_step(accelerator: Any, loader: Any) -> int | None:
+    """The samples one process's optimizer step takes: its share of the training loader's batch times the
+    Accelerator's accumulation steps (while it accumulates, Accelerate skips the optimizer's step, so the
+    probe's step hook fires once per accumulated step). None where the loader does not say (batch_size=None)."""
+    try:
+        batch = loader.total_batch_size // max(1, accelerator.num_processes)
+    except (AttributeError, TypeError):
+        return None
+    return batch * accelerator.gradient_accumulation_steps if batch else None
+
+
+def autocast_on(run: Run) -> bool:
+    """Whether the prepared models run under autocast: Accelerate's native AMP, its autocast handler not
+    turning it off, and each prepared model's forward wrapped in it."""
+    accelerator = run.accelerator
+    handler = getattr(accelerator, "autocast_handler", None)
+    on = bool(accelerator.native_amp) and (handler is None or handler.enabled)
+    for model in run.models:
+        seen = 0
+        while model is not None and not hasattr(model, "_original_forward") and seen < 8:
+            model = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+            seen += 1
+        on = on and model is not None and hasattr(model, "_original_forward")
+    return on
+
+
+def read_back(record: FrameworkRecord, run: Run) -> None:
+    """Each switch as the Accelerator and the objects it prepared ended up with (the run's proof)."""
+    accelerator = run.accelerator
+    record.prove("mixed_precision", str(accelerator.mixed_precision))
+    record.prove("autocast", autocast_on(run))
+    backend = accelerator.state.dynamo_plugin.backend
+    record.prove("dynamo_backend", str(getattr(backend, "value", backend)).lower())
+    if run.models:
+        compiled = sorted({is_compiled(m) for m in run.models})
+        record.prove("compiled model", compiled[0] if len(compiled) == 1 else compiled)
+        formats = {memory_format_of(m) for m in run.models} - {None}
+        if formats:
+            record.prove("memory format", formats.pop() if len(formats) == 1 else sorted(formats))
+    if run.optimizers:
+        impls = sorted({optimizer_impl(getattr(o, "optimizer", o)) for o in run.optimizers})
+        record.prove("optimizer implementation", impls[0] if len(impls) == 1 else impls)
+    prove_loader(record, run.loader)
+    loader_copies = getattr(run.loader, "_non_blocking", None)
+    record.prove("non_blocking", accelerator.non_blocking if loader_copies is None else loader_copies)
+    if run.set_to_none is not None:
+        record.prove("zero_grad(set_to_none)", run.set_to_none)
