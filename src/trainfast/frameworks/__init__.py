@@ -22,11 +22,11 @@ def install(probe: Any, fields: dict[str, Any]) -> Board | None:
     board is registered with the probe, which writes it into the run's result."""
     if not fields:
         return None
-    from . import accel, hf
+    from . import accel, hf, lightning
 
     board = Board(dict(fields))
     probe.sections[SECTION] = board
-    for adapter in (hf, accel):
+    for adapter in (hf, lightning, accel):
         adapter.install(board)
     return board
 

@@ -1,0 +1,319 @@
+"""PyTorch Lightning's Trainer (both package names, `lightning.pytorch` and the older `pytorch_lightning`): each
+switch through the Trainer's own argument where it has one, set in Trainer.__init__, and otherwise on the torch
+objects Lightning is handed at fit(): the LightningModule, what configure_optimizers() returns, the training
+DataLoader. Each is read back from what the Trainer ended up with while it trains.
+
+| Recipe field     | where it is set                                         | proof read back                         |
+|------------------|---------------------------------------------------------|-----------------------------------------|
+| precision        | Trainer(precision="32-true"/"bf16-mixed"/"16-mixed")    | the precision plugin's `.precision`     |
+| cudnn_benchmark  | Trainer(benchmark=...)                                  | cudnn.benchmark when fit starts         |
+| channels_last    | the LightningModule's memory format, at fit()           | its conv weights                        |
+| compile          | fit(torch.compile(model)), as Lightning's docs show     | the module Lightning trains is compiled |
+|                  | (a compiled model unwrapped when off)                   | and dynamo compiled graphs              |
+| optimizer_impl   | each optimizer configure_optimizers() returns, rebuilt  | trainer.optimizers' fused/foreach flags |
+|                  | (its schedulers rebound)                                |                                         |
+| num_workers, ... | the training DataLoader, rebuilt (the module's hook, a  | the loader the fit loop iterates        |
+|                  | DataModule's, or fit(train_dataloaders=...))            |                                         |
+
+Lightning on a CPU turns "16-mixed" into "bf16-mixed" by itself; the read-back shows it, and the rung is
+reported as not applied rather than timed as fp16. seed is left alone: a Lightning script seeds itself
+(seed_everything), and the same seed reaches every run."""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..techniques.optimizer import rebind_scheduler
+from .board import Board, FrameworkRecord, UNSET
+from .common import (LOADER_FIELDS, is_compiled, mark_own_pipeline, memory_format_of, optimizer_impl, prove_loader,
+                     switch_loader, switch_memory_format, switch_optimizer)
+from .hooks import when_imported
+
+NAME = "lightning"
+PACKAGES = ("lightning.pytorch", "pytorch_lightning")
+PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+# Lightning's other spellings of a precision -> the name it converts them to.
+PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
+PATCHED = "_trainfast_patched"
+FIT_STATE = "_trainfast_fit"          # what the adapter noted on a Trainer when its fit started
+
+
+def install(board: Board) -> None:
+    for package in PACKAGES:
+        when_imported(f"{package}.trainer.trainer", functools.partial(patch_package, package, board))
+
+
+def record_of(board: Board, package: str) -> FrameworkRecord:
+    top = importlib.import_module(package.split(".")[0])
+    return board.framework(NAME, getattr(top, "__version__", ""))
+
+
+def patch_package(package: str, board: Board, trainer_module: Any) -> None:
+    """Patch one Lightning package: the Trainer, the parsing of configure_optimizers()'s result and the
+    training loader's source (all three are class or module attributes looked up at each call)."""
+    record = functools.partial(record_of, board, package)
+    fitting: dict[str, Any] = {}             # the Trainer whose fit() runs now
+    patch_trainer(trainer_module.Trainer, board, package, record, fitting)
+    patch_optimizer_conf(importlib.import_module(f"{package}.core.optimizer"), board, record)
+    source = importlib.import_module(f"{package}.trainer.connectors.data_connector")._DataLoaderSource
+    patch_loader_source(source, board, record, fitting)
+
+
+def canonical_precision(value: Any) -> Any:
+    """The script's precision as Lightning names it ("bf16" -> "bf16-mixed", 16 -> "16-mixed"), so a script that
+    spells the run's own setting differently is not reported as overridden."""
+    if value is UNSET or value is None:
+        return UNSET
+    return PRECISION_ALIASES.get(str(value), str(value))
+
+
+def switch_trainer_arguments(kwargs: dict[str, Any], record: FrameworkRecord, fields: dict[str, Any]) -> None:
+    """Set the run's switches among the Trainer's keyword arguments, before the Trainer builds its plugins."""
+    if "precision" in fields:
+        switch_precision(kwargs, record, fields)
+    if "cudnn_benchmark" in fields:
+        wanted = bool(fields["cudnn_benchmark"])
+        record.set("cudnn_benchmark", "benchmark", wanted, kwargs.get("benchmark", UNSET))
+        kwargs["benchmark"] = wanted
+    if "set_to_none" in fields:
+        record.unsupported["set_to_none"] = ("Lightning's optimizer_zero_grad calls optimizer.zero_grad(), which "
+                                             "frees the gradients already (torch's default set_to_none=True)")
+    if "non_blocking" in fields:
+        record.unsupported["non_blocking"] = "Lightning moves each batch to the device itself"
+    mark_own_pipeline(record, fields)
+
+
+def switch_precision(kwargs: dict[str, Any], record: FrameworkRecord, fields: dict[str, Any]) -> None:
+    if fields.get("precision_level", "autocast") != "autocast":
+        record.unsupported["precision_level"] = ("the Trainer's *-mixed precisions are autocast (O1); master "
+                                                 "weights and pure half are not switched")
+    wanted = PRECISION.get(fields["precision"])
+    plugins = kwargs.get("plugins") or []
+    plugins = plugins if isinstance(plugins, (list, tuple)) else [plugins]
+    own_plugin = next((p for p in plugins if any(c.__name__ == "Precision" for c in type(p).__mro__)), None)
+    if own_plugin is not None or wanted is None:
+        why = (f"the script passes its own precision plugin ({type(own_plugin).__name__})" if own_plugin is not None
+               else f"the Trainer has no precision for {fields['precision']!r}")
+        record.unsupported["precision"] = why
+        return
+    record.set("precision", "precision", wanted, canonical_precision(kwargs.get("precision", UNSET)))
+    kwargs["precision"] = wanted
+
+
+def patch_trainer(cls: type, board: Board, package: str, record: Callable[[], FrameworkRecord],
+                  fitting: dict[str, Any]) -> None:
+    if getattr(cls.__init__, PATCHED, False):
+        return
+    init, fit = cls.__init__, cls.fit
+    fit_signature = inspect.signature(fit)
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        switch_trainer_arguments(kwargs, record(), board.fields)
+        init(self, *args, **kwargs)
+
+    @functools.wraps(fit)
+    def fit_(self, *args: Any, **kwargs: Any) -> Any:
+        bound = fit_signature.bind(self, *args, **kwargs)
+        if "model" in bound.arguments:
+            bound.arguments["model"] = switch_model(bound.arguments["model"], record(), board.fields, package)
+        setattr(self, FIT_STATE, {"benchmark": torch.backends.cudnn.benchmark})
+        fitting["trainer"] = self
+        # Held, not weakly: the proof is read when the result is written, which for a run that ends by itself
+        # is at exit, after the script has dropped its Trainer. The Trainer that fits is the one to read.
+        record().readers[:] = [lambda r: read_back(r, self)]
+        return fit(*bound.args, **bound.kwargs)
+
+    setattr(__init__, PATCHED, True)
+    cls.__init__, cls.fit = __init__, fit_
+
+
+def compiled(model: Any) -> bool:
+    """Whether a model passed to fit, or the LightningModule Lightning trains, runs through torch.compile: a
+    compiled wrapper, a module compiled in place, or Lightning's own unwrapping of one (its `_compiler_ctx`)."""
+    if is_compiled(model):
+        return True
+    return bool(getattr(getattr(model, "_orig_mod", model), "_compiler_ctx", None))
+
+
+def switch_model(model: Any, record: FrameworkRecord, fields: dict[str, Any], package: str) -> Any:
+    """The model fit() gets: the LightningModule in the run's memory format, compiled or not as the run asks,
+    the way Lightning's docs compile one (fit(torch.compile(model)))."""
+    if not isinstance(model, torch.nn.Module):
+        return model
+    module = getattr(model, "_orig_mod", model)
+    if "channels_last" in fields:
+        switch_channels_last(record, module, bool(fields["channels_last"]))
+    if "compile" not in fields:
+        return model
+    wanted = bool(fields["compile"])
+    had = compiled(model)
+    record.set("compile", "torch.compile", wanted, had)
+    if wanted:
+        return model if had else torch.compile(module)
+    if getattr(module, "_compiler_ctx", None):
+        importlib.import_module(f"{package}.utilities.compile").to_uncompiled(module)
+    if getattr(module, "_compiled_call_impl", None) is not None:     # nn.Module.compile() in place
+        module._compiled_call_impl = None
+    return module
+
+
+def switch_channels_last(record: FrameworkRecord, module: torch.nn.Module, enabled: bool) -> None:
+    """The module's memory format, in place; off turns the script's own channels_last back to contiguous (and
+    says the script had it)."""
+    had = memory_format_of(module)
+    switch_memory_format(record, module, enabled)
+    if not enabled and had == "channels_last":
+        module.to(memory_format=torch.contiguous_format)
+    if had == "channels_last" and "memory format" in record.switches:
+        record.switches["memory format"].script = had
+
+
+def patch_optimizer_conf(module: Any, board: Board, record: Callable[[], FrameworkRecord]) -> None:
+    original = module._configure_optimizers
+    if getattr(original, PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def _configure_optimizers(optim_conf: Any) -> Any:
+        if "optimizer_impl" in board.fields:
+            optim_conf = switch_optim_conf(record(), optim_conf, board.fields["optimizer_impl"])
+        return original(optim_conf)
+
+    setattr(_configure_optimizers, PATCHED, True)
+    module._configure_optimizers = _configure_optimizers
+
+
+def switch_optim_conf(record: FrameworkRecord, conf: Any, impl: str) -> Any:
+    """What configure_optimizers() returned (an optimizer, a list of them, ([optimizers], [schedulers]), a dict
+    with "optimizer" and "lr_scheduler", a list of such dicts) with each torch optimizer rebuilt with `impl`,
+    and every scheduler in it rebound to its optimizer's replacement."""
+    swapped: dict[int, tuple[Any, Any]] = {}
+
+    def swap(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        if type(optimizer).__name__ == "_MockOptimizer":      # Lightning's stand-in when it returned None
+            return optimizer
+        if id(optimizer) not in swapped:
+            swapped[id(optimizer)] = (optimizer, switch_optimizer(record, optimizer, impl))
+        return swapped[id(optimizer)][1]
+
+    rewritten = map_conf(conf, swap)
+    for scheduler in schedulers_in(rewritten):
+        old, new = swapped.get(id(scheduler.optimizer), (None, None))
+        if new is not None and new is not old:
+            rebind_scheduler(scheduler, new)
+    return rewritten
+
+
+def map_conf(conf: Any, swap: Callable[[torch.optim.Optimizer], torch.optim.Optimizer]) -> Any:
+    """`conf` with every torch optimizer in it replaced by swap(optimizer); containers keep their type."""
+    if isinstance(conf, torch.optim.Optimizer):
+        return swap(conf)
+    if isinstance(conf, dict):
+        return type(conf)({k: map_conf(v, swap) for k, v in conf.items()})
+    if isinstance(conf, (list, tuple)):
+        items = [map_conf(v, swap) for v in conf]
+        return type(conf)(*items) if hasattr(conf, "_fields") else type(conf)(items)
+    return conf
+
+
+def schedulers_in(conf: Any) -> list[Any]:
+    """Every scheduler in a configure_optimizers() result: any object holding an `optimizer` (torch's, or a
+    scheduler of another library Lightning accepts), bare or under a dict's "scheduler"."""
+    if isinstance(conf, dict):
+        return [s for v in conf.values() for s in schedulers_in(v)]
+    if isinstance(conf, (list, tuple)):
+        return [s for v in conf for s in schedulers_in(v)]
+    optimizer = getattr(conf, "optimizer", None)
+    return [conf] if isinstance(optimizer, torch.optim.Optimizer) else []
+
+
+def patch_loader_source(cls: type, board: Board, record: Callable[[], FrameworkRecord],
+                        fitting: dict[str, Any]) -> None:
+    """The training loader, wherever it comes from (the module's train_dataloader(), a DataModule's, or
+    fit(train_dataloaders=...)): Lightning asks the source for it at the start of each fit. Its batch size
+    (times the Trainer's gradient accumulation) is the samples of one optimizer step, for a rate in samples/s."""
+    original = cls.dataloader
+    if getattr(original, PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def dataloader(self) -> Any:
+        loaders = original(self)
+        if self.name != "train_dataloader":
+            return loaders
+        if any(name in board.fields for name in LOADER_FIELDS):
+            loaders = switch_loaders(record(), loaders, board.fields)
+        loader = first_loader(loaders)
+        sampler = getattr(loader, "batch_sampler", None)
+        batch = getattr(loader, "batch_size", None) or getattr(sampler, "batch_size", None)
+        if batch:
+            board.samples_per_step = batch * getattr(fitting.get("trainer"), "accumulate_grad_batches", 1)
+        return loaders
+
+    setattr(dataloader, PATCHED, True)
+    cls.dataloader = dataloader
+
+
+def switch_loaders(record: FrameworkRecord, loaders: Any, fields: dict[str, Any]) -> Any:
+    """The training loader(s) with the run's settings: a DataLoader, or each DataLoader of a list or dict."""
+    if isinstance(loaders, DataLoader):
+        return switch_loader(record, loaders, fields)
+    if isinstance(loaders, dict):
+        return type(loaders)({k: switch_loaders(record, v, fields) for k, v in loaders.items()})
+    if isinstance(loaders, (list, tuple)) and not hasattr(loaders, "_fields"):
+        return type(loaders)(switch_loaders(record, v, fields) for v in loaders)
+    for name in fields:
+        if name in LOADER_FIELDS:
+            record.unsupported[name] = f"the training data is a {type(loaders).__name__}, not a torch DataLoader"
+    return loaders
+
+
+def first_loader(loaders: Any) -> DataLoader | None:
+    if isinstance(loaders, DataLoader):
+        return loaders
+    values = loaders.values() if isinstance(loaders, dict) else loaders if isinstance(loaders, (list, tuple)) else ()
+    return next((found for v in values if (found := first_loader(v)) is not None), None)
+
+
+def compile_graphs() -> int:
+    """How many graphs dynamo has compiled in this process (0 when it was never imported)."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def note(record: FrameworkRecord, topic: str, text: str) -> None:
+    """One note per topic: a result written twice (speed mode, then at exit) keeps the latest."""
+    record.notes[:] = [n for n in record.notes if not n.startswith(f"{topic}: ")] + [f"{topic}: {text}"]
+
+
+def read_back(record: FrameworkRecord, trainer: Any) -> None:
+    """Each switch as the fitting Trainer has it (the run's proof)."""
+    plugin = getattr(trainer.strategy, "precision_plugin", None)
+    if plugin is not None:
+        record.prove("precision", getattr(plugin, "precision", type(plugin).__name__))
+        note(record, "precision plugin", f"{type(plugin).__name__}({getattr(plugin, 'precision', '?')!r})")
+    record.prove("benchmark", getattr(trainer, FIT_STATE, {}).get("benchmark", torch.backends.cudnn.benchmark))
+    module = trainer.lightning_module
+    if module is not None:
+        graphs = compile_graphs()
+        record.prove("torch.compile", (compiled(module) or compiled(trainer.strategy.model)) and graphs > 0)
+        if "torch.compile" in record.switches:
+            note(record, "torch.compile", f"{graphs} graph(s) compiled by dynamo")
+        if "memory format" in record.switches:
+            record.prove("memory format", memory_format_of(module))
+    optimizers = list(getattr(trainer, "optimizers", None) or [])
+    if optimizers:
+        impls = sorted({optimizer_impl(o) for o in optimizers})
+        record.prove("optimizer implementation", impls[0] if len(impls) == 1 else impls)
+    prove_loader(record, first_loader(trainer.train_dataloader))
