@@ -16,13 +16,14 @@ from trainfast.probe import MeasureSpec
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measured_run(argv: list[str], fields: dict[str, Any], out: Path, mode: str = "full",
-                 timeout: float = 600) -> dict[str, Any]:
-    """Run `argv` (a python script and its arguments) measured with `fields`; its result.json, parsed."""
+def measured_run(argv: list[str], fields: dict[str, Any], out: Path, mode: str = "full", timeout: float = 600,
+                 **env_extra: str) -> dict[str, Any]:
+    """Run `argv` (a python script and its arguments) measured with `fields`, in `out`, with `env_extra` added
+    to its environment (and no ACCELERATE_* or TRAINFAST_* variable of the test's own); its result.json."""
     out.mkdir(parents=True, exist_ok=True)
     spec = MeasureSpec(str(out / "result.json"), mode, steps=8, seconds=5.0, floor=4, min_seconds=0.5)
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT / "src")}
-    env.pop("TRAINFAST_RECIPE", None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "TRAINFAST_"))}
+    env.update({"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT / "src"), **env_extra})
     env.update(run_environment(fields, spec))
     env["PYTHONPATH"] += os.pathsep + str(ROOT / "src")
     proc = subprocess.run([sys.executable, *argv], env=env, cwd=out, capture_output=True, text=True, timeout=timeout)

@@ -4,7 +4,6 @@ is read back from what the Accelerator built; the baseline turns off what the sc
 had; transformers' own Accelerator is left to the transformers adapter; without Accelerate nothing happens."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,12 +16,11 @@ from torch.utils.data import DataLoader
 
 accelerate = pytest.importorskip("accelerate")
 
+import fwkit  # noqa: E402
+from fwkit import ROOT  # noqa: E402
 from trainfast.frameworks import accel  # noqa: E402
 from trainfast.frameworks.board import Board, UNSET  # noqa: E402
-from trainfast.launch import run_environment  # noqa: E402
-from trainfast.probe import MeasureSpec  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "accelerate_loop.py")
 sys.path.insert(0, str(ROOT / "examples"))
 
@@ -163,18 +161,10 @@ def test_a_read_back_that_differs_is_not_applied():
 
 def measured_run(args: list[str], fields: dict[str, Any], out: Path, script: str = EXAMPLE,
                  **env_extra: str) -> dict[str, Any]:
-    """A run of the example (one epoch of 10 steps unless `args` say otherwise) with TRAINFAST_RECIPE and
-    TRAINFAST_MEASURE as the ablation sets them (full mode); its result.json, parsed."""
-    out.mkdir(parents=True, exist_ok=True)
-    spec = MeasureSpec(str(out / "result.json"), "full", steps=8, seconds=5.0, floor=4, min_seconds=0.5)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "TRAINFAST_"))}
-    env.update({"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT / "src"), **env_extra})
-    env.update(run_environment(fields, spec))
-    env["PYTHONPATH"] += os.pathsep + str(ROOT / "src")
+    """A run of the example (one epoch of 320 samples unless `args` say otherwise), measured as the ablation
+    starts it (fwkit.measured_run, full mode)."""
     argv = [script, *(["--epochs", "1", "--train-size", "320"] if script == EXAMPLE else []), *args]
-    proc = subprocess.run([sys.executable, *argv], env=env, cwd=out, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads((out / "result.json").read_text())
+    return fwkit.measured_run(argv, fields, out, **env_extra)
 
 
 def read_backs(result: dict[str, Any]) -> dict[str, Any]:

@@ -166,3 +166,14 @@ def test_activation_checkpointing_reaches_the_model_and_the_baseline_turns_it_of
     trainer.train()
     proof = switches({"frameworks": board.to_dict()}, "transformers")["activation_checkpointing"]
     assert not trainer.model.is_gradient_checkpointing and proof["applied"] is True and proof["script"] is True
+
+
+def test_a_second_trainer_is_the_one_read_back_and_other_read_backs_are_kept(tmp_path):
+    board = Board({"cudnn_benchmark": False, "optimizer_impl": "fused"})
+    Args, Trainer = patched_classes(board)
+    tiny_trainer(Args, Trainer, tmp_path / "a", optim="adamw_torch")
+    second = tiny_trainer(Args, Trainer, tmp_path / "b", optim="adamw_torch")
+    second.train()
+    proof = switches({"frameworks": board.to_dict()}, "transformers")
+    assert proof["torch.backends.cudnn.benchmark"]["applied"] is True      # switch_cudnn_benchmark's own reader
+    assert proof["optim"]["read_back"] == "adamw_torch_fused"             # the second Trainer's optimizer

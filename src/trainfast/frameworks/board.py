@@ -85,6 +85,7 @@ class Board:
     # Samples in one optimizer step of one process (per-device batch x accumulation), where the framework says:
     # the probe then reports samples/s instead of steps/s.
     samples_per_step: int | None = None
+    held: dict[str, Any] = field(default_factory=dict)     # what the adapters' read-backs read, held to the end
 
     def framework(self, name: str, version: str) -> FrameworkRecord:
         if name not in self.frameworks:

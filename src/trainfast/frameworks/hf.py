@@ -148,9 +148,11 @@ def patch_trainer(cls: type, board: Board) -> None:
             self.model = switch_memory_format(record, self.model, bool(board.fields["channels_last"]))
         args = self.args
         board.samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        # Held, not weakly: the proof is read when the result is written, which for a run that ends by itself
-        # is at exit, after the script has dropped its Trainer.
-        record.readers[:] = [lambda r: read_back(r, self)]
+        # The latest Trainer is the one read back. Held, not weakly: the proof is read when the result is
+        # written, which for a run that ends by itself is at exit, after the script has dropped its Trainer.
+        if "transformers.trainer" not in board.held:
+            record.readers.append(lambda r: read_back(r, board.held["transformers.trainer"]))
+        board.held["transformers.trainer"] = self
 
     @functools.wraps(get_loader)
     def get_train_dataloader(self, *args: Any, **kwargs: Any):
