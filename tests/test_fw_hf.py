@@ -177,3 +177,23 @@ def test_a_second_trainer_is_the_one_read_back_and_other_read_backs_are_kept(tmp
     proof = switches({"frameworks": board.to_dict()}, "transformers")
     assert proof["torch.backends.cudnn.benchmark"]["applied"] is True      # switch_cudnn_benchmark's own reader
     assert proof["optim"]["read_back"] == "adamw_torch_fused"             # the second Trainer's optimizer
+
+
+@pytest.mark.slow
+def test_an_ablation_of_the_example_proves_its_rungs_and_reports_the_scripts_settings(tmp_path):
+    from test_ablate_command import ablate
+
+    out = tmp_path / "ab"
+    proc, results = ablate(out, "--switches", "amp,set_to_none,fused", "--repeats", "1", "--noise-seeds", "1",
+                           "--settle-within", "0",
+                           command=[sys.executable, EXAMPLE, "--train-size", "1536", "--output-dir", str(tmp_path)])
+    rungs = {r["name"]: r for r in results["rungs"]}
+    assert rungs["set_to_none"]["status"] == "no-effect" and rungs["set_to_none"]["effect"] == "not-applicable"
+    for name in ("baseline", "amp", "fused"):
+        assert rungs[name]["status"] == "done", rungs[name]
+        proof = switches(rungs[name]["runs"][0], "transformers")
+        assert all(s["applied"] for s in proof.values()), proof
+    assert results["settings"]["framework"].startswith("transformers ")
+    assert "transformers optim='adamw_torch_fused'" in results["settings"]["script_settings"]
+    report = (out / "report.md").read_text()
+    assert "the framework's own settings" in report and "adamw_torch_fused" in report

@@ -86,3 +86,50 @@ def test_the_post_import_hook_runs_after_the_module_and_at_once_for_one_already_
         "print(seen)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[('late', True), ('now', 'json')]"
+
+
+def command_work():
+    import torch
+
+    from trainfast.ablation.rung import TimingBudget
+    from trainfast.ablation.work import CommandWork
+    from trainfast.recipe import Recipe
+
+    return CommandWork(cmd=None, dev=torch.device("cpu"), base=Recipe(), switched=["precision", "compile"],
+                       budget=TimingBudget(), settings={})
+
+
+def framework_result(applied: bool) -> dict:
+    board = Board({"precision": "bf16", "compile": True})
+    record = board.framework("lightning", "2.6")
+    record.set("precision", "precision", "bf16-mixed", "32-true")
+    record.prove("precision", "bf16-mixed" if applied else "32-true")
+    record.unsupported["set_to_none"] = "Lightning's zero_grad() frees the gradients already"
+    return {"session": False, "frameworks": board.to_dict()}
+
+
+def test_the_ablation_rules_rungs_out_from_a_framework_runs_proof():
+    from trainfast.recipe import Recipe
+    from trainfast.results import Effect, Rung, Status
+
+    plan = [Rung("baseline", {}, Recipe()), Rung("amp", {"precision": "bf16"}, Recipe()),
+            Rung("set_to_none", {"set_to_none": True}, Recipe())]
+    work = command_work()
+    after = work.after_run(plan)
+    after(plan[0], framework_result(True))
+    assert plan[2].status == Status.NO_EFFECT and plan[2].effect == Effect.NOT_APPLICABLE
+    assert "frees the gradients" in plan[2].reason and plan[1].status == Status.PENDING
+    assert work.settings["framework"] == "lightning 2.6"
+    assert work.settings["script_settings"] == ["lightning precision='32-true'"]
+    after(plan[1], framework_result(False))            # the amp run read back 32-true: not applied
+    assert plan[1].status == Status.NO_EFFECT and plan[1].effect == Effect.NOT_APPLIED
+    assert "read back '32-true'" in plan[1].reason
+
+
+def test_a_script_with_neither_session_nor_framework_has_every_rung_ruled_out():
+    from trainfast.recipe import Recipe
+    from trainfast.results import Effect, Rung
+
+    plan = [Rung("baseline", {}, Recipe()), Rung("amp", {"precision": "bf16"}, Recipe())]
+    command_work().after_run(plan)(plan[0], {"session": False})
+    assert plan[1].effect == Effect.NO_SESSION and "neither trainfast.Session nor a framework" in plan[1].reason

@@ -258,7 +258,9 @@ class LadderRun:
         from ..report import write_report
 
         best, tie, odds = pick_best(self.plan, self.opts.min_effect)
-        settings = self.settings
+        # What the work learned from its runs (a framework script: the framework, the script's own settings)
+        # joins the settings it started with.
+        settings = {**self.work.settings, **self.settings}
         if self.cut is not None:
             settings = {**settings, "repeats": self.repeats, "noise_seeds": self.noise_seeds,
                         "budget_cut": self.cut.to_dict()}
