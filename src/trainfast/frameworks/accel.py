@@ -53,7 +53,8 @@ from torch.utils.data import DataLoader, RandomSampler
 from ..techniques.optimizer import rebind_scheduler
 from .board import Board, FrameworkRecord, UNSET
 from .common import (is_compiled, mark_own_pipeline, memory_format_of, optimizer_impl, prove_loader,
-                     switch_cudnn_benchmark, switch_loader, switch_memory_format, switch_optimizer)
+                     switch_checkpointing, switch_cudnn_benchmark, switch_loader, switch_memory_format,
+                     switch_optimizer)
 from .hooks import when_imported
 
 NAME = "accelerate"
@@ -168,8 +169,6 @@ def switch_arguments(kw: dict[str, Any], record: FrameworkRecord, fields: dict[s
                                    dataclasses.replace(config, non_blocking=bool(fields["non_blocking"])))
     if "set_to_none" in fields:
         record.unsupported.setdefault("set_to_none", NO_ZERO_GRAD)
-    if "activation_checkpointing" in fields:
-        record.unsupported["activation_checkpointing"] = "the script's model is its own: Accelerate has no setting"
     mark_own_pipeline(record, fields)
     if "cudnn_benchmark" in fields:
         switch_cudnn_benchmark(record, bool(fields["cudnn_benchmark"]))
@@ -231,13 +230,9 @@ def switch_model(record: FrameworkRecord, model: torch.nn.Module, fields: dict[s
     """channels_last on (or, when off, the script's own channels_last undone), and the script's own
     torch.compile undone when compile is off (Accelerate compiles itself when it is on)."""
     if "channels_last" in fields:
-        enabled = bool(fields["channels_last"])
-        if memory_format_of(model) == "channels_last":        # the script's own: reported, undone when off
-            record.set("channels_last", "memory format", "channels_last" if enabled else "contiguous",
-                       "channels_last")
-            if not enabled:
-                model = model.to(memory_format=torch.contiguous_format)
-        model = switch_memory_format(record, model, enabled)
+        model = switch_memory_format(record, model, bool(fields["channels_last"]))
+    if "activation_checkpointing" in fields:
+        switch_checkpointing(record, model, bool(fields["activation_checkpointing"]))
     compiled = record.switches.get("compiled model")
     if compiled is not None and is_compiled(model):
         if compiled.script == UNSET:

@@ -13,7 +13,7 @@ from ..techniques import checkpointing
 from ..techniques.base import has_conv
 from ..techniques.memory_format import apply_memory_format
 from ..techniques.optimizer import IMPL_FLAGS, rebuild_optimizer
-from .board import FrameworkRecord
+from .board import UNSET, FrameworkRecord
 
 LOADER_FIELDS = {"num_workers": "num_workers", "pin_memory": "pin_memory",
                  "persistent_workers": "persistent_workers", "prefetch_factor": "prefetch_factor"}
@@ -123,15 +123,23 @@ def switch_optimizer(record: FrameworkRecord, optimizer: Any, impl: str, schedul
 
 
 def switch_memory_format(record: FrameworkRecord, model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
+    """channels_last on; off, a model the script itself made channels_last is turned back (the script's
+    format recorded only then: contiguous is every model's default)."""
     if not has_conv(model):
         record.unsupported["channels_last"] = "the model has no convolutions: memory format changes nothing"
         return model
-    record.set("channels_last", "memory format", "channels_last" if enabled else "contiguous")
+    had = memory_format_of(model)
+    record.set("channels_last", "memory format", "channels_last" if enabled else "contiguous",
+               had if had == "channels_last" else UNSET)
+    if not enabled and had == "channels_last":
+        return model.to(memory_format=torch.contiguous_format)
     return apply_memory_format(model, enabled)
 
 
 def switch_checkpointing(record: FrameworkRecord, model: torch.nn.Module, enabled: bool) -> None:
-    """Activation checkpointing through the model's own switch (timm, transformers), on or off."""
+    """Activation checkpointing through the model's own switch (timm, transformers), on or off: the outermost
+    module that has one (a LightningModule or a script's wrapper holds the timm/transformers model inside)."""
+    model = next((m for m in model.modules() if checkpointing.supports(m)), model)
     why = checkpointing.effect(model)
     if not why.acts:
         record.unsupported["activation_checkpointing"] = why.reason

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader
 from ..techniques.optimizer import rebind_scheduler
 from .board import Board, FrameworkRecord, UNSET
 from .common import (LOADER_FIELDS, is_compiled, mark_own_pipeline, memory_format_of, optimizer_impl, prove_loader,
-                     switch_loader, switch_memory_format, switch_optimizer)
+                     switch_checkpointing, switch_loader, switch_memory_format, switch_optimizer)
 from .hooks import when_imported
 
 NAME = "lightning"
@@ -148,7 +148,9 @@ def switch_model(model: Any, record: FrameworkRecord, fields: dict[str, Any], pa
         return model
     module = getattr(model, "_orig_mod", model)
     if "channels_last" in fields:
-        switch_channels_last(record, module, bool(fields["channels_last"]))
+        switch_memory_format(record, module, bool(fields["channels_last"]))      # in place: Module.to
+    if "activation_checkpointing" in fields:
+        switch_checkpointing(record, module, bool(fields["activation_checkpointing"]))
     if "compile" not in fields:
         return model
     wanted = bool(fields["compile"])
@@ -161,17 +163,6 @@ def switch_model(model: Any, record: FrameworkRecord, fields: dict[str, Any], pa
     if getattr(module, "_compiled_call_impl", None) is not None:     # nn.Module.compile() in place
         module._compiled_call_impl = None
     return module
-
-
-def switch_channels_last(record: FrameworkRecord, module: torch.nn.Module, enabled: bool) -> None:
-    """The module's memory format, in place; off turns the script's own channels_last back to contiguous (and
-    says the script had it)."""
-    had = memory_format_of(module)
-    switch_memory_format(record, module, enabled)
-    if not enabled and had == "channels_last":
-        module.to(memory_format=torch.contiguous_format)
-    if had == "channels_last" and "memory format" in record.switches:
-        record.switches["memory format"].script = had
 
 
 def patch_optimizer_conf(module: Any, board: Board, record: Callable[[], FrameworkRecord]) -> None:

@@ -1,0 +1,59 @@
+"""The switches every framework adapter applies the same way (frameworks/common.py), on plain torch objects."""
+from __future__ import annotations
+
+import timm
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainfast.frameworks.board import Board, UNSET
+from trainfast.frameworks.common import (memory_format_of, optimizer_impl, switch_checkpointing, switch_loader,
+                                         switch_memory_format, switch_optimizer)
+
+
+def record():
+    return Board({}).framework("x", "1")
+
+
+class Wrapper(nn.Module):              # a LightningModule or a script's own wrapper around a library model
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.net = inner
+
+
+def test_checkpointing_finds_the_library_model_inside_a_wrapper_and_turns_it_on_and_off():
+    rec = record()
+    model = Wrapper(timm.create_model("resnet18", num_classes=2))
+    switch_checkpointing(rec, model, True)
+    assert rec.to_dict()["switches"]["activation checkpointing"]["applied"] is True
+    rec = record()
+    switch_checkpointing(rec, model, False)
+    out = rec.to_dict()["switches"]["activation checkpointing"]
+    assert out["applied"] is True and out["script"] is True and out["read_back"] is False
+    rec = record()
+    switch_checkpointing(rec, Wrapper(nn.Linear(2, 2)), True)
+    assert "no checkpointing switch" in rec.unsupported["activation_checkpointing"]
+
+
+def test_memory_format_off_turns_back_the_scripts_channels_last_and_says_it_had_it():
+    rec = record()
+    model = switch_memory_format(rec, nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last), False)
+    assert memory_format_of(model) == "contiguous" and rec.switches["memory format"].script == "channels_last"
+    rec = record()
+    switch_memory_format(rec, nn.Conv2d(3, 8, 3), True)
+    assert rec.switches["memory format"].script == UNSET          # contiguous: every model's default
+
+
+def test_the_loader_is_rebuilt_with_the_same_batches_and_the_optimizer_with_its_scheduler():
+    rec = record()
+    data = TensorDataset(torch.arange(20.0))
+    loader = DataLoader(data, batch_size=4, shuffle=False, drop_last=True)
+    rebuilt = switch_loader(rec, loader, {"num_workers": 1, "persistent_workers": True, "prefetch_factor": 3})
+    assert rebuilt.num_workers == 1 and rebuilt.persistent_workers and rebuilt.prefetch_factor == 3
+    assert [b[0].tolist() for b in rebuilt] == [b[0].tolist() for b in loader]
+    model = nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    new = switch_optimizer(rec, opt, "default", sched)
+    assert new is not opt and optimizer_impl(new) == "default" and sched.optimizer is new
+    assert rec.switches["optimizer implementation"].script == "fused"
