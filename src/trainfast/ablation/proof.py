@@ -23,7 +23,7 @@ def unsupported(changes: dict[str, Any], sections: dict[str, Any]) -> str | None
         served = any(s["field"] == name for rec in sections.values() for s in rec.get("switches", {}).values())
         if served or not why:
             return None
-        reasons.append(f"{name}: {why[0]}")
+        reasons.append(f"{name}: {why[0]}" if len(changes) > 1 else why[0])
     return "; ".join(reasons)
 
 
