@@ -14,6 +14,8 @@ before Accelerate wraps them; each is read back from what the Accelerator ended 
 | optimizer_impl   | the optimizer, rebuilt before prepare() (schedulers  | the prepared optimizer's fused / foreach  |
 |                  | built on it rebound)                                 | flags                                     |
 | channels_last    | the model, before prepare()                          | the prepared model's conv weights         |
+| activation_      | the timm/transformers model in the script's model,   | its own checkpointing flag                |
+| checkpointing    | through its own switch, before prepare()             |                                           |
 | set_to_none      | the prepared optimizer's zero_grad(set_to_none=...)  | what zero_grad last passed on             |
 | cudnn_benchmark  | torch.backends.cudnn.benchmark, at Accelerator()     | the flag                                  |
 

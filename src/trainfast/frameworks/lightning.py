@@ -14,6 +14,8 @@ DataLoader. Each is read back from what the Trainer ended up with while it train
 |                  | (its schedulers rebound)                                |                                         |
 | num_workers, ... | the training DataLoader, rebuilt (the module's hook, a  | the loader the fit loop iterates        |
 |                  | DataModule's, or fit(train_dataloaders=...))            |                                         |
+| activation_      | the timm/transformers model inside the LightningModule, | its own checkpointing flag              |
+| checkpointing    | through its own switch                                  |                                         |
 
 Lightning on a CPU turns "16-mixed" into "bf16-mixed" by itself; the read-back shows it, and the rung is
 reported as not applied rather than timed as fp16. seed is left alone: a Lightning script seeds itself
