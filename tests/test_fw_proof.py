@@ -133,3 +133,31 @@ def test_a_script_with_neither_session_nor_framework_has_every_rung_ruled_out():
     plan = [Rung("baseline", {}, Recipe()), Rung("amp", {"precision": "bf16"}, Recipe())]
     command_work().after_run(plan)(plan[0], {"session": False})
     assert plan[1].effect == Effect.NO_SESSION and "neither trainfast.Session nor a framework" in plan[1].reason
+
+
+def test_a_carried_switch_not_applied_is_noted_on_the_rung_that_carried_it_not_ruled_out():
+    from trainfast.recipe import Recipe
+    from trainfast.results import Rung, Status
+
+    board = Board({"precision": "bf16", "pin_memory": True, "compile": True})
+    record = board.framework("transformers", "5")
+    record.set("compile", "torch_compile", True, False)
+    record.prove("torch_compile", True)
+    record.set("pin_memory", "dataloader_pin_memory", True, True)
+    record.prove("dataloader_pin_memory", False)          # forced off by the framework on a CPU
+    plan = [Rung("baseline", {}, Recipe()), Rung("compile", {"compile": True}, Recipe(), status=Status.DONE)]
+    after = command_work().after_run(plan)
+    after(plan[1], {"session": False, "frameworks": board.to_dict()})
+    assert plan[1].status == Status.DONE
+    assert "carried from the rungs above" in plan[1].reason and "dataloader_pin_memory" in plan[1].reason
+
+
+def test_the_report_says_data_wait_was_not_measured_for_a_script_without_a_session():
+    from trainfast.recipe import Recipe
+    from trainfast.report.markdown import data_wait_line
+    from trainfast.results import Rung, RungResult, Status
+
+    rungs = [Rung("baseline", {}, Recipe(), status=Status.DONE, result=RungResult(data_wait_fraction=None))]
+    assert "not measured" in data_wait_line(rungs)
+    rungs[0].result.data_wait_fraction = 0.5
+    assert "50% (input-bound)" in data_wait_line(rungs)

@@ -200,7 +200,9 @@ class Probe:
             "rate_unit": "samples/s" if samples_known else "steps/s",
             "timing": timing.to_dict(),
             "steps_run": self.timer.updates,
-            "data_wait_fraction": timing.data_wait_s / timing.seconds if timing.seconds else 0.0,
+            # Only a Session's loader times the wait for each batch; the global hook sees optimizer steps alone.
+            "data_wait_fraction": (timing.data_wait_s / timing.seconds if timing.seconds else 0.0)
+            if session is not None else None,
             "peak_memory_bytes": peak_memory_bytes(self.device or torch.device("cpu")),
             "world_size": self.world_size,
             "precision_state": precision,

@@ -33,7 +33,9 @@ LADDER_MODES = ("cumulative", "each")    # how a ladder's rungs build on each ot
 # precision_level, so in cumulative mode it replaces the previous level. "fp32" names the baseline (O0).
 # "decode_cache" (image folders: decode each file once, then read uint8 pixels) is opt-in too, after prefetch.
 # "checkpointing" (activation checkpointing) is a memory rung, opt-in after the last: slower, less memory.
-OPT_IN_AFTER = {"prefetch": {"decode_cache": {"decode_cache": True}},
+# "workers" (two DataLoader worker processes) too: a script that makes or decodes its batches in the training
+# process (the framework adapters switch the script's own loader).
+OPT_IN_AFTER = {"prefetch": {"decode_cache": {"decode_cache": True}, "workers": {"num_workers": 2}},
                 "fused": {"checkpointing": {"activation_checkpointing": True}}}
 RUNGS: dict[str, dict[str, Any]] = {**dict(list(LADDER.items())[:2]), **LEVEL_RUNGS}
 for _name, _changes in LADDER.items():

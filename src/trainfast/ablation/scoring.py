@@ -88,7 +88,8 @@ def aggregate(rung: Rung, noise: Noise | None, metric: str | None = "accuracy") 
         epoch_time_s=mean("epoch_time_s"),
         wall_s=statistics.fmean(r["wall_time_s"] for r in reps) if all(r.get("wall_time_s") for r in reps) else None,
         peak_memory_bytes=max(r["peak_memory_bytes"] for r in reps),
-        data_wait_fraction=statistics.fmean(r["data_wait_fraction"] for r in reps),
+        data_wait_fraction=(statistics.fmean(r["data_wait_fraction"] for r in reps)
+                            if all(r.get("data_wait_fraction") is not None for r in reps) else None),
         skipped_files=max(r.get("skipped_files") or 0 for r in reps),      # each run reads the same files
         steps=first.get("steps", first.get("steps_run")),
         warmup_steps=[r["timing"]["warmup_steps"] for r in reps],

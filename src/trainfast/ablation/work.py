@@ -219,6 +219,8 @@ class CommandWork:
                 problem = not_applied(rung.changes, sections)
                 if problem:
                     rung.rule_out(Effect.NOT_APPLIED, problem)
+                else:
+                    note_carried(rung, sections)
         return after
 
     def baseline_seen(self, plan: list[Rung], result: dict[str, Any], sections: dict[str, Any]) -> None:
@@ -236,6 +238,17 @@ class CommandWork:
                 other.rule_out(Effect.NO_SESSION,
                                "the script uses neither trainfast.Session nor a framework trainfast switches "
                                "(transformers Trainer, Lightning, Accelerate), so the recipe cannot reach it")
+
+
+def note_carried(rung: Rung, sections: dict[str, Any]) -> None:
+    """A switch a cumulative rung carries from a rung above (ruled out or not) that its runs did not end up with:
+    its own numbers stand (its switch was applied) and its reason says which carried switch was not."""
+    carried = {s["field"]: True for rec in sections.values() for s in rec.get("switches", {}).values()
+               if s["field"] not in rung.changes and s["field"] != "seed"}
+    problem = not_applied(carried, sections)
+    text = f"carried from the rungs above but not applied in its runs: {problem}" if problem else ""
+    if text and text not in rung.reason:
+        rung.reason = f"{rung.reason}; {text}" if rung.reason else text
 
 
 def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], *, recipe: Recipe | None,

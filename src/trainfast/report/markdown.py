@@ -96,6 +96,9 @@ def data_wait_line(rungs: list[Rung]) -> str:
     parts = [f"{rung_label(r)} {100 * r.result.data_wait_fraction:.0f}%"
              + (" (input-bound)" if r.result.data_wait_fraction > INPUT_BOUND_SHARE else "")
              for r in rungs if r.status == Status.DONE and r.result.data_wait_fraction is not None]
+    if not parts and any(r.status == Status.DONE for r in rungs):
+        return ("Time waiting for data: not measured (the script feeds its own loader: only a trainfast.Session "
+                "times the wait for each batch).")
     return "Time waiting for data (share of the timed steps; the rest is computing): " + (", ".join(parts) or "—") + "."
 
 
