@@ -132,7 +132,7 @@ def test_a_script_with_neither_session_nor_framework_has_every_rung_ruled_out():
 
     plan = [Rung("baseline", {}, Recipe()), Rung("amp", {"precision": "bf16"}, Recipe())]
     command_work().after_run(plan)(plan[0], {"session": False})
-    assert plan[1].effect == Effect.NO_SESSION and "neither trainfast.Session nor a framework" in plan[1].reason
+    assert plan[1].effect == Effect.NO_SESSION and "does not use trainfast.Session, nor a framework" in plan[1].reason
 
 
 def test_a_carried_switch_not_applied_is_noted_on_the_rung_that_carried_it_not_ruled_out():

@@ -236,8 +236,9 @@ class CommandWork:
         elif not result.get("session", True):
             for other in plan[1:]:
                 other.rule_out(Effect.NO_SESSION,
-                               "the script uses neither trainfast.Session nor a framework trainfast switches "
-                               "(transformers Trainer, Lightning, Accelerate), so the recipe cannot reach it")
+                               "the script does not use trainfast.Session, nor a framework trainfast switches "
+                               "from inside (transformers Trainer, Lightning, Accelerate), so the recipe cannot "
+                               "reach it")
 
 
 def note_carried(rung: Rung, sections: dict[str, Any]) -> None:
