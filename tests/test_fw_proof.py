@@ -119,8 +119,8 @@ def test_the_ablation_rules_rungs_out_from_a_framework_runs_proof():
     after(plan[0], framework_result(True))
     assert plan[2].status == Status.NO_EFFECT and plan[2].effect == Effect.NOT_APPLICABLE
     assert "frees the gradients" in plan[2].reason and plan[1].status == Status.PENDING
-    assert work.settings["framework"] == "lightning 2.6"
-    assert work.settings["script_settings"] == ["lightning precision='32-true'"]
+    assert work.learned["framework"] == "lightning 2.6" and "framework" not in work.settings
+    assert work.learned["script_settings"] == ["lightning precision='32-true'"]
     after(plan[1], framework_result(False))            # the amp run read back 32-true: not applied
     assert plan[1].status == Status.NO_EFFECT and plan[1].effect == Effect.NOT_APPLIED
     assert "read back '32-true'" in plan[1].reason
@@ -161,3 +161,27 @@ def test_the_report_says_data_wait_was_not_measured_for_a_script_without_a_sessi
     assert "not measured" in data_wait_line(rungs)
     rungs[0].result.data_wait_fraction = 0.5
     assert "50% (input-bound)" in data_wait_line(rungs)
+
+
+def test_a_precision_level_the_framework_lacks_makes_the_rung_not_applicable_and_autocast_is_served():
+    from trainfast.recipe import Recipe
+    from trainfast.results import Effect, Rung, Status
+
+    def run(level: str) -> dict:
+        board = Board({"precision": "bf16", "precision_level": level})
+        record = board.framework("accelerate", "1")
+        record.set("precision", "mixed_precision", "bf16", "no")
+        record.prove("mixed_precision", "bf16")
+        if level != "autocast":
+            record.unsupported["precision_level"] = "mixed_precision is autocast (O1) only"
+        return {"session": False, "frameworks": board.to_dict()}
+
+    plan = [Rung("baseline", {}, Recipe()),
+            Rung("autocast-bf16", {"precision": "bf16", "precision_level": "autocast"}, Recipe()),
+            Rung("master-bf16", {"precision": "bf16", "precision_level": "master"}, Recipe())]
+    after = command_work().after_run(plan)
+    after(plan[1], run("autocast"))
+    after(plan[2], run("master"))
+    assert plan[1].status == Status.PENDING and not plan[1].reason            # O1 is what the framework does
+    assert plan[2].status == Status.NO_EFFECT and plan[2].effect == Effect.NOT_APPLICABLE
+    assert "autocast (O1) only" in plan[2].reason

@@ -27,6 +27,26 @@ def unsupported(changes: dict[str, Any], sections: dict[str, Any]) -> str | None
     return "; ".join(reasons)
 
 
+# A switch that only helps another one act: a framework without it still runs the rung's main switch.
+HELPERS = {"pin_memory"}
+
+
+def lacks_a_switch(changes: dict[str, Any], sections: dict[str, Any]) -> str | None:
+    """Why a rung that ran cannot be what it is named: one of its own switches (not a helper) has no setting in
+    the framework of this run (an O2 level where the framework's mixed precision is autocast); None if none."""
+    reasons = [f"{name}: {why}" for name in changes if name not in HELPERS
+               for rec in sections.values() for key, why in rec.get("unsupported", {}).items() if key == name]
+    return "; ".join(reasons) or None
+
+
+def served(name: str, value: Any, sections: dict[str, Any]) -> bool:
+    """A field some switch of the run serves, or precision_level "autocast", which every framework's mixed
+    precision is (served by its precision switch)."""
+    if name == "precision_level" and value == "autocast":
+        name = "precision"
+    return any(s["field"] == name for rec in sections.values() for s in rec.get("switches", {}).values())
+
+
 def not_applied(changes: dict[str, Any], sections: dict[str, Any]) -> str | None:
     """The rung's switches that the framework did not end up with (read back differs from what was asked, or
     nothing could be read back), in words; None when every one is proven applied."""
@@ -40,9 +60,8 @@ def not_applied(changes: dict[str, Any], sections: dict[str, Any]) -> str | None
                                 f"never reached it)")
             else:
                 problems.append(f"{fw} {s['setting']}: asked {s['wanted']!r}, read back {s['read_back']!r}")
-    unserved = [n for n in changes if n != "seed" and not any(
-        n in rec.get("unsupported", {}) or any(s["field"] == n for s in rec.get("switches", {}).values())
-        for rec in sections.values())]
+    unserved = [n for n, v in changes.items() if n != "seed" and not served(n, v, sections)
+                and not any(n in rec.get("unsupported", {}) for rec in sections.values())]
     problems += [f"{n}: no adapter met a setting for it in this run" for n in unserved]
     return "; ".join(problems) or None
 

@@ -29,7 +29,7 @@ from .rung import Job, TimingBudget, rung_main
 from .scoring import FIRST_REPORTED
 from .server import rung_context, start_rung_server
 from .store import write_json
-from .proof import SECTION as FRAMEWORKS, framework_names, not_applied, script_settings, unsupported
+from .proof import SECTION as FRAMEWORKS, framework_names, lacks_a_switch, not_applied, script_settings, unsupported
 
 # launch(rung, recipe, budget or None, run_dir, display, time_limit_s) -> the run's record, or {"error", "log_tail"}
 Launch = Callable[[Rung, Recipe, "TimingBudget | None", Path, Any, "float | None"], dict]
@@ -172,6 +172,9 @@ class CommandWork:
     metric_name: str | None = None       # what the script reports (tf.report) that full runs are judged on
     goal: str | None = None              # "max" or "min"; None: from the metric's name
     flops_per_sample: float | None = None     # the script's model is not known here
+    # What its runs revealed for the report (a framework, the script's own settings): kept apart from `settings`,
+    # which identify the work when a run folder is resumed.
+    learned: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def fields(self, recipe: Recipe) -> dict[str, Any]:
         """What reaches the script: only the switched fields, so its own settings (grad_accum_steps,
@@ -216,8 +219,11 @@ class CommandWork:
             if rung is plan[0]:
                 self.baseline_seen(plan, result, sections)
             elif sections and rung.status != Status.NO_EFFECT:
+                lacking = lacks_a_switch(rung.changes, sections)
                 problem = not_applied(rung.changes, sections)
-                if problem:
+                if lacking:
+                    rung.rule_out(Effect.NOT_APPLICABLE, lacking)
+                elif problem:
                     rung.rule_out(Effect.NOT_APPLIED, problem)
                 else:
                     note_carried(rung, sections)
@@ -225,12 +231,12 @@ class CommandWork:
 
     def baseline_seen(self, plan: list[Rung], result: dict[str, Any], sections: dict[str, Any]) -> None:
         if sections:
-            self.settings["framework"] = framework_names(sections)
-            self.settings["script_settings"] = script_settings(sections)
+            self.learned["framework"] = framework_names(sections)
+            self.learned["script_settings"] = script_settings(sections)
             fields = {s["field"]: True for rec in sections.values() for s in rec.get("switches", {}).values()}
-            self.settings["baseline_not_applied"] = not_applied(fields, sections)
+            self.learned["baseline_not_applied"] = not_applied(fields, sections)
             for other in plan[1:]:
-                why = unsupported(other.changes, sections)
+                why = unsupported(other.changes, sections) or lacks_a_switch(other.changes, sections)
                 if why and other.status != Status.NO_EFFECT:
                     other.rule_out(Effect.NOT_APPLICABLE, why)
         elif not result.get("session", True):
