@@ -710,3 +710,14 @@ def test_corpus_every_mistake_at_once_in_the_reference_engine_order(no_ceiling, 
     assert set(problems) == {PLANTS[p] for p in planted} | ALSO["slow_loader"], problems
     assert "set_to_none=False" in problems["zero_grad without set_to_none"]
     assert "engine_loop.py" in problems["host-device syncs per step"]
+
+
+def test_syncs_inside_a_librarys_own_loop_get_that_librarys_fix_not_the_scripts():
+    from trainfast.checks import sync_fix
+
+    lib = [{"where": "/v/lib/python3.11/site-packages/transformers/trainer.py:1919  `if (`", "calls": 20},
+           {"where": "/v/lib/python3.11/site-packages/transformers/masking_utils.py:354  `and`", "calls": 10}]
+    fix = sync_fix(lib)
+    assert "in the code of transformers, not the script" in fix and "logging_nan_inf_filter=False" in fix
+    mine = lib + [{"where": "train.py:40  `loss.item()`", "calls": 10}]
+    assert sync_fix(mine).startswith("keep values on the device")

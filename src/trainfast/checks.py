@@ -196,6 +196,33 @@ def data_wait(obs: Observations) -> Finding:
     return Finding("waiting for the next batch", "time", "fine", f"{verdict}: {text}", cost, cost / step)
 
 
+# Where a library's own loop reads a value every step, the setting of that library that stops it.
+LIBRARY_SYNC_FIXES = {
+    "transformers/trainer.py": "TrainingArguments(logging_nan_inf_filter=False) turns off the Trainer's check of "
+                               "every step's loss for NaN/inf (a read of the loss each step)",
+}
+
+
+def library_of(where: str) -> str | None:
+    """The installed package a source location belongs to ("transformers"), None for the script's own files."""
+    import re
+
+    match = re.search(r"(?:site|dist)-packages/([^/]+)/", where.replace("\\", "/"))
+    return match.group(1) if match else None
+
+
+def sync_fix(user: list[dict[str, Any]]) -> str:
+    """The fix for the syncs found: in the script's code, keep values on the device; in a library's, its option."""
+    generic = ("keep values on the device (accumulate losses in a tensor) and read them every N steps; print from "
+               "those reads (the built-in Meter does this)")
+    libraries = {library_of(s["where"]) for s in user}
+    if None in libraries:
+        return generic
+    known = [fix for s in user for key, fix in LIBRARY_SYNC_FIXES.items() if key in s["where"].replace("\\", "/")]
+    return (f"these reads are in the code of {', '.join(sorted(libraries))}, not the script's: "
+            + ("; ".join(dict.fromkeys(known)) if known else "look for its option that logs or checks less often"))
+
+
 @check
 def syncs(obs: Observations) -> Finding:
     name = "host-device syncs per step"
@@ -211,8 +238,7 @@ def syncs(obs: Observations) -> Finding:
     text += ("" if obs.cuda else "; on the CPU nothing runs ahead of the host, so they cost nothing here: counted "
              "because each one stalls a GPU")
     if per_step >= SYNCS_PER_STEP:
-        return Finding(name, "mistake", "problem", text, fix="keep values on the device (accumulate losses in a "
-                       "tensor) and read them every N steps; print from those reads (the built-in Meter does this)")
+        return Finding(name, "mistake", "problem", text, fix=sync_fix(user))
     return Finding(name, "mistake", "fine", text)
 
 
