@@ -135,11 +135,13 @@ def test_the_example_under_the_probe_is_switched_and_timed_by_its_optimizer_step
         "atexit.register(lambda: json.dump(ends, open('ends.json', 'w')))\n"
         "sys.argv = ['hf_trainer.py', '--train-size', '1024', '--output-dir', 'out']\n"
         "hf_trainer.main()\n")
-    fields = {"precision": "bf16", "compile": True, "optimizer_impl": "fused", "seed": 0}
+    fields = {"precision": "bf16", "compile": True, "optimizer_impl": "fused", "num_workers": 0, "seed": 0}
     result = measured_run([str(script)], fields, tmp_path)
     proof = switches(result, "transformers")
     assert proof["torch_compile"]["applied"] and proof["optim"]["read_back"] == "adamw_torch_fused"
     assert proof["bf16"]["applied"] and result["compile"]["frames"] > 0
+    # the run ended by itself (full mode): the loader is read back at exit, after the script dropped it
+    assert result["stopped"] == "script ended" and proof["dataloader_num_workers"]["applied"] is True
     import json
 
     ends = json.loads((tmp_path / "ends.json").read_text())

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-SECTION = "frameworks"   # the run result's key (frameworks.SECTION)
-UNSET = "<not set>"      # frameworks.board.UNSET: the script had no value of its own
+from ..frameworks.board import UNSET
 
 
 def framework_names(sections: dict[str, Any]) -> str:

@@ -29,7 +29,8 @@ from .rung import Job, TimingBudget, rung_main
 from .scoring import FIRST_REPORTED
 from .server import rung_context, start_rung_server
 from .store import write_json
-from .proof import SECTION as FRAMEWORKS, framework_names, lacks_a_switch, not_applied, script_settings, unsupported
+from ..frameworks import SECTION as FRAMEWORKS
+from .proof import framework_names, lacks_a_switch, not_applied, script_settings, unsupported
 
 # launch(rung, recipe, budget or None, run_dir, display, time_limit_s) -> the run's record, or {"error", "log_tail"}
 Launch = Callable[[Rung, Recipe, "TimingBudget | None", Path, Any, "float | None"], dict]

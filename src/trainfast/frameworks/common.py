@@ -17,6 +17,7 @@ from .board import UNSET, FrameworkRecord
 
 LOADER_FIELDS = {"num_workers": "num_workers", "pin_memory": "pin_memory",
                  "persistent_workers": "persistent_workers", "prefetch_factor": "prefetch_factor"}
+AUTO_WORKERS = "num_workers='auto' is measured on trainfast's built-in data only"
 # Switches of trainfast's own pipeline and loop: a framework's script brings its own, so they have nothing to act on.
 OWN_PIPELINE = {
     "prefetch": "trainfast's device-side prefetcher works on trainfast's own loaders; the script's loader is the framework's",
@@ -72,7 +73,7 @@ def switch_loader(record: FrameworkRecord, loader: Any, fields: dict[str, Any]) 
         return loader
     settings = loader_settings(fields, loader)
     if "num_workers" in settings and not isinstance(settings["num_workers"], int):
-        record.unsupported["num_workers"] = "num_workers='auto' is measured on trainfast's built-in data only"
+        record.unsupported["num_workers"] = AUTO_WORKERS
         settings.pop("num_workers")
     try:
         rebuilt = rebuild_loader(loader, settings)

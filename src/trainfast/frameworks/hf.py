@@ -17,13 +17,12 @@ by itself, and compile's row would measure the two together. The script's value 
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Any
 
 import torch
 
 from .board import Board, FrameworkRecord, UNSET
-from .common import (is_compiled, mark_own_pipeline, memory_format_of, prove_loader, switch_cudnn_benchmark,
+from .common import (AUTO_WORKERS, is_compiled, mark_own_pipeline, memory_format_of, prove_loader, switch_cudnn_benchmark,
                      switch_memory_format)
 from .hooks import when_imported
 
@@ -87,7 +86,7 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
         if name in fields:
             value = fields[name]
             if name == "num_workers" and not isinstance(value, int):
-                record.unsupported[name] = "num_workers='auto' is measured on trainfast's built-in data only"
+                record.unsupported[name] = AUTO_WORKERS
                 continue
             put(name, setting, value)
     if "seed" in fields:
@@ -157,7 +156,7 @@ def patch_trainer(cls: type, board: Board) -> None:
     @functools.wraps(get_loader)
     def get_train_dataloader(self, *args: Any, **kwargs: Any):
         loader = get_loader(self, *args, **kwargs)
-        self._trainfast_loader = weakref.ref(loader)
+        self._trainfast_loader = loader          # held for the read-back, as the Trainer is
         return loader
 
     setattr(__init__, PATCHED, True)
@@ -183,8 +182,7 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
         fused = bool(optimizer.param_groups[0].get("fused")) if optimizer.param_groups else False
         name = type(optimizer).__name__
         record.prove("optim", ("adamw_torch_fused" if fused else "adamw_torch") if name == "AdamW" else name)
-    loader_ref = getattr(trainer, "_trainfast_loader", None)
-    loader = loader_ref() if loader_ref is not None else None
+    loader = getattr(trainer, "_trainfast_loader", None)
     prove_loader(record, loader)
     for name, setting in ARG_LOADER.items():
         if loader is not None:
