@@ -44,6 +44,7 @@ class Launching:
         self.dev = work.dev if work is not None else torch.device("cpu")
         self.flops_per_sample = work.flops_per_sample if work is not None else None
         self.settings = dict(work.settings) if work is not None else {}
+        self.learned = work.learned if work is not None else {}
 
     def launcher(self, measure):
         return self.launch

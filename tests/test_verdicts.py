@@ -305,7 +305,7 @@ def test_a_gain_near_the_threshold_is_marked_and_not_climbed_to():
 
 class FakeWork:
     """The ablation's Work protocol around a fake launch: runs that return made-up records at once."""
-    dev, base, settings, flops_per_sample = torch.device("cpu"), Recipe(), {}, None
+    dev, base, settings, learned, flops_per_sample = torch.device("cpu"), Recipe(), {}, {}, None
 
     def __init__(self, launch) -> None:
         self.launch = launch

@@ -260,7 +260,7 @@ class LadderRun:
         best, tie, odds = pick_best(self.plan, self.opts.min_effect)
         # What the work learned from its runs (a framework script: the framework, the script's own settings)
         # joins the settings it started with.
-        settings = {**self.settings, **getattr(self.work, "learned", {})}
+        settings = {**self.settings, **self.work.learned}
         if self.cut is not None:
             settings = {**settings, "repeats": self.repeats, "noise_seeds": self.noise_seeds,
                         "budget_cut": self.cut.to_dict()}

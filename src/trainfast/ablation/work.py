@@ -40,6 +40,7 @@ class Work(Protocol):
     dev: torch.device
     base: Recipe                         # the recipe every rung starts from
     settings: dict[str, Any]             # what identifies this work in plan.json (a resumed plan must match)
+    learned: dict[str, Any]              # what its runs revealed, for the report (not compared on resume)
     flops_per_sample: float | None       # the model's, when known here
 
     def mark_effects(self, plan: list[Rung]) -> None:
@@ -79,6 +80,7 @@ class Builtin:
     flops_per_sample: float | None
     settings: dict[str, Any]
     task: Any                            # tasks/: judges which switches can act on its model and data
+    learned: dict[str, Any] = dataclasses.field(default_factory=dict)    # nothing: checked before the runs
 
     def mark_effects(self, plan: list[Rung]) -> None:
         """As Work's, judged on the model and data; the decode cache rung's cache is built once here and
