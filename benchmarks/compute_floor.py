@@ -105,9 +105,9 @@ def main() -> None:
     if bad:
         raise SystemExit(f"unknown variant/workload: {', '.join(bad)}")
 
-    from trainfast.report import _cpu_name
+    from trainfast.envcheck import cpu_name
 
-    results = {"machine": _cpu_name(), "threads": torch.get_num_threads(), "workloads": {}}
+    results = {"machine": cpu_name(), "threads": torch.get_num_threads(), "workloads": {}}
     for workload in args.workloads.split(","):
         results["workloads"][workload] = found = measure(workload, variants, args.rounds, args.steps, args.warmup)
         print(f"\n{workload} on {results['machine']} ({results['threads']} threads), seconds per step "

@@ -12,14 +12,23 @@ Each tool also reports its epochs' own seconds (training and evaluation, timed i
 loop and the Lightning callback print them, trainfast writes metrics.jsonl); the table shows the last epoch of
 the long run beside the whole-process cost. Where the two disagree, the machine drifted between the runs.
 
-Tools:
+Tools (a `-cl` suffix: the same tool with channels_last, its one switch every tool has, so a speed-up that is
+only the switch trainfast found is told apart from running the same switches faster):
+  timm       timm's own train.py (--timm-train PATH: a checkout of pytorch-image-models; it is not part of the
+             pip package): `--amp --amp-dtype bfloat16 --device cpu --opt adamw`, its own loader, evaluation
+             and checkpoint every epoch, color jitter off (trainfast's crop has none); timm-cl adds
+             `--channels-last`
   plain      benchmarks/peers/plain_timm_style.py: timm train.py `--amp` reduced to this workload (torchvision
              ImageFolder pipeline, autocast, GradScaler with fp16)
   lightning  benchmarks/peers/lightning_trainer.py: a Lightning Trainer, precision="bf16-mixed" (its best flag
-             on a CPU with fast bf16); `lightning` is installed into benchmarks/.peers-lib on first use
+             on a CPU with fast bf16), a checkpoint every epoch (its default); `lightning` is installed into
+             benchmarks/.peers-lib on first use where it is not importable
   trainfast  `trainfast train --precision bf16`: the same settings, no other technique
   tuned      `trainfast train --recipe FILE` (--tuned-recipe, e.g. the best.yaml of `trainfast tune` on this
              workload); model, data, batch size, epochs, lr and workers are set here, the rest from FILE
+
+Every tool drops the last partial training batch, so an epoch trains the same images in each; the table gives
+images per second (those images over the per-epoch cost) beside the seconds.
 
 `--precision` (default auto: bf16 where this CPU computes it fast, else fp32, as `trainfast ablate` measures
 it) is the one precision every tool runs in: on a CPU without bf16 hardware autocast makes every step ~10x
@@ -50,7 +59,7 @@ WORKLOADS = {                       # name -> (timm model, image size, batch siz
     "r18-224": ("resnet18", 224, 64, 1596),
     "r18-128": ("resnet18", 128, 128, 1596),
 }
-TOOLS = ("plain", "lightning", "trainfast", "tuned")
+TOOLS = ("timm", "timm-cl", "plain", "lightning", "lightning-cl", "trainfast", "trainfast-cl", "tuned")
 LIGHTNING = ["lightning==2.6.*", "lightning-utilities", "fsspec", "tqdm"]
 
 
@@ -74,17 +83,34 @@ def env_for(tool: str) -> dict[str, str]:
 
 
 def command(tool: str, workload: str, data: Path, epochs: int, out: Path, tuned: Path | None,
-            precision: str = "bf16") -> list[str]:
+            precision: str = "bf16", timm_train: Path | None = None) -> list[str]:
     model, size, batch, _ = WORKLOADS[workload]
-    if tool in ("plain", "lightning"):
-        script = HERE / "peers" / ("plain_timm_style.py" if tool == "plain" else "lightning_trainer.py")
+    base, _, variant = tool.partition("-")
+    channels_last = variant == "cl"
+    if base == "timm":
+        amp = {"bf16": ["--amp", "--amp-dtype", "bfloat16"], "fp16": ["--amp"], "fp32": []}[precision]
+        return [sys.executable, str(timm_train), "--data-dir", str(data), "--val-split", "val", "--model", model,
+                "--img-size", str(size), "-b", str(batch), "--epochs", str(epochs), "--workers", "2",
+                "--device", "cpu", "--opt", "adamw", "--lr", "2e-3", "--weight-decay", "0.05", "--color-jitter", "0",
+                "--num-classes", "4", "--checkpoint-hist", "1", "--output", str(out.parent), "--experiment",
+                out.name, *amp] + (["--channels-last"] if channels_last else [])
+    if base in ("plain", "lightning"):
+        script = HERE / "peers" / ("plain_timm_style.py" if base == "plain" else "lightning_trainer.py")
         return [sys.executable, str(script), "--data", str(data), "--model", model, "--image-size", str(size),
                 "--batch-size", str(batch), "--epochs", str(epochs), "--workers", "2", "--precision", precision,
-                "--out", str(out)]
+                "--out", str(out)] + (["--channels-last"] if channels_last else [])
     cmd = [sys.executable, "-m", "trainfast", "train", "--model", model, "--data", f"imagefolder:{data}",
            "--image-size", str(size), "--batch-size", str(batch), "--epochs", str(epochs), "--num-workers", "2",
            "--persistent-workers", "--out", str(out)]
-    return cmd + (["--recipe", str(tuned)] if tool == "tuned" else ["--precision", precision])
+    if base == "tuned":
+        return cmd + ["--recipe", str(tuned)]
+    return cmd + ["--precision", precision] + (["--channels-last"] if channels_last else [])
+
+
+def images_per_epoch(workload: str, images: int) -> int:
+    """Every tool here drops the last partial training batch (static shapes): full batches only."""
+    batch = WORKLOADS[workload][2]
+    return images // batch * batch
 
 
 def resolve_precision(choice: str) -> str:
@@ -141,6 +167,9 @@ def main() -> None:
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated: {', '.join(WORKLOADS)}")
     p.add_argument("--tools", default="plain,lightning,trainfast", help=f"comma-separated: {', '.join(TOOLS)}")
     p.add_argument("--tuned-recipe", type=Path, default=None, help="recipe file for the `tuned` column")
+    p.add_argument("--timm-train", type=Path, default=None,
+                   help="timm's train.py (from a pytorch-image-models checkout of the installed timm's era), "
+                        "for the timm columns")
     p.add_argument("--images", type=int, default=None,
                    help="training photos (default: the workload's, 320 for ViT and 1,596 for ResNet-18; val: a tenth)")
     p.add_argument("--epochs", default="1,3", help="short,long epoch counts (default 1,3)")
@@ -157,17 +186,19 @@ def main() -> None:
         raise SystemExit(f"unknown workload/tool: {', '.join(bad)}")
     if "tuned" in tools and (args.tuned_recipe is None or not args.tuned_recipe.is_file()):
         raise SystemExit(f"--tuned-recipe {args.tuned_recipe}: not a file (the `tuned` column needs one)")
+    if any(t.startswith("timm") for t in tools) and (args.timm_train is None or not args.timm_train.is_file()):
+        raise SystemExit(f"--timm-train {args.timm_train}: not a file (the timm columns run timm's own train.py)")
     short, long = (int(e) for e in args.epochs.split(","))
     if not 0 < short < long:
         raise SystemExit(f"--epochs {args.epochs}: need short,long with 0 < short < long")
-    if "lightning" in tools:
+    if any(t.startswith("lightning") for t in tools):
         ensure_lightning()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from trainfast.report import _cpu_name
+    from trainfast.envcheck import cpu_name
 
     precision = resolve_precision(args.precision)
-    results: dict = {"machine": _cpu_name(), "cpus": os.cpu_count(), "precision": precision,
+    results: dict = {"machine": cpu_name(), "cpus": os.cpu_count(), "precision": precision,
                      "epochs": [short, long], "workloads": {}}
     for workload in workloads:
         data = photo_folder(args.out, args.images or WORKLOADS[workload][3])
@@ -182,7 +213,8 @@ def main() -> None:
                     run_dir = args.out / "runs" / f"{workload}-{tool}-e{epochs}-r{r}"
                     shutil.rmtree(run_dir, ignore_errors=True)
                     run_dir.mkdir(parents=True)
-                    cmd = command(tool, workload, data, epochs, run_dir / "out", args.tuned_recipe, precision)
+                    cmd = command(tool, workload, data, epochs, run_dir / "out", args.tuned_recipe, precision,
+                                  args.timm_train)
                     seconds, acc, epoch_s = run_once(cmd, tool, run_dir / "log.txt")
                     walls[tool].append(seconds)
                     print(f"{workload} {tool:9s} r{r} {epochs} epoch(s): {seconds:6.1f} s in all, epochs "
@@ -197,27 +229,36 @@ def main() -> None:
                 print(f"{workload} {tool:9s} r{r}: {walls[tool][0]:6.1f} s / {walls[tool][1]:6.1f} s -> "
                       f"{per_epoch[tool][-1]:6.2f} s per epoch", flush=True)
         medians = {t: statistics.median(v) for t, v in per_epoch.items()}
-        fastest_peer = min((medians[t] for t in ("plain", "lightning") if t in medians), default=None)
+        images = args.images or WORKLOADS[workload][3]
+        rate = {t: [images_per_epoch(workload, images) / s for s in v] for t, v in per_epoch.items()}
+        median_rate = {t: statistics.median(v) for t, v in rate.items()}
+        fastest_peer = max((median_rate[t] for t in median_rate if not t.startswith(("trainfast", "tuned"))),
+                           default=None)
         results["workloads"][workload] = {
             "model": WORKLOADS[workload], "data": str(data), "per_epoch_s": per_epoch, "median_per_epoch_s": medians,
+            "images_per_epoch": {t: images_per_epoch(workload, images) for t in tools},
+            "images_per_s": rate, "median_images_per_s": median_rate,
             "last_epoch_s": last_epoch,
             "median_last_epoch_s": {t: statistics.median(v) for t, v in last_epoch.items() if v},
             "val_accuracy": accuracy,
-            "vs_fastest_peer": {t: fastest_peer / m for t, m in medians.items()} if fastest_peer else {}}
+            "vs_fastest_peer": {t: m / fastest_peer for t, m in median_rate.items()} if fastest_peer else {}}
     (args.out / "peers.json").write_text(json.dumps(results, indent=2))
     print_table(results, tools)
 
 
 def print_table(results: dict, tools: list[str]) -> None:
-    print(f"\nseconds per epoch (median of {len(next(iter(results['workloads'].values()))['per_epoch_s'][tools[0]])} "
-          f"repeats; x = fastest peer's time / this tool's), {results['precision']}, {results['cpus']} CPUs, "
-          f"{results['machine']}")
+    print(f"\nimages per second over the per-epoch cost (median of "
+          f"{len(next(iter(results['workloads'].values()))['per_epoch_s'][tools[0]])} repeats; x = this tool's rate / "
+          f"the fastest peer's), {results['precision']}, {results['cpus']} CPUs, {results['machine']}")
     print("| workload | " + " | ".join(tools) + " |")
     print("|---|" + "---|" * len(tools))
     for name, w in results["workloads"].items():
-        cells = [f"{w['median_per_epoch_s'][t]:.1f} s ({w['vs_fastest_peer'].get(t, float('nan')):.2f}x)"
-                 for t in tools]
+        cells = [f"{w['median_images_per_s'][t]:.1f} img/s, {w['median_per_epoch_s'][t]:.1f} s "
+                 f"({w['vs_fastest_peer'].get(t, float('nan')):.2f}x)" for t in tools]
         print(f"| {name} | " + " | ".join(cells) + " |")
+        rounds = len(w["images_per_s"][tools[0]])
+        for r in range(rounds):
+            print(f"| {name}, round {r + 1} | " + " | ".join(f"{w['images_per_s'][t][r]:.1f}" for t in tools) + " |")
         last = w.get("median_last_epoch_s", {})
         if last:
             cells = [f"{last[t]:.1f} s" if t in last else "—" for t in tools]

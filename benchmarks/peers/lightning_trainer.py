@@ -1,7 +1,7 @@
 """The same work under a Lightning Trainer with its best precision flag on this device.
 
 The same model (timm, random weights), the same torchvision ImageFolder pipeline as plain_timm_style.py,
-AdamW; Trainer(precision="bf16-mixed" | "16-mixed" | "32-true"), validation every epoch and Lightning's
+AdamW (with --channels-last: the model and each batch converted, as a user would); Trainer(precision="bf16-mixed" | "16-mixed" | "32-true"), validation every epoch and Lightning's
 default checkpoint (one per epoch), no logger, no progress bar. Needs `lightning` importable: peers.py
 installs it into benchmarks/.peers-lib (never a dependency of trainfast) and puts that on PYTHONPATH.
 """
@@ -27,13 +27,19 @@ class Classifier(L.LightningModule):
         self.model, self.lr, self.weight_decay = model, lr, weight_decay
         self.loss_fn = nn.CrossEntropyLoss()
         self.correct = self.total = 0
+        self.memory_format = torch.contiguous_format
+
+    def layout(self, images: torch.Tensor) -> torch.Tensor:
+        """Lightning has no channels_last flag: a user converts the model and each batch, as here."""
+        return images.contiguous(memory_format=self.memory_format)
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
-        return self.loss_fn(self.model(images), labels)
+        return self.loss_fn(self.model(self.layout(images)), labels)
 
     def validation_step(self, batch, batch_idx):
         images, labels = batch
+        images = self.layout(images)
         self.correct += (self.model(images).argmax(1) == labels).sum().item()
         self.total += labels.numel()
 
@@ -68,6 +74,7 @@ def main() -> None:
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--channels-last", action="store_true", help="model and batches in channels_last")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -85,6 +92,9 @@ def main() -> None:
                             persistent_workers=args.workers > 0)
     model = timm.create_model(args.model, pretrained=False, num_classes=len(train_set.classes))
     module = Classifier(model, args.lr, args.weight_decay)
+    if args.channels_last:
+        module.memory_format = torch.channels_last
+        model.to(memory_format=torch.channels_last)
     precision = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": "32-true"}[args.precision]
     trainer = L.Trainer(max_epochs=args.epochs, precision=precision, default_root_dir=args.out, logger=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,

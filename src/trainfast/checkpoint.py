@@ -26,11 +26,14 @@ import re
 import struct
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 import numpy as np
 import torch
+
+from .techniques.background_save import checkpoint_writer
 
 FORMAT_VERSION = 1
 MAGIC = b"TRAINFAST-CKPT\x00\x01"                 # 16 bytes
@@ -39,7 +42,7 @@ SUFFIX = ".ckpt"
 # Recipe fields that may change between a run and its resume without changing the trajectory (the
 # non-finite policy only acts on a NaN/inf: a run stopped by one may be resumed with nonfinite=skip).
 RESUMABLE_CHANGES = frozenset({"epochs", "log_every", "save_every", "keep_checkpoints", "max_consecutive_skips",
-                               "nonfinite", "num_workers", "prefetch_factor"})
+                               "nonfinite", "num_workers", "prefetch_factor", "async_checkpoint"})
 
 
 class CheckpointError(RuntimeError):
@@ -313,6 +316,9 @@ class Checkpointer:
         self.epoch_first_step = 0
         self._resumed_stats: dict[str, Any] | None = None
         self.last_saved: Path | None = None
+        self.writer = checkpoint_writer(recipe)      # in the loop, or in a background thread (async_checkpoint)
+        self.saves = 0
+        self.loop_seconds = 0.0       # what the saves cost the loop: all of a save, or its copy (async_checkpoint)
 
     # called by the trainer -----------------------------------------------------------------------
     def begin_epoch(self, state, meter) -> None:
@@ -337,8 +343,20 @@ class Checkpointer:
     def end_epoch(self, state) -> None:
         self.save(state, at_epoch_end=True)    # same step as a mid-epoch save: replaces it
 
+    def finish(self) -> None:
+        """Wait for a save still being written (async_checkpoint) and raise its error, if it failed."""
+        self.writer.wait()
+
     # the state ----------------------------------------------------------------------------------
     def save(self, state, at_epoch_end: bool) -> Path | None:
+        started = time.perf_counter()
+        try:
+            return self._save(state, at_epoch_end)
+        finally:
+            self.saves += 1
+            self.loop_seconds += time.perf_counter() - started
+
+    def _save(self, state, at_epoch_end: bool) -> Path | None:
         self.meter.flush()
         position = state.micro_step - self.epoch_first_step
         stats = self.meter.stats       # this rank's metrics of the epoch so far (an epoch end starts anew)
@@ -359,9 +377,14 @@ class Checkpointer:
             "ranks": ranks,
         }
         path = checkpoint_path(self.folder, state.step)
-        write_checkpoint(payload, path)
-        prune(self.folder, self.recipe.keep_checkpoints)    # only now: the new one is complete
-        self.last_saved = path
+        payload = self.writer.own(payload)        # in the background: a copy the next step cannot change
+
+        def write() -> None:
+            write_checkpoint(payload, path)
+            prune(self.folder, self.recipe.keep_checkpoints)    # only now: the new one is complete
+            self.last_saved = path
+
+        self.writer.run(write)
         return path
 
     def start(self, state, resume: str | Path | None) -> dict[str, Any] | None:
@@ -407,6 +430,7 @@ class NoCheckpoints:
     """Without a run folder there is nowhere to save: every hook is a no-op."""
 
     last_saved = None
+    saves, loop_seconds = 0, 0.0
 
     def start(self, state, resume) -> None:
         if resume is not None:
@@ -419,6 +443,9 @@ class NoCheckpoints:
         pass
 
     def end_epoch(self, state) -> None:
+        pass
+
+    def finish(self) -> None:
         pass
 
 

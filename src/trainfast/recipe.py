@@ -85,6 +85,7 @@ class Recipe:
     max_consecutive_skips: int = 10   # nonfinite=skip: abort after this many non-finite steps in a row
     save_every: int = 0               # checkpoint every N steps (0: only at each epoch end); needs a run folder
     keep_checkpoints: int = 2         # newest checkpoints kept in the run folder (older ones pruned after a save)
+    async_checkpoint: bool = False    # write checkpoints in a background thread while training goes on (same atomic files)
 
     # --- distributed (under torchrun; a single process ignores strategy=ddp) -------------------------
     strategy: str = "ddp"             # "ddp" | "fsdp" (FSDP2 fully_shard) | "dp" (legacy DataParallel, CUDA)

@@ -74,6 +74,7 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
         if main and on_epoch is not None:
             on_epoch(record)
         checkpoints.end_epoch(run.state)
+    checkpoints.finish()                           # async_checkpoint: the last save is complete (or raises)
     if out_dir is not None:
         weights = run.dist.full_state_dict(run.state.model)   # collective under FSDP2
         if main:

@@ -35,8 +35,11 @@ LADDER_MODES = ("cumulative", "each")    # how a ladder's rungs build on each ot
 # "checkpointing" (activation checkpointing) is a memory rung, opt-in after the last: slower, less memory.
 # "workers" (two DataLoader worker processes) too: a script that makes or decodes its batches in the training
 # process (the framework adapters switch the script's own loader).
+# "async_checkpoint" (saves written in a background thread) acts on the saves inside the timed steps: a script's
+# Session.save, or the built-in run's with --save-every N.
 OPT_IN_AFTER = {"prefetch": {"decode_cache": {"decode_cache": True}, "workers": {"num_workers": 2}},
-                "fused": {"checkpointing": {"activation_checkpointing": True}}}
+                "fused": {"checkpointing": {"activation_checkpointing": True},
+                          "async_checkpoint": {"async_checkpoint": True}}}
 RUNGS: dict[str, dict[str, Any]] = {**dict(list(LADDER.items())[:2]), **LEVEL_RUNGS}
 for _name, _changes in LADDER.items():
     RUNGS.setdefault(_name, _changes)

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
+from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from itertools import islice
 from typing import Any, Callable
 
 import torch
 
+from ..checkpoint import NoCheckpoints, build_checkpointer
 from ..data.badfiles import skipped_last_pass
 from ..engine import train_one_epoch
 from ..measure import EpochStats
@@ -52,14 +56,30 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None],
     run = assemble_run(job.model, job.data, recipe, device=job.device, task=job.task, loss_fn=job.loss_fn,
                        env=False)
     try:
-        return measure_rung(run, emit, budget)
+        with ExitStack() as stack:
+            return measure_rung(run, emit, budget, rung_checkpoints(run, stack))
     finally:
         run.close()
 
 
-def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBudget | None) -> dict[str, Any]:
+def rung_checkpoints(run: BuiltinRun, stack: ExitStack):
+    """With save_every (--save-every N) a rung saves as `trainfast train` does, every N steps, into a folder
+    deleted afterwards: the saves then fall inside the timed steps, so the ablation measures what they cost
+    the loop (and what async_checkpoint gives back). Without it, nothing is saved: a rung times steps only."""
+    if not run.recipe.save_every:
+        return NoCheckpoints()
+    folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trainfast-rung-ckpt-")))
+    checkpoints = build_checkpointer(folder, run.recipe, run.train_batches, run.dist.rank, run.dist.gather_objects)
+    checkpoints.start(run.state, None)
+    stack.callback(checkpoints.finish)        # the last background save completes before its folder goes
+    return checkpoints
+
+
+def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBudget | None,
+                 checkpoints=None) -> dict[str, Any]:
     """The accuracy run (every epoch, then the evaluation), then more steps until the timing budget is met;
-    the probe's record of it, with the evaluation's numbers."""
+    the probe's record of it, with the evaluation's numbers. `checkpoints`: rung_checkpoints' saver."""
+    checkpoints = checkpoints or NoCheckpoints()
     recipe, state, task = run.recipe, run.state, run.task
     timed, budget = budget is not None, budget or TimingBudget()
     probe = Probe(MeasureSpec("", "full", **dataclasses.asdict(budget)))
@@ -69,14 +89,14 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
 
     trained, epoch_times, skipped = EpochStats(), [], 0
     for epoch in range(recipe.epochs):
-        stats = train_pass(run, epoch, run.train_batches, progress)
+        stats = train_pass(run, epoch, run.train_batches, progress, checkpoints)
         trained.absorb(stats)
         epoch_times.append(stats.seconds)
         skipped += skipped_last_pass(run.train_batches, run.device)
     metrics = task.evaluate(state.model, run.val_batches, state.precision, run.dist)
     train_metrics = task.train_metrics(trained, run.dist)
     updates = state.step            # the accuracy run's optimizer steps (the timing steps below add more)
-    extra_passes = time_the_rest(run, probe, budget, progress) if timed else 0
+    extra_passes = time_the_rest(run, probe, budget, progress, checkpoints) if timed else 0
     judged = task.rung_metrics(metrics)    # "accuracy": the metric every rung is judged on (detection: mAP)
     probe.reported = {"accuracy": judged["accuracy"], "loss": judged["loss"]}
     probe.extra = {
@@ -89,6 +109,8 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
         "steps": updates,
         "num_workers": recipe.num_workers,
         "skipped_files": skipped + skipped_last_pass(run.val_batches, run.device),   # unreadable images, all epochs
+        "checkpoint_saves": checkpoints.saves,                 # --save-every: saves inside the steps, and
+        "checkpoint_loop_s": checkpoints.loop_seconds,         # the seconds the loop spent in them
     }
     return probe.result("accuracy run ended" + (", then the timing budget" if extra_passes else ""))
 
@@ -103,13 +125,15 @@ class Progress:
         self.emit({"event": "progress", "step": step, "total": self.total, "loss": stats.losses[-1]})
 
 
-def train_pass(run: BuiltinRun, epoch: int, batches, progress: Progress):
+def train_pass(run: BuiltinRun, epoch: int, batches, progress: Progress, checkpoints):
     run.dist.set_epoch(epoch)
+    meter = run.meter(progress.on_window)
+    checkpoints.begin_epoch(run.state, meter)
     with run.dist.watch():
-        return train_one_epoch(run.state, batches, run.task, run.meter(progress.on_window))
+        return train_one_epoch(run.state, batches, run.task, meter, after_step=checkpoints.after_step)
 
 
-def time_the_rest(run: BuiltinRun, probe: Probe, budget: TimingBudget, progress: Progress) -> int:
+def time_the_rest(run: BuiltinRun, probe: Probe, budget: TimingBudget, progress: Progress, checkpoints) -> int:
     """Timing: the steps after warm-up, continued past the accuracy run (after its evaluation, so the metric
     is untouched) until the budget is met; returns the passes added. Every rank runs the same number of extra
     steps (the most any rank needs: probe.steps_needed is a collective), so their collectives stay matched.
@@ -123,7 +147,7 @@ def time_the_rest(run: BuiltinRun, probe: Probe, budget: TimingBudget, progress:
         if need <= 0:
             return extra_passes
         progress.total = timer.updates + need
-        train_pass(run, run.recipe.epochs + extra_passes, islice(run.train_batches, need), progress)
+        train_pass(run, run.recipe.epochs + extra_passes, islice(run.train_batches, need), progress, checkpoints)
         extra_passes += 1
 
 

@@ -68,6 +68,10 @@ def mark_effects(plan: list[Rung], dev: torch.device, model: torch.nn.Module | N
             rung.status = Status.NO_EFFECT
 
 
+NO_SAVES_NOTE = ("a built-in rung saves no checkpoint unless --save-every N asks it to (then every rung saves "
+                 "every N steps and the saves are timed)")
+
+
 @dataclass
 class Builtin:
     """The built-in run's model and data, loaded and checked once in the parent (prepare_builtin), and what
@@ -94,6 +98,8 @@ class Builtin:
         gradients (engine.ZERO_GRAD_NOTE), so set_to_none has nothing to change in it."""
         if field == "set_to_none":
             return TechniqueEffect(False, ZERO_GRAD_NOTE, applies=False)
+        if field == "async_checkpoint" and not self.base.save_every:
+            return TechniqueEffect(False, NO_SAVES_NOTE, applies=False)
         return self.task.field_effect(field, device, model, split)
 
     def metric(self, measure: str = "speed") -> tuple[str, str]:

@@ -71,6 +71,7 @@ from ..data.device import build_device_batches
 from ..distributed import setup_distributed
 from ..observers import session_observers
 from ..recipe import RECIPE_ENV, Recipe, RecipeError, apply_env_recipe, resolve_device, validate_for_device
+from ..techniques.background_save import checkpoint_writer
 from ..techniques.precision import build_precision
 from ..techniques.runtime import apply_runtime_flags
 from .build import NoSchedule, build_state, refuse_rebuilt_step, seed_everything
@@ -109,6 +110,7 @@ class Session:
         self.state: TrainState | None = None
         self.loaders: list[SessionLoader] = []
         self.reported: dict[str, Any] = {}
+        self.writer = checkpoint_writer(self.recipe)    # save(): in the loop, or in the background (async_checkpoint)
         self.logs = LogBuffer(self.recipe.log_every, self.device, self.dist)
         self.observers = session_observers()  # an instrument measuring this run (the ablation's probe)
         for observer in self.observers:
@@ -219,7 +221,9 @@ class Session:
         non-finite counters, step counters, the loaders' epochs and generators (the next pass shuffles as it
         would have; a pass is not resumed in its middle), what was reported, every rank's RNG states),
         written atomically with a checksum by rank 0 and loadable with torch.load(weights_only=True) (see
-        checkpoint.py). Every rank must call it (the RNG states are gathered); returns the path on rank 0."""
+        checkpoint.py). Every rank must call it (the RNG states are gathered); returns the path on rank 0.
+        With async_checkpoint the file is written in the background and appears shortly after: wait_saved()
+        (or close(), or the next save) waits for it."""
         state = self.require_state()
         ranks = self.dist.gather_objects({"rng": capture_rng()})
         if not self.dist.is_main:
@@ -227,13 +231,19 @@ class Session:
         payload = {"format": "trainfast.session", "version": FORMAT_VERSION, **capture_state(state),
                    "recipe": self.recipe.to_dict(), "loaders": [loader.state_dict() for loader in self.loaders],
                    "reported": dict(self.reported), "world_size": len(ranks), "ranks": ranks}
-        write_checkpoint(payload, path)
+        payload = self.writer.own(payload)
+        self.writer.run(lambda: write_checkpoint(payload, path))
         return Path(path)
+
+    def wait_saved(self) -> None:
+        """Block until the last save() is on disk (async_checkpoint); raise its error, if it failed."""
+        self.writer.wait()
 
     def load(self, path: str | Path) -> None:
         """Restore what save() wrote into this Session (after setup, with the same model and optimizer),
         including this rank's RNG states, so the run continues as if it had not stopped."""
         state = self.require_state()
+        self.writer.wait()                 # a save of ours still in flight is complete before anything is read
         payload = read_checkpoint(path)
         if payload.get("world_size", 1) != self.dist.world_size:
             raise CheckpointError(f"{path}: written by {payload.get('world_size')} rank(s), this run has "
@@ -246,5 +256,7 @@ class Session:
         restore_rng(payload["ranks"][self.dist.rank]["rng"])      # last: nothing after this draws
 
     def close(self) -> None:
-        """Close the process group this Session opened (also done at exit)."""
+        """Wait for a checkpoint still being written, then close the process group this Session opened (also
+        done at exit)."""
+        self.writer.wait()
         self.dist.close()

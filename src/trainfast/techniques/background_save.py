@@ -1,0 +1,89 @@
+"""`async_checkpoint`: write checkpoints in a background thread while training goes on.
+
+A checkpoint's cost to the loop is serializing the state (torch.save), hashing it, writing it and waiting for
+the disk (fsync of the file and of its folder): 0.2 s for ResNet-18 with AdamW on a local SSD, seconds on a
+network disk, for every save, during which a synchronous loop does nothing else. In the background only a
+copy of the state stays on the loop's path: tensors are cloned (on the host, a memory copy at memory bandwidth;
+a GPU's state is copied to host memory) so the next optimizer step cannot change what is being written, and
+the thread does the rest. What a checkpoint guarantees does not change: the same atomic write (temp file,
+fsync, rename, fsync of the folder), the same checksum, old checkpoints pruned only after the new one is
+complete. At most one save is in flight (the copy costs one more state's worth of host memory, never more):
+the next save, the end of the run and process exit wait for it; an error in the thread is raised there, not
+lost.
+
+The loop's arithmetic is untouched, so the trajectory and the bytes written are the same as a synchronous
+save's: only when the file appears changes.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_map
+
+
+def host_copy(payload: Any) -> Any:
+    """Every tensor in `payload` copied to host memory (dicts, lists and tuples rebuilt; other values shared:
+    plain numbers and strings cannot change under the writer)."""
+    def copy(value: Any) -> Any:
+        return value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
+    return tree_map(copy, payload)
+
+
+class SyncWriter:
+    """The default: a save runs in the loop, start to end."""
+
+    in_background = False
+
+    def own(self, payload: Any) -> Any:
+        return payload
+
+    def run(self, job: Callable[[], None]) -> None:
+        job()
+
+    def wait(self) -> None:
+        pass
+
+
+class BackgroundWriter:
+    """One save at a time in a thread. The thread is not a daemon, so an interpreter that exits (after the
+    loop's last line or after an exception) still finishes the file it is writing."""
+
+    in_background = True
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def own(self, payload: Any) -> Any:
+        """A copy the loop can no longer change: call before run(), on the loop's thread."""
+        return host_copy(payload)
+
+    def run(self, job: Callable[[], None]) -> None:
+        self.wait()                        # one in flight: the previous save completes first (or raises here)
+
+        def body() -> None:
+            try:
+                job()
+            except BaseException as exc:   # handed to the loop's thread at the next save or at the end,
+                self.error = exc           # and said now, in case the loop stops for another reason first
+                print(f"checkpoint: the background save failed: {type(exc).__name__}: {exc}", file=sys.stderr,
+                      flush=True)
+
+        self.thread = threading.Thread(target=body, name="trainfast-checkpoint", daemon=False)
+        self.thread.start()
+
+    def wait(self) -> None:
+        """Block until the save in flight is complete; raise its error, if it failed."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+
+def checkpoint_writer(recipe) -> SyncWriter | BackgroundWriter:
+    return BackgroundWriter() if recipe.async_checkpoint else SyncWriter()
