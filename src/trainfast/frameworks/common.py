@@ -25,6 +25,8 @@ OWN_PIPELINE = {
     "group_aspect_ratio": "trainfast's detection sampler; the script's loader is the framework's",
     "deterministic": "not switched by the framework adapters",
     "grad_clip": "the script's own setting (not a speed switch)",
+    "async_checkpoint": "trainfast's background save acts on Session.save and the built-in loop; the framework "
+                        "writes its own checkpoints",
 }
 
 

@@ -1,0 +1,40 @@
+"""Every script under benchmarks/ still starts against the current package: `--help` imports what it imports at the
+top and parses its flags (a renamed function in trainfast would otherwise surface only when someone measures)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "benchmarks" / "peers").glob("*.py"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT / "benchmarks")))
+def test_the_script_starts(script):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, str(script), "--help"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage" in proc.stdout.lower()
+
+
+def test_peers_compares_the_same_switches_and_images():
+    """timm's own train.py and trainfast get the same model, batch, workers and switches, and every tool is
+    credited with the images it trains (full batches only)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import peers
+
+    out, data = Path("/x/out"), Path("/x/data")
+    timm = peers.command("timm-cl", "r18-128", data, 3, out, None, "bf16", Path("/t/train.py"))
+    ours = peers.command("trainfast-cl", "r18-128", data, 3, out, None, "bf16")
+    assert timm[1] == "/t/train.py" and "--channels-last" in timm and "--channels-last" in ours
+    assert timm[timm.index("--amp-dtype") + 1] == "bfloat16" and ours[ours.index("--precision") + 1] == "bf16"
+    assert timm[timm.index("-b") + 1] == ours[ours.index("--batch-size") + 1] == "128"
+    assert timm[timm.index("--workers") + 1] == ours[ours.index("--num-workers") + 1] == "2"
+    assert "--channels-last" not in peers.command("timm", "r18-128", data, 3, out, None, "bf16", Path("/t/train.py"))
+    assert peers.images_per_epoch("r18-128", 1596) == 1536
