@@ -438,3 +438,26 @@ def test_without_lightning_the_adapter_is_inert(tmp_path, how):
     result = measured_run([str(script), how], {**BASELINE, "precision": "bf16", "compile": True}, tmp_path)
     assert result["frameworks"] == {} and result["overridden"] == {}
     assert result["steps_run"] == 3
+
+
+def test_async_checkpoint_is_lightnings_own_plugin_and_is_proven(patched, tmp_path):
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
+
+    board = Board({"async_checkpoint": True})
+    trainer = fit(patched(board), Tiny())
+    assert isinstance(trainer.strategy.checkpoint_io, AsyncCheckpointIO)
+    proof = switches({"frameworks": board.to_dict()}, "lightning")
+    assert proof[adapter.ASYNC_IO]["read_back"] is True and proof[adapter.ASYNC_IO]["applied"]
+    assert "async_checkpoint" not in board.to_dict()["lightning"]["unsupported"]
+    trainer.save_checkpoint(tmp_path / "a.ckpt")              # written through the plugin, complete at teardown
+    trainer.strategy.checkpoint_io.teardown()
+    assert (tmp_path / "a.ckpt").stat().st_size > 0
+    # a script's own CheckpointIO is wrapped, not replaced; the baseline unwraps a script's AsyncCheckpointIO
+    own = TorchCheckpointIO()
+    kwargs = {"plugins": [own]}
+    adapter.switch_trainer_arguments(kwargs, FrameworkRecord("lightning", "x"), {"async_checkpoint": True})
+    assert isinstance(kwargs["plugins"][0], AsyncCheckpointIO) and kwargs["plugins"][0].checkpoint_io is own
+    record = FrameworkRecord("lightning", "x")
+    kwargs = {"plugins": AsyncCheckpointIO(own)}
+    adapter.switch_trainer_arguments(kwargs, record, {"async_checkpoint": False})
+    assert kwargs["plugins"] == [own] and record.switches[adapter.ASYNC_IO].script is True

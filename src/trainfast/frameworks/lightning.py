@@ -74,7 +74,8 @@ def canonical_precision(value: Any) -> Any:
     return PRECISION_ALIASES.get(str(value), str(value))
 
 
-def switch_trainer_arguments(kwargs: dict[str, Any], record: FrameworkRecord, fields: dict[str, Any]) -> None:
+def switch_trainer_arguments(kwargs: dict[str, Any], record: FrameworkRecord, fields: dict[str, Any],
+                             package: str = "lightning.pytorch") -> None:
     """Set the run's switches among the Trainer's keyword arguments, before the Trainer builds its plugins."""
     if "precision" in fields:
         switch_precision(kwargs, record, fields)
@@ -88,6 +89,29 @@ def switch_trainer_arguments(kwargs: dict[str, Any], record: FrameworkRecord, fi
     if "non_blocking" in fields:
         record.unsupported["non_blocking"] = "Lightning moves each batch to the device itself"
     mark_own_pipeline(record, fields)
+    if "async_checkpoint" in fields:
+        switch_async_checkpoint(kwargs, record, bool(fields["async_checkpoint"]), package)
+
+
+ASYNC_IO = "plugins: AsyncCheckpointIO"
+
+
+def switch_async_checkpoint(kwargs: dict[str, Any], record: FrameworkRecord, wanted: bool, package: str) -> None:
+    """Lightning's own background checkpoint writer, its AsyncCheckpointIO plugin: on, it wraps the script's own
+    CheckpointIO plugin (or the strategy's default); off, a script's AsyncCheckpointIO is unwrapped."""
+    io = importlib.import_module(f"{package}.plugins.io")
+    record.unsupported.pop("async_checkpoint", None)       # served here, unlike the other frameworks
+    plugins = kwargs.get("plugins") or []
+    plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    script = any(isinstance(p, io.AsyncCheckpointIO) for p in plugins)
+    if wanted and not script:
+        inner = [p for p in plugins if isinstance(p, io.CheckpointIO)]
+        plugins = [p for p in plugins if p not in inner] + [io.AsyncCheckpointIO(inner[0] if inner else None)]
+    elif not wanted and script:
+        plugins = [(p.checkpoint_io if isinstance(p, io.AsyncCheckpointIO) else p) for p in plugins]
+        plugins = [p for p in plugins if p is not None]
+    record.set("async_checkpoint", ASYNC_IO, wanted, script)
+    kwargs["plugins"] = plugins
 
 
 def switch_precision(kwargs: dict[str, Any], record: FrameworkRecord, fields: dict[str, Any]) -> None:
@@ -116,7 +140,7 @@ def patch_trainer(cls: type, board: Board, package: str, record: Callable[[], Fr
 
     @functools.wraps(init)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        switch_trainer_arguments(kwargs, record(), board.fields)
+        switch_trainer_arguments(kwargs, record(), board.fields, package)
         init(self, *args, **kwargs)
 
     @functools.wraps(fit)
@@ -310,3 +334,6 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
         impls = sorted({optimizer_impl(o) for o in optimizers})
         record.prove("optimizer implementation", impls[0] if len(impls) == 1 else impls)
     prove_loader(record, first_loader(trainer.train_dataloader))
+    if ASYNC_IO in record.switches:
+        io = type(trainer.strategy.checkpoint_io)
+        record.prove(ASYNC_IO, any(c.__name__ == "AsyncCheckpointIO" for c in io.__mro__))
