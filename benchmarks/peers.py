@@ -23,7 +23,10 @@ only the switch trainfast found is told apart from running the same switches fas
   lightning  benchmarks/peers/lightning_trainer.py: a Lightning Trainer, precision="bf16-mixed" (its best flag
              on a CPU with fast bf16), a checkpoint every epoch (its default); `lightning` is installed into
              benchmarks/.peers-lib on first use where it is not importable
-  trainfast  `trainfast train --precision bf16`: the same settings, no other technique
+  trainfast  `trainfast train --precision bf16`: the same settings, no other technique (Lightning's switches:
+             its batches are normalized floats made in the workers); trainfast-pf adds `--prefetch`, which is
+             what timm's train.py does by default (its prefetcher: uint8 batches, normalized in the training
+             process), so trainfast-pf and trainfast-pf-cl run timm's switches
   tuned      `trainfast train --recipe FILE` (--tuned-recipe, e.g. the best.yaml of `trainfast tune` on this
              workload, or benchmarks/recipes/); model, data, batch size, epochs, lr and workers are set here, the
              rest from FILE. Run once untimed before the rounds (a decode cache is built on the first run)
@@ -60,7 +63,8 @@ WORKLOADS = {                       # name -> (timm model, image size, batch siz
     "r18-224": ("resnet18", 224, 64, 1596),
     "r18-128": ("resnet18", 128, 128, 1596),
 }
-TOOLS = ("timm", "timm-cl", "plain", "lightning", "lightning-cl", "trainfast", "trainfast-cl", "tuned")
+TOOLS = ("timm", "timm-cl", "plain", "lightning", "lightning-cl", "trainfast", "trainfast-cl", "trainfast-pf",
+         "trainfast-pf-cl", "tuned")
 LIGHTNING = ["lightning==2.6.*", "lightning-utilities", "fsspec", "tqdm"]
 
 
@@ -86,8 +90,8 @@ def env_for(tool: str) -> dict[str, str]:
 def command(tool: str, workload: str, data: Path, epochs: int, out: Path, tuned: Path | None,
             precision: str = "bf16", timm_train: Path | None = None) -> list[str]:
     model, size, batch, _ = WORKLOADS[workload]
-    base, _, variant = tool.partition("-")
-    channels_last = variant == "cl"
+    base, *flags = tool.split("-")
+    channels_last = "cl" in flags
     if base == "timm":
         amp = {"bf16": ["--amp", "--amp-dtype", "bfloat16"], "fp16": ["--amp"], "fp32": []}[precision]
         return [sys.executable, str(timm_train), "--data-dir", str(data), "--val-split", "val", "--model", model,
@@ -105,7 +109,8 @@ def command(tool: str, workload: str, data: Path, epochs: int, out: Path, tuned:
            "--persistent-workers", "--out", str(out)]
     if base == "tuned":
         return cmd + ["--recipe", str(tuned)]
-    return cmd + ["--precision", precision] + (["--channels-last"] if channels_last else [])
+    return (cmd + ["--precision", precision] + (["--prefetch"] if "pf" in flags else [])
+            + (["--channels-last"] if channels_last else []))
 
 
 def images_per_epoch(workload: str, images: int) -> int:

@@ -54,6 +54,18 @@ def test_background_checkpoints_equal_synchronous_ones_and_the_run_is_unchanged(
             assert torch.equal(va["exp_avg"], vb["exp_avg"])
 
 
+def test_loader_workers_forked_while_a_save_is_written(tmp_path, split):
+    """Workers that are not persistent are forked at every epoch start, right after the epoch-end save began in
+    its thread: the run completes with the same weights as with synchronous saves."""
+    recipe = Recipe(epochs=3, batch_size=16, num_workers=2, save_every=3)
+    sync = train(tiny_model, split, recipe=recipe, device="cpu", out=tmp_path / "sync")
+    background = train(tiny_model, split, recipe=recipe.replace(async_checkpoint=True), device="cpu",
+                       out=tmp_path / "async")
+    for a, b in zip(weights(sync).values(), weights(background).values()):
+        assert torch.equal(a, b)
+    assert len(list_checkpoints(tmp_path / "async" / "checkpoints")) == 2
+
+
 def test_a_resume_from_a_background_checkpoint_is_bit_exact(tmp_path, split):
     recipe = Recipe(epochs=2, batch_size=16, async_checkpoint=True)
     whole = train(tiny_model, split, recipe=recipe, device="cpu")

@@ -31,8 +31,10 @@ def test_peers_compares_the_same_switches_and_images():
 
     out, data = Path("/x/out"), Path("/x/data")
     timm = peers.command("timm-cl", "r18-128", data, 3, out, None, "bf16", Path("/t/train.py"))
-    ours = peers.command("trainfast-cl", "r18-128", data, 3, out, None, "bf16")
+    ours = peers.command("trainfast-pf-cl", "r18-128", data, 3, out, None, "bf16")
     assert timm[1] == "/t/train.py" and "--channels-last" in timm and "--channels-last" in ours
+    assert "--no-prefetcher" not in timm and "--prefetch" in ours      # timm's prefetcher is on by default
+    assert "--prefetch" not in peers.command("trainfast-cl", "r18-128", data, 3, out, None, "bf16")
     assert timm[timm.index("--amp-dtype") + 1] == "bfloat16" and ours[ours.index("--precision") + 1] == "bf16"
     assert timm[timm.index("-b") + 1] == ours[ours.index("--batch-size") + 1] == "128"
     assert timm[timm.index("--workers") + 1] == ours[ours.index("--num-workers") + 1] == "2"
