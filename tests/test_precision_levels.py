@@ -311,6 +311,8 @@ def test_level_rungs_plan_and_labels():
                                                "pure-bf16 (O3)"]
     assert level_note(rungs[3].recipe) and "risky" in level_note(rungs[3].recipe)
     assert level_note(rungs[2].recipe) is None
+    # an ablation that starts from a bf16 recipe says so: its baseline is not fp32
+    assert rung_label(plan_rungs(Recipe(precision="bf16"), ["channels_last"], device=CPU)[0]) == "baseline (bf16)"
     # fp16 O3 with AdamW names the concrete hazard (test_pure_fp16_adamw_is_the_known_hazard shows it happen)
     assert "divides by zero" in level_note(Recipe(precision="fp16", precision_level="pure"))
     assert "divides by zero" not in level_note(Recipe(precision="fp16", precision_level="pure", optimizer="sgd"))

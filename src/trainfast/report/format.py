@@ -61,8 +61,8 @@ def short_verdict(verdict: str | None, speedup: float | None, firm: bool = True)
 
 
 def rung_label(rung: Rung) -> str:
-    if rung.name == "baseline":
-        return "baseline (fp32)"
+    if rung.name == "baseline":     # the base recipe's precision: fp32 unless the ablation starts from another
+        return f"baseline ({rung.recipe.precision})"
     if rung.name.startswith("baseline-seed"):
         return f"baseline (seed {rung.recipe.seed}, for the noise band)"
     if "precision_level" in rung.changes:       # a precision-level rung: its name says the dtype already
