@@ -243,14 +243,14 @@ def main() -> None:
                 print(f"{workload} {tool:9s} r{r}: {walls[tool][0]:6.1f} s / {walls[tool][1]:6.1f} s -> "
                       f"{per_epoch[tool][-1]:6.2f} s per epoch", flush=True)
         medians = {t: statistics.median(v) for t, v in per_epoch.items()}
-        images = args.images or WORKLOADS[workload][3]
-        rate = {t: [images_per_epoch(workload, images) / s for s in v] for t, v in per_epoch.items()}
+        trained = images_per_epoch(workload, args.images or WORKLOADS[workload][3])
+        rate = {t: [trained / s for s in v] for t, v in per_epoch.items()}
         median_rate = {t: statistics.median(v) for t, v in rate.items()}
         fastest_peer = max((median_rate[t] for t in median_rate if not t.startswith(("trainfast", "tuned"))),
                            default=None)
         results["workloads"][workload] = {
             "model": WORKLOADS[workload], "data": str(data), "per_epoch_s": per_epoch, "median_per_epoch_s": medians,
-            "images_per_epoch": {t: images_per_epoch(workload, images) for t in tools},
+            "images_per_epoch": trained,
             "images_per_s": rate, "median_images_per_s": median_rate,
             "last_epoch_s": last_epoch,
             "median_last_epoch_s": {t: statistics.median(v) for t, v in last_epoch.items() if v},

@@ -8,6 +8,12 @@ from trainfast.recipe import Recipe
 from trainfast.stats import Repeat
 
 
+def tiny_conv() -> torch.nn.Module:
+    """Conv, BatchNorm (running statistics in the state), ReLU, pooling, a linear head: a few hundred weights."""
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))
+
+
 def tiny_resnet(num_classes: int = 10) -> torch.nn.Module:
     """The default architecture at a fraction of its width: same layers (conv, BN, residual), fast on CPU."""
     return resnet9(num_classes, widths=(8, 16, 16, 32))

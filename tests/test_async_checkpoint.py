@@ -8,16 +8,12 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import tiny_conv
 from trainfast import Recipe, Session, train
 from trainfast import checkpoint as ckpt
 from trainfast.checkpoint import list_checkpoints, read_checkpoint
 from trainfast.data.datasets import load_synthetic
 from trainfast.techniques.background_save import BackgroundWriter, SyncWriter, checkpoint_writer, host_copy
-
-
-def tiny_model() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +32,8 @@ def test_the_switch_picks_the_writer():
 
 def test_background_checkpoints_equal_synchronous_ones_and_the_run_is_unchanged(tmp_path, split):
     recipe = Recipe(epochs=2, batch_size=16, save_every=4, keep_checkpoints=3)
-    sync = train(tiny_model, split, recipe=recipe, device="cpu", out=tmp_path / "sync")
-    background = train(tiny_model, split, recipe=recipe.replace(async_checkpoint=True), device="cpu",
+    sync = train(tiny_conv, split, recipe=recipe, device="cpu", out=tmp_path / "sync")
+    background = train(tiny_conv, split, recipe=recipe.replace(async_checkpoint=True), device="cpu",
                        out=tmp_path / "async")
     for a, b in zip(weights(sync).values(), weights(background).values()):
         assert torch.equal(a, b)                         # the loop's arithmetic is untouched
@@ -58,8 +54,8 @@ def test_loader_workers_forked_while_a_save_is_written(tmp_path, split):
     """Workers that are not persistent are forked at every epoch start, right after the epoch-end save began in
     its thread: the run completes with the same weights as with synchronous saves."""
     recipe = Recipe(epochs=3, batch_size=16, num_workers=2, save_every=3)
-    sync = train(tiny_model, split, recipe=recipe, device="cpu", out=tmp_path / "sync")
-    background = train(tiny_model, split, recipe=recipe.replace(async_checkpoint=True), device="cpu",
+    sync = train(tiny_conv, split, recipe=recipe, device="cpu", out=tmp_path / "sync")
+    background = train(tiny_conv, split, recipe=recipe.replace(async_checkpoint=True), device="cpu",
                        out=tmp_path / "async")
     for a, b in zip(weights(sync).values(), weights(background).values()):
         assert torch.equal(a, b)
@@ -68,9 +64,9 @@ def test_loader_workers_forked_while_a_save_is_written(tmp_path, split):
 
 def test_a_resume_from_a_background_checkpoint_is_bit_exact(tmp_path, split):
     recipe = Recipe(epochs=2, batch_size=16, async_checkpoint=True)
-    whole = train(tiny_model, split, recipe=recipe, device="cpu")
-    train(tiny_model, split, recipe=recipe.replace(epochs=1), device="cpu", out=tmp_path)
-    resumed = train(tiny_model, split, recipe=recipe, device="cpu", out=tmp_path, resume="auto")
+    whole = train(tiny_conv, split, recipe=recipe, device="cpu")
+    train(tiny_conv, split, recipe=recipe.replace(epochs=1), device="cpu", out=tmp_path)
+    resumed = train(tiny_conv, split, recipe=recipe, device="cpu", out=tmp_path, resume="auto")
     for a, b in zip(weights(whole).values(), weights(resumed).values()):
         assert torch.equal(a, b)
 
@@ -109,7 +105,7 @@ def test_a_failed_background_save_is_raised_and_said(tmp_path, split, monkeypatc
 
     monkeypatch.setattr(ckpt, "write_checkpoint", failing_write)
     with pytest.raises(OSError, match="No space left"):
-        train(tiny_model, split, recipe=Recipe(epochs=1, batch_size=16, async_checkpoint=True), device="cpu",
+        train(tiny_conv, split, recipe=Recipe(epochs=1, batch_size=16, async_checkpoint=True), device="cpu",
               out=tmp_path)
     assert "the background save failed: OSError" in capsys.readouterr().err
     assert not list_checkpoints(tmp_path / "checkpoints")
@@ -118,14 +114,14 @@ def test_a_failed_background_save_is_raised_and_said(tmp_path, split, monkeypatc
 def test_one_save_in_flight_and_its_error_raised_at_the_next():
     writer, order = BackgroundWriter(), []
     gate = threading.Event()
-    writer.run(lambda: (gate.wait(10), order.append("first")))
+    writer.save("first", lambda name: (gate.wait(10), order.append(name)))
     gate.set()
-    writer.run(lambda: order.append("second"))           # waits for the first before starting
+    writer.save("second", order.append)                  # waits for the first before starting
     writer.wait()
     assert order == ["first", "second"]
-    writer.run(lambda: 1 / 0)
+    writer.save(0, lambda zero: 1 / zero)
     with pytest.raises(ZeroDivisionError):
-        writer.run(lambda: order.append("third"))
+        writer.save("third", order.append)
     writer.wait()                                        # the error was handed over once
     assert order == ["first", "second"]
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import tiny_conv
 from trainfast import Recipe, train
 from trainfast.checkpoint import (HEADER, CheckpointError, CorruptCheckpoint, UnsafeCheckpoint, checkpoint_path,
                                   list_checkpoints, load_newest, prune, read_checkpoint, remove_partials, safe_load,
@@ -21,11 +22,6 @@ from trainfast.data.datasets import load_synthetic
 from trainfast.engine import train_one_epoch
 from trainfast.measure import Meter, NonFiniteLossError
 from trainfast.session import build_state
-
-
-def tiny_model() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
 
 
 @pytest.fixture(scope="module")
@@ -150,17 +146,17 @@ def test_crafted_checkpoint_is_refused_and_never_runs(tmp_path):
 
 def test_resume_falls_back_past_a_corrupt_checkpoint_and_refuses_a_changed_recipe(tmp_path, split, capsys):
     recipe = Recipe(epochs=1, batch_size=16, save_every=5, keep_checkpoints=2)
-    train(tiny_model, split, recipe=recipe, device="cpu", out=tmp_path)
+    train(tiny_conv, split, recipe=recipe, device="cpu", out=tmp_path)
     folder = tmp_path / "checkpoints"
     assert [p.name for p in list_checkpoints(folder)] == ["step-000000020.ckpt", "step-000000015.ckpt"]
     with pytest.raises(CheckpointError, match="--resume auto"):          # a fresh run must not mix with old files
-        train(tiny_model, split, recipe=recipe, device="cpu", out=tmp_path)
+        train(tiny_conv, split, recipe=recipe, device="cpu", out=tmp_path)
     with pytest.raises(CheckpointError, match=r"lr: 0\.002 -> 0\.1"):
-        train(tiny_model, split, recipe=recipe.replace(lr=0.1), device="cpu", out=tmp_path, resume="auto")
+        train(tiny_conv, split, recipe=recipe.replace(lr=0.1), device="cpu", out=tmp_path, resume="auto")
     newest = checkpoint_path(folder, 20)
     _flip_byte(newest, newest.stat().st_size - 100)
     capsys.readouterr()
-    result = train(tiny_model, split, recipe=recipe.replace(epochs=2), device="cpu", out=tmp_path, resume="auto")
+    result = train(tiny_conv, split, recipe=recipe.replace(epochs=2), device="cpu", out=tmp_path, resume="auto")
     err = capsys.readouterr().err
     assert "step-000000020.ckpt" in err and "checksum mismatch" in err and "resumed from step-000000015.ckpt" in err
     assert result.state.step == 40 and [r["epoch"] for r in result.history] == [1, 2]
@@ -183,7 +179,7 @@ def test_stop_policy_raises_and_keeps_last_good_checkpoint(tmp_path, split):
 
     recipe = Recipe(epochs=1, batch_size=16, save_every=5, log_every=4)
     with pytest.raises(NonFiniteLossError, match="step 12"):
-        train(tiny_model, split, loss_fn=loss_fn, recipe=recipe, device="cpu", out=tmp_path)
+        train(tiny_conv, split, loss_fn=loss_fn, recipe=recipe, device="cpu", out=tmp_path)
     listed = list_checkpoints(tmp_path / "checkpoints")
     assert [p.name for p in listed] == ["step-000000010.ckpt", "step-000000005.ckpt"]   # no save at 15
     payload = read_checkpoint(listed[0])
@@ -193,7 +189,7 @@ def test_stop_policy_raises_and_keeps_last_good_checkpoint(tmp_path, split):
 def test_skip_policy_leaves_parameters_unchanged_and_counts_exactly(split):
     recipe = Recipe(batch_size=16, nonfinite="skip", max_consecutive_skips=3, log_every=5)
     torch.manual_seed(0)
-    state = build_state(tiny_model(), recipe, torch.device("cpu"))
+    state = build_state(tiny_conv(), recipe, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(16, 3, 8, 8, generator=g), torch.randint(0, 10, (16,), generator=g)) for _ in range(12)]
     bad_steps = {2, 5, 6, 9}

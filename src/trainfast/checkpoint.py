@@ -377,14 +377,13 @@ class Checkpointer:
             "ranks": ranks,
         }
         path = checkpoint_path(self.folder, state.step)
-        payload = self.writer.own(payload)        # in the background: a copy the next step cannot change
 
-        def write() -> None:
-            write_checkpoint(payload, path)
+        def write(owned: dict[str, Any]) -> None:    # in the loop, or in the background on a copy
+            write_checkpoint(owned, path)
             prune(self.folder, self.recipe.keep_checkpoints)    # only now: the new one is complete
             self.last_saved = path
 
-        self.writer.run(write)
+        self.writer.save(payload, write)
         return path
 
     def start(self, state, resume: str | Path | None) -> dict[str, Any] | None:

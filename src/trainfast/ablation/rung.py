@@ -76,10 +76,9 @@ def rung_checkpoints(run: BuiltinRun, stack: ExitStack):
 
 
 def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBudget | None,
-                 checkpoints=None) -> dict[str, Any]:
+                 checkpoints) -> dict[str, Any]:
     """The accuracy run (every epoch, then the evaluation), then more steps until the timing budget is met;
     the probe's record of it, with the evaluation's numbers. `checkpoints`: rung_checkpoints' saver."""
-    checkpoints = checkpoints or NoCheckpoints()
     recipe, state, task = run.recipe, run.state, run.task
     timed, budget = budget is not None, budget or TimingBudget()
     probe = Probe(MeasureSpec("", "full", **dataclasses.asdict(budget)))

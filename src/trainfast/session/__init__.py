@@ -231,8 +231,7 @@ class Session:
         payload = {"format": "trainfast.session", "version": FORMAT_VERSION, **capture_state(state),
                    "recipe": self.recipe.to_dict(), "loaders": [loader.state_dict() for loader in self.loaders],
                    "reported": dict(self.reported), "world_size": len(ranks), "ranks": ranks}
-        payload = self.writer.own(payload)
-        self.writer.run(lambda: write_checkpoint(payload, path))
+        self.writer.save(payload, lambda owned: write_checkpoint(owned, path))
         return Path(path)
 
     def wait_saved(self) -> None:

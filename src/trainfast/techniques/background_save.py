@@ -38,13 +38,8 @@ def host_copy(payload: Any) -> Any:
 class SyncWriter:
     """The default: a save runs in the loop, start to end."""
 
-    in_background = False
-
-    def own(self, payload: Any) -> Any:
-        return payload
-
-    def run(self, job: Callable[[], None]) -> None:
-        job()
+    def save(self, payload: Any, write: Callable[[Any], None]) -> None:
+        write(payload)
 
     def wait(self) -> None:
         pass
@@ -54,22 +49,19 @@ class BackgroundWriter:
     """One save at a time in a thread. The thread is not a daemon, so an interpreter that exits (after the
     loop's last line or after an exception) still finishes the file it is writing."""
 
-    in_background = True
-
     def __init__(self) -> None:
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
-    def own(self, payload: Any) -> Any:
-        """A copy the loop can no longer change: call before run(), on the loop's thread."""
-        return host_copy(payload)
-
-    def run(self, job: Callable[[], None]) -> None:
+    def save(self, payload: Any, write: Callable[[Any], None]) -> None:
+        """`write(copy)` in the thread, on a host copy of `payload` made here, on the loop's thread, so the next
+        step cannot change what is written."""
         self.wait()                        # one in flight: the previous save completes first (or raises here)
+        owned = host_copy(payload)
 
         def body() -> None:
             try:
-                job()
+                write(owned)
             except BaseException as exc:   # handed to the loop's thread at the next save or at the end,
                 self.error = exc           # and said now, in case the loop stops for another reason first
                 print(f"checkpoint: the background save failed: {type(exc).__name__}: {exc}", file=sys.stderr,
