@@ -276,7 +276,9 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_command_line(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    start_thread_policy(argv)                       # before torch loads (the parser's flags import it)
+    args = parse_command_line(argv)
     from .distributed import RankTimeoutError       # these import torch: only once a command runs, never for
     from .measure import LossTermsError, NonFiniteLossError   # --help or --version
 
@@ -302,6 +304,27 @@ def main(argv: list[str] | None = None) -> int:
     except (NonFiniteLossError, LossTermsError, RankTimeoutError) as exc:   # decided on every rank at the same step
         print(f"trainfast {args.command}: stopped: {exc}", file=sys.stderr)
         return 1
+
+
+def start_thread_policy(argv: list[str]) -> None:
+    """passive_threads for `trainfast train`: OMP_WAIT_POLICY=PASSIVE in this process's environment before torch
+    is imported (techniques/threads.py), so before the full parser, whose flags import it. Only the two places the
+    switch can come from are read here (--recipe FILE and --[no-]passive-threads); a recipe that cannot be read is
+    left to the full parse and prepare_task to report."""
+    from .techniques.threads import FIELD, set_before_torch
+
+    if not argv or argv[0] != "train":
+        return
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--recipe")
+    early.add_argument("--" + FIELD.replace("_", "-"), dest=FIELD, action=argparse.BooleanOptionalAction)
+    known, _ = early.parse_known_args(argv[1:])
+    try:
+        recipe = recipe_from_args(argparse.Namespace(recipe=known.recipe, **{
+            f.name: getattr(known, f.name, None) for f in dataclasses.fields(Recipe)}))
+    except (RecipeError, ValueError, FileNotFoundError, OSError):
+        return
+    set_before_torch(recipe)
 
 
 def prepare_task(args: argparse.Namespace) -> Recipe:

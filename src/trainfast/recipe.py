@@ -86,6 +86,7 @@ class Recipe:
     save_every: int = 0               # checkpoint every N steps (0: only at each epoch end); needs a run folder
     keep_checkpoints: int = 2         # newest checkpoints kept in the run folder (older ones pruned after a save)
     async_checkpoint: bool = False    # write checkpoints in a background thread while training goes on (same atomic files)
+    passive_threads: bool = False     # idle OpenMP threads sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE), leaving the cores to loader workers; set at process start
 
     # --- distributed (under torchrun; a single process ignores strategy=ddp) -------------------------
     strategy: str = "ddp"             # "ddp" | "fsdp" (FSDP2 fully_shard) | "dp" (legacy DataParallel, CUDA)

@@ -37,7 +37,9 @@ LADDER_MODES = ("cumulative", "each")    # how a ladder's rungs build on each ot
 # process (the framework adapters switch the script's own loader).
 # "async_checkpoint" (saves written in a background thread) acts on the saves inside the timed steps: a script's
 # Session.save, or the built-in run's with --save-every N.
-OPT_IN_AFTER = {"prefetch": {"decode_cache": {"decode_cache": True}, "workers": {"num_workers": 2}},
+# "passive_threads" (idle OpenMP threads sleep instead of spinning) acts where loader workers share the cores.
+OPT_IN_AFTER = {"prefetch": {"decode_cache": {"decode_cache": True}, "workers": {"num_workers": 2},
+                             "passive_threads": {"passive_threads": True}},
                 "fused": {"checkpointing": {"activation_checkpointing": True},
                           "async_checkpoint": {"async_checkpoint": True}}}
 RUNGS: dict[str, dict[str, Any]] = {**dict(list(LADDER.items())[:2]), **LEVEL_RUNGS}

@@ -25,6 +25,7 @@ from ..measure import EpochStats
 from ..probe import MeasureSpec, Probe
 from ..recipe import Recipe
 from ..run import BuiltinRun, assemble_run
+from ..techniques import threads
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
         "skipped_files": skipped + skipped_last_pass(run.val_batches, run.device),   # unreadable images, all epochs
         "checkpoint_saves": checkpoints.saves,                 # --save-every: saves inside the steps, and
         "checkpoint_loop_s": checkpoints.loop_seconds,         # the seconds the loop spent in them
+        "passive_threads": threads.in_effect(),                # the OpenMP wait policy this process started with
     }
     return probe.result("accuracy run ended" + (", then the timing budget" if extra_passes else ""))
 
@@ -152,6 +154,8 @@ def time_the_rest(run: BuiltinRun, probe: Probe, budget: TimingBudget, progress:
 
 def rung_main(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> dict[str, Any]:
     """What a rung process runs (under procs.child_main: its own process group, its log, the parent watch)."""
+    if threads.wanted(recipe) and not threads.in_effect():     # never time spinning threads under its name
+        raise RuntimeError(f"passive_threads: this rung's process started without {threads.ENV}={threads.PASSIVE}")
     if job.nproc > 1:
         from ..distributed import launch_local
 

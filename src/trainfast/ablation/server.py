@@ -13,9 +13,11 @@ PRELOAD = ["torch", "torch._dynamo", "torch.optim", "trainfast.ablation.rung", "
            "trainfast.models"]
 
 
-def rung_context():
-    """The multiprocessing context rung processes start from (module docstring)."""
-    if "forkserver" not in mp.get_all_start_methods():
+def rung_context(start_env: dict[str, str] | None = None):
+    """The multiprocessing context rung processes start from (module docstring). `start_env`: variables the
+    process must start with (read by a runtime as it loads, before any code of the rung runs): such a rung is
+    spawned, a fresh interpreter, ~3 s of imports before its first step, outside the timed steps."""
+    if start_env or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)

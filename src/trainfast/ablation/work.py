@@ -23,7 +23,7 @@ from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import Effect, Rung, Status
 from ..data.decoded_cache import with_decode_cache
 from ..run import as_split, build_module
-from ..techniques import changes_effect, field_effect
+from ..techniques import changes_effect, field_effect, threads
 from ..techniques.base import Effect as TechniqueEffect
 from .rung import Job, TimingBudget, rung_main
 from .scoring import FIRST_REPORTED
@@ -100,6 +100,8 @@ class Builtin:
             return TechniqueEffect(False, ZERO_GRAD_NOTE, applies=False)
         if field == "async_checkpoint" and not self.base.save_every:
             return TechniqueEffect(False, NO_SAVES_NOTE, applies=False)
+        if field == threads.FIELD and not self.base.num_workers:
+            return TechniqueEffect(False, threads.NO_WORKERS_NOTE, applies=False)
         return self.task.field_effect(field, device, model, split)
 
     def metric(self, measure: str = "speed") -> tuple[str, str]:
@@ -112,12 +114,15 @@ class Builtin:
         return None
 
     def launcher(self, measure: str = "speed") -> Launch:
-        ctx, job = rung_context(), self.job
+        job = self.job
 
         def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
-            return run_supervised(ctx, rung_main, (job, recipe, run_budget),
-                                  on_event=lambda e: display.progress(rung, e), log_path=run_dir / "log.txt",
-                                  time_limit_s=limit)
+            # A switch read when the process starts (passive_threads) needs a process of its own (spawned with it
+            # in its environment): the fork server's children share its already started OpenMP runtime.
+            with threads.starting_with(recipe):
+                return run_supervised(rung_context(threads.process_env(recipe)), rung_main, (job, recipe, run_budget),
+                                      on_event=lambda e: display.progress(rung, e), log_path=run_dir / "log.txt",
+                                      time_limit_s=limit)
         return launch
 
 

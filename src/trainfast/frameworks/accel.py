@@ -54,7 +54,7 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from ..techniques.optimizer import rebind_scheduler
 from .board import Board, FrameworkRecord, UNSET
-from .common import (is_compiled, mark_own_pipeline, memory_format_of, optimizer_impl, prove_loader,
+from .common import (is_compiled, mark_shared_switches, memory_format_of, optimizer_impl, prove_loader,
                      switch_checkpointing, switch_cudnn_benchmark, switch_loader, switch_memory_format,
                      switch_optimizer)
 from .hooks import when_imported
@@ -171,7 +171,7 @@ def switch_arguments(kw: dict[str, Any], record: FrameworkRecord, fields: dict[s
                                    dataclasses.replace(config, non_blocking=bool(fields["non_blocking"])))
     if "set_to_none" in fields:
         record.unsupported.setdefault("set_to_none", NO_ZERO_GRAD)
-    mark_own_pipeline(record, fields)
+    mark_shared_switches(record, fields)
     if "cudnn_benchmark" in fields:
         switch_cudnn_benchmark(record, bool(fields["cudnn_benchmark"]))
     return kw

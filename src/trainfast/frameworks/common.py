@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ..techniques import checkpointing
+from ..techniques import checkpointing, threads
 from ..techniques.base import has_conv
 from ..techniques.memory_format import apply_memory_format
 from ..techniques.optimizer import IMPL_FLAGS, rebuild_optimizer
@@ -178,7 +178,13 @@ def switch_cudnn_benchmark(record: FrameworkRecord, enabled: bool) -> None:
     record.readers.append(lambda r: r.prove("torch.backends.cudnn.benchmark", torch.backends.cudnn.benchmark))
 
 
-def mark_own_pipeline(record: FrameworkRecord, fields: dict[str, Any]) -> None:
+def mark_shared_switches(record: FrameworkRecord, fields: dict[str, Any]) -> None:
+    """What every framework gets alike: trainfast's own pipeline's switches have nothing to act on in it, and the
+    thread policy (passive_threads) is the process's, started with it whatever the framework, proven here from
+    the environment the process started with."""
     for name, why in OWN_PIPELINE.items():
         if name in fields:
             record.unsupported[name] = why
+    if threads.FIELD in fields:
+        record.set(threads.FIELD, threads.ENV, bool(fields[threads.FIELD]))
+        record.readers.append(lambda r: r.prove(threads.ENV, threads.in_effect()))

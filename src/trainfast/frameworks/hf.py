@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .board import Board, FrameworkRecord, UNSET
-from .common import (AUTO_WORKERS, is_compiled, mark_own_pipeline, memory_format_of, prove_loader, switch_cudnn_benchmark,
+from .common import (AUTO_WORKERS, is_compiled, mark_shared_switches, memory_format_of, prove_loader, switch_cudnn_benchmark,
                      switch_memory_format)
 from .hooks import when_imported
 
@@ -98,7 +98,7 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
                                              "(torch's default set_to_none=True)")
     if "non_blocking" in fields:
         record.unsupported["non_blocking"] = "the Trainer moves batches itself (its accelerator_config.non_blocking)"
-    mark_own_pipeline(record, fields)
+    mark_shared_switches(record, fields)
     if "cudnn_benchmark" in fields:
         switch_cudnn_benchmark(record, bool(fields["cudnn_benchmark"]))
 

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from ..techniques.optimizer import rebind_scheduler
 from .board import Board, FrameworkRecord, UNSET
-from .common import (LOADER_FIELDS, is_compiled, mark_own_pipeline, memory_format_of, optimizer_impl, prove_loader,
+from .common import (LOADER_FIELDS, is_compiled, mark_shared_switches, memory_format_of, optimizer_impl, prove_loader,
                      switch_checkpointing, switch_loader, switch_memory_format, switch_optimizer)
 from .hooks import when_imported
 
@@ -88,7 +88,7 @@ def switch_trainer_arguments(kwargs: dict[str, Any], record: FrameworkRecord, fi
                                              "frees the gradients already (torch's default set_to_none=True)")
     if "non_blocking" in fields:
         record.unsupported["non_blocking"] = "Lightning moves each batch to the device itself"
-    mark_own_pipeline(record, fields)
+    mark_shared_switches(record, fields)
     if "async_checkpoint" in fields:
         switch_async_checkpoint(kwargs, record, bool(fields["async_checkpoint"]), package)
 

@@ -74,6 +74,7 @@ from ..recipe import RECIPE_ENV, Recipe, RecipeError, apply_env_recipe, resolve_
 from ..techniques.background_save import checkpoint_writer
 from ..techniques.precision import build_precision
 from ..techniques.runtime import apply_runtime_flags
+from ..techniques import threads
 from .build import NoSchedule, build_state, refuse_rebuilt_step, seed_everything
 from .loaders import SessionLoader
 from .logs import LogBuffer
@@ -104,6 +105,7 @@ class Session:
         self.dist = setup_distributed(self.recipe, device)
         self.device = self.dist.device
         apply_runtime_flags(self.recipe, self.device)
+        threads.warn_if_late(self.recipe)        # passive_threads belongs to the process's start: said if too late
         seed_everything(self.recipe.seed)
         self.precision = build_precision(self.dist.precision_name(self.recipe), self.device,
                                          self.recipe.precision_level)

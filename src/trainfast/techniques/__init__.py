@@ -1,23 +1,28 @@
 """One small module per technique; each says whether it can act on the current device or model
 (`effect`), and how it is applied (`apply_*` / `build_*`). `field_effect` maps a Recipe field to the
 technique that owns it, so the ablation can tell a real measurement from a switch that does nothing here.
+
+The package imports torch only when a function here is called: techniques/threads.py is read before torch loads.
 """
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Callable
 
-from typing import Callable
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
-from . import compile as compile_
-from . import checkpointing, grouping, memory_format, prefetch, runtime, transfer
-from .base import ACTS, Effect
+    from .base import Effect
 
 
 def field_effect(field: str, device: torch.device, model: nn.Module | None, split=None) -> Effect:
     """`split`: the run's data (data.datasets.Split), for the techniques that act on files only; when
     it is not given they count as acting. `model` None (a user's script: its model is not known before it
     runs): the techniques that depend on the model count as acting."""
+    from . import compile as compile_
+    from . import checkpointing, grouping, memory_format, prefetch, runtime, threads, transfer
+    from .base import ACTS
+
     if field == "decode_cache":
         from ..data.decoded_cache import effect as decode_cache_effect
 
@@ -36,6 +41,8 @@ def field_effect(field: str, device: torch.device, model: nn.Module | None, spli
         return checkpointing.effect(model)
     if field == "group_aspect_ratio":
         return grouping.effect(model, split)
+    if field == "passive_threads":
+        return threads.effect()
     return ACTS
 
 
@@ -43,6 +50,8 @@ def changes_effect(changed: dict, device: torch.device, model: nn.Module | None,
                    effect_of: Callable[..., Effect] = field_effect) -> Effect:
     """A set of switched fields acts if any one of them acts; otherwise say why none does. `effect_of`: a
     task's own judgement of a field (tasks/detection.py), by default the techniques'."""
+    from .base import Effect
+
     effects = [effect_of(name, device, model, split) for name in changed]
     if not effects or any(e.acts for e in effects):
         reasons = [e.reason for e in effects if e.reason]

@@ -1,0 +1,116 @@
+"""passive_threads: the step's idle OpenMP threads sleep at once instead of spinning.
+
+PyTorch runs its CPU kernels on an OpenMP thread pool (GNU libgomp in the Linux wheels). Between two parallel
+regions an idle thread of the pool spins for a while before it sleeps: the fastest wake-up when the process has
+its cores to itself. DataLoader workers are other processes on the same cores, and every spin is CPU time a
+worker does not get for decoding the next batch; a worker that then preempts a thread of the pool holds up the
+whole parallel region. OMP_WAIT_POLICY=PASSIVE makes idle threads sleep at once. The arithmetic is unchanged
+(same kernels, same results). What it buys depends on how busy the workers are (docs/benchmarks.md has a
+measurement); with no workers nothing else wants the cores and spinning costs nothing.
+
+OpenMP reads the variable once, when its runtime loads with torch, so it belongs to a process's start: the
+built-in `trainfast train` sets it before it imports torch, the ablation starts a rung's process (and a user's
+command) with it, and a trainfast.Session inside an already running process can only say whether its process
+was started with it. `in_effect()` is the read-back: the environment the process started with.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+if TYPE_CHECKING:
+    from .base import Effect
+
+ENV = "OMP_WAIT_POLICY"
+PASSIVE = "PASSIVE"
+FIELD = "passive_threads"
+NO_WORKERS_NOTE = ("no loader worker processes share the cores with the step's threads (num_workers=0): idle "
+                   "threads spin on cores nothing else wants")
+NOT_AT_START = ("passive_threads: OMP_WAIT_POLICY is read once, when PyTorch loads, and this process started "
+                "without it, so its threads still spin; start the process with OMP_WAIT_POLICY=PASSIVE "
+                "(trainfast train and trainfast ablate do)")
+
+_passive_at_load = False       # set_before_torch() saw OMP_WAIT_POLICY=PASSIVE in place before torch loaded
+
+
+def wanted(fields: Mapping[str, Any] | Any) -> bool:
+    """Whether a recipe (or a run's dict of switched fields) asks for passive threads."""
+    value = fields.get(FIELD) if isinstance(fields, Mapping) else getattr(fields, FIELD, False)
+    return bool(value)
+
+
+def process_env(fields: Mapping[str, Any] | Any) -> dict[str, str]:
+    """The variables a process must start with for this recipe: {} unless it asks for passive threads."""
+    return {ENV: PASSIVE} if wanted(fields) else {}
+
+
+def set_before_torch(recipe) -> bool:
+    """Put OMP_WAIT_POLICY=PASSIVE in this process's environment if the recipe asks for it and torch is not
+    loaded yet (the variable would be read too late otherwise). A value the user set is left alone. True if the
+    policy will be passive."""
+    global _passive_at_load
+    if not wanted(recipe):
+        return False
+    if "torch" in sys.modules:
+        return in_effect()
+    os.environ.setdefault(ENV, PASSIVE)
+    _passive_at_load = os.environ[ENV].upper() == PASSIVE
+    return _passive_at_load
+
+
+def started_env() -> dict[str, str]:
+    """The environment this process was started with (Linux: /proc/self/environ, which later changes to
+    os.environ do not touch); elsewhere the current one."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return dict(os.environ)
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def in_effect() -> bool:
+    """Whether this process's OpenMP threads sleep when idle: it started with OMP_WAIT_POLICY=PASSIVE, or
+    set_before_torch() set it before torch loaded."""
+    return _passive_at_load or started_env().get(ENV, "").upper() == PASSIVE
+
+
+def warn_if_late(recipe) -> None:
+    """A Session asked for passive threads in a process that started without them: say so once (the run goes
+    on with spinning threads; nothing else changes)."""
+    if wanted(recipe) and not in_effect():
+        warnings.warn(NOT_AT_START, RuntimeWarning, stacklevel=3)
+
+
+@contextlib.contextmanager
+def starting_with(fields: Mapping[str, Any] | Any) -> Iterator[None]:
+    """While the block runs, processes started from this one (spawned, not forked: a fork keeps the parent's
+    OpenMP runtime as it is) begin with the recipe's thread policy; this process's own is unchanged (read at
+    its start). The environment is restored afterwards."""
+    added = process_env(fields)
+    saved = {k: os.environ.get(k) for k in added}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def effect() -> Effect:
+    """Acts where PyTorch's CPU threads are an OpenMP pool (the Linux and Windows wheels; a build on its native
+    pool reads no OpenMP variable). (torch is imported here, not at the top: the CLI reads this module before.)"""
+    import torch
+
+    from .base import ACTS, Effect
+
+    if "OpenMP" not in torch.__config__.parallel_info().split("ATen parallel backend:")[-1]:
+        return Effect(False, "this PyTorch build runs its CPU threads on its native pool, not OpenMP")
+    return ACTS

@@ -1,0 +1,131 @@
+"""passive_threads: the OpenMP wait policy a process starts with (techniques/threads.py), carried to every
+process trainfast starts and read back there, never claimed where it came too late."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainfast import Recipe
+from trainfast.launch import run_environment
+from trainfast.probe import MeasureSpec
+from trainfast.techniques import field_effect, threads
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fresh_python(code: str, **env: str) -> dict:
+    """Run `code` in a new interpreter (its own OpenMP start) with `env` added or, for "", removed; its last line
+    of output, parsed as JSON."""
+    environ = {k: v for k, v in os.environ.items() if k != threads.ENV}
+    environ.update({k: v for k, v in env.items() if v})
+    environ["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + environ.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_recipe_asks_for_the_variable_only_when_switched_on():
+    assert threads.process_env(Recipe()) == {}
+    assert threads.process_env(Recipe(passive_threads=True)) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert threads.process_env({"passive_threads": True, "seed": 0}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert threads.process_env({"seed": 0}) == {}
+
+
+def test_a_command_run_starts_with_it_and_its_baseline_without():
+    spec = MeasureSpec("/tmp/result.json", "speed")
+    assert run_environment({"passive_threads": True}, spec)["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in run_environment({"passive_threads": False}, spec)
+
+
+def test_starting_with_sets_the_variable_for_children_only_while_they_start(monkeypatch):
+    monkeypatch.delenv(threads.ENV, raising=False)
+    with threads.starting_with(Recipe(passive_threads=True)):
+        assert os.environ[threads.ENV] == "PASSIVE"
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('OMP_WAIT_POLICY'))"],
+                               capture_output=True, text=True).stdout.strip()
+    assert child == "PASSIVE"
+    assert threads.ENV not in os.environ                     # restored
+    monkeypatch.setenv(threads.ENV, "ACTIVE")
+    with threads.starting_with(Recipe(passive_threads=True)):
+        pass
+    assert os.environ[threads.ENV] == "ACTIVE"                # a value that was there comes back
+
+
+def test_the_read_back_is_the_environment_the_process_started_with():
+    started = fresh_python("import json, os; os.environ['OMP_WAIT_POLICY'] = 'ACTIVE'; "
+                           "from trainfast.techniques import threads; "
+                           "print(json.dumps([threads.in_effect(), threads.started_env().get('OMP_WAIT_POLICY')]))",
+                           OMP_WAIT_POLICY="passive")
+    assert started == [True, "passive"]          # any case; a later change to os.environ does not count
+    late = fresh_python("import json, os, torch; os.environ['OMP_WAIT_POLICY'] = 'PASSIVE'; "
+                        "from trainfast.techniques import threads; print(json.dumps(threads.in_effect()))")
+    assert late is False                          # set after torch loaded: OpenMP never saw it
+
+
+def test_train_sets_it_before_torch_loads_and_only_when_asked():
+    code = ("import json, sys; from trainfast import cli; "
+            "cli.start_thread_policy({argv}); import os; loaded = 'torch' in sys.modules; "
+            "from trainfast.techniques import threads; "
+            "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), threads.in_effect(), loaded]))")
+    on = fresh_python(code.format(argv=["train", "--passive-threads"]))
+    assert on == ["PASSIVE", True, False]        # set while torch was not loaded yet
+    off = fresh_python(code.format(argv=["train"]))
+    assert off == [None, False, False]
+    kept = fresh_python(code.format(argv=["train", "--passive-threads"]), OMP_WAIT_POLICY="ACTIVE")
+    assert kept == ["ACTIVE", False, False]      # the user's own value stands, and is not called passive
+
+
+def test_a_session_in_a_process_started_without_it_says_so(monkeypatch):
+    from trainfast import Session
+
+    if threads.in_effect():
+        pytest.skip("this test process started with OMP_WAIT_POLICY=PASSIVE")
+    with pytest.warns(RuntimeWarning, match="OMP_WAIT_POLICY is read once"):
+        Session(Recipe(passive_threads=True), env=False, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Session(Recipe(), env=False, device="cpu")
+
+
+def test_training_is_bit_identical_with_it(tmp_path):
+    """Same kernels, same results: `trainfast train` with the policy in effect (set before torch loaded) ends
+    with exactly the weights of the run without it."""
+    weights = []
+    for flag in ("--no-passive-threads", "--passive-threads"):
+        out = tmp_path / flag.strip("-")
+        run = subprocess.run([sys.executable, "-m", "trainfast", "train", "--epochs", "1", "--batch-size", "64",
+                              "--out", str(out), flag], capture_output=True, text=True, timeout=300,
+                             env={**{k: v for k, v in os.environ.items() if k != threads.ENV},
+                                  "PYTHONPATH": str(ROOT / "src")})
+        assert run.returncode == 0, run.stderr
+        assert "OMP_WAIT_POLICY is read once" not in run.stderr        # in effect: no warning
+        weights.append(torch.load(out / "model.pt", weights_only=True))
+    assert weights[0].keys() == weights[1].keys()
+    for name in weights[0]:
+        assert torch.equal(weights[0][name], weights[1][name]), name
+
+
+def test_the_switch_acts_where_workers_share_the_cores_and_is_read_back_in_the_rung(tmp_path, digits16):
+    from conftest import tiny_resnet
+    from trainfast import ablate
+
+    assert field_effect("passive_threads", torch.device("cpu"), None).acts      # an OpenMP build (the wheels)
+    common = dict(rungs=["passive_threads"], repeats=1, noise_seeds=1, show=False, mean=digits16.mean,
+                  std=digits16.std)
+    alone = ablate(tiny_resnet, digits16.train, digits16.val, recipe=Recipe(batch_size=64), out=tmp_path / "a",
+                   **common)
+    rung = next(r for r in alone.rungs if r.name == "passive_threads")
+    assert rung.status == "no-effect" and "num_workers=0" in rung.reason
+    shared = ablate(tiny_resnet, digits16.train, digits16.val, recipe=Recipe(batch_size=64, num_workers=1),
+                    out=tmp_path / "b", **common)
+    by_name = {r.name: r for r in shared.rungs}
+    assert by_name["passive_threads"].status == "done"
+    assert by_name["passive_threads"].repeats[0]["passive_threads"] is True      # its process started with it
+    assert by_name["baseline"].repeats[0]["passive_threads"] is threads.in_effect()
