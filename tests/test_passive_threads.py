@@ -126,6 +126,23 @@ def test_the_switch_acts_where_workers_share_the_cores_and_is_read_back_in_the_r
     shared = ablate(tiny_resnet, digits16.train, digits16.val, recipe=Recipe(batch_size=64, num_workers=1),
                     out=tmp_path / "b", **common)
     by_name = {r.name: r for r in shared.rungs}
+    assert shared.settings["rungs"]["passive_threads"]["passive_threads"] is True
     assert by_name["passive_threads"].status == "done"
     assert by_name["passive_threads"].repeats[0]["passive_threads"] is True      # its process started with it
     assert by_name["baseline"].repeats[0]["passive_threads"] is threads.in_effect()
+
+
+def test_a_plan_with_the_switch_starts_every_run_fresh(digits16):
+    """The baseline of a plan that runs passive_threads is spawned too: forked from the warm server it would
+    differ from the rung by more than the switch."""
+    from conftest import tiny_resnet
+    from trainfast.ablation import plan_rungs
+    from trainfast.ablation.work import BuiltinSpec, prepare_builtin
+
+    work = prepare_builtin(BuiltinSpec(tiny_resnet, digits16.train, digits16.val, mean=digits16.mean,
+                                       std=digits16.std), Recipe(batch_size=64, num_workers=1))
+    plan = plan_rungs(work.base, ["passive_threads"], device=work.dev)
+    work.mark_effects(plan)
+    assert work.fresh
+    work.mark_effects(plan_rungs(work.base, ["amp"], device=work.dev))
+    assert not work.fresh

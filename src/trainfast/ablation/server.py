@@ -13,11 +13,12 @@ PRELOAD = ["torch", "torch._dynamo", "torch.optim", "trainfast.ablation.rung", "
            "trainfast.models"]
 
 
-def rung_context(start_env: dict[str, str] | None = None):
-    """The multiprocessing context rung processes start from (module docstring). `start_env`: variables the
-    process must start with (read by a runtime as it loads, before any code of the rung runs): such a rung is
-    spawned, a fresh interpreter, ~3 s of imports before its first step, outside the timed steps."""
-    if start_env or "forkserver" not in mp.get_all_start_methods():
+def rung_context(fresh: bool = False):
+    """The multiprocessing context rung processes start from (module docstring). `fresh`: spawned interpreters
+    instead, for a plan with a switch read as a runtime loads (passive_threads: OpenMP's wait policy), which a
+    fork of the server would inherit as the server started it; ~3 s of imports before each run's first step,
+    outside its timed steps."""
+    if fresh or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)

@@ -85,13 +85,17 @@ class Builtin:
     settings: dict[str, Any]
     task: Any                            # tasks/: judges which switches can act on its model and data
     learned: dict[str, Any] = dataclasses.field(default_factory=dict)    # nothing: checked before the runs
+    fresh: bool = False                  # every run spawned, none forked from the server (a switch read at start)
 
     def mark_effects(self, plan: list[Rung]) -> None:
         """As Work's, judged on the model and data; the decode cache rung's cache is built once here and
-        opened by the rungs."""
+        opened by the rungs. A plan that runs passive_threads starts every run, the baseline's too, as a fresh
+        process: that rung needs one (threads.py), and a baseline forked from the warm server would then differ
+        from it by more than the switch (what is imported during the first epoch, the memory a process counts)."""
         mark_effects(plan, self.dev, self.probe_model, self.split, self.field_effect)
         if any(r.recipe.decode_cache and r.status != Status.NO_EFFECT for r in plan):
             with_decode_cache(self.split, self.base.replace(decode_cache=True))
+        self.fresh = any(threads.wanted(r.recipe) and r.status != Status.NO_EFFECT for r in plan)
 
     def field_effect(self, field: str, device: torch.device, model, split) -> TechniqueEffect:
         """The task's judgement of a switch, and the built-in loop's own: its zero_grad() already frees the
@@ -117,10 +121,8 @@ class Builtin:
         job = self.job
 
         def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
-            # A switch read when the process starts (passive_threads) needs a process of its own (spawned with it
-            # in its environment): the fork server's children share its already started OpenMP runtime.
-            with threads.starting_with(recipe):
-                return run_supervised(rung_context(threads.process_env(recipe)), rung_main, (job, recipe, run_budget),
+            with threads.starting_with(recipe):          # passive_threads: in the spawned process's environment
+                return run_supervised(rung_context(self.fresh), rung_main, (job, recipe, run_budget),
                                       on_event=lambda e: display.progress(rung, e), log_path=run_dir / "log.txt",
                                       time_limit_s=limit)
         return launch
