@@ -32,7 +32,9 @@ only the switch trainfast found is told apart from running the same switches fas
              rest from FILE. Run once untimed before the rounds (a decode cache is built on the first run)
 
 Every tool drops the last partial training batch, so an epoch trains the same images in each; the table gives
-images per second (those images over the per-epoch cost) beside the seconds.
+images per second (those images over the per-epoch cost) beside the seconds. Under it, each trainfast tool
+against each peer that runs the same switches (SAME_SWITCHES): the per-round ratios and a verdict by the
+ablation's statistics, so a difference inside the machine's round-to-round noise is called that.
 
 `--precision` (default auto: bf16 where this CPU computes it fast, else fp32, as `trainfast ablate` measures
 it) is the one precision every tool runs in: on a CPU without bf16 hardware autocast makes every step ~10x
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -255,9 +258,39 @@ def main() -> None:
             "last_epoch_s": last_epoch,
             "median_last_epoch_s": {t: statistics.median(v) for t, v in last_epoch.items() if v},
             "val_accuracy": accuracy,
-            "vs_fastest_peer": {t: m / fastest_peer for t, m in median_rate.items()} if fastest_peer else {}}
+            "vs_fastest_peer": {t: m / fastest_peer for t, m in median_rate.items()} if fastest_peer else {},
+            "same_switches": same_switch_verdicts(per_epoch, trained)}
     (args.out / "peers.json").write_text(json.dumps(results, indent=2))
     print_table(results, tools)
+
+
+# trainfast's tool -> the peer that runs the same switches: timm's train.py has its prefetcher on by default
+# (trainfast --prefetch); Lightning and the plain loop normalize in the workers, as trainfast does without it.
+SAME_SWITCHES = {"trainfast-pf": ("timm",), "trainfast-pf-cl": ("timm-cl",), "trainfast": ("lightning", "plain"),
+                 "trainfast-cl": ("lightning-cl",)}
+
+
+def same_switch_verdicts(per_epoch: dict[str, list[float]], images: int) -> list[dict]:
+    """Each trainfast tool against each peer run with the same switches: the speed-up per round (paired: the
+    two ran in the same round), its geometric mean with a 95% interval and the verdict, by the ablation's own
+    statistics (trainfast.stats): the round-to-round noise pooled over every tool of the run (a tool + round
+    model on log rates), a difference called only past the 5% minimum effect and a margin a rerun repeats, and
+    the chance a rerun gives the same verdict. With the noise of a shared VM a few-percent difference is "no
+    measurable difference": the table says so instead of ranking noise."""
+    from trainfast.stats import Repeat, compare, pooled_noise
+
+    repeats = {t: [Repeat(((images, s),)) for s in v] for t, v in per_epoch.items()}
+    noise = pooled_noise(list(repeats.values()))
+    out = []
+    for mine, peers in SAME_SWITCHES.items():
+        for peer in peers:
+            if mine not in repeats or peer not in repeats:
+                continue
+            c = compare(mine, repeats[mine], peer, repeats[peer], noise=noise)
+            out.append({"tool": mine, "peer": peer, **c.to_dict(), "text": c.text,
+                        "per_round": [a.rate / b.rate for a, b in zip(repeats[mine], repeats[peer])],
+                        "noise_per_run": math.sqrt(noise.variance) if noise else None})
+    return out
 
 
 def print_table(results: dict, tools: list[str]) -> None:
@@ -277,6 +310,10 @@ def print_table(results: dict, tools: list[str]) -> None:
         if last:
             cells = [f"{last[t]:.1f} s" if t in last else "—" for t in tools]
             print(f"| {name}, the long run's last epoch timed inside the process | " + " | ".join(cells) + " |")
+        for pair in w.get("same_switches", []):
+            rounds = ", ".join(f"{r:.2f}x" for r in pair["per_round"])
+            agree = f"; a rerun agrees {pair['agreement']:.0%}" if pair.get("agreement") is not None else ""
+            print(f"  same switches: {pair['tool']} vs {pair['peer']}: rounds {rounds}; {pair['text']}{agree}")
 
 
 if __name__ == "__main__":

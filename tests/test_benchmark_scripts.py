@@ -40,3 +40,19 @@ def test_peers_compares_the_same_switches_and_images():
     assert timm[timm.index("--workers") + 1] == ours[ours.index("--num-workers") + 1] == "2"
     assert "--channels-last" not in peers.command("timm", "r18-128", data, 3, out, None, "bf16", Path("/t/train.py"))
     assert peers.images_per_epoch("r18-128", 1596) == 1536
+
+
+def test_peers_calls_a_difference_inside_the_noise_that_and_a_clear_one_faster():
+    """The same-switch verdicts pair each round, pool the noise over every tool, and name the peer compared."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import peers
+
+    jitter = [1.00, 1.06, 0.95]                       # a shared VM's rounds: every tool moves together, plus noise
+    per_epoch = {"timm": [20.0 * j for j in jitter], "trainfast-pf": [19.6 * j * k for j, k in zip(jitter, (1.04, 0.97, 1.0))],
+                 "timm-cl": [19.0 * j * k for j, k in zip(jitter, (1.0, 1.02, 0.97))],
+                 "trainfast-pf-cl": [14.0 * j * k for j, k in zip(jitter, (0.99, 1.01, 1.0))]}
+    verdicts = {(v["tool"], v["peer"]): v for v in peers.same_switch_verdicts(per_epoch, 1536)}
+    assert set(verdicts) == {("trainfast-pf", "timm"), ("trainfast-pf-cl", "timm-cl")}     # lightning not run
+    assert verdicts["trainfast-pf", "timm"]["verdict"] == "no measurable difference"
+    assert verdicts["trainfast-pf-cl", "timm-cl"]["verdict"] == "faster"
+    assert verdicts["trainfast-pf-cl", "timm-cl"]["per_round"][0] == pytest.approx(19.0 / (14.0 * 0.99))
