@@ -3,10 +3,13 @@
 Per tool and workload, the per-epoch cost by whole-process timing: the wall time of an E_long-epoch run minus
 that of an E_short-epoch run, divided by the extra epochs, so interpreter start-up, imports, model build,
 worker start and warm-up cancel. Every tool evaluates val/ once per epoch and writes one checkpoint per epoch
-(what timm's train.py and Lightning do by default). Runs are interleaved: in repeat r every tool's short run,
-then every tool's long run, in an order rotated from one repeat to the next, so a machine that drifts over
-minutes (seen on a shared VM: the same epoch of the same tool 1.3x slower in a run minutes later) moves every
-tool's numbers alike rather than one tool's difference; the per-epoch costs are medians over repeats.
+(what timm's train.py and Lightning do by default). Runs are interleaved: in repeat r each tool runs its short and
+its long run back to back (short first in even repeats, long first in odd ones), the tools in an order rotated
+from one repeat to the next. A machine drifts over minutes (seen on a shared VM: the same epoch of the same tool
+1.3x slower in a run minutes later); with every short run first and every long run after, a tool's two runs
+were minutes apart and the drift between them landed in its difference (trainfast + channels_last: 20.1 s an
+epoch that way, 17.9-18.2 s from runs back to back, with epochs of 18.4 s timed inside the process). The
+per-epoch costs are medians over repeats.
 
 Each tool also reports its epochs' own seconds (training and evaluation, timed inside the process: the plain
 loop and the Lightning callback print them, trainfast writes metrics.jsonl); the table shows the last epoch of
@@ -224,16 +227,18 @@ def main() -> None:
                      warm / "log.txt")
         for r in range(args.repeats):
             order = tools[r % len(tools):] + tools[: r % len(tools)]       # rotate: no tool always first
-            walls: dict[str, list[float]] = {t: [] for t in tools}
-            for epochs in (short, long):
-                for tool in order:
+            walls: dict[str, dict[int, float]] = {t: {} for t in tools}
+            # A tool's two runs back to back (short first in even rounds, long first in odd ones): its difference
+            # then spans about a minute of the machine, not the whole round's drift.
+            for tool in order:
+                for epochs in ((short, long) if r % 2 == 0 else (long, short)):
                     run_dir = args.out / "runs" / f"{workload}-{tool}-e{epochs}-r{r}"
                     shutil.rmtree(run_dir, ignore_errors=True)
                     run_dir.mkdir(parents=True)
                     cmd = command(tool, workload, data, epochs, run_dir / "out", args.tuned_recipe, precision,
                                   args.timm_train)
                     seconds, acc, epoch_s = run_once(cmd, tool, run_dir / "log.txt")
-                    walls[tool].append(seconds)
+                    walls[tool][epochs] = seconds
                     print(f"{workload} {tool:9s} r{r} {epochs} epoch(s): {seconds:6.1f} s in all, epochs "
                           + ", ".join(f"{e:.1f}" for e in epoch_s) + " s", flush=True)
                     if epochs == long:
@@ -242,8 +247,8 @@ def main() -> None:
                         if epoch_s:
                             last_epoch[tool].append(epoch_s[-1])
             for tool in order:
-                per_epoch[tool].append((walls[tool][1] - walls[tool][0]) / (long - short))
-                print(f"{workload} {tool:9s} r{r}: {walls[tool][0]:6.1f} s / {walls[tool][1]:6.1f} s -> "
+                per_epoch[tool].append((walls[tool][long] - walls[tool][short]) / (long - short))
+                print(f"{workload} {tool:9s} r{r}: {walls[tool][short]:6.1f} s / {walls[tool][long]:6.1f} s -> "
                       f"{per_epoch[tool][-1]:6.2f} s per epoch", flush=True)
         medians = {t: statistics.median(v) for t, v in per_epoch.items()}
         trained = images_per_epoch(workload, args.images or WORKLOADS[workload][3])
