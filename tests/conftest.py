@@ -19,6 +19,15 @@ def tiny_resnet(num_classes: int = 10) -> torch.nn.Module:
     return resnet9(num_classes, widths=(8, 16, 16, 32))
 
 
+def ablate_one_switch(split, switch: str, recipe, out):
+    """The built-in ablation of one switch (its rung and the baseline, one repeat each) on the tiny ResNet and
+    `split`'s datasets: what a switch's own rung tests run."""
+    from trainfast import ablate
+
+    return ablate(tiny_resnet, split.train, split.val, recipe=recipe, out=out, rungs=[switch], repeats=1,
+                  noise_seeds=1, show=False, mean=split.mean, std=split.std)
+
+
 @pytest.fixture(autouse=True)
 def _decode_cache_in_tmp(tmp_path, monkeypatch):
     """Decode caches built by any test go to its own temporary folder, never the user's ~/.cache."""

@@ -136,17 +136,12 @@ def test_host_copy_copies_tensors_and_keeps_the_structure():
 
 
 def test_the_ablation_times_saves_only_when_asked_and_rules_the_rung_out_otherwise(tmp_path, digits16):
-    from conftest import tiny_resnet
-    from trainfast import ablate
+    from conftest import ablate_one_switch
 
-    common = dict(rungs=["async_checkpoint"], repeats=1, noise_seeds=1, show=False, mean=digits16.mean,
-                  std=digits16.std)
-    unasked = ablate(tiny_resnet, digits16.train, digits16.val, recipe=Recipe(batch_size=64), out=tmp_path / "a",
-                     **common)
+    unasked = ablate_one_switch(digits16, "async_checkpoint", Recipe(batch_size=64), tmp_path / "a")
     rung = next(r for r in unasked.rungs if r.name == "async_checkpoint")
     assert rung.status == "no-effect" and "--save-every" in rung.reason
-    asked = ablate(tiny_resnet, digits16.train, digits16.val, recipe=Recipe(batch_size=64, save_every=4),
-                   out=tmp_path / "b", **common)
+    asked = ablate_one_switch(digits16, "async_checkpoint", Recipe(batch_size=64, save_every=4), tmp_path / "b")
     for rung in asked.rungs:
         assert rung.status == "done", (rung.name, rung.status)
         record = rung.repeats[0]

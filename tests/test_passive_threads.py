@@ -113,18 +113,13 @@ def test_training_is_bit_identical_with_it(tmp_path):
 
 
 def test_the_switch_acts_where_workers_share_the_cores_and_is_read_back_in_the_rung(tmp_path, digits16):
-    from conftest import tiny_resnet
-    from trainfast import ablate
+    from conftest import ablate_one_switch
 
     assert field_effect("passive_threads", torch.device("cpu"), None).acts      # an OpenMP build (the wheels)
-    common = dict(rungs=["passive_threads"], repeats=1, noise_seeds=1, show=False, mean=digits16.mean,
-                  std=digits16.std)
-    alone = ablate(tiny_resnet, digits16.train, digits16.val, recipe=Recipe(batch_size=64), out=tmp_path / "a",
-                   **common)
+    alone = ablate_one_switch(digits16, "passive_threads", Recipe(batch_size=64), tmp_path / "a")
     rung = next(r for r in alone.rungs if r.name == "passive_threads")
     assert rung.status == "no-effect" and "num_workers=0" in rung.reason
-    shared = ablate(tiny_resnet, digits16.train, digits16.val, recipe=Recipe(batch_size=64, num_workers=1),
-                    out=tmp_path / "b", **common)
+    shared = ablate_one_switch(digits16, "passive_threads", Recipe(batch_size=64, num_workers=1), tmp_path / "b")
     by_name = {r.name: r for r in shared.rungs}
     assert shared.settings["rungs"]["passive_threads"]["passive_threads"] is True
     assert by_name["passive_threads"].status == "done"

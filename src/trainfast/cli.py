@@ -322,7 +322,7 @@ def start_thread_policy(argv: list[str]) -> None:
     try:
         recipe = recipe_from_args(argparse.Namespace(recipe=known.recipe, **{
             f.name: getattr(known, f.name, None) for f in dataclasses.fields(Recipe)}))
-    except (RecipeError, ValueError, FileNotFoundError, OSError):
+    except (RecipeError, ValueError, OSError):
         return
     set_before_torch(recipe)
 
