@@ -11,6 +11,13 @@ were minutes apart and the drift between them landed in its difference (trainfas
 epoch that way, 17.9-18.2 s from runs back to back, with epochs of 18.4 s timed inside the process). The
 per-epoch costs are medians over repeats.
 
+Beside the wall time, the CPU time of the whole process tree (the tool and its loader workers, user + system,
+from getrusage of the finished process) by the same difference: the core-seconds an epoch costs, and that over
+the cores times the per-epoch wall time, how busy the machine was. When every tool keeps the cores busy, the
+per-epoch cost is the CPU work an epoch needs over the cores: same switches, same arithmetic, same cost, and only
+less work (not better overlap) can make an epoch cheaper. An OpenMP thread spinning while it waits for work
+counts as busy (the default wait policy spins; passive_threads sleeps).
+
 Each tool also reports its epochs' own seconds (training and evaluation, timed inside the process: the plain
 loop and the Lightning callback print them, trainfast writes metrics.jsonl); the table shows the last epoch of
 the long run beside the whole-process cost. Where the two disagree, the machine drifted between the runs.
@@ -54,6 +61,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -138,18 +146,21 @@ def resolve_precision(choice: str) -> str:
     return "fp32" if reason else "bf16"
 
 
-def run_once(cmd: list[str], tool: str, log: Path) -> tuple[float, float | None, list[float]]:
-    """Wall seconds of the whole process, the final val accuracy it printed (None if it printed none), and
-    its epochs' own seconds."""
+def run_once(cmd: list[str], tool: str, log: Path) -> tuple[float, float | None, list[float], float]:
+    """Wall seconds of the whole process, the final val accuracy it printed (None if it printed none), its
+    epochs' own seconds, and the CPU seconds of the process and every child it waited for (its workers)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env_for(tool), capture_output=True, text=True)
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"{tool} failed (exit {proc.returncode}); log: {log}\n{(proc.stdout + proc.stderr)[-2000:]}")
     records = json_lines(proc.stdout, cmd)
     epoch_s = [r["epoch_time_s"] for r in records if "epoch_time_s" in r]
-    return seconds, next((r["val_accuracy"] for r in reversed(records) if "val_accuracy" in r), None), epoch_s
+    return seconds, next((r["val_accuracy"] for r in reversed(records) if "val_accuracy" in r), None), epoch_s, cpu
 
 
 def json_lines(stdout: str, cmd: list[str]) -> list[dict]:
@@ -225,9 +236,11 @@ def main() -> None:
             warm.mkdir(parents=True)
             run_once(command("tuned", workload, data, 1, warm / "out", args.tuned_recipe, precision), "tuned",
                      warm / "log.txt")
+        cpu_per_epoch: dict[str, list[float]] = {t: [] for t in tools}
         for r in range(args.repeats):
             order = tools[r % len(tools):] + tools[: r % len(tools)]       # rotate: no tool always first
             walls: dict[str, dict[int, float]] = {t: {} for t in tools}
+            cpus: dict[str, dict[int, float]] = {t: {} for t in tools}
             # A tool's two runs back to back (short first in even rounds, long first in odd ones): its difference
             # then spans about a minute of the machine, not the whole round's drift.
             for tool in order:
@@ -237,7 +250,7 @@ def main() -> None:
                     run_dir.mkdir(parents=True)
                     cmd = command(tool, workload, data, epochs, run_dir / "out", args.tuned_recipe, precision,
                                   args.timm_train)
-                    seconds, acc, epoch_s = run_once(cmd, tool, run_dir / "log.txt")
+                    seconds, acc, epoch_s, cpus[tool][epochs] = run_once(cmd, tool, run_dir / "log.txt")
                     walls[tool][epochs] = seconds
                     print(f"{workload} {tool:9s} r{r} {epochs} epoch(s): {seconds:6.1f} s in all, epochs "
                           + ", ".join(f"{e:.1f}" for e in epoch_s) + " s", flush=True)
@@ -248,8 +261,10 @@ def main() -> None:
                             last_epoch[tool].append(epoch_s[-1])
             for tool in order:
                 per_epoch[tool].append((walls[tool][long] - walls[tool][short]) / (long - short))
+                cpu_per_epoch[tool].append((cpus[tool][long] - cpus[tool][short]) / (long - short))
                 print(f"{workload} {tool:9s} r{r}: {walls[tool][short]:6.1f} s / {walls[tool][long]:6.1f} s -> "
-                      f"{per_epoch[tool][-1]:6.2f} s per epoch", flush=True)
+                      f"{per_epoch[tool][-1]:6.2f} s per epoch, {cpu_per_epoch[tool][-1]:6.2f} CPU s "
+                      f"({busy_fraction(cpu_per_epoch[tool][-1], per_epoch[tool][-1]):.0%} busy)", flush=True)
         medians = {t: statistics.median(v) for t, v in per_epoch.items()}
         trained = images_per_epoch(workload, args.images or WORKLOADS[workload][3])
         rate = {t: [trained / s for s in v] for t, v in per_epoch.items()}
@@ -261,12 +276,21 @@ def main() -> None:
             "images_per_epoch": trained,
             "images_per_s": rate, "median_images_per_s": median_rate,
             "last_epoch_s": last_epoch,
+            "cpu_per_epoch_s": cpu_per_epoch,
+            "median_cpu_per_epoch_s": {t: statistics.median(v) for t, v in cpu_per_epoch.items()},
+            "median_busy": {t: busy_fraction(statistics.median(cpu_per_epoch[t]), medians[t]) for t in tools},
             "median_last_epoch_s": {t: statistics.median(v) for t, v in last_epoch.items() if v},
             "val_accuracy": accuracy,
             "vs_fastest_peer": {t: m / fastest_peer for t, m in median_rate.items()} if fastest_peer else {},
             "same_switches": same_switch_verdicts(per_epoch, trained)}
     (args.out / "peers.json").write_text(json.dumps(results, indent=2))
     print_table(results, tools)
+
+
+def busy_fraction(cpu_s: float, wall_s: float, cores: int | None = None) -> float:
+    """The share of the machine's cores an epoch kept busy: its CPU seconds over cores x wall seconds."""
+    cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return cpu_s / max(1e-9, cores * wall_s)
 
 
 # trainfast's tool -> the peer that runs the same switches: timm's train.py has its prefetcher on by default
@@ -315,6 +339,10 @@ def print_table(results: dict, tools: list[str]) -> None:
         if last:
             cells = [f"{last[t]:.1f} s" if t in last else "—" for t in tools]
             print(f"| {name}, the long run's last epoch timed inside the process | " + " | ".join(cells) + " |")
+        cpu, busy = w.get("median_cpu_per_epoch_s", {}), w.get("median_busy", {})
+        if cpu:
+            cells = [f"{cpu[t]:.1f} CPU s ({busy[t]:.0%} busy)" for t in tools]
+            print(f"| {name}, CPU an epoch (tool + workers) | " + " | ".join(cells) + " |")
         for pair in w.get("same_switches", []):
             rounds = ", ".join(f"{r:.2f}x" for r in pair["per_round"])
             agree = f"; a rerun agrees {pair['agreement']:.0%}" if pair.get("agreement") is not None else ""

@@ -56,3 +56,27 @@ def test_peers_calls_a_difference_inside_the_noise_that_and_a_clear_one_faster()
     assert verdicts["trainfast-pf", "timm"]["verdict"] == "no measurable difference"
     assert verdicts["trainfast-pf-cl", "timm-cl"]["verdict"] == "faster"
     assert verdicts["trainfast-pf-cl", "timm-cl"]["per_round"][0] == pytest.approx(19.0 / (14.0 * 0.99))
+
+
+def test_peers_counts_the_cpu_of_a_tools_workers(tmp_path):
+    """run_once's CPU seconds include the children the tool waited for (its loader workers), so the busy share
+    of an epoch is the whole process tree's, not the training process's alone."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import peers
+
+    parent = ("import multiprocessing as mp, time\n"
+              "def burn():\n"
+              "    t = time.process_time()\n"
+              "    while time.process_time() - t < 0.4:\n"
+              "        pass\n"
+              "if __name__ == '__main__':\n"
+              "    worker = mp.get_context('fork').Process(target=burn)\n"
+              "    worker.start()\n"
+              "    worker.join()\n")
+    script = tmp_path / "tool.py"
+    script.write_text(parent)
+    seconds, accuracy, epochs, cpu = peers.run_once([sys.executable, str(script)], "plain", tmp_path / "log.txt")
+    assert accuracy is None and epochs == []
+    assert cpu >= 0.35                                  # the worker's 0.4 s of CPU, counted through its parent
+    assert peers.busy_fraction(cpu, seconds, cores=1) == pytest.approx(cpu / seconds)
+    assert peers.busy_fraction(3.0, 2.0, cores=2) == 0.75

@@ -1,4 +1,4 @@
-"""non_blocking + pin_memory (seeds 000, 003): the host->device copy of a batch from page-locked memory
+"""non_blocking + pin_memory: the host->device copy of a batch from page-locked memory
 runs asynchronously, so the host can queue the next kernels. On CPU there is no copy to overlap.
 
 Batches may have any structure (a tensor, tuples, lists, namedtuples, dicts, nested: detection targets
