@@ -5,7 +5,8 @@ the data already in memory, nothing else in the step (no loader, no evaluation, 
 forward, backward and the AdamW update, in each way the step's arithmetic can be made cheaper without
 changing the optimization: bf16 autocast (what the peers run), + channels_last, + torch.compile, and bf16
 weights and optimizer state throughout (cheaper than any mixed-precision level that keeps fp32 master
-weights, so a lower bound for them). The fastest of these, times the epoch's steps, is the epoch's compute
+weights, so a lower bound for them), and each of those with freed memory kept mapped for the next step
+(`+reuse_memory`: glibc's malloc set by trainfast's switch, so a step does not page-fault its activations anew). The fastest of these, times the epoch's steps, is the epoch's compute
 floor; a peer's measured epoch divided by it is the largest speed-up any tool could give at the same model,
 batch size and epoch length. If that ratio is below a target (1.3x), no recipe can reach it here: the
 remaining cost is the arithmetic itself.
@@ -33,7 +34,8 @@ from torch import nn
 from peers import WORKLOADS
 
 VARIANTS = ("bf16", "bf16+channels_last", "bf16+compile", "bf16+channels_last+compile", "bf16-weights",
-            "bf16-weights+compile")
+            "bf16-weights+compile", "bf16+channels_last+reuse_memory", "bf16+channels_last+compile+reuse_memory",
+            "bf16-weights+reuse_memory")
 
 
 class Step:
@@ -57,8 +59,12 @@ class Step:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, fused=True)
         self.loss_fn = nn.CrossEntropyLoss()
         self.model.train()
+        self.malloc = {"reuse_memory": "reuse_memory" in variant}
 
     def __call__(self) -> float:
+        from trainfast.techniques import memory_reuse
+
+        memory_reuse.apply(self.malloc)          # this variant's malloc setting (the variants share one process)
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):

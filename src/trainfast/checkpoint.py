@@ -42,7 +42,8 @@ SUFFIX = ".ckpt"
 # Recipe fields that may change between a run and its resume without changing the trajectory (the
 # non-finite policy only acts on a NaN/inf: a run stopped by one may be resumed with nonfinite=skip).
 RESUMABLE_CHANGES = frozenset({"epochs", "log_every", "save_every", "keep_checkpoints", "max_consecutive_skips",
-                               "nonfinite", "num_workers", "prefetch_factor", "async_checkpoint", "passive_threads"})
+                               "nonfinite", "num_workers", "prefetch_factor", "async_checkpoint", "passive_threads",
+                               "reuse_memory"})
 
 
 class CheckpointError(RuntimeError):

@@ -87,6 +87,7 @@ class Recipe:
     keep_checkpoints: int = 2         # newest checkpoints kept in the run folder (older ones pruned after a save)
     async_checkpoint: bool = False    # write checkpoints in a background thread while training goes on (same atomic files)
     passive_threads: bool = False     # idle OpenMP threads sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE), leaving the cores to loader workers; set at process start
+    reuse_memory: bool = False        # freed host memory stays mapped for the next step (glibc malloc: no mmap, no trim), so a CPU step does not page-fault its activations anew
 
     # --- distributed (under torchrun; a single process ignores strategy=ddp) -------------------------
     strategy: str = "ddp"             # "ddp" | "fsdp" (FSDP2 fully_shard) | "dp" (legacy DataParallel, CUDA)

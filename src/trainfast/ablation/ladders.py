@@ -38,8 +38,9 @@ LADDER_MODES = ("cumulative", "each")    # how a ladder's rungs build on each ot
 # "async_checkpoint" (saves written in a background thread) acts on the saves inside the timed steps: a script's
 # Session.save, or the built-in run's with --save-every N.
 # "passive_threads" (idle OpenMP threads sleep instead of spinning) acts where loader workers share the cores.
+# "reuse_memory" (freed host memory kept mapped for the next step) acts where glibc's malloc serves the process.
 OPT_IN_AFTER = {"prefetch": {"decode_cache": {"decode_cache": True}, "workers": {"num_workers": 2},
-                             "passive_threads": {"passive_threads": True}},
+                             "passive_threads": {"passive_threads": True}, "reuse_memory": {"reuse_memory": True}},
                 "fused": {"checkpointing": {"activation_checkpointing": True},
                           "async_checkpoint": {"async_checkpoint": True}}}
 RUNGS: dict[str, dict[str, Any]] = {**dict(list(LADDER.items())[:2]), **LEVEL_RUNGS}

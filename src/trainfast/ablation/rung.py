@@ -25,7 +25,7 @@ from ..measure import EpochStats
 from ..probe import MeasureSpec, Probe
 from ..recipe import Recipe
 from ..run import BuiltinRun, assemble_run
-from ..techniques import threads
+from ..techniques import memory_reuse, threads
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,8 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
     """The accuracy run (every epoch, then the evaluation), then more steps until the timing budget is met;
     the probe's record of it, with the evaluation's numbers. `checkpoints`: rung_checkpoints' saver."""
     recipe, state, task = run.recipe, run.state, run.task
+    if memory_reuse.wanted(recipe) and not memory_reuse.in_effect():   # never time the default under its name
+        raise RuntimeError(f"reuse_memory: not in effect in this rung's process ({memory_reuse.unavailable()})")
     timed, budget = budget is not None, budget or TimingBudget()
     probe = Probe(MeasureSpec("", "full", **dataclasses.asdict(budget)))
     probe.attach(run.session)
@@ -112,6 +114,7 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
         "checkpoint_saves": checkpoints.saves,                 # --save-every: saves inside the steps, and
         "checkpoint_loop_s": checkpoints.loop_seconds,         # the seconds the loop spent in them
         "passive_threads": threads.in_effect(),                # the OpenMP wait policy this process started with
+        "reuse_memory": memory_reuse.in_effect(),              # glibc's malloc keeping freed memory (mallopt)
     }
     return probe.result("accuracy run ended" + (", then the timing budget" if extra_passes else ""))
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ..techniques import checkpointing, threads
+from ..techniques import checkpointing, memory_reuse, threads
 from ..techniques.base import has_conv
 from ..techniques.memory_format import apply_memory_format
 from ..techniques.optimizer import IMPL_FLAGS, rebuild_optimizer
@@ -179,12 +179,17 @@ def switch_cudnn_benchmark(record: FrameworkRecord, enabled: bool) -> None:
 
 
 def mark_shared_switches(record: FrameworkRecord, fields: dict[str, Any]) -> None:
-    """What every framework gets alike: trainfast's own pipeline's switches have nothing to act on in it, and the
+    """What every framework gets alike: trainfast's own pipeline's switches have nothing to act on in it; the
     thread policy (passive_threads) is the process's, started with it whatever the framework, proven here from
-    the environment the process started with."""
+    the environment the process started with; glibc's malloc keeps freed memory (reuse_memory) from the start
+    too (its environment), and is set here in case the process started without it."""
     for name, why in OWN_PIPELINE.items():
         if name in fields:
             record.unsupported[name] = why
     if threads.FIELD in fields:
         record.set(threads.FIELD, threads.ENV, bool(fields[threads.FIELD]))
         record.readers.append(lambda r: r.prove(threads.ENV, threads.in_effect()))
+    if memory_reuse.FIELD in fields:
+        record.set(memory_reuse.FIELD, "MALLOC_MMAP_MAX_", bool(fields[memory_reuse.FIELD]))
+        memory_reuse.apply(fields)
+        record.readers.append(lambda r: r.prove("MALLOC_MMAP_MAX_", memory_reuse.in_effect()))

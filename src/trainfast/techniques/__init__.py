@@ -20,7 +20,7 @@ def field_effect(field: str, device: torch.device, model: nn.Module | None, spli
     it is not given they count as acting. `model` None (a user's script: its model is not known before it
     runs): the techniques that depend on the model count as acting."""
     from . import compile as compile_
-    from . import checkpointing, grouping, memory_format, prefetch, runtime, threads, transfer
+    from . import checkpointing, grouping, memory_format, memory_reuse, prefetch, runtime, threads, transfer
     from .base import ACTS
 
     if field == "decode_cache":
@@ -43,6 +43,8 @@ def field_effect(field: str, device: torch.device, model: nn.Module | None, spli
         return grouping.effect(model, split)
     if field == "passive_threads":
         return threads.effect()
+    if field == memory_reuse.FIELD:
+        return memory_reuse.effect()
     return ACTS
 
 

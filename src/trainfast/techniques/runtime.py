@@ -1,10 +1,12 @@
-"""Process-wide switches: cudnn.benchmark (autotune conv algorithms, CUDA only) and deterministic mode."""
+"""Process-wide switches: cudnn.benchmark (autotune conv algorithms, CUDA only), deterministic mode, and how
+freed host memory is kept (reuse_memory, memory_reuse.py)."""
 from __future__ import annotations
 
 import os
 
 import torch
 
+from . import memory_reuse
 from .base import Effect, cuda_only
 
 
@@ -14,6 +16,7 @@ def cudnn_effect(device: torch.device) -> Effect:
 
 def apply_runtime_flags(recipe, device: torch.device) -> None:
     torch.backends.cudnn.benchmark = bool(recipe.cudnn_benchmark) and device.type == "cuda"
+    memory_reuse.apply(recipe)
     if recipe.deterministic:
         # cuBLAS needs a fixed workspace to be deterministic; must be set before the first cuBLAS call.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -15,7 +15,8 @@ PRECISION_FIELDS = ("precision", "precision_level")
 # the arithmetic cheaper or take work off the data path (in our ablations: channels_last 1.16-1.30x on top of
 # bf16 on conv nets, the decode cache ~1.08x on photos), then the bookkeeping ones, compile last (its runs are
 # the slowest, and a short planned run does not repay it anyway).
-PRIORITY = ("channels_last", "decode_cache", "set_to_none", "fused", "prefetch", "passive_threads", "compile")
+PRIORITY = ("channels_last", "decode_cache", "reuse_memory", "set_to_none", "fused", "prefetch", "passive_threads",
+            "compile")
 
 
 def single_names(amp: str, image_folder: bool) -> list[str]:

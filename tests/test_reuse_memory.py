@@ -1,0 +1,127 @@
+"""reuse_memory: glibc's malloc keeps freed memory mapped for the next step (techniques/memory_reuse.py), set by a
+Session in its process or by the environment a command starts with, read back in the rung, and not claimed where
+another C library or allocator serves the process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainfast import Recipe
+from trainfast.launch import run_environment
+from trainfast.probe import MeasureSpec
+from trainfast.techniques import field_effect, memory_reuse
+
+ROOT = Path(__file__).resolve().parents[1]
+glibc = pytest.mark.skipif(memory_reuse.unavailable() is not None, reason=str(memory_reuse.unavailable()))
+
+# A step of a small conv net whose activations are 64 MiB each (the size a CPU step's are), its page faults
+# counted by the kernel after warm-up. A fresh interpreter for each, so the malloc settings are its own.
+FAULTS = """
+import json, resource, torch
+from torch import nn
+from trainfast import Recipe, Session
+Session(Recipe(reuse_memory={on}), env=False, device="cpu")
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU())
+images = torch.randn(16, 3, 128, 128)
+for _ in range(3):
+    model(images).mean().backward()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    model(images).mean().backward()
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5
+from trainfast.techniques import memory_reuse
+print(json.dumps([faults, memory_reuse.in_effect()]))
+"""
+MIB64 = (64 << 20) // 4096                 # the pages of one 64 MiB activation
+
+
+def fresh_python(code: str, **env: str) -> list:
+    environ = {k: v for k, v in os.environ.items() if k not in memory_reuse.ENV}
+    environ.update(env)
+    environ["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + environ.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@glibc
+def test_freed_memory_is_reused_instead_of_faulted_in_again():
+    default, off = fresh_python(FAULTS.format(on=False))
+    reused, on = fresh_python(FAULTS.format(on=True))
+    assert (off, on) == (False, True)
+    assert default > 4 * MIB64                        # glibc maps and unmaps each activation: its pages fault anew
+    assert reused < 0.1 * default                     # kept mapped: written again without a fault
+
+
+@glibc
+def test_a_command_starts_with_it_and_its_baseline_without():
+    spec = MeasureSpec("/tmp/result.json", "speed")
+    env = run_environment({"reuse_memory": True}, spec)
+    assert env["MALLOC_MMAP_MAX_"] == "0" and int(env["MALLOC_TRIM_THRESHOLD_"]) >= 1 << 40
+    assert "MALLOC_MMAP_MAX_" not in run_environment({"reuse_memory": False}, spec)
+    # The environment alone sets it (a command with no Session: glibc reads it before the first allocation).
+    faults, in_effect = fresh_python(FAULTS.format(on=False).replace("Session(", "(lambda *a, **k: 0)("),
+                                     **memory_reuse.ENV)
+    assert in_effect is True and faults < 0.5 * MIB64
+
+
+def test_not_applicable_where_glibc_does_not_serve_the_process(monkeypatch):
+    monkeypatch.setattr(memory_reuse.platform, "libc_ver", lambda: ("", ""))
+    memory_reuse.unavailable.cache_clear()
+    try:
+        effect = field_effect("reuse_memory", torch.device("cpu"), None)
+        assert not effect.acts and "glibc" in effect.reason
+        assert memory_reuse.process_env({"reuse_memory": True}) == {}
+        assert memory_reuse.apply(Recipe(reuse_memory=True)) is False        # nothing set, nothing claimed
+    finally:
+        memory_reuse.unavailable.cache_clear()
+
+
+@glibc
+@pytest.mark.skipif(memory_reuse.threads.started_env().get("MALLOC_MMAP_MAX_") == "0",
+                    reason="this test process started with MALLOC_MMAP_MAX_=0")
+def test_a_later_session_without_it_restores_the_default_in_process():
+    from trainfast import Session
+
+    try:
+        Session(Recipe(reuse_memory=True), env=False, device="cpu")
+        assert memory_reuse.in_effect()
+    finally:
+        Session(Recipe(), env=False, device="cpu")
+    assert not memory_reuse.in_effect()              # glibc's defaults back (mmap for large blocks, trimming)
+
+
+@glibc
+def test_training_is_bit_identical_with_it(digits16):
+    from conftest import tiny_resnet
+    from trainfast import Session, train
+
+    weights = []
+    for on in (False, True):
+        result = train(tiny_resnet, digits16.train, digits16.val, recipe=Recipe(batch_size=64, epochs=1, reuse_memory=on),
+                       mean=digits16.mean, std=digits16.std)
+        assert memory_reuse.in_effect() is on
+        weights.append({k: v.clone() for k, v in result.model.state_dict().items()})
+    Session(Recipe(), env=False, device="cpu")       # a default run after it: this process's malloc restored
+    assert not memory_reuse.in_effect()
+    for name in weights[0]:
+        assert torch.equal(weights[0][name], weights[1][name]), name
+
+
+@glibc
+def test_its_rung_runs_with_it_and_the_baseline_without(tmp_path, digits16):
+    from conftest import ablate_one_switch
+
+    result = ablate_one_switch(digits16, "reuse_memory", Recipe(batch_size=64), tmp_path)
+    by_name = {r.name: r for r in result.rungs}
+    assert result.settings["rungs"]["reuse_memory"]["reuse_memory"] is True
+    assert by_name["reuse_memory"].status == "done"
+    assert by_name["reuse_memory"].repeats[0]["reuse_memory"] is True
+    assert by_name["baseline"].repeats[0]["reuse_memory"] is False
