@@ -6,8 +6,8 @@ stages of the ablation's own run loop (ablation.run_ladder: interleaved repeats 
 pooled-noise intervals, firm verdicts), each stage a folder of its own so an interrupted search resumes:
 
   1. singles/  every switch alone against the baseline: the precision levels (O1 and O2 in the device's
-     fast half type), set_to_none, prefetch, channels_last, compile, fused, and for an image folder the
-     decode cache.
+     fast half type), set_to_none, prefetch, channels_last, compile, fused, passive_threads, reuse_memory,
+     and for an image folder the decode cache.
  1b. on-level/ when a precision level gained: every other switch again, on top of that level (precision
      changes every kernel: channels_last, for one, pays in bf16 and not in fp32). With a level to try,
      stage 1 gets at most half the budget (SINGLES_SHARE): a switch it cannot fit is still judged here,
