@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from peers import WORKLOADS
+from trainfast.techniques import memory_reuse
 
 VARIANTS = ("bf16", "bf16+channels_last", "bf16+compile", "bf16+channels_last+compile", "bf16-weights",
             "bf16-weights+compile", "bf16+channels_last+reuse_memory", "bf16+channels_last+compile+reuse_memory",
@@ -62,8 +63,6 @@ class Step:
         self.malloc = {"reuse_memory": "reuse_memory" in variant}
 
     def __call__(self) -> float:
-        from trainfast.techniques import memory_reuse
-
         memory_reuse.apply(self.malloc)          # this variant's malloc setting (the variants share one process)
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)

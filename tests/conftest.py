@@ -1,3 +1,9 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -6,6 +12,8 @@ from trainfast.data.datasets import Split, load_digits
 from trainfast.models import resnet9
 from trainfast.recipe import Recipe
 from trainfast.stats import Repeat
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_conv() -> torch.nn.Module:
@@ -17,6 +25,17 @@ def tiny_conv() -> torch.nn.Module:
 def tiny_resnet(num_classes: int = 10) -> torch.nn.Module:
     """The default architecture at a fraction of its width: same layers (conv, BN, residual), fast on CPU."""
     return resnet9(num_classes, widths=(8, 16, 16, 32))
+
+
+def fresh_python(code: str, drop: tuple[str, ...] = (), **env: str):
+    """Run `code` in a new interpreter (its own OpenMP and malloc start) without the variables `drop` and with
+    `env` added (a "" value: left out); its last line of output, parsed as JSON."""
+    environ = {k: v for k, v in os.environ.items() if k not in drop}
+    environ.update({k: v for k, v in env.items() if v})
+    environ["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + environ.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def ablate_one_switch(split, switch: str, recipe, out):

@@ -2,7 +2,6 @@
 process trainfast starts and read back there, never claimed where it came too late."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -21,14 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def fresh_python(code: str, **env: str) -> dict:
-    """Run `code` in a new interpreter (its own OpenMP start) with `env` added or, for "", removed; its last line
-    of output, parsed as JSON."""
-    environ = {k: v for k, v in os.environ.items() if k != threads.ENV}
-    environ.update({k: v for k, v in env.items() if v})
-    environ["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + environ.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """conftest.fresh_python without the OpenMP wait policy of this process (a fresh OpenMP start)."""
+    from conftest import fresh_python as run
+
+    return run(code, drop=(threads.ENV,), **env)
 
 
 def test_a_recipe_asks_for_the_variable_only_when_switched_on():

@@ -3,12 +3,6 @@ Session in its process or by the environment a command starts with, read back in
 another C library or allocator serves the process."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -17,7 +11,6 @@ from trainfast.launch import run_environment
 from trainfast.probe import MeasureSpec
 from trainfast.techniques import field_effect, memory_reuse
 
-ROOT = Path(__file__).resolve().parents[1]
 glibc = pytest.mark.skipif(memory_reuse.unavailable() is not None, reason=str(memory_reuse.unavailable()))
 
 # A step of a small conv net whose activations are 64 MiB each (the size a CPU step's are), its page faults
@@ -43,12 +36,10 @@ MIB64 = (64 << 20) // 4096                 # the pages of one 64 MiB activation
 
 
 def fresh_python(code: str, **env: str) -> list:
-    environ = {k: v for k, v in os.environ.items() if k not in memory_reuse.ENV}
-    environ.update(env)
-    environ["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + environ.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """conftest.fresh_python without this process's malloc settings (glibc's defaults at its start)."""
+    from conftest import fresh_python as run
+
+    return run(code, drop=tuple(memory_reuse.ENV), **env)
 
 
 @glibc
@@ -85,7 +76,7 @@ def test_not_applicable_where_glibc_does_not_serve_the_process(monkeypatch):
 
 
 @glibc
-@pytest.mark.skipif(memory_reuse.threads.started_env().get("MALLOC_MMAP_MAX_") == "0",
+@pytest.mark.skipif(memory_reuse.threads.started_env().get(memory_reuse.MMAP_ENV) == "0",
                     reason="this test process started with MALLOC_MMAP_MAX_=0")
 def test_a_later_session_without_it_restores_the_default_in_process():
     from trainfast import Session

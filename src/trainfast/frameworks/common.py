@@ -190,6 +190,6 @@ def mark_shared_switches(record: FrameworkRecord, fields: dict[str, Any]) -> Non
         record.set(threads.FIELD, threads.ENV, bool(fields[threads.FIELD]))
         record.readers.append(lambda r: r.prove(threads.ENV, threads.in_effect()))
     if memory_reuse.FIELD in fields:
-        record.set(memory_reuse.FIELD, "MALLOC_MMAP_MAX_", bool(fields[memory_reuse.FIELD]))
+        record.set(memory_reuse.FIELD, memory_reuse.MMAP_ENV, bool(fields[memory_reuse.FIELD]))
         memory_reuse.apply(fields)
-        record.readers.append(lambda r: r.prove("MALLOC_MMAP_MAX_", memory_reuse.in_effect()))
+        record.readers.append(lambda r: r.prove(memory_reuse.MMAP_ENV, memory_reuse.in_effect()))

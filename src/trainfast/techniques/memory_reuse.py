@@ -37,7 +37,8 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 DEFAULT_TRIM_THRESHOLD, DEFAULT_MMAP_MAX = 128 * 1024, 65536
 NO_TRIM = -1                       # mallopt: -1 turns trimming off altogether
 # The same settings for a process that starts with them: glibc reads these before its first allocation.
-ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 50)}
+MMAP_ENV = "MALLOC_MMAP_MAX_"      # the variable a start environment is read back by
+ENV = {MMAP_ENV: "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 50)}
 OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 _applied = False                   # mallopt set in this process by apply()
@@ -45,8 +46,7 @@ _applied = False                   # mallopt set in this process by apply()
 
 def wanted(fields: Mapping[str, Any] | Any) -> bool:
     """Whether a recipe (or a run's dict of switched fields) asks for it."""
-    value = fields.get(FIELD) if isinstance(fields, Mapping) else getattr(fields, FIELD, False)
-    return bool(value)
+    return threads.switched_on(fields, FIELD)
 
 
 def process_env(fields: Mapping[str, Any] | Any) -> dict[str, str]:
@@ -104,4 +104,4 @@ def in_effect() -> bool:
     """Set in this process by apply(), or the process started with the environment that sets it."""
     if unavailable() is not None:
         return False
-    return _applied or threads.started_env().get("MALLOC_MMAP_MAX_") == "0"
+    return _applied or threads.started_env().get(MMAP_ENV) == ENV[MMAP_ENV]

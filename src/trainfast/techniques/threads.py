@@ -36,10 +36,14 @@ NOT_AT_START = ("passive_threads: OMP_WAIT_POLICY is read once, when PyTorch loa
 _passive_at_load = False       # set_before_torch() saw OMP_WAIT_POLICY=PASSIVE in place before torch loaded
 
 
+def switched_on(fields: Mapping[str, Any] | Any, field: str) -> bool:
+    """Whether a recipe (or a run's dict of switched fields) turns the process-level switch `field` on."""
+    return bool(fields.get(field) if isinstance(fields, Mapping) else getattr(fields, field, False))
+
+
 def wanted(fields: Mapping[str, Any] | Any) -> bool:
     """Whether a recipe (or a run's dict of switched fields) asks for passive threads."""
-    value = fields.get(FIELD) if isinstance(fields, Mapping) else getattr(fields, FIELD, False)
-    return bool(value)
+    return switched_on(fields, FIELD)
 
 
 def process_env(fields: Mapping[str, Any] | Any) -> dict[str, str]:
