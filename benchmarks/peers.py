@@ -4,8 +4,9 @@ Per tool and workload, the per-epoch cost by whole-process timing: the wall time
 that of an E_short-epoch run, divided by the extra epochs, so interpreter start-up, imports, model build,
 worker start and warm-up cancel. Every tool evaluates val/ once per epoch and writes one checkpoint per epoch
 (what timm's train.py and Lightning do by default). Runs are interleaved: in repeat r each tool runs its short and
-its long run back to back (short first in even repeats, long first in odd ones), the tools in an order rotated
-from one repeat to the next. A machine drifts over minutes (seen on a shared VM: the same epoch of the same tool
+its long run back to back (short first in even repeats, long first in odd ones), each trainfast tool next to the
+peer it is compared with (so a pair's runs are minutes apart, not a round apart), the pairs in an order rotated
+from one repeat to the next and who goes first in a pair alternating. A machine drifts over minutes (seen on a shared VM: the same epoch of the same tool
 1.3x slower in a run minutes later); with every short run first and every long run after, a tool's two runs
 were minutes apart and the drift between them landed in its difference (trainfast + channels_last: 20.1 s an
 epoch that way, 17.9-18.2 s from runs back to back, with epochs of 18.4 s timed inside the process). The
@@ -238,7 +239,7 @@ def main() -> None:
                      warm / "log.txt")
         cpu_per_epoch: dict[str, list[float]] = {t: [] for t in tools}
         for r in range(args.repeats):
-            order = tools[r % len(tools):] + tools[: r % len(tools)]       # rotate: no tool always first
+            order = round_order(tools, r)
             walls: dict[str, dict[int, float]] = {t: {} for t in tools}
             cpus: dict[str, dict[int, float]] = {t: {} for t in tools}
             # A tool's two runs back to back (short first in even rounds, long first in odd ones): its difference
@@ -285,6 +286,25 @@ def main() -> None:
             "same_switches": same_switch_verdicts(per_epoch, trained)}
     (args.out / "peers.json").write_text(json.dumps(results, indent=2))
     print_table(results, tools)
+
+
+def round_order(tools: list[str], r: int) -> list[str]:
+    """Round r's order: each trainfast tool runs next to the peers it is compared with (SAME_SWITCHES), so a
+    pair's four runs span minutes of the machine, not the whole round's drift; the blocks rotate from one
+    round to the next (no tool always first), and inside a block who goes first alternates."""
+    blocks: list[list[str]] = []
+    placed: set[str] = set()
+    for tool in tools:
+        if tool in placed:
+            continue
+        mine = tool if tool in SAME_SWITCHES else next((m for m, ps in SAME_SWITCHES.items() if tool in ps
+                                                         and m in tools and m not in placed), None)
+        block = [tool] if mine is None else [t for t in (*SAME_SWITCHES[mine], mine) if t in tools and t not in placed]
+        blocks.append(block)
+        placed.update(block)
+    shift = r % len(blocks)
+    blocks = blocks[shift:] + blocks[:shift]
+    return [t for block in blocks for t in (block if r % 2 == 0 else reversed(block))]
 
 
 def busy_fraction(cpu_s: float, wall_s: float, cores: int | None = None) -> float:

@@ -80,3 +80,21 @@ def test_peers_counts_the_cpu_of_a_tools_workers(tmp_path):
     assert cpu >= 0.35                                  # the worker's 0.4 s of CPU, counted through its parent
     assert peers.busy_fraction(cpu, seconds, cores=1) == pytest.approx(cpu / seconds)
     assert peers.busy_fraction(3.0, 2.0, cores=2) == 0.75
+
+
+def test_peers_runs_each_same_switch_pair_side_by_side_and_alternates_who_goes_first():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import peers
+
+    tools = ["timm", "timm-cl", "lightning", "lightning-cl", "trainfast", "trainfast-cl", "trainfast-pf",
+             "trainfast-pf-cl", "tuned"]
+    orders = [peers.round_order(tools, r) for r in range(4)]
+    for order in orders:
+        assert sorted(order) == sorted(tools)                  # every tool once a round
+        for mine, peer in (("trainfast-pf", "timm"), ("trainfast-pf-cl", "timm-cl"), ("trainfast", "lightning"),
+                           ("trainfast-cl", "lightning-cl")):
+            assert abs(order.index(mine) - order.index(peer)) == 1, (mine, peer, order)
+    assert orders[0].index("timm") < orders[0].index("trainfast-pf")
+    assert orders[1].index("timm") > orders[1].index("trainfast-pf")       # who goes first alternates
+    assert len({order[0] for order in orders}) == 4                           # no tool always first
+    assert peers.round_order(["plain", "tuned"], 1) == ["tuned", "plain"]     # unpaired tools rotate as before
