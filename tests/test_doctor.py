@@ -721,3 +721,69 @@ def test_syncs_inside_a_librarys_own_loop_get_that_librarys_fix_not_the_scripts(
     assert "in the code of transformers, not the script" in fix and "logging_nan_inf_filter=False" in fix
     mine = lib + [{"where": "train.py:40  `loss.item()`", "calls": 10}]
     assert sync_fix(mine).startswith("keep values on the device")
+
+
+# --- page faults: the fix is reuse_memory --------------------------------------------------------------
+
+def fault_obs(faults: int, kernel_s: float, step_s: float = 1.3, device: str = "cpu", **fields) -> Observations:
+    return Observations("built-in", device, collect_environment(), step_seconds=[step_s] * 5,
+                        step_faults=[faults] * 5, step_kernel_s=[kernel_s] * 5, **fields)
+
+
+def test_page_faults_blamed_only_when_many_and_costly_and_the_switch_can_act():
+    from trainfast.checks import page_faults
+
+    available = {"in_effect": False, "unavailable": None}
+    churn = page_faults(fault_obs(130_000, 0.25, reuse_memory=available))
+    assert churn.status == "problem" and churn.fix == "--reuse-memory"
+    assert churn.cost_s == pytest.approx(0.25) and churn.share == pytest.approx(0.25 / 1.3)
+    assert "130,000 page faults" in churn.evidence
+    own = page_faults(fault_obs(130_000, 0.25, reuse_memory=available, recipe_flags=False))
+    assert own.status == "problem" and "MALLOC_MMAP_MAX_=0" in own.fix
+    # A loader batch mapped from shared memory: a few thousand faults, a sliver of the step.
+    assert page_faults(fault_obs(6_400, 0.004, reuse_memory=available)).status == "fine"
+    # Many faults but a cheap kernel (a long step): below the material share.
+    assert page_faults(fault_obs(50_000, 0.02, reuse_memory=available)).status == "fine"
+    on = page_faults(fault_obs(300, 0.01, reuse_memory={"in_effect": True, "unavailable": None}))
+    assert on.status == "fine" and "reuse_memory is on" in on.evidence
+    musl = page_faults(fault_obs(130_000, 0.25, reuse_memory={"in_effect": False, "unavailable": "needs glibc"}))
+    assert musl.status == NOT_HERE and "needs glibc" in musl.evidence
+    assert page_faults(fault_obs(130_000, 0.25, device="cuda:0", reuse_memory=available)).status == NOT_HERE
+    uncounted = Observations("built-in", "cpu", collect_environment(), step_seconds=[1.0])
+    assert page_faults(uncounted).status == NOT_HERE
+
+
+# The doctor's own run, in a fresh interpreter (its malloc settings its own): a conv net whose activations are
+# 32 MiB and more, the size glibc maps afresh for every allocation.
+DOCTOR_FAULTS = """
+import json, torch
+from torch import nn
+from trainfast.checks import run_checks
+from trainfast.data.datasets import Split, TensorImages
+from trainfast.doctor import observe_builtin
+from trainfast.recipe import Recipe
+g = torch.Generator().manual_seed(0)
+images = torch.randint(0, 256, (96, 3, 64, 64), dtype=torch.uint8, generator=g)
+labels = torch.randint(0, 4, (96,), generator=g)
+split = Split(TensorImages(images[:64], labels[:64]), TensorImages(images[64:], labels[64:]), 4, (0.5,) * 3,
+              (0.25,) * 3, 64, "faults")
+make = lambda: nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 4))
+obs = observe_builtin(make, split, recipe=Recipe(batch_size=32, reuse_memory={on}), device="cpu", steps=6,
+                      flops=False)
+f = next(f for f in run_checks(obs) if f.name.startswith("page faults"))
+print(json.dumps([sorted(obs.step_faults)[len(obs.step_faults) // 2], f.status, f.fix, f.evidence]))
+"""
+
+
+@pytest.mark.skipif(__import__("trainfast.techniques.memory_reuse", fromlist=["x"]).unavailable() is not None,
+                    reason="needs glibc's malloc")
+def test_doctor_counts_a_steps_page_faults_and_reuse_memory_removes_them():
+    from conftest import fresh_python
+
+    drop = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
+    faults, status, fix, evidence = fresh_python(DOCTOR_FAULTS.replace("{on}", "False"), drop=drop)
+    assert faults >= 10_000, evidence          # each 32 MiB activation alone is 8,192 fresh pages
+    assert status in ("problem", "fine") and (status == "fine" or fix == "--reuse-memory"), evidence
+    kept, status, _, evidence = fresh_python(DOCTOR_FAULTS.replace("{on}", "True"), drop=drop)
+    assert kept < faults / 10 and status == "fine" and "reuse_memory is on" in evidence, evidence

@@ -23,6 +23,9 @@ INPUT_BOUND_SHARE = 0.20  # "input-bound": the loop waits for data >= 20% of eac
 SYNCS_PER_STEP = 0.5    # a read every other step or more often is a per-step read; trainfast's own Meter
                         # reads once every log_every steps (0.2 per step at the default 10)
 LAUNCH_BOUND_BUSY = 0.5  # CUDA: the device computes < 50% of the step while the loop is not waiting for data
+FAULTS_PER_STEP = 10_000  # page faults a step must take before they are blamed: 40 MB of fresh 4 KiB pages a step
+                          # is memory churn (a ResNet-18 step at 128 px, batch 128: ~130,000); a loader's batch
+                          # mapped from shared memory is a few thousand and no allocator setting removes it
 VARYING_SHAPES = 2      # distinct input shapes tolerated under cudnn.benchmark (full batches + the last one)
 
 NOT_HERE = "not checked here"
@@ -77,6 +80,10 @@ class Observations:
     compile: dict[str, Any] | None = None
     recompiles: int | None = None
     cuda_profile: dict[str, Any] | None = None
+    step_faults: list[int] | None = None      # per steady step: page faults of the training process
+    step_kernel_s: list[float] | None = None  # per steady step: its kernel (system) seconds
+    fault_source: str = ""                    # which steps those were ("the cached-batch replay", "the loop's")
+    reuse_memory: dict[str, Any] = field(default_factory=dict)   # {"in_effect": bool, "unavailable": str | None}
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -270,6 +277,36 @@ def memory(obs: Observations) -> Finding:
                  + (f"roughly {room:.1f}x" if room < 8 else "more than 8x")
                  + " the batch (rough: activations scale about linearly with the batch; 10% kept free)")
     return Finding("memory peak vs capacity", "time", "measured", text)
+
+
+@check
+def page_faults(obs: Observations) -> Finding:
+    name = "page faults: fresh memory every step"
+    if obs.cuda:
+        return Finding(name, "time", NOT_HERE, "on a GPU the step's tensors come from the device's caching allocator; "
+                       "the host's page faults are not the step's cost")
+    if not obs.step_faults or not obs.step_kernel_s or not obs.step_s:
+        return Finding(name, "time", NOT_HERE, "this platform does not count a process's page faults (getrusage)")
+    faults, kernel = statistics.median(obs.step_faults), statistics.median(obs.step_kernel_s)
+    share = kernel / obs.step_s
+    text = (f"{faults:,.0f} page faults and {_ms(kernel)} of kernel time per step ({_pct(share)} of the step; "
+            f"{obs.fault_source or 'the steady steps'})")
+    reuse = obs.reuse_memory
+    if reuse.get("in_effect"):
+        return Finding(name, "time", "fine", text + ": reuse_memory is on (freed memory stays mapped)")
+    if reuse.get("unavailable"):
+        return Finding(name, "time", NOT_HERE, f"{text}; reuse_memory cannot act here: {reuse['unavailable']}")
+    if faults >= FAULTS_PER_STEP and share >= MATERIAL_SHARE:
+        fix = ("--reuse-memory" if obs.recipe_flags else
+               "measure it with `trainfast ablate --switches reuse_memory -- COMMAND`; keep it with "
+               "Recipe(reuse_memory=True) in trainfast.Session, or start the script with MALLOC_MMAP_MAX_=0 "
+               "MALLOC_TRIM_THRESHOLD_=1125899906842624 in its environment")
+        return Finding(name, "time", "problem",
+                       text + ": the C library's malloc hands the step's large freed blocks back to the kernel, which "
+                       "maps and zero-fills them again on the next step; the kernel time bounds what keeping them "
+                       "mapped can save", kernel, share, fix)
+    return Finding(name, "time", "fine", text + f": below {FAULTS_PER_STEP:,} faults or {_pct(MATERIAL_SHARE)} of "
+                   "the step")
 
 
 @check

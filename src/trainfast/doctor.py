@@ -8,8 +8,9 @@ the same engine as training, in three short passes:
   2. timed: `steps` steps with nothing attached, timed by the Session's StepTimer (data wait per step);
      warm-up left out as the ablation does (measure.detect_warmup);
   3. replay: as many steps on one cached batch, already on the device (no loader): the measured bound on
-     what a faster input pipeline could buy. Passes 2 and 3 alternate step by step, so a slow spell of a
-     shared machine slows both alike.
+     what a faster input pipeline could buy, and the step's own page faults and kernel time (no loader's
+     batches mapped in). Passes 2 and 3 alternate step by step, so a slow spell of a shared machine slows
+     both alike.
 Then the model's FLOPs on that batch, the matmul peak in the run's dtype, peak memory, compile counters and,
 on CUDA, a profile of a few steps (kernel time, host-to-device copies). checks.py turns those Observations
 into ranked Findings; doctor.json holds both.
@@ -40,6 +41,8 @@ from .checks import Finding, Observations, run_checks
 from .engine import train_one_epoch
 from .envcheck import collect_environment
 from .measure import detect_warmup
+from .techniques import memory_reuse
+from .techniques.memory_reuse import kernel_counters
 from .report import doctor_section, replace_doctor_section, saves_text
 from .watch import EnoughSteps, Watch
 
@@ -94,7 +97,7 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
         obs.dropout = watch.dropout_check()
         compiled_before = _compiled_frames()
         batch = _clone(next(iter(run.train_batches)))
-        timed, replayed = time_and_replay(run, batch, steps)                                   # passes 2 and 3
+        timed, replayed, replay_kernel = time_and_replay(run, batch, steps)                    # passes 2 and 3
         recompiles = _compiled_frames() - compiled_before if compiled_before is not None else None
         obs.memory = {"peak_bytes": peak_memory_bytes(dev), "static_bytes": static, "capacity_bytes": capacity(dev)}
         obs.cuda_profile = (profile_cuda(lambda n: run_steps(run, [batch] * (n * recipe.grad_accum_steps)))
@@ -113,6 +116,7 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
     obs.data_wait_s = [s.data_wait_s for s in steady]
     obs.samples = [s.samples for s in steady]
     obs.replay_step_seconds = [s.seconds for s in replayed[warmup:]]   # the same steps left out: they warmed up together
+    add_page_faults(obs, replay_kernel[warmup:], "the cached-batch replay: the step's own, no loader")
     _from_watch(obs, watch)
     add_evaluation(obs, evaluation)
     obs.num_workers = recipe.num_workers
@@ -140,11 +144,24 @@ def time_and_replay(run, batch, steps: int) -> tuple[list, list]:
     once); the replayed batch was cloned first, so the loader's next batches are untouched."""
     accum = run.recipe.grad_accum_steps
     loader_steps = repeat_passes(run.train_batches, steps * accum)
-    timed, replayed = [], []
+    timed, replayed, kernel = [], [], []
     for _ in range(steps):
         timed += run_steps(run, islice(loader_steps, accum))                  # pass 2
+        before = kernel_counters()
         replayed += run_steps(run, [batch] * accum)                           # pass 3
-    return timed, replayed
+        kernel.append((before, kernel_counters()))
+    return timed, replayed, kernel
+
+
+def add_page_faults(obs: Observations, counters: list, source: str) -> None:
+    """Page faults and kernel seconds per step from (before, after) counter pairs, and whether reuse_memory
+    acts in this process."""
+    steps = [memory_reuse.per_step(list(pair)) for pair in counters]
+    if steps and all(steps):
+        obs.step_faults = [s[0][0] for s in steps]
+        obs.step_kernel_s = [s[1][0] for s in steps]
+        obs.fault_source = source
+    obs.reuse_memory = {"in_effect": memory_reuse.in_effect(), "unavailable": memory_reuse.unavailable()}
 
 
 def _from_watch(obs: Observations, watch: Watch) -> None:
@@ -274,6 +291,8 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
     obs.step_seconds = seconds[warmup:]
     loader_seen = watch.num_workers is not None
     obs.data_wait_s = waits[warmup:] if loader_seen else None
+    kernel = watch.step_kernel[start - 1:] if len(watch.step_kernel) >= start else []
+    add_page_faults(obs, list(zip(kernel, kernel[1:]))[warmup:], "the loop's own steps, its batches' arrival included")
     obs.samples = samples[warmup:] if loader_seen and any(samples) else None
     _from_watch(obs, watch)
     add_evaluation(obs, watch)

@@ -38,6 +38,7 @@ from .evalcheck import _tensors, check_eval_dropout, mode_dependent
 from .gradwatch import (call_site, graded_param, grads_state, interval_state, time_memset, wrap_zero_grad,
                         zero_grad_rows)
 from .syncs import SyncCounter
+from .techniques.memory_reuse import kernel_counters
 
 class EnoughSteps(BaseException):
     """Raised from the optimizer-step hook once the watch has its steps (a BaseException, so a loop's own
@@ -72,6 +73,7 @@ class Watch:
         self.step_ends: list[float] = []
         self.step_waits: list[float] = []           # per step: seconds in DataLoader.__next__
         self.step_samples: list[int] = []
+        self.step_kernel: list = []                 # per step end: memory_reuse.kernel_counters()
         self.num_workers: int | None = None         # of the last DataLoader iterated
         self._wait, self._samples = 0.0, 0
         self.shapes: list[list] = []
@@ -256,6 +258,7 @@ class Watch:
     def _count_step(self, optimizer) -> None:
         self.steps += 1
         self.step_ends.append(time.perf_counter())
+        self.step_kernel.append(kernel_counters())
         self.step_waits.append(self._wait)
         self.step_samples.append(self._samples)
         self._wait, self._samples = 0.0, 0

@@ -100,6 +100,25 @@ def apply(recipe) -> bool:
     return in_effect()
 
 
+def kernel_counters() -> tuple[int, float] | None:
+    """This process's page faults served without I/O (first touches of fresh pages) and its seconds of kernel
+    time so far, all its threads together (its loader workers are other processes); None without getrusage."""
+    try:
+        import resource
+    except ImportError:            # Windows
+        return None
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt, usage.ru_stime
+
+
+def per_step(counters: list[tuple[int, float] | None]) -> tuple[list[int], list[float]] | None:
+    """Page faults and kernel seconds of each step from the counters read at consecutive step ends."""
+    if len(counters) < 2 or any(c is None for c in counters):
+        return None
+    pairs = list(zip(counters, counters[1:]))
+    return [b[0] - a[0] for a, b in pairs], [b[1] - a[1] for a, b in pairs]
+
+
 def in_effect() -> bool:
     """Set in this process by apply(), or the process started with the environment that sets it."""
     if unavailable() is not None:
