@@ -41,9 +41,8 @@ from .checks import Finding, Observations, run_checks
 from .engine import train_one_epoch
 from .envcheck import collect_environment
 from .measure import detect_warmup
-from .techniques import memory_reuse
-from .techniques.memory_reuse import kernel_counters
 from .report import doctor_section, replace_doctor_section, saves_text
+from .techniques import memory_reuse
 from .watch import EnoughSteps, Watch
 
 DEFAULT_STEPS = 10          # timed steps: a median over the steps after warm-up (the watched pass warms up)
@@ -147,19 +146,18 @@ def time_and_replay(run, batch, steps: int) -> tuple[list, list]:
     timed, replayed, kernel = [], [], []
     for _ in range(steps):
         timed += run_steps(run, islice(loader_steps, accum))                  # pass 2
-        before = kernel_counters()
+        before = memory_reuse.kernel_counters()
         replayed += run_steps(run, [batch] * accum)                           # pass 3
-        kernel.append((before, kernel_counters()))
+        kernel.append((before, memory_reuse.kernel_counters()))
     return timed, replayed, kernel
 
 
 def add_page_faults(obs: Observations, counters: list, source: str) -> None:
-    """Page faults and kernel seconds per step from (before, after) counter pairs, and whether reuse_memory
-    acts in this process."""
-    steps = [memory_reuse.per_step(list(pair)) for pair in counters]
-    if steps and all(steps):
-        obs.step_faults = [s[0][0] for s in steps]
-        obs.step_kernel_s = [s[1][0] for s in steps]
+    """Page faults and kernel seconds per step from (before, after) kernel_counters() pairs, and whether
+    reuse_memory acts in this process."""
+    steps = [memory_reuse.counted_between(before, after) for before, after in counters]
+    if steps and None not in steps:
+        obs.step_faults, obs.step_kernel_s = [s[0] for s in steps], [s[1] for s in steps]
         obs.fault_source = source
     obs.reuse_memory = {"in_effect": memory_reuse.in_effect(), "unavailable": memory_reuse.unavailable()}
 

@@ -111,12 +111,9 @@ def kernel_counters() -> tuple[int, float] | None:
     return usage.ru_minflt, usage.ru_stime
 
 
-def per_step(counters: list[tuple[int, float] | None]) -> tuple[list[int], list[float]] | None:
-    """Page faults and kernel seconds of each step from the counters read at consecutive step ends."""
-    if len(counters) < 2 or any(c is None for c in counters):
-        return None
-    pairs = list(zip(counters, counters[1:]))
-    return [b[0] - a[0] for a, b in pairs], [b[1] - a[1] for a, b in pairs]
+def counted_between(before: tuple[int, float] | None, after: tuple[int, float] | None) -> tuple[int, float] | None:
+    """The page faults and kernel seconds between two kernel_counters() reads (None if either is missing)."""
+    return None if before is None or after is None else (after[0] - before[0], after[1] - before[1])
 
 
 def in_effect() -> bool:
