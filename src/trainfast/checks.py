@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from .envcheck import smoke_failures, summary
+from .techniques import memory_reuse
 
 # Thresholds, and why:
 MATERIAL_SHARE = 0.05   # a cause is worth a fix when it costs >= 5% of the step: the ablation's smallest
@@ -297,10 +298,11 @@ def page_faults(obs: Observations) -> Finding:
     if reuse.get("unavailable"):
         return Finding(name, "time", NOT_HERE, f"{text}; reuse_memory cannot act here: {reuse['unavailable']}")
     if faults >= FAULTS_PER_STEP and share >= MATERIAL_SHARE:
+        env = " ".join(f"{k}={v}" for k, v in memory_reuse.ENV.items())   # the variables ablate starts it with
         fix = ("--reuse-memory" if obs.recipe_flags else
-               "measure it with `trainfast ablate --switches reuse_memory -- COMMAND`; keep it with "
-               "Recipe(reuse_memory=True) in trainfast.Session, or start the script with MALLOC_MMAP_MAX_=0 "
-               "MALLOC_TRIM_THRESHOLD_=1125899906842624 in its environment")
+               f"measure it with `trainfast ablate --switches {memory_reuse.FIELD} -- COMMAND`; keep it with "
+               f"Recipe({memory_reuse.FIELD}=True) in trainfast.Session, or start the script with {env} in its "
+               "environment")
         return Finding(name, "time", "problem",
                        text + ": the C library's malloc hands the step's large freed blocks back to the kernel, which "
                        "maps and zero-fills them again on the next step; the kernel time bounds what keeping them "
