@@ -126,13 +126,53 @@ def test_the_ablation_rules_rungs_out_from_a_framework_runs_proof():
     assert "read back '32-true'" in plan[1].reason
 
 
-def test_a_script_with_neither_session_nor_framework_has_every_rung_ruled_out():
+def test_a_script_with_neither_session_nor_framework_has_every_rung_ruled_out_and_is_told_which_would_reach_it():
     from trainfast.recipe import Recipe
     from trainfast.results import Effect, Rung
 
     plan = [Rung("baseline", {}, Recipe()), Rung("amp", {"precision": "bf16"}, Recipe())]
     command_work().after_run(plan)(plan[0], {"session": False})
     assert plan[1].effect == Effect.NO_SESSION and "does not use trainfast.Session, nor a framework" in plan[1].reason
+    assert "`--switches passive_threads,reuse_memory`" in plan[1].reason
+
+
+def no_session_plan():
+    from trainfast.recipe import Recipe
+    from trainfast.results import Rung
+
+    base = Recipe()
+    amp = base.replace(precision="bf16")                      # cumulative: the rungs below carry it
+    return [Rung("baseline", {}, base), Rung("amp", {"precision": "bf16"}, amp),
+            Rung("passive_threads", {"passive_threads": True}, amp.replace(passive_threads=True)),
+            Rung("reuse_memory", {"reuse_memory": True}, amp.replace(passive_threads=True, reuse_memory=True))]
+
+
+def test_without_a_session_the_process_wide_switches_are_still_timed_and_say_what_they_carried_in_vain():
+    from trainfast.results import Effect, Status
+
+    plan = no_session_plan()
+    after = command_work().after_run(plan)
+    after(plan[0], {"session": False, "process_switches": {"passive_threads": False, "reuse_memory": False}})
+    assert plan[1].effect == Effect.NO_SESSION and "--switches" not in plan[1].reason   # the plan has them already
+    for rung in plan[2:]:
+        assert rung.status == Status.PENDING          # the environment reaches the script: they run
+        assert "process-wide switches only: precision, carried" in rung.reason
+    after(plan[2], {"session": False, "process_switches": {"passive_threads": True, "reuse_memory": False}})
+    assert plan[2].status == Status.PENDING           # read back as asked: its numbers stand
+
+
+def test_a_process_wide_switch_the_scripts_process_does_not_have_is_not_applied():
+    from trainfast.results import Effect, Status
+
+    plan = no_session_plan()
+    after = command_work().after_run(plan)
+    after(plan[0], {"session": False, "process_switches": {"passive_threads": False, "reuse_memory": False}})
+    # e.g. the script's environment preloads jemalloc: glibc's malloc settings cannot act in it
+    after(plan[3], {"session": False, "process_switches": {"passive_threads": True, "reuse_memory": False}})
+    assert plan[3].status == Status.NO_EFFECT and plan[3].effect == Effect.NOT_APPLIED
+    assert "reuse_memory: asked True, the script's process has False" in plan[3].reason
+    after(plan[2], {"session": False})                # a result without the read-back proves nothing
+    assert plan[2].effect == Effect.NOT_APPLIED and "has None" in plan[2].reason
 
 
 def test_a_carried_switch_not_applied_is_noted_on_the_rung_that_carried_it_not_ruled_out():
@@ -185,3 +225,34 @@ def test_a_precision_level_the_framework_lacks_makes_the_rung_not_applicable_and
     assert plan[1].status == Status.PENDING and not plan[1].reason            # O1 is what the framework does
     assert plan[2].status == Status.NO_EFFECT and plan[2].effect == Effect.NOT_APPLICABLE
     assert "autocast (O1) only" in plan[2].reason
+
+
+def test_a_script_without_a_session_is_told_how_to_keep_a_process_wide_recommendation(tmp_path):
+    from trainfast.recipe import Recipe
+    from trainfast.report.summary import keep_line
+    from trainfast.results import AblationResult, Rung
+    from trainfast.techniques import memory_reuse
+
+    best = Recipe(passive_threads=True, reuse_memory=True)
+    rungs = [Rung("baseline", {}, Recipe()), Rung("reuse_memory", {"reuse_memory": True}, best)]
+    settings = {"no_session": True, "command": ["python", "train.py", "--data", "my photos"]}
+    line = keep_line(AblationResult(rungs, {}, tmp_path, best, "reuse_memory", {}, settings=settings))
+    assert "OMP_WAIT_POLICY=PASSIVE" in line and line.endswith("python train.py --data 'my photos'`")
+    if memory_reuse.unavailable() is None:
+        assert "MALLOC_MMAP_MAX_=0" in line
+    # a Session's script keeps it in its recipe; a recommendation without a process-wide switch needs nothing
+    assert keep_line(AblationResult(rungs, {}, tmp_path, best, "reuse_memory", {}, settings={})) is None
+    assert keep_line(AblationResult(rungs, {}, tmp_path, Recipe(), "baseline", {}, settings=settings)) is None
+
+
+def test_the_baseline_of_a_script_without_a_session_is_labelled_as_its_own_settings():
+    from trainfast.recipe import Recipe
+    from trainfast.report.format import rung_label
+    from trainfast.results import Rung
+
+    base = Rung("baseline", {}, Recipe())
+    assert rung_label(base) == "baseline (fp32)"                   # not run yet, or the built-in run
+    base.repeats.append({"session": False, "frameworks": {}})
+    assert rung_label(base) == "baseline (the script's own settings)"   # e.g. timm's train.py --amp: not fp32
+    base.repeats[0]["frameworks"] = {"lightning": {"version": "2.6"}}    # an adapter turned its precision off
+    assert rung_label(base) == "baseline (fp32)"

@@ -31,7 +31,10 @@ from typing import Any
 
 import torch
 
+from .techniques import process_wide_in_effect
+
 MEASURE_ENV = "TRAINFAST_MEASURE"
+PROCESS_SWITCHES = "process_switches"     # the result's key for the process-wide switches read back
 PROBE_MODES = ("speed", "full")    # stop once the budget is timed, or let the run end by itself
 CHECK_EVERY = 8          # updates between two speed-mode decisions (each a collective under torchrun)
 MAX_BUDGETS = 4          # speed mode stops after this many times the steps first asked for, met or not
@@ -208,6 +211,9 @@ class Probe:
             "precision_state": precision,
             "scaler_skips": precision.get("skipped_steps"),
             "compile": compile_counters(),
+            # passive_threads and reuse_memory as this process has them: the proof, for a script the recipe
+            # reaches only through the environment it started with (no Session, no framework adapter)
+            PROCESS_SWITCHES: process_wide_in_effect(),
             "reported": {**self.reported, **(session.reported if session is not None else {})},
             "overridden": {**({k: list(v) for k, v in session.overridden.items()} if session is not None else {}),
                            **{k: v for section in self.sections.values() for k, v in section.overridden().items()}},

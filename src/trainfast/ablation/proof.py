@@ -1,11 +1,17 @@
-"""Reading a framework run's proof (frameworks/board.py, the "frameworks" section of a run's result): which
-of a rung's switches the script's framework has no setting for, which did not take effect, and what the
-script itself had set. Pure functions of the result, so the ablation's verdicts on them are tested alone."""
+"""Reading a run's proof: for a framework's script (frameworks/board.py, the "frameworks" section of a run's
+result) which of a rung's switches the framework has no setting for, which did not take effect, and what the
+script itself had set; for a script with neither a Session nor a framework, which switches can reach it at all
+(the process-wide ones, through the environment it starts with) and whether its process has them. Pure
+functions of the result, so the ablation's verdicts on them are tested alone."""
 from __future__ import annotations
 
 from typing import Any
 
 from ..frameworks.board import UNSET
+from ..techniques import PROCESS_WIDE
+
+NO_SESSION = ("the script does not use trainfast.Session, nor a framework trainfast switches from inside "
+              "(transformers Trainer, Lightning, Accelerate), so the recipe cannot reach it")
 
 
 def framework_names(sections: dict[str, Any]) -> str:
@@ -74,3 +80,34 @@ def script_settings(sections: dict[str, Any]) -> list[str]:
             if s["script"] != UNSET and s["script"] != s["wanted"]:
                 out.append(f"{fw} {s['setting']}={s['script']!r}")
     return out
+
+
+# --- a script with neither a Session nor a framework --------------------------------------------------------
+
+def needs_session(changes: dict[str, Any]) -> list[str]:
+    """The rung's switches that reach a script only through a Session or a framework adapter (all but the
+    process-wide ones, which the script's process gets from the environment the ablation starts it with)."""
+    return [name for name in changes if name not in PROCESS_WIDE]
+
+
+def no_session_reason(plan_changes: list[dict[str, Any]]) -> str:
+    """Why a rung cannot reach such a script; where no rung of the plan is process-wide, which ones would."""
+    if any(changes and not needs_session(changes) for changes in plan_changes):
+        return NO_SESSION
+    names = ",".join(PROCESS_WIDE)
+    return (f"{NO_SESSION}; {' and '.join(PROCESS_WIDE)} act on any process, through the environment it starts "
+            f"with: `--switches {names}` measures them on this script as it is")
+
+
+def process_not_applied(changes: dict[str, Any], read_back: dict[str, Any]) -> str | None:
+    """The rung's process-wide switches that the script's process did not end up with (read back in it by the
+    probe: its environment overrode the setting, or another allocator serves it), in words; None if none."""
+    problems = [f"{name}: asked {bool(value)!r}, the script's process has {read_back.get(name)!r}"
+                for name, value in changes.items() if name in PROCESS_WIDE and read_back.get(name) != bool(value)]
+    return "; ".join(problems) or None
+
+
+def unreached(recipe: dict[str, Any], base: dict[str, Any]) -> list[str]:
+    """The switches a rung carries from the rungs above (cumulative) that cannot reach such a script: its runs
+    had the process-wide switches only."""
+    return [k for k, v in recipe.items() if k not in PROCESS_WIDE and k != "seed" and v != base.get(k)]

@@ -16,7 +16,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from ..probe import PROBE_MODES
+from ..probe import PROBE_MODES, PROCESS_SWITCHES
 from ..engine import ZERO_GRAD_NOTE
 from ..procs import run_supervised
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
@@ -30,7 +30,8 @@ from .scoring import FIRST_REPORTED
 from .server import rung_context, start_rung_server
 from .store import write_json
 from ..frameworks import SECTION as FRAMEWORKS
-from .proof import framework_names, lacks_a_switch, not_applied, script_settings, unsupported
+from .proof import (framework_names, lacks_a_switch, needs_session, no_session_reason, not_applied,
+                    process_not_applied, script_settings, unreached, unsupported)
 
 # launch(rung, recipe, budget or None, run_dir, display, time_limit_s) -> the run's record, or {"error", "log_tail"}
 Launch = Callable[[Rung, Recipe, "TimingBudget | None", Path, Any, "float | None"], dict]
@@ -234,6 +235,10 @@ class CommandWork:
             sections = result.get(FRAMEWORKS) or {}
             if rung is plan[0]:
                 self.baseline_seen(plan, result, sections)
+            elif not sections and not result.get("session", True) and rung.status != Status.NO_EFFECT:
+                problem = process_not_applied(rung.changes, result.get(PROCESS_SWITCHES, {}))
+                if problem:
+                    rung.rule_out(Effect.NOT_APPLIED, problem)
             elif sections and rung.status != Status.NO_EFFECT:
                 lacking = lacks_a_switch(rung.changes, sections)
                 problem = not_applied(rung.changes, sections)
@@ -256,11 +261,19 @@ class CommandWork:
                 if why and other.status != Status.NO_EFFECT:
                     other.rule_out(Effect.NOT_APPLICABLE, why)
         elif not result.get("session", True):
+            # Only the process-wide switches reach it (the environment its process starts with): a rung of
+            # those alone is timed, every other rung has no effect.
+            self.learned["no_session"] = True
+            why = no_session_reason([r.changes for r in plan[1:]])
+            base = plan[0].recipe.to_dict()
             for other in plan[1:]:
-                other.rule_out(Effect.NO_SESSION,
-                               "the script does not use trainfast.Session, nor a framework trainfast switches "
-                               "from inside (transformers Trainer, Lightning, Accelerate), so the recipe cannot "
-                               "reach it")
+                if needs_session(other.changes):
+                    other.rule_out(Effect.NO_SESSION, why)
+                    continue
+                carried = unreached(other.recipe.to_dict(), base)
+                if carried and other.status != Status.NO_EFFECT:
+                    other.reason = (f"its runs had the process-wide switches only: {', '.join(carried)}, carried "
+                                    "from the rungs above, cannot reach a script without a Session")
 
 
 def note_carried(rung: Rung, sections: dict[str, Any]) -> None:

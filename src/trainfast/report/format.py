@@ -62,6 +62,9 @@ def short_verdict(verdict: str | None, speedup: float | None, firm: bool = True)
 
 def rung_label(rung: Rung) -> str:
     if rung.name == "baseline":     # the base recipe's precision: fp32 unless the ablation starts from another
+        run = rung.repeats[0] if rung.repeats else {}
+        if run.get("session") is False and not run.get("frameworks"):
+            return "baseline (the script's own settings)"     # no recipe reaches it: it runs its own precision
         return f"baseline ({rung.recipe.precision})"
     if rung.name.startswith("baseline-seed"):
         return f"baseline (seed {rung.recipe.seed}, for the noise band)"

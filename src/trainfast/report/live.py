@@ -6,7 +6,7 @@ from typing import Any
 
 from ..results import AblationResult, Rung
 from .format import rung_label
-from .summary import best_line, repeatability_line
+from .summary import best_line, keep_line, repeatability_line
 from .table import Columns, headers, table_rows
 
 
@@ -92,3 +92,6 @@ class Display:
         if repeatability:
             self.console.print(repeatability)
         self.console.print(best_line(result) + f" — report in {result.out_dir}/ (results.json, report.md, charts)")
+        keep = keep_line(result)
+        if keep:
+            self.console.print(keep, markup=False, highlight=False)

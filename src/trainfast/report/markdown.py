@@ -16,7 +16,7 @@ from .doctor_findings import doctor_section
 from .format import rung_label
 from .notes import rung_notes
 from .results_json import write_results_json
-from .summary import best_line, repeatability_line
+from .summary import best_line, keep_line, repeatability_line
 from .table import Columns, headers, markdown_table, table_rows
 
 RECOMMENDATION_RULE = (
@@ -59,7 +59,10 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
     if items:
         lines += ["## Notes", "", *items, ""]
     lines += doctor_section(result.out_dir)      # `trainfast doctor --out` this folder: its findings, when present
-    lines += ["## Recommendation", "", best_line(result) + ".", "", RECOMMENDATION_RULE, ""]
+    keep = keep_line(result)
+    lines += ["## Recommendation", "", best_line(result) + ".", ""]
+    lines += [keep[0].upper() + keep[1:] + ".", ""] if keep else []
+    lines += [RECOMMENDATION_RULE, ""]
     if result.best is not None:
         lines += ["```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
     return lines + ["## Charts", ""] + [f"![{c.stem}]({c.name})" for c in charts] + [""]

@@ -3,10 +3,25 @@ verdicts behind it are."""
 from __future__ import annotations
 
 import math
+import shlex
 
 from ..results import AblationResult, Rung, Status
+from ..techniques import memory_reuse, threads
 from ..stats import FIRM, MIN_EFFECT
 from .format import rung_label
+
+
+def keep_line(result: AblationResult) -> str | None:
+    """For a script the recipe cannot reach (no Session, no framework adapter) whose recommendation turns on a
+    process-wide switch: how to keep it, the environment to start the script with. None otherwise."""
+    if not result.settings.get("no_session") or result.best is None:
+        return None
+    env = {**threads.process_env(result.best), **memory_reuse.process_env(result.best)}
+    if not env:
+        return None
+    command = shlex.join(result.settings.get("command") or ["COMMAND"])
+    return ("to keep it, start the script with that environment (it takes no recipe: no trainfast.Session, no "
+            f"framework adapter): `{' '.join(f'{k}={v}' for k, v in env.items())} {command}`")
 
 
 def best_line(result: AblationResult) -> str:

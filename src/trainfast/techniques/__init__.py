@@ -8,11 +8,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from . import memory_reuse, threads      # neither imports torch
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from .base import Effect
+
+
+# The switches that reach a process through the environment it starts with (the OpenMP wait policy, glibc's
+# malloc settings), whatever its code: the ablation starts a user's command with them, so they act on a script
+# that the recipe cannot reach otherwise (no trainfast.Session, no framework adapter).
+PROCESS_WIDE = (threads.FIELD, memory_reuse.FIELD)
+
+
+def process_wide_in_effect() -> dict[str, bool]:
+    """Each process-wide switch read back in this process: whether it started with (or set) the setting."""
+    return {threads.FIELD: threads.in_effect(), memory_reuse.FIELD: memory_reuse.in_effect()}
 
 
 def field_effect(field: str, device: torch.device, model: nn.Module | None, split=None) -> Effect:
