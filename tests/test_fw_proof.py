@@ -230,19 +230,17 @@ def test_a_precision_level_the_framework_lacks_makes_the_rung_not_applicable_and
 def test_a_script_without_a_session_is_told_how_to_keep_a_process_wide_recommendation(tmp_path):
     from trainfast.recipe import Recipe
     from trainfast.report.summary import keep_line
-    from trainfast.results import AblationResult, Rung
     from trainfast.techniques import memory_reuse
 
     best = Recipe(passive_threads=True, reuse_memory=True)
-    rungs = [Rung("baseline", {}, Recipe()), Rung("reuse_memory", {"reuse_memory": True}, best)]
     settings = {"no_session": True, "command": ["python", "train.py", "--data", "my photos"]}
-    line = keep_line(AblationResult(rungs, {}, tmp_path, best, "reuse_memory", {}, settings=settings))
+    line = keep_line(settings, best)
     assert "OMP_WAIT_POLICY=PASSIVE" in line and line.endswith("python train.py --data 'my photos'`")
     if memory_reuse.unavailable() is None:
         assert "MALLOC_MMAP_MAX_=0" in line
     # a Session's script keeps it in its recipe; a recommendation without a process-wide switch needs nothing
-    assert keep_line(AblationResult(rungs, {}, tmp_path, best, "reuse_memory", {}, settings={})) is None
-    assert keep_line(AblationResult(rungs, {}, tmp_path, Recipe(), "baseline", {}, settings=settings)) is None
+    assert keep_line({}, best) is None and keep_line(settings, None) is None
+    assert keep_line(settings, Recipe()) is None
 
 
 def test_the_baseline_of_a_script_without_a_session_is_labelled_as_its_own_settings():

@@ -92,6 +92,6 @@ class Display:
         if repeatability:
             self.console.print(repeatability)
         self.console.print(best_line(result) + f" — report in {result.out_dir}/ (results.json, report.md, charts)")
-        keep = keep_line(result)
+        keep = keep_line(result.settings, result.best)
         if keep:
             self.console.print(keep, markup=False, highlight=False)

@@ -59,7 +59,7 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
     if items:
         lines += ["## Notes", "", *items, ""]
     lines += doctor_section(result.out_dir)      # `trainfast doctor --out` this folder: its findings, when present
-    keep = keep_line(result)
+    keep = keep_line(result.settings, result.best)
     lines += ["## Recommendation", "", best_line(result) + ".", ""]
     lines += [keep[0].upper() + keep[1:] + ".", ""] if keep else []
     lines += [RECOMMENDATION_RULE, ""]

@@ -5,21 +5,23 @@ from __future__ import annotations
 import math
 import shlex
 
+from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
 from ..techniques import memory_reuse, threads
 from ..stats import FIRM, MIN_EFFECT
 from .format import rung_label
 
 
-def keep_line(result: AblationResult) -> str | None:
-    """For a script the recipe cannot reach (no Session, no framework adapter) whose recommendation turns on a
-    process-wide switch: how to keep it, the environment to start the script with. None otherwise."""
-    if not result.settings.get("no_session") or result.best is None:
+def keep_line(settings: dict, best: Recipe | None) -> str | None:
+    """For a script the recipe cannot reach (no Session, no framework adapter: `settings` of its ablation say
+    so) whose recommended recipe `best` turns on a process-wide switch: how to keep it, the environment to start
+    the script with. None otherwise."""
+    if not settings.get("no_session") or best is None:
         return None
-    env = {**threads.process_env(result.best), **memory_reuse.process_env(result.best)}
+    env = {**threads.process_env(best), **memory_reuse.process_env(best)}
     if not env:
         return None
-    command = shlex.join(result.settings.get("command") or ["COMMAND"])
+    command = shlex.join(settings.get("command") or ["COMMAND"])
     return ("to keep it, start the script with that environment (it takes no recipe: no trainfast.Session, no "
             f"framework adapter): `{' '.join(f'{k}={v}' for k, v in env.items())} {command}`")
 

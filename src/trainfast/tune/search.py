@@ -18,6 +18,7 @@ from ..ablation.store import default_out_dir
 from ..ablation.work import BuiltinSpec, Work, prepare_builtin, prepare_command
 from ..recipe import Recipe, RecipeError, resolve_device
 from ..results import AblationResult, Rung, Status
+from ..report.summary import keep_line
 from ..techniques.precision import auto_amp_dtype, slow_half_reason
 from .batch import batch_finding, batch_rungs
 from .budget import SearchBudget, singles_share
@@ -312,9 +313,14 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
     if opts.batch_size_search:
         found.batch = run_batch_search(search, decision, found.per_run)
     decision.notes += search.notes
+    keep = keep_line(found.first.settings, decision.recipe)     # a script no recipe reaches: its environment
+    if keep:
+        decision.notes.append(keep[0].upper() + keep[1:])
     write_outputs(search.out_dir, decision, found.first, found.second, budget.elapsed(), opts.budget_s, found.steps,
                   found.on_level, found.batch)
     if opts.show:
         print(f"recommended: {decision.name} ({decision.speedup:.2f}x the baseline) — {search.out_dir}/best.yaml, "
               f"{search.out_dir}/tune.md")
+        if keep:
+            print(keep)
     return decision
