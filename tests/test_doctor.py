@@ -20,7 +20,7 @@ from trainfast.doctor import observe_builtin, observe_loop
 from trainfast.envcheck import collect_environment
 from trainfast.models import resnet9
 from trainfast.recipe import Recipe
-from trainfast.watch import SyncCounter, check_eval_dropout
+from trainfast.watch import EnoughSteps, SyncCounter, Watch, check_eval_dropout
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 
@@ -725,9 +725,12 @@ def test_syncs_inside_a_librarys_own_loop_get_that_librarys_fix_not_the_scripts(
 
 # --- page faults: the fix is reuse_memory --------------------------------------------------------------
 
-def fault_obs(faults: int, kernel_s: float, step_s: float = 1.3, device: str = "cpu", **fields) -> Observations:
+def fault_obs(faults: int, kernel_s: float, step_s: float = 1.3, device: str = "cpu", threads: int = 2,
+              **fields) -> Observations:
+    """A step of `step_s` seconds whose `threads` threads are busy throughout: its CPU seconds threads x step_s."""
     return Observations("built-in", device, collect_environment(), step_seconds=[step_s] * 5,
-                        step_faults=[faults] * 5, step_kernel_s=[kernel_s] * 5, **fields)
+                        step_faults=[faults] * 5, step_kernel_s=[kernel_s] * 5,
+                        step_cpu_s=[threads * step_s] * 5, **fields)
 
 
 def test_page_faults_blamed_only_when_many_and_costly_and_the_switch_can_act():
@@ -736,14 +739,19 @@ def test_page_faults_blamed_only_when_many_and_costly_and_the_switch_can_act():
     available = {"in_effect": False, "unavailable": None}
     churn = page_faults(fault_obs(130_000, 0.25, reuse_memory=available))
     assert churn.status == "problem" and churn.fix == "--reuse-memory"
-    assert churn.cost_s == pytest.approx(0.25) and churn.share == pytest.approx(0.25 / 1.3)
-    assert "130,000 page faults" in churn.evidence
+    # 0.25 kernel seconds over two threads busy for 1.3 s: 9.6% of the step's CPU, ~0.125 s of its wall time
+    assert churn.share == pytest.approx(0.25 / 2.6) and churn.cost_s == pytest.approx(0.125)
+    assert "130,000 page faults" in churn.evidence and "of its CPU time" in churn.evidence
+    # The same kernel seconds on one thread are twice the share: never more than the whole step.
+    assert page_faults(fault_obs(130_000, 0.25, threads=1, reuse_memory=available)).share == pytest.approx(0.25 / 1.3)
+    assert page_faults(fault_obs(130_000, 2.0, threads=1, reuse_memory=available)).share == 1.0
     own = page_faults(fault_obs(130_000, 0.25, reuse_memory=available, recipe_flags=False))
     assert own.status == "problem" and "MALLOC_MMAP_MAX_=0" in own.fix
     # A loader batch mapped from shared memory: a few thousand faults, a sliver of the step.
     assert page_faults(fault_obs(6_400, 0.004, reuse_memory=available)).status == "fine"
-    # Many faults but a cheap kernel (a long step): below the material share.
+    # Many faults but a cheap kernel (a long step): below the material share; so are 0.1 s over two busy threads.
     assert page_faults(fault_obs(50_000, 0.02, reuse_memory=available)).status == "fine"
+    assert page_faults(fault_obs(50_000, 0.1, reuse_memory=available)).status == "fine"
     on = page_faults(fault_obs(300, 0.01, reuse_memory={"in_effect": True, "unavailable": None}))
     assert on.status == "fine" and "reuse_memory is on" in on.evidence
     musl = page_faults(fault_obs(130_000, 0.25, reuse_memory={"in_effect": False, "unavailable": "needs glibc"}))
@@ -751,6 +759,19 @@ def test_page_faults_blamed_only_when_many_and_costly_and_the_switch_can_act():
     assert page_faults(fault_obs(130_000, 0.25, device="cuda:0", reuse_memory=available)).status == NOT_HERE
     uncounted = Observations("built-in", "cpu", collect_environment(), step_seconds=[1.0])
     assert page_faults(uncounted).status == NOT_HERE
+
+
+def test_page_faults_are_judged_on_the_last_watched_steps_once_malloc_has_adapted():
+    # timm's train.py on ResNet-18 as the doctor watched it: glibc moved block after block to its heap
+    from trainfast.checks import page_faults
+
+    obs = fault_obs(0, 0.0, step_s=1.5, reuse_memory={"in_effect": False, "unavailable": None})
+    obs.step_faults = [86301, 77656, 40287, 56647, 62779, 59434, 32876, 32891]
+    obs.step_kernel_s = [0.184, 0.140, 0.084, 0.115, 0.124, 0.108, 0.052, 0.060]
+    obs.step_cpu_s = [2.74, 2.76, 2.67, 2.70, 2.68, 2.66, 2.46, 2.49]
+    found = page_faults(obs)
+    assert found.status == "fine", found.evidence            # 0.060 s of 2.49 CPU s: 2.4%
+    assert "32,891 page faults" in found.evidence and "falling from 67,152" in found.evidence
 
 
 # The doctor's own run, in a fresh interpreter (its malloc settings its own): a conv net whose activations are
@@ -787,3 +808,35 @@ def test_doctor_counts_a_steps_page_faults_and_reuse_memory_removes_them():
     assert status in ("problem", "fine") and (status == "fine" or fix == "--reuse-memory"), evidence
     kept, status, _, evidence = fresh_python(DOCTOR_FAULTS.replace("{on}", "True"), drop=drop)
     assert kept < faults / 10 and status == "fine" and "reuse_memory is on" in evidence, evidence
+
+
+def test_an_own_loops_compute_dtype_is_read_from_its_autocast_or_its_weights():
+    # the matmul peak a loop is compared with is the one of the dtype it computes in, not fp32 by assumption
+    def loop(autocast: bool, cast: torch.dtype | None = None):
+        def run():
+            model = Net().to(cast) if cast else Net()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            for _ in range(8):
+                x, y = torch.randn(4, 8).to(cast or torch.float32), torch.randint(0, 3, (4,))
+                optimizer.zero_grad()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    loss = F.cross_entropy(model(x).float(), y)
+                loss.backward()
+                optimizer.step()
+        return run
+
+    from trainfast.doctor import loop_dtype
+
+    def dtype_of(run):
+        seen = []
+        watch = Watch(None, sync_window=(1, 2), stop_after=6, on_stop=lambda w: seen.append(loop_dtype(w)))
+        with watch:
+            try:
+                run()
+            except EnoughSteps:
+                pass
+        return seen[0]
+
+    assert dtype_of(loop(autocast=True)) == torch.bfloat16
+    assert dtype_of(loop(autocast=False)) == torch.float32
+    assert dtype_of(loop(autocast=False, cast=torch.bfloat16)) == torch.bfloat16

@@ -43,6 +43,7 @@ from .envcheck import collect_environment
 from .measure import detect_warmup
 from .report import doctor_section, replace_doctor_section, saves_text
 from .techniques import memory_reuse
+from .techniques.precision import DTYPES
 from .watch import EnoughSteps, Watch
 
 DEFAULT_STEPS = 10          # timed steps: a median over the steps after warm-up (the watched pass warms up)
@@ -153,11 +154,11 @@ def time_and_replay(run, batch, steps: int) -> tuple[list, list]:
 
 
 def add_page_faults(obs: Observations, counters: list, source: str) -> None:
-    """Page faults and kernel seconds per step from (before, after) kernel_counters() pairs, and whether
+    """Page faults, kernel and CPU seconds per step from (before, after) kernel_counters() pairs, and whether
     reuse_memory acts in this process."""
     steps = [memory_reuse.counted_between(before, after) for before, after in counters]
     if steps and None not in steps:
-        obs.step_faults, obs.step_kernel_s = [s[0] for s in steps], [s[1] for s in steps]
+        obs.step_faults, obs.step_kernel_s, obs.step_cpu_s = ([s[i] for s in steps] for i in range(3))
         obs.fault_source = source
     obs.reuse_memory = {"in_effect": memory_reuse.in_effect(), "unavailable": memory_reuse.unavailable()}
 
@@ -303,15 +304,24 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
     obs.compiled, obs.compile = bool(counters and counters.get("frames")), counters
     if obs.samples:
         obs.flops_per_sample, obs.ceiling_flops = loop_flops(watch, dev)
-        obs.ceiling_dtype = "fp32 (the loop's own dtype is not known)"
+        obs.ceiling_dtype = f"{DTYPE_NAMES[loop_dtype(watch)]} (the loop's)"
     obs.notes.append("own loop: the cached-batch replay needs the built-in loop; not run")
     return obs
+
+
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}      # torch.bfloat16 -> "bf16"
+
+
+def loop_dtype(watch: Watch) -> torch.dtype:
+    """The dtype of the loop's training forwards (autocast's or the weights'; Watch.compute_dtype), fp32 for
+    any other (the peak measured for a matmul in it)."""
+    return watch.compute_dtype if watch.compute_dtype in DTYPE_NAMES else torch.float32
 
 
 def loop_flops(watch: Watch, device: torch.device) -> tuple[float | None, float | None]:
     """An own loop's training FLOPs per sample, counted on a copy of its model with its last training input:
     the forward, then the backward of the sum of the outputs (a loss adds next to nothing beside the model);
-    and the fp32 matmul peak. Nones when the model cannot be copied or counted (a DDP wrapper, say)."""
+    and the matmul peak in the loop's dtype. Nones when the model cannot be copied or counted (a DDP wrapper, say)."""
     import copy
 
     from torch.utils.flop_counter import FlopCounterMode
@@ -330,7 +340,7 @@ def loop_flops(watch: Watch, device: torch.device) -> tuple[float | None, float 
             outputs = [t for t in _tensors(shadow(*watch.last_input)) if t.requires_grad]
             sum(t.float().sum() for t in outputs).backward()
         per_sample = counter.get_total_flops() / max(1, batch_samples(watch.last_input[0]))
-        return per_sample, measure_ceiling(device, torch.float32, repeats=3)
+        return per_sample, measure_ceiling(device, loop_dtype(watch), repeats=3)
     except Exception:
         return None, None
     finally:

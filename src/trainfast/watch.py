@@ -64,7 +64,7 @@ class Watch:
                  on_stop: Callable[["Watch"], None] | None = None,
                  stop_with: type[BaseException] = EnoughSteps, eval_within: float = 0.0,
                  on_finish: Callable[["Watch"], None] | None = None) -> None:
-        self.model = model
+        self.model, self.device_type = model, device_type
         self.counter = SyncCounter(device_type)
         self.sync_window, self.stop_after, self.on_stop, self.stop_with = sync_window, stop_after, on_stop, stop_with
         self.eval_within, self.on_finish = eval_within, on_finish
@@ -90,6 +90,7 @@ class Watch:
         # the trained module (for the eval-dropout check)
         self.root: weakref.ref | None = weakref.ref(model) if model is not None else None
         self.last_input: Any = None
+        self.compute_dtype: torch.dtype | None = None   # of the training forwards: autocast's, or the weights'
         self.errors: list[str] = []                 # hooks that failed (and were then skipped)
         self.stopped = False                        # the watched steps are over: nothing more is timed
         self.wait_started: float | None = None
@@ -214,6 +215,7 @@ class Watch:
         if self.stopped:
             return
         self.shapes.append(shape_of(args))
+        self.compute_dtype = compute_dtype(module, self.device_type)
         if self.root is None or self.root() is not module:
             self.root = weakref.ref(module)
         if args and self.steps >= 1 and self.last_input is None:
@@ -395,3 +397,12 @@ def _detached(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _detached(v) for k, v in value.items()}
     return value
+
+
+def compute_dtype(model: nn.Module, device_type: str) -> torch.dtype:
+    """The dtype a training forward computes its matmuls in: autocast's where the loop runs the model under it
+    (the hook runs inside the loop's `with autocast`), else the weights' own (a model cast to bf16), else fp32."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    weight = next((p for p in model.parameters() if p.is_floating_point()), None)
+    return weight.dtype if weight is not None and weight.dtype in (torch.bfloat16, torch.float16) else torch.float32

@@ -100,20 +100,22 @@ def apply(recipe) -> bool:
     return in_effect()
 
 
-def kernel_counters() -> tuple[int, float] | None:
-    """This process's page faults served without I/O (first touches of fresh pages) and its seconds of kernel
-    time so far, all its threads together (its loader workers are other processes); None without getrusage."""
+def kernel_counters() -> tuple[int, float, float] | None:
+    """This process's page faults served without I/O (first touches of fresh pages), its seconds of kernel time
+    and its seconds of CPU time (user + kernel) so far, all its threads together (its loader workers are other
+    processes); None without getrusage."""
     try:
         import resource
     except ImportError:            # Windows
         return None
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_minflt, usage.ru_stime
+    return usage.ru_minflt, usage.ru_stime, usage.ru_utime + usage.ru_stime
 
 
-def counted_between(before: tuple[int, float] | None, after: tuple[int, float] | None) -> tuple[int, float] | None:
-    """The page faults and kernel seconds between two kernel_counters() reads (None if either is missing)."""
-    return None if before is None or after is None else (after[0] - before[0], after[1] - before[1])
+def counted_between(before: tuple | None, after: tuple | None) -> tuple | None:
+    """The page faults, kernel seconds and CPU seconds between two kernel_counters() reads (None if either is
+    missing)."""
+    return None if before is None or after is None else tuple(a - b for a, b in zip(after, before))
 
 
 def in_effect() -> bool:
