@@ -746,7 +746,11 @@ def test_page_faults_blamed_only_when_many_and_costly_and_the_switch_can_act():
     assert page_faults(fault_obs(130_000, 0.25, threads=1, reuse_memory=available)).share == pytest.approx(0.25 / 1.3)
     assert page_faults(fault_obs(130_000, 2.0, threads=1, reuse_memory=available)).share == 1.0
     own = page_faults(fault_obs(130_000, 0.25, reuse_memory=available, recipe_flags=False))
-    assert own.status == "problem" and "MALLOC_MMAP_MAX_=0" in own.fix
+    assert own.status == "problem" and "MALLOC_MMAP_MAX_=0" in own.fix and "-- COMMAND`" in own.fix
+    script = page_faults(fault_obs(130_000, 0.25, reuse_memory=available, recipe_flags=False,
+                                   command=["python", "train.py", "--data", "my photos"]))
+    assert "`trainfast ablate --switches reuse_memory -- python train.py --data 'my photos'`" in script.fix
+    assert "MALLOC_TRIM_THRESHOLD_=1125899906842624 python train.py --data 'my photos'`" in script.fix
     # A loader batch mapped from shared memory: a few thousand faults, a sliver of the step.
     assert page_faults(fault_obs(6_400, 0.004, reuse_memory=available)).status == "fine"
     # Many faults but a cheap kernel (a long step): below the material share; so are 0.1 s over two busy threads.

@@ -9,6 +9,7 @@ show it; the evidence says why). Findings are ranked problems first, by the time
 """
 from __future__ import annotations
 
+import shlex
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -86,6 +87,7 @@ class Observations:
     step_cpu_s: list[float] | None = None     # per steady step: its CPU seconds (user + kernel), all threads
     fault_source: str = ""                    # which steps those were ("the cached-batch replay", "the loop's")
     reuse_memory: dict[str, Any] = field(default_factory=dict)   # {"in_effect": bool, "unavailable": str | None}
+    command: list[str] | None = None          # `doctor -- COMMAND`: the user's command, for fixes that name it
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -310,10 +312,11 @@ def page_faults(obs: Observations) -> Finding:
         return Finding(name, "time", NOT_HERE, f"{text}; reuse_memory cannot act here: {reuse['unavailable']}")
     if faults >= FAULTS_PER_STEP and share >= MATERIAL_SHARE:
         env = " ".join(f"{k}={v}" for k, v in memory_reuse.ENV.items())   # the variables ablate starts it with
+        command = shlex.join(obs.command) if obs.command else "COMMAND"
         fix = ("--reuse-memory" if obs.recipe_flags else
-               f"measure it with `trainfast ablate --switches {memory_reuse.FIELD} -- COMMAND`; keep it with "
-               f"Recipe({memory_reuse.FIELD}=True) in trainfast.Session, or start the script with {env} in its "
-               "environment")
+               f"measure it with `trainfast ablate --switches {memory_reuse.FIELD} -- {command}`; keep it with "
+               f"Recipe({memory_reuse.FIELD}=True) in trainfast.Session, or start the script with its environment: "
+               f"`{env} {command}`")
         return Finding(name, "time", "problem",
                        text + ": the C library's malloc hands the step's large freed blocks back to the kernel, which "
                        "maps and zero-fills them again on the next step; keeping them mapped saves about that share "

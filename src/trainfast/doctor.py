@@ -427,6 +427,7 @@ def observe_script(command: list[str], out_dir: Path, *, steps: int = DEFAULT_ST
         raise ScriptFailed(f"the command exited with status {code} before a single optimizer step was watched; "
                            f"its log ({out_dir / 'log.txt'}) ends:\n{tail}")
     obs = Observations(**json.loads(result.read_text()))
+    obs.command = list(command)
     if (obs.eval_wait or {}).get("outcome") == "waiting":      # stopped from here while kept going
         obs.eval_wait = {**obs.eval_wait, "outcome": "limit", "waited_s": eval_within}
         obs.notes.append("the script made no step or forward to end its evaluation wait; it was stopped from "
