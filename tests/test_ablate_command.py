@@ -139,6 +139,7 @@ def test_a_script_without_a_session_is_timed_and_only_the_process_wide_rungs_rea
         assert by_name[name]["status"] == "no-effect" and by_name[name]["throughput"] is None
         assert "does not use trainfast.Session" in by_name[name]["effect_reason"]
     assert not (out / "rungs" / "amp-r0").exists()            # never run: nothing could reach the script
+    assert "```json" not in (out / "report.md").read_text()    # no recipe to keep: the script cannot read one
     # glibc's malloc settings reach it through the environment it starts with, read back inside its process
     from trainfast.techniques import memory_reuse
     if memory_reuse.unavailable() is not None:           # not glibc: the rung is ruled out before it runs

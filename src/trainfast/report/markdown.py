@@ -63,7 +63,7 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
     lines += ["## Recommendation", "", best_line(result) + ".", ""]
     lines += [keep[0].upper() + keep[1:] + ".", ""] if keep else []
     lines += [RECOMMENDATION_RULE, ""]
-    if result.best is not None:
+    if result.best is not None and not result.settings.get("no_session"):   # a script no recipe reaches: no file
         lines += ["```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
     return lines + ["## Charts", ""] + [f"![{c.stem}]({c.name})" for c in charts] + [""]
 
