@@ -24,7 +24,7 @@ from typing import Any
 
 from .probe import MEASURE_ENV, MeasureSpec
 from .recipe import RECIPE_ENV, RecipeError
-from .techniques import memory_reuse, threads
+from .techniques import process_env
 
 SITE_DIR = Path(__file__).parent / "_site"
 
@@ -84,8 +84,7 @@ def run_environment(fields: dict[str, Any], spec: MeasureSpec) -> dict[str, str]
     which the command's process must start with; reuse_memory: glibc's malloc settings, read at its start)."""
     path = os.environ.get("PYTHONPATH", "")
     return {RECIPE_ENV: json.dumps(fields), MEASURE_ENV: spec.to_env(),
-            "PYTHONPATH": str(SITE_DIR) + (os.pathsep + path if path else ""), **threads.process_env(fields),
-            **memory_reuse.process_env(fields)}
+            "PYTHONPATH": str(SITE_DIR) + (os.pathsep + path if path else ""), **process_env(fields)}
 
 
 def command_main(argv: list[str], added_env: dict[str, str], run_dir: str, events) -> dict[str, Any]:

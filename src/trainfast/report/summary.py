@@ -7,7 +7,7 @@ import shlex
 
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
-from ..techniques import memory_reuse, threads
+from ..techniques import process_env
 from ..stats import FIRM, MIN_EFFECT
 from .format import rung_label
 
@@ -18,7 +18,7 @@ def keep_line(settings: dict, best: Recipe | None) -> str | None:
     the script with. None otherwise."""
     if not settings.get("no_session") or best is None:
         return None
-    env = {**threads.process_env(best), **memory_reuse.process_env(best)}
+    env = process_env(best)
     if not env:
         return None
     command = shlex.join(settings.get("command") or ["COMMAND"])

@@ -20,12 +20,19 @@ if TYPE_CHECKING:
 # The switches that reach a process through the environment it starts with (the OpenMP wait policy, glibc's
 # malloc settings), whatever its code: the ablation starts a user's command with them, so they act on a script
 # that the recipe cannot reach otherwise (no trainfast.Session, no framework adapter).
-PROCESS_WIDE = (threads.FIELD, memory_reuse.FIELD)
+_PROCESS_MODULES = (threads, memory_reuse)
+PROCESS_WIDE = tuple(m.FIELD for m in _PROCESS_MODULES)
+
+
+def process_env(fields) -> dict[str, str]:
+    """The variables a process must start with for the process-wide switches a recipe (or a run's dict of
+    switched fields) turns on: what the ablation adds to a command's environment, and what keeps them."""
+    return {k: v for m in _PROCESS_MODULES for k, v in m.process_env(fields).items()}
 
 
 def process_wide_in_effect() -> dict[str, bool]:
     """Each process-wide switch read back in this process: whether it started with (or set) the setting."""
-    return {threads.FIELD: threads.in_effect(), memory_reuse.FIELD: memory_reuse.in_effect()}
+    return {m.FIELD: m.in_effect() for m in _PROCESS_MODULES}
 
 
 def field_effect(field: str, device: torch.device, model: nn.Module | None, split=None) -> Effect:
