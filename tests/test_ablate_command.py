@@ -152,6 +152,22 @@ def test_a_script_without_a_session_is_timed_and_only_the_process_wide_rungs_rea
 
 
 @pytest.mark.slow
+def test_the_default_ladder_on_a_script_without_a_session_times_what_can_reach_it(tmp_path):
+    out = tmp_path / "default"
+    proc, results = ablate(out, "--repeats", "2", "--settle-within", "0",
+                           command=[sys.executable, str(ROOT / "examples" / "plain_loop.py"), "--epochs", "100"])
+    by_name = rungs(results)
+    assert by_name["amp"]["status"] == "no-effect" and by_name["channels_last"]["status"] == "no-effect"
+    passive = by_name["passive_threads"]
+    assert passive["status"] == "done" and passive["throughput"] > 0, passive
+    assert [run["process_switches"]["passive_threads"] for run in passive["runs"]] == [True, True]
+    assert "added to the default ladder" in passive["effect_reason"]
+    started = json.loads((out / "rungs" / "passive_threads-r0" / "command.json").read_text())["env"]
+    assert started["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "added to the default ladder" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
 def test_nproc_2_runs_every_rung_under_torchrun(tmp_path):
     out = tmp_path / "ddp"
     proc, results = ablate(out, "--rungs", "amp", "--repeats", "1", "--nproc", "2",

@@ -254,3 +254,74 @@ def test_the_baseline_of_a_script_without_a_session_is_labelled_as_its_own_setti
     assert rung_label(base) == "baseline (the script's own settings)"   # e.g. timm's train.py --amp: not fp32
     base.repeats[0]["frameworks"] = {"lightning": {"version": "2.6"}}    # an adapter turned its precision off
     assert rung_label(base) == "baseline (fp32)"
+
+
+def grown_ladder(tmp_path, session: bool, mode: str = "cumulative", resume: bool = False):
+    """The default ladder on a command (baseline, amp, channels_last) run with a fake launch whose script
+    does (or does not) create a Session; the process-wide rungs are held back for a script without one."""
+    import dataclasses
+
+    from conftest import scored_rung
+
+    from trainfast.ablation.ladders import plan_rungs
+    from trainfast.ablation.loop import LadderOptions, run_ladder
+    from trainfast.techniques import PROCESS_WIDE, memory_reuse
+
+    base = command_work().base
+    plan = plan_rungs(base, ["amp", "channels_last"], mode, "bf16", command_work().dev)
+    grown = plan_rungs(base, list(PROCESS_WIDE), mode, "bf16", command_work().dev)[1:]
+    template = scored_rung("x", [500.0], 0.95).repeats[0]
+    launched = []
+
+    class Fake(type(command_work())):
+        def launcher(self, measure):
+            def launch(rung, recipe, budget, run_dir, display, limit):
+                launched.append((rung.name, recipe.seed))
+                env = memory_reuse.unavailable() is None
+                switches = {"passive_threads": recipe.passive_threads, "reuse_memory": recipe.reuse_memory and env}
+                return {**template, "seed": recipe.seed, "session": session, "process_switches": switches}
+            return launch
+
+    work = Fake(**{f.name: getattr(command_work(), f.name) for f in dataclasses.fields(command_work())})
+    work.if_no_session = grown
+    options = LadderOptions(mode=mode, repeats=2, noise_seeds=2, show=False, settle_within_s=0, resume=resume)
+    settings = {"repeats": 2, "budget": dataclasses.asdict(work.budget), "min_effect": 0.05}
+    result = run_ladder(plan, work, settings, tmp_path / f"{session}-{mode}", options)
+    return result, launched
+
+
+def test_the_default_ladder_gains_the_process_wide_rungs_once_the_baseline_shows_no_session(tmp_path):
+    from trainfast.results import Effect, Status
+    from trainfast.techniques import memory_reuse
+
+    result, launched = grown_ladder(tmp_path, session=False)
+    by_name = {r.name: r for r in result.rungs}
+    assert [r.name for r in result.rungs] == ["baseline", "amp", "channels_last", "passive_threads", "reuse_memory"]
+    for name in ("amp", "channels_last"):
+        assert by_name[name].effect == Effect.NO_SESSION and "--switches" not in by_name[name].reason
+    grown = ["passive_threads"] + (["reuse_memory"] if memory_reuse.unavailable() is None else [])
+    # interleaved with the baseline, pass by pass, every added rung timed as often as it
+    assert launched == [(name, seed) for seed in (0, 1) for name in ["baseline", *grown]]
+    for name in grown:
+        assert by_name[name].status == Status.DONE and len(by_name[name].repeats) == 2
+        assert "added to the default ladder: the script has no trainfast.Session" in by_name[name].reason
+    assert by_name["reuse_memory"].recipe.passive_threads           # cumulative: it builds on the rung above
+    assert result.settings["added_rungs"] == ["passive_threads", "reuse_memory"]
+    assert "added to the default ladder" in (result.out_dir / "report.md").read_text()
+    # resumed: the baseline read back grows the plan the same way, and every run is read back, none launched
+    again, launched = grown_ladder(tmp_path, session=False, resume=True)
+    assert launched == [] and [r.name for r in again.rungs] == [r.name for r in result.rungs]
+    assert [len(r.repeats) for r in again.rungs] == [len(r.repeats) for r in result.rungs]
+
+
+def test_each_mode_adds_every_process_wide_rung_on_the_baseline_alone(tmp_path):
+    result, _ = grown_ladder(tmp_path, session=False, mode="each")
+    reuse = {r.name: r for r in result.rungs}["reuse_memory"]
+    assert reuse.changes == {"reuse_memory": True} and not reuse.recipe.passive_threads
+
+
+def test_a_script_with_a_session_keeps_the_ladder_it_was_given(tmp_path):
+    result, launched = grown_ladder(tmp_path, session=True)
+    assert [r.name for r in result.rungs] == ["baseline", "amp", "channels_last"]
+    assert {name for name, _ in launched} == {"baseline", "amp", "channels_last"}
+    assert "added_rungs" not in result.settings

@@ -8,6 +8,7 @@ import torch
 
 from ..recipe import Recipe, resolve_device
 from ..results import AblationResult, Status
+from ..techniques import PROCESS_WIDE
 from .ladders import plan_rungs
 from .loop import LadderOptions, check_positive_int, run_ladder
 from .work import BuiltinSpec, prepare_builtin, prepare_command
@@ -69,16 +70,20 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
     timed. `measure="full"`: each runs to its end and the metric it reports with `tf.report` (`metric`,
     default the first one reported; `goal` "max" or "min", default "min" for names with loss/error in them)
     is compared with the baseline's noise band, as the built-in ablation compares accuracy. A command that
-    never creates a trainfast.Session is measured too (steps/s from the global optimizer hook); every other
-    rung is then reported as having no effect on it. `options`: as ablate()'s."""
+    never creates a trainfast.Session is measured too (steps/s from the global optimizer hook): the rungs of
+    process-wide switches are timed on it (the default ladder gains them once its baseline shows no Session),
+    every other rung is reported as having no effect on it. `options`: as ablate()'s."""
     plan_opts, opts = split_options(options)
     if measure != "full":           # speed mode: nothing to judge accuracy on, so no extra baseline seeds
         opts = dataclasses.replace(opts, noise_seeds=opts.repeats)
     base = recipe or Recipe()
     dev = resolve_device(device)
-    plan = plan_rungs(base, plan_opts.get("rungs"), opts.mode, plan_opts.get("amp_dtype", "auto"), dev)
+    amp = plan_opts.get("amp_dtype", "auto")
+    plan = plan_rungs(base, plan_opts.get("rungs"), opts.mode, amp, dev)
+    # The default ladder on a script without a Session: what can reach it is added once its baseline shows that.
+    grown = [] if plan_opts.get("rungs") else plan_rungs(base, list(PROCESS_WIDE), opts.mode, amp, dev)[1:]
     work = prepare_command(command, [r.changes for r in plan], recipe=base, device=device, nproc=plan_opts["nproc"],
-                           measure=measure, budget=opts.budget, metric=metric, goal=goal)
+                           measure=measure, budget=opts.budget, metric=metric, goal=goal, if_no_session=grown)
     work.mark_effects(plan)
     settings = {**work.settings, "measure": measure, "metric": {"name": metric, "goal": goal}, "mode": opts.mode,
                 "repeats": opts.repeats, "noise_seeds": opts.noise_seeds, "device": str(dev),

@@ -121,6 +121,7 @@ class LadderRun:
         self.after_run = work.after_run(plan)
         self.repeats, self.noise_seeds = options.repeats, options.noise_seeds
         self.measured = [r for r in plan if r.status != Status.NO_EFFECT]
+        self.known = {id(r) for r in plan}          # the rungs planned; any other is one a run made the work add
         # Interleaved: repeat 0 of every rung, then repeat 1 of every rung, ...; the baseline's extra seeds last.
         self.queue = [(rung, i, options.budget) for i in range(self.repeats) for rung in self.measured]
         self.queue += [(plan[0], i, None) for i in range(self.repeats, self.noise_seeds)]
@@ -197,8 +198,28 @@ class LadderRun:
             self.pass_times[i][1] = time.monotonic()
         if self.after_run is not None:
             self.after_run(rung, result)
+            self.take_added_rungs()
         if self.opts.time_budget_s is not None and self.cut is None and "error" not in result:
             self.fit_budget(result)
+
+    def take_added_rungs(self) -> None:
+        """Rungs the work added to the plan after a run (work.py: a script's default ladder, grown by what can
+        reach it) join every pass not yet over, each run queued right after the baseline's run of its pass, so
+        they stay interleaved with it like the planned rungs."""
+        added = [r for r in self.plan if id(r) not in self.known]
+        self.known.update(id(r) for r in added)
+        added = [r for r in added if r.status != Status.NO_EFFECT]
+        if not added:
+            return
+        self.measured += added
+        base = self.plan[0]
+        queued = {i for r, i, budget in self.queue if r is base and budget is not None}
+        runs = [(r, i, self.opts.budget) for i in range(self.repeats) if i not in queued for r in added]
+        for entry in self.queue:
+            runs.append(entry)
+            if entry[0] is base and entry[2] is not None:
+                runs += [(r, entry[1], entry[2]) for r in added]
+        self.queue = runs
 
     def time_limit(self) -> float | None:
         """--rung-timeout, or by default 10x the baseline's first run (at least 5 minutes: compilation alone

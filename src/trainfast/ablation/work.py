@@ -192,6 +192,9 @@ class CommandWork:
     # What its runs revealed for the report (a framework, the script's own settings): kept apart from `settings`,
     # which identify the work when a run folder is resumed.
     learned: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The default ladder's rungs for a script no recipe reaches: added to the plan once its baseline shows it
+    # has neither a Session nor a framework adapter (the process-wide switches, the only ones that can act).
+    if_no_session: list[Rung] = dataclasses.field(default_factory=list)
 
     def fields(self, recipe: Recipe) -> dict[str, Any]:
         """What reaches the script: only the switched fields, so its own settings (grad_accum_steps,
@@ -264,6 +267,7 @@ class CommandWork:
             # Only the process-wide switches reach it (the environment its process starts with): a rung of
             # those alone is timed, every other rung has no effect.
             self.learned["no_session"] = True
+            self.grow(plan)
             why = no_session_reason([r.changes for r in plan[1:]])
             base = plan[0].recipe.to_dict()
             for other in plan[1:]:
@@ -274,6 +278,23 @@ class CommandWork:
                 if carried and other.status != Status.NO_EFFECT:
                     other.reason = (f"its runs had the process-wide switches only: {', '.join(carried)}, carried "
                                     "from the rungs above, cannot reach a script without a Session")
+
+
+    def grow(self, plan: list[Rung]) -> None:
+        """Once, on a script without a Session: the default ladder's process-wide rungs join the plan (the loop
+        queues their runs), each ruled out first where this machine cannot run it (reuse_memory off glibc)."""
+        added, self.if_no_session = self.if_no_session, []
+        if not added:
+            return
+        mark_effects([plan[0], *added], self.dev)
+        for rung in added:
+            rung.reason = f"{GROWN}; {rung.reason}" if rung.reason else GROWN
+        plan.extend(added)
+        self.learned["added_rungs"] = [r.name for r in added]
+
+
+GROWN = ("added to the default ladder: the script has no trainfast.Session, and this switch reaches it through "
+         "the environment its process starts with")
 
 
 def note_carried(rung: Rung, sections: dict[str, Any]) -> None:
@@ -289,18 +310,21 @@ def note_carried(rung: Rung, sections: dict[str, Any]) -> None:
 
 def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], *, recipe: Recipe | None,
                     device: str, nproc: int, measure: str, budget: TimingBudget, metric: str | None = None,
-                    goal: str | None = None) -> CommandWork:
+                    goal: str | None = None, if_no_session: Sequence[Rung] = ()) -> CommandWork:
     """The command checked before any run (empty, not on PATH, a missing script, a Python that cannot import
-    trainfast), and the fields its runs may switch: every field some candidate changes."""
+    trainfast), and the fields its runs may switch: every field some candidate changes, those of the rungs
+    added for a script without a Session (`if_no_session`) included."""
     from ..launch import Command, check_command
 
     check_measure(measure, goal)
     start_rung_server()
     cmd = Command(tuple(command), nproc, measure)
     check_command(cmd)
-    switched = sorted({k for changes in plan_changes for k in changes} | {"seed"})
+    switched = sorted({k for changes in [*plan_changes, *(r.changes for r in if_no_session)] for k in changes}
+                      | {"seed"})
     settings = {"command": list(cmd.argv), "nproc": nproc, "cwd": os.getcwd()}
-    return CommandWork(cmd, resolve_device(device), recipe or Recipe(), switched, budget, settings, metric, goal)
+    return CommandWork(cmd, resolve_device(device), recipe or Recipe(), switched, budget, settings, metric, goal,
+                       if_no_session=list(if_no_session))
 
 
 def check_measure(measure: str, goal: str | None) -> None:

@@ -15,7 +15,8 @@ def rung_notes(result: AblationResult) -> list[str]:
     their log tails, then each rung's caveats and a rate above the measured ceiling."""
     rungs = result.rungs
     items = framework_notes(result.settings)
-    items += [ruled_out_note(r) for r in rungs if r.status == Status.NO_EFFECT]
+    items += no_session_note([r for r in rungs if r.status == Status.NO_EFFECT and r.effect == Effect.NO_SESSION])
+    items += [ruled_out_note(r) for r in rungs if r.status == Status.NO_EFFECT and r.effect != Effect.NO_SESSION]
     items += [f"- **{rung_label(r)}**: {r.reason}" for r in rungs if r.status in (Status.DONE, Status.SKIPPED) and r.reason]
     items += [failure_note(r) for r in rungs if r.status == Status.FAILED]
     items += [f"- **{rung_label(r)}**: {text}" for r in rungs for text in caveats(r)]
@@ -39,6 +40,14 @@ def framework_notes(settings: dict) -> list[str]:
     if settings.get("baseline_not_applied"):
         items.append(f"- **baseline**: not every switch was turned off: {settings['baseline_not_applied']}")
     return items
+
+
+def no_session_note(rungs: list[Rung]) -> list[str]:
+    """The rungs a script without a Session cannot take, in one item per reason (one reason, in practice)."""
+    by_reason: dict[str, list[str]] = {}
+    for rung in rungs:
+        by_reason.setdefault(rung.reason, []).append(rung_label(rung))
+    return [f"- **{', '.join(labels)}**: no effect — {reason}" for reason, labels in by_reason.items()]
 
 
 def ruled_out_note(rung: Rung) -> str:

@@ -58,8 +58,8 @@ def table_rows(rungs: list[Rung], columns: Columns = Columns()) -> list[list[str
 def unmeasured_text(rung: Rung) -> str | None:
     """Why a rung has no numbers (ruled out, failed, cut by the time budget); None for one that has or will."""
     if rung.status == Status.NO_EFFECT:
-        if rung.effect == Effect.NO_SESSION:
-            return "no effect: " + rung.reason
+        if rung.effect == Effect.NO_SESSION:        # the same reason on every such rung: given once in the notes
+            return "no effect: the script has no trainfast.Session (see notes)"
         if rung.effect == Effect.NOT_APPLICABLE:
             return "not applicable: " + short(rung.reason)
         if rung.effect == Effect.NOT_APPLIED:
