@@ -19,3 +19,26 @@ def test_timm_model_by_name_with_small_images_and_random_init():
 def test_unknown_model_suggests_close_names():
     with pytest.raises(ModelError, match="did you mean.*resnet50"):
         check_model_name("resnet5O")
+
+
+def test_an_input_the_model_cannot_take_is_refused_before_training_with_the_size_it_takes():
+    from trainfast.models import check_input_size
+
+    model = build_model("convnext_atto", num_classes=10)       # downsamples 32x: 16 px leaves nothing to its last stage
+    before = torch.random.get_rng_state()
+    with pytest.raises(ModelError, match=r"--model convnext_atto cannot take 16x16 images \(--image-size 16\).*"
+                                         r"it takes --image-size 32"):
+        check_input_size(model, "convnext_atto", (3, 16, 16))
+    check_input_size(model, "convnext_atto", (3, 32, 32))
+    assert model.training and torch.equal(torch.random.get_rng_state(), before)    # mode and seed left as found
+
+
+def test_the_input_check_leaves_the_random_state_as_found_even_for_a_layer_it_initializes():
+    from trainfast.models import check_input_size
+
+    torch.manual_seed(0)
+    expected = torch.nn.LazyLinear(4)(torch.zeros(2, 8))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(4))
+    check_input_size(model, "lazy", (2, 2, 2))
+    assert torch.equal(model(torch.zeros(2, 2, 2, 2)), expected)

@@ -76,3 +76,41 @@ def build_model(name: str, num_classes: int, image_size: int | None = None) -> n
             if "img_size" not in str(exc):
                 raise
     return timm.create_model(name, **kwargs)
+
+
+HINT_SIZES = (32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384)   # tried for the hint when a size is refused
+
+
+def check_input_size(model: nn.Module, name: str, sample_shape: tuple[int, ...]) -> None:
+    """Refuse, before any training, an input a model cannot take (a net that downsamples 32x given 16 px
+    images fails in its last stages, mid-run otherwise): one forward of two blank samples in eval mode, with
+    the random state kept (a lazy layer initialized here must not shift the run's seed), and the error names
+    the model, the size and the smallest of HINT_SIZES the model takes."""
+    try:
+        forward_blank(model, sample_shape)
+    except (RuntimeError, ValueError, AssertionError) as exc:
+        channels, height, width = sample_shape[-3:]
+        fits = next((size for size in HINT_SIZES if size > min(height, width)
+                     and fits_size(model, (channels, size, size))), None)
+        hint = f"; it takes --image-size {fits}" if fits else ""
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"--model {name} cannot take {height}x{width} images (--image-size {height}): {first}"
+                         f"{hint}") from exc
+
+
+def forward_blank(model: nn.Module, sample_shape: tuple[int, ...]) -> None:
+    was_training = model.training
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            model.eval()
+            model(torch.zeros((2, *sample_shape)))
+    finally:
+        model.train(was_training)
+
+
+def fits_size(model: nn.Module, sample_shape: tuple[int, ...]) -> bool:
+    try:
+        forward_blank(model, sample_shape)
+    except (RuntimeError, ValueError, AssertionError):
+        return False
+    return True

@@ -87,9 +87,12 @@ class Classification:
         check_model_name(name)
 
     def build_model(self, name: str, split) -> nn.Module:
-        from ..models import build_model
+        """The named model, checked on the split's input shape before any training (models.check_input_size)."""
+        from ..models import build_model, check_input_size
 
-        return build_model(name, split.num_classes, split.image_size)
+        model = build_model(name, split.num_classes, split.image_size)
+        check_input_size(model, name, tuple(first_readable(split.train).shape))
+        return model
 
     def validate(self, recipe) -> None:
         if recipe.group_aspect_ratio:
