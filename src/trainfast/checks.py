@@ -246,17 +246,22 @@ def syncs(obs: Observations) -> Finding:
     text = (f"{per_step:g} per step from the loop over {obs.sync_steps} counted steps"
             + (f" ({lines})" if lines else "")
             + (f"; trainfast's own metric reads: {ours / obs.sync_steps:g} per step (once a log window)" if ours else ""))
-    text += ("" if obs.cuda else "; on the CPU nothing runs ahead of the host, so they cost nothing here: counted "
-             "because each one stalls a GPU")
-    if per_step >= SYNCS_PER_STEP:
-        return Finding(name, "mistake", "problem", text, fix=sync_fix(user))
-    return Finding(name, "mistake", "fine", text)
+    if per_step < SYNCS_PER_STEP:
+        return Finding(name, "mistake", "fine", text)
+    if not obs.cuda:
+        # On the CPU the host is the device: a read waits for nothing, so calling it a problem here would be a
+        # false alarm on the many correct loops that log loss.item() every step. Counted, with what a GPU would pay.
+        return Finding(name, "mistake", "measured", text + "; on the CPU nothing runs ahead of the host, so they cost "
+                       f"nothing here; on a GPU each one stalls it until its queued work is done: {sync_fix(user)}")
+    return Finding(name, "mistake", "problem", text, fix=sync_fix(user))
 
 
 @check
 def compute(obs: Observations) -> Finding:
     name = "compute throughput vs matmul peak"
-    if not obs.flops_per_sample or not obs.ceiling_flops or not obs.samples or not obs.step_seconds:
+    if not obs.step_seconds:
+        return Finding(name, "time", NOT_HERE, untimed(obs))
+    if not obs.flops_per_sample or not obs.ceiling_flops or not obs.samples:
         return Finding(name, "time", NOT_HERE, "the model's FLOPs or the samples per step are unknown for this loop")
     rate = statistics.median(obs.samples) / obs.step_s
     achieved = rate * obs.flops_per_sample
@@ -283,13 +288,22 @@ def memory(obs: Observations) -> Finding:
     return Finding("memory peak vs capacity", "time", "measured", text)
 
 
+def untimed(obs: Observations) -> str:
+    """Why no step was timed: the loop ended inside the watched steps that are counted but not timed."""
+    return (f"no step was timed: the loop made {obs.steps_run} optimizer step(s) and ended before the timed ones "
+            "(the first steps are watched for syncs and warm-up, untimed); give it more steps (more --epochs or "
+            "data) for the time checks")
+
+
 @check
 def page_faults(obs: Observations) -> Finding:
     name = "page faults: fresh memory every step"
     if obs.cuda:
         return Finding(name, "time", NOT_HERE, "on a GPU the step's tensors come from the device's caching allocator; "
                        "the host's page faults are not the step's cost")
-    if not obs.step_faults or not obs.step_kernel_s or not obs.step_s:
+    if not obs.step_seconds:
+        return Finding(name, "time", NOT_HERE, untimed(obs))
+    if not obs.step_faults or not obs.step_kernel_s:
         return Finding(name, "time", NOT_HERE, "this platform does not count a process's page faults (getrusage)")
     # glibc's malloc raises its mmap threshold (up to 32 MiB) each time it unmaps a freed block, so a loop's
     # first steps fault more than its later ones: the verdict is on the last third of the watched steps.

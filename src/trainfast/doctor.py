@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from .checks import Finding, Observations, run_checks
+from .checks import Finding, Observations, run_checks, untimed
 from .engine import train_one_epoch
 from .envcheck import collect_environment
 from .measure import detect_warmup
@@ -501,6 +501,8 @@ def print_findings(findings: list[Finding], obs: Observations, console=None) -> 
     for i, f in enumerate(findings, 1):
         table.add_row(str(i), f"[{style.get(f.status, '')}]{f.status}[/]", f.name, saves_text(f.cost_s, f.share, f.status))
     console.print(table)
+    if obs.steps_run and not obs.step_seconds:
+        console.print(f"[bold]note:[/bold] {untimed(obs)}", highlight=False)
     for i, f in enumerate(findings, 1):
         console.print(f"[bold]{i}. {f.name}[/bold] [{style.get(f.status, '')}]{f.status}[/]: {f.evidence}",
                       highlight=False)
