@@ -184,6 +184,27 @@ def test_a_loop_that_ends_before_its_timed_steps_is_told_so_not_that_the_platfor
     assert "note: no step was timed" in capsys.readouterr().out
 
 
+def compute_obs(fraction: float, half: tuple[str, float] | None, recipe_flags: bool = True) -> Observations:
+    """A loop at `fraction` of a 200 GFLOP/s fp32 roof: 100 samples/s x (fraction x 2) GFLOP/sample."""
+    obs = Observations("own loop", "cpu", collect_environment())
+    obs.step_seconds, obs.samples = [1.0, 1.0, 1.0], [100, 100, 100]
+    obs.flops_per_sample, obs.ceiling_flops, obs.ceiling_dtype = fraction * 2e9, 200e9, "fp32"
+    obs.half_ceiling, obs.recipe_flags = half, recipe_flags
+    return obs
+
+
+def test_a_compute_bound_fp32_loop_is_shown_the_half_types_higher_roof():
+    near = finding(run_checks(compute_obs(0.8, ("bf16", 440e9))), "compute throughput vs matmul peak")
+    assert near.status == "measured"                       # a lever, not a mistake: fp32 is the user's choice
+    assert "measured bf16 matmul peak is 440 GFLOP/s (2.2x): mixed precision raises the roof" in near.evidence
+    assert "`--precision bf16`" in near.evidence
+    script = finding(run_checks(compute_obs(0.8, ("bf16", 440e9), recipe_flags=False)), "compute throughput vs matmul peak")
+    assert "autocast in bf16" in script.evidence and "--switches amp -- COMMAND" in script.evidence
+    # far from the roof (input- or overhead-bound), a half type barely faster, or none fast here: nothing added
+    for obs in (compute_obs(0.3, ("bf16", 440e9)), compute_obs(0.8, ("bf16", 250e9)), compute_obs(0.8, None)):
+        assert "raises the roof" not in finding(run_checks(obs), "compute throughput vs matmul peak").evidence
+
+
 def test_the_same_per_step_reads_are_a_problem_on_a_gpu():
     import dataclasses
 

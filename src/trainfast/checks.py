@@ -25,6 +25,8 @@ INPUT_BOUND_SHARE = 0.20  # "input-bound": the loop waits for data >= 20% of eac
 SYNCS_PER_STEP = 0.5    # a read every other step or more often is a per-step read; trainfast's own Meter
                         # reads once every log_every steps (0.2 per step at the default 10)
 LAUNCH_BOUND_BUSY = 0.5  # CUDA: the device computes < 50% of the step while the loop is not waiting for data
+NEAR_ROOF = 0.5          # a loop at half its dtype's matmul peak or more is compute-bound: a higher roof pays there
+HALF_ROOF = 1.5          # a half type's peak must be this much above fp32's to be named (AMX/AVX512-BF16: 2-6x)
 FAULTS_PER_STEP = 10_000  # page faults a step must take before they are blamed: 40 MB of fresh 4 KiB pages a step
                           # is memory churn (a ResNet-18 step at 128 px, batch 128: ~130,000); a loader's batch
                           # mapped from shared memory is a few thousand and no allocator setting removes it
@@ -77,6 +79,9 @@ class Observations:
     flops_per_sample: float | None = None
     ceiling_flops: float | None = None
     ceiling_dtype: str | None = None
+    # An fp32 loop on hardware with a fast half type: (its name, its measured matmul peak), the higher roof
+    # mixed precision would give; None otherwise.
+    half_ceiling: tuple[str, float] | None = None
     memory: dict[str, Any] = field(default_factory=dict)
     compiled: bool = False
     compile: dict[str, Any] | None = None
@@ -265,10 +270,27 @@ def compute(obs: Observations) -> Finding:
         return Finding(name, "time", NOT_HERE, "the model's FLOPs or the samples per step are unknown for this loop")
     rate = statistics.median(obs.samples) / obs.step_s
     achieved = rate * obs.flops_per_sample
-    return Finding(name, "time", "measured",
-                   f"{rate:,.0f} samples/s x {obs.flops_per_sample / 1e6:,.1f} MFLOP/sample = {achieved / 1e9:,.1f} "
-                   f"GFLOP/s, {_pct(achieved / obs.ceiling_flops)} of the measured {obs.ceiling_dtype} matmul peak "
-                   f"({obs.ceiling_flops / 1e9:,.0f} GFLOP/s)")
+    text = (f"{rate:,.0f} samples/s x {obs.flops_per_sample / 1e6:,.1f} MFLOP/sample = {achieved / 1e9:,.1f} "
+            f"GFLOP/s, {_pct(achieved / obs.ceiling_flops)} of the measured {obs.ceiling_dtype} matmul peak "
+            f"({obs.ceiling_flops / 1e9:,.0f} GFLOP/s)")
+    return Finding(name, "time", "measured", text + higher_roof(obs, achieved / obs.ceiling_flops))
+
+
+def higher_roof(obs: Observations, fraction: float) -> str:
+    """Where an fp32 loop computes near its roof and the machine's half type has a measured peak HALF_ROOF
+    times higher, that roof and the switch that reaches it: the largest lever a compute-bound loop has (a
+    lever, not a mistake: fp32 is a choice the ablation's accuracy column weighs)."""
+    if not obs.half_ceiling or fraction < NEAR_ROOF:
+        return ""
+    half, peak = obs.half_ceiling
+    if peak < HALF_ROOF * obs.ceiling_flops:
+        return ""
+    how = (f"`--precision {half}` (`trainfast ablate --switches amp` measures it, accuracy included)"
+           if obs.recipe_flags else
+           f"autocast in {half} around the forward and the loss (a Session's precision switch: `trainfast ablate "
+           "--switches amp -- COMMAND` measures it)")
+    return (f"; the loop computes in fp32 near that roof, and this machine's measured {half} matmul peak is "
+            f"{peak / 1e9:,.0f} GFLOP/s ({peak / obs.ceiling_flops:.1f}x): mixed precision raises the roof, {how}")
 
 
 @check

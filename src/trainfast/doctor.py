@@ -122,6 +122,7 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
     obs.num_workers = recipe.num_workers
     obs.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
     obs.ceiling_dtype = recipe.precision
+    obs.half_ceiling = half_ceiling(dev, recipe.precision) if obs.ceiling_flops else None
     obs.compiled, obs.compile, obs.recompiles = recipe.compile, compile_counters(), recompiles
     obs.notes.append(f"recipe: {json.dumps(recipe.to_dict())}")
     return obs
@@ -305,11 +306,26 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
     if obs.samples:
         obs.flops_per_sample, obs.ceiling_flops = loop_flops(watch, dev)
         obs.ceiling_dtype = f"{DTYPE_NAMES[loop_dtype(watch)]} (the loop's)"
+        obs.half_ceiling = half_ceiling(dev, DTYPE_NAMES[loop_dtype(watch)]) if obs.ceiling_flops else None
     obs.notes.append("own loop: the cached-batch replay needs the built-in loop; not run")
     return obs
 
 
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}      # torch.bfloat16 -> "bf16"
+
+
+def half_ceiling(device: torch.device, precision: str) -> tuple[str, float] | None:
+    """For an fp32 loop: the half type mixed precision would use here and its measured matmul peak; None for a
+    loop already in a half type, or where the half type runs in slow generic kernels (no bf16/fp16 hardware)."""
+    from .measure import measure_ceiling
+    from .techniques.precision import auto_amp_dtype, slow_half_reason
+
+    if precision != "fp32":
+        return None
+    half = auto_amp_dtype(device)
+    if slow_half_reason(device, half):
+        return None
+    return half, measure_ceiling(device, DTYPES[half], repeats=3)
 
 
 def loop_dtype(watch: Watch) -> torch.dtype:
