@@ -60,7 +60,9 @@ class Display:
     def start_rung(self, rung: Rung, seed: int, run: int = 1, runs: int = 1) -> None:
         if self.task is not None:
             self.progress_bar.remove_task(self.task)
-        what = f"{rung_label(rung)} — seed {seed}, run {run} of {runs}"
+        # A command's first baseline run: whether a recipe reaches it (and so its precision) is known only after it.
+        label = "baseline" if rung.name == "baseline" and not rung.repeats and "command" in self.settings else rung_label(rung)
+        what = f"{label} — seed {seed}, run {run} of {runs}"
         self.task = self.progress_bar.add_task(what, total=None, loss="…")
         if self.show and self.live is None:
             self.console.print(f"running {what} …")
