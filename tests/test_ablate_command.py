@@ -15,6 +15,7 @@ from trainfast.procs import read_log_tail
 
 ROOT = Path(__file__).resolve().parents[1]
 ADOPTED = str(ROOT / "examples" / "adopted_loop.py")
+PLAIN_LOOP = [sys.executable, str(ROOT / "examples" / "plain_loop.py"), "--epochs", "100"]   # no Session in it
 
 
 def ablate(out: Path, *flags: str, command: list[str], check: bool = True) -> tuple[subprocess.CompletedProcess, dict]:
@@ -128,8 +129,7 @@ def test_a_failing_rung_is_reported_and_the_others_finish(tmp_path):
 @pytest.mark.slow
 def test_a_script_without_a_session_is_timed_and_only_the_process_wide_rungs_reach_it(tmp_path):
     out = tmp_path / "plain"
-    proc, results = ablate(out, "--rungs", "amp,set_to_none,reuse_memory", "--repeats", "1",
-                           command=[sys.executable, str(ROOT / "examples" / "plain_loop.py"), "--epochs", "100"])
+    proc, results = ablate(out, "--rungs", "amp,set_to_none,reuse_memory", "--repeats", "1", command=PLAIN_LOOP)
     by_name = rungs(results)
     base = by_name["baseline"]
     assert base["status"] == "done" and base["runs"][0]["session"] is False
@@ -154,8 +154,7 @@ def test_a_script_without_a_session_is_timed_and_only_the_process_wide_rungs_rea
 @pytest.mark.slow
 def test_the_default_ladder_on_a_script_without_a_session_times_what_can_reach_it(tmp_path):
     out = tmp_path / "default"
-    proc, results = ablate(out, "--repeats", "2", "--settle-within", "0",
-                           command=[sys.executable, str(ROOT / "examples" / "plain_loop.py"), "--epochs", "100"])
+    proc, results = ablate(out, "--repeats", "2", "--settle-within", "0", command=PLAIN_LOOP)
     by_name = rungs(results)
     assert by_name["amp"]["status"] == "no-effect" and by_name["channels_last"]["status"] == "no-effect"
     passive = by_name["passive_threads"]

@@ -40,10 +40,10 @@ from torch import nn
 from .checks import Finding, Observations, run_checks, untimed
 from .engine import train_one_epoch
 from .envcheck import collect_environment
-from .measure import detect_warmup
+from .measure import detect_warmup, measure_ceiling
 from .report import doctor_section, replace_doctor_section, saves_text
 from .techniques import memory_reuse
-from .techniques.precision import DTYPES
+from .techniques.precision import DTYPES, auto_amp_dtype, slow_half_reason
 from .watch import EnoughSteps, Watch
 
 DEFAULT_STEPS = 10          # timed steps: a median over the steps after warm-up (the watched pass warms up)
@@ -217,8 +217,7 @@ def capacity(device: torch.device) -> int:
 def measure_flops(model: nn.Module, loss_fn: Callable, batch, recipe, device: torch.device):
     """(training FLOPs per sample on this batch, the matmul peak in the run's dtype), or Nones when the
     counter cannot trace the model. The same two instruments the ablation's `% of matmul peak` uses."""
-    from .measure import count_train_flops, measure_ceiling
-    from .techniques.precision import DTYPES
+    from .measure import count_train_flops
 
     inputs, targets = batch[0], batch[1]
     try:
@@ -305,8 +304,9 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
     obs.compiled, obs.compile = bool(counters and counters.get("frames")), counters
     if obs.samples:
         obs.flops_per_sample, obs.ceiling_flops = loop_flops(watch, dev)
-        obs.ceiling_dtype = f"{DTYPE_NAMES[loop_dtype(watch)]} (the loop's)"
-        obs.half_ceiling = half_ceiling(dev, DTYPE_NAMES[loop_dtype(watch)]) if obs.ceiling_flops else None
+        dtype = DTYPE_NAMES[loop_dtype(watch)]
+        obs.ceiling_dtype = f"{dtype} (the loop's)"
+        obs.half_ceiling = half_ceiling(dev, dtype) if obs.ceiling_flops else None
     obs.notes.append("own loop: the cached-batch replay needs the built-in loop; not run")
     return obs
 
@@ -317,9 +317,6 @@ DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}      # torch.bfloa
 def half_ceiling(device: torch.device, precision: str) -> tuple[str, float] | None:
     """For an fp32 loop: the half type mixed precision would use here and its measured matmul peak; None for a
     loop already in a half type, or where the half type runs in slow generic kernels (no bf16/fp16 hardware)."""
-    from .measure import measure_ceiling
-    from .techniques.precision import auto_amp_dtype, slow_half_reason
-
     if precision != "fp32":
         return None
     half = auto_amp_dtype(device)
@@ -342,7 +339,7 @@ def loop_flops(watch: Watch, device: torch.device) -> tuple[float | None, float 
 
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .measure import batch_samples, measure_ceiling
+    from .measure import batch_samples
     from .watch import _tensors
 
     model = watch.root() if watch.root is not None else None

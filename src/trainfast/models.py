@@ -79,6 +79,7 @@ def build_model(name: str, num_classes: int, image_size: int | None = None) -> n
 
 
 HINT_SIZES = (32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384)   # tried for the hint when a size is refused
+INPUT_ERRORS = (RuntimeError, ValueError, AssertionError)   # what a forward raises on an input it cannot take
 
 
 def check_input_size(model: nn.Module, name: str, sample_shape: tuple[int, ...]) -> None:
@@ -88,7 +89,7 @@ def check_input_size(model: nn.Module, name: str, sample_shape: tuple[int, ...])
     the model, the size and the smallest of HINT_SIZES the model takes."""
     try:
         forward_blank(model, sample_shape)
-    except (RuntimeError, ValueError, AssertionError) as exc:
+    except INPUT_ERRORS as exc:
         channels, height, width = sample_shape[-3:]
         fits = next((size for size in HINT_SIZES if size > min(height, width)
                      and fits_size(model, (channels, size, size))), None)
@@ -111,6 +112,6 @@ def forward_blank(model: nn.Module, sample_shape: tuple[int, ...]) -> None:
 def fits_size(model: nn.Module, sample_shape: tuple[int, ...]) -> bool:
     try:
         forward_blank(model, sample_shape)
-    except (RuntimeError, ValueError, AssertionError):
+    except INPUT_ERRORS:
         return False
     return True

@@ -121,7 +121,7 @@ class LadderRun:
         self.after_run = work.after_run(plan)
         self.repeats, self.noise_seeds = options.repeats, options.noise_seeds
         self.measured = [r for r in plan if r.status != Status.NO_EFFECT]
-        self.known = {id(r) for r in plan}          # the rungs planned; any other is one a run made the work add
+        self.planned = len(plan)                    # rungs past this many are ones a run made the work append
         # Interleaved: repeat 0 of every rung, then repeat 1 of every rung, ...; the baseline's extra seeds last.
         self.queue = [(rung, i, options.budget) for i in range(self.repeats) for rung in self.measured]
         self.queue += [(plan[0], i, None) for i in range(self.repeats, self.noise_seeds)]
@@ -203,12 +203,11 @@ class LadderRun:
             self.fit_budget(result)
 
     def take_added_rungs(self) -> None:
-        """Rungs the work added to the plan after a run (work.py: a script's default ladder, grown by what can
-        reach it) join every pass not yet over, each run queued right after the baseline's run of its pass, so
+        """Rungs the work appended to the plan after a run (work.py: a script's default ladder, grown by what
+        can reach it) join every pass not yet over, each run queued right after the baseline's run of its pass, so
         they stay interleaved with it like the planned rungs."""
-        added = [r for r in self.plan if id(r) not in self.known]
-        self.known.update(id(r) for r in added)
-        added = [r for r in added if r.status != Status.NO_EFFECT]
+        added = [r for r in self.plan[self.planned:] if r.status != Status.NO_EFFECT]
+        self.planned = len(self.plan)
         if not added:
             return
         self.measured += added
