@@ -125,6 +125,11 @@ def test_flagged_needs_the_planted_case_flagged_and_the_control_clean():
     assert not judge_flagged("fine", "fine", "syncs").ok             # the mistake went unseen
     assert not judge_flagged("problem", "problem", "syncs").ok       # flags everything: proves nothing
     assert not judge_flagged("not checked here", "fine", "syncs").ok
+    # where the device makes the mistake harmless (host reads on the CPU) the doctor must still count it
+    assert judge_flagged("measured", "fine", "syncs", expect="measured").ok
+    assert not judge_flagged("fine", "fine", "syncs", expect="measured").ok
+    assert not judge_flagged("measured", "measured", "syncs", expect="measured").ok
+    assert not judge_flagged("problem", "fine", "syncs", expect="measured").ok
 
 
 def test_compile_pass_and_each_failure():

@@ -56,7 +56,7 @@ CHECKS: list[Check] = [
           "parallel_checks:check_ddp_nonfinite", {"cuda": True, "gpus": 2}),
     Check("data_parallel", "DataParallel with the loss in the replicas trains as one device does",
           "parallel_checks:check_data_parallel", {"cuda": True, "gpus": 2}),
-    Check("doctor_syncs", "the doctor flags a host read every step, and not a clean loop",
+    Check("doctor_syncs", "the doctor counts a host read every step (a problem on a GPU), and not in a clean loop",
           "tool_checks:check_doctor_syncs"),
     Check("doctor_launch_bound", "the doctor flags a launch-bound model, and not a compute-bound one",
           "tool_checks:check_doctor_launch_bound", CUDA),

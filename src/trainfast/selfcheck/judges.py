@@ -160,11 +160,13 @@ def judge_gain(base_s: float, new_s: float, minimum: float, what: str) -> Verdic
     return Verdict(gain >= minimum, gain, "x", text)
 
 
-def judge_flagged(planted: str, control: str, finding: str) -> Verdict:
-    """The doctor on a planted mistake and on a clean control: the planted one must be a "problem", the
-    control must not be one (a check that flags everything proves nothing)."""
-    ok = planted == "problem" and control != "problem"
-    return Verdict(ok, None, "", f"{finding}: planted case {planted!r}, clean control {control!r}")
+def judge_flagged(planted: str, control: str, finding: str, expect: str = "problem") -> Verdict:
+    """The doctor on a planted mistake and on a clean control: the planted one must get `expect` ("problem", or
+    "measured" where the device makes it harmless), the control must be neither (a check that flags everything
+    proves nothing)."""
+    ok = planted == expect and control not in ("problem", expect)
+    return Verdict(ok, None, "", f"{finding}: planted case {planted!r} (expected {expect!r}), clean control "
+                                 f"{control!r}")
 
 
 def judge_compile(eager: Sequence[float], compiled: Sequence[float], frames: int, breaks: int, recompiles: int,
