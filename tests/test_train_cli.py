@@ -29,3 +29,17 @@ def test_train_writes_run_folder(tmp_path):
     model = build_model("resnet9", 10)
     model.load_state_dict(weights)
     assert all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
+
+
+def test_model_refused_for_its_input_before_the_bar(tmp_path):
+    """A named model that cannot take the image size is refused with the flag and the size it takes, before any
+    step, with no progress bar drawn and no run folder written."""
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "trainfast", "train", "--model", "convnext_atto", "--image-size", "16",
+                           "--epochs", "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "--model convnext_atto cannot take 16x16 images (--image-size 16)" in proc.stderr
+    assert "it takes --image-size 32" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "train" not in proc.stdout                    # the bar ("train ━━ 0/22") never started
+    assert not (out / "metrics.jsonl").exists()

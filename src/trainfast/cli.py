@@ -456,25 +456,34 @@ def _train(args, recipe: Recipe) -> int:
     rank, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1)))
     console = Console(quiet=rank != 0)
     steps_per_epoch = len(split.train) // (recipe.batch_size * world)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=console) as progress:
-        bar = progress.add_task("train", total=steps_per_epoch * recipe.epochs, loss="…")
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=console)
+    bar = progress.add_task("train", total=steps_per_epoch * recipe.epochs, loss="…")
 
-        def on_window(step, stats):
-            progress.update(bar, completed=step, loss=f"{stats.losses[-1]:.3f}")
+    def build_model():
+        # The bar appears once the model exists: a model refused for its input (a named model that cannot take
+        # the image size) gets its message on a clean terminal, not under an empty bar.
+        model = task.build_model(args.model, split)
+        progress.start()
+        return model
 
-        def on_epoch(record):
-            progress.console.print(f"epoch {record['epoch']}: train loss {record['train_loss']:.4f}  "
-                                   f"{task.summary(record)}  {record['epoch_time_s']:.1f}s")
+    def on_window(step, stats):
+        progress.update(bar, completed=step, loss=f"{stats.losses[-1]:.3f}")
 
-        try:
-            train(lambda: task.build_model(args.model, split), split, recipe=recipe, device=device, out=out,
-                  on_window=on_window, on_epoch=on_epoch, resume=resume, task=args.task)
-        except (NonFiniteLossError, LossTermsError, CheckpointError) as exc:
-            # Non-zero exit; checkpoints already in out/checkpoints are complete and untouched.
-            progress.stop()
-            print(f"trainfast train: error: {exc}", file=sys.stderr)
-            return 1
+    def on_epoch(record):
+        progress.console.print(f"epoch {record['epoch']}: train loss {record['train_loss']:.4f}  "
+                               f"{task.summary(record)}  {record['epoch_time_s']:.1f}s")
+
+    try:
+        train(build_model, split, recipe=recipe, device=device, out=out,
+              on_window=on_window, on_epoch=on_epoch, resume=resume, task=args.task)
+    except (NonFiniteLossError, LossTermsError, CheckpointError) as exc:
+        # Non-zero exit; checkpoints already in out/checkpoints are complete and untouched.
+        progress.stop()
+        print(f"trainfast train: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        progress.stop()
     console.print(f"run folder: {out}/ (metrics.jsonl, recipe.json, model.pt)")
     return 0
 
