@@ -351,6 +351,26 @@ def test_folder_errors_are_clear(tmp_path):
         scan_folder(tmp_path / "none")
 
 
+def test_every_format_and_mode_a_torchvision_folder_holds_decodes_to_rgb(tmp_path):
+    """The extensions torchvision's ImageFolder reads (and GIF), in the modes photo folders hold: grey, CMYK,
+    palette, alpha, 16-bit; each becomes uint8 [3, size, size], none skipped."""
+    rgb = Image.fromarray(np.random.default_rng(0).integers(0, 255, (50, 70, 3), dtype=np.uint8))
+    files = {"grey.jpg": rgb.convert("L"), "cmyk.JPG": rgb.convert("CMYK"), "alpha.png": rgb.convert("RGBA"),
+             "deep.png": Image.fromarray(np.arange(3500, dtype=np.uint16).reshape(50, 70) * 18),
+             "palette.gif": rgb.convert("P"), "photo.webp": rgb, "scan.tif": rgb, "scan.tiff": rgb.convert("L"),
+             "frame.ppm": rgb, "frame.pgm": rgb.convert("L"), "old.bmp": rgb}
+    (tmp_path / "cat").mkdir()
+    for name, image in files.items():
+        image.save(tmp_path / "cat" / name)
+    write_jpegs(tmp_path / "dog", 2)
+    split = load_imagefolder(str(tmp_path), image_size=24)
+    images = [split.val[i] for i in range(len(split.val))] + [split.train[i] for i in range(len(split.train))]
+    assert len(images) == len(files) + 2
+    for image, _ in images:
+        assert not isinstance(image, Skipped), image
+        assert image.dtype == torch.uint8 and image.shape == (3, 24, 24)
+
+
 def test_hidden_files_are_ignored(tmp_path):
     write_jpegs(tmp_path / "cat", 2)
     (tmp_path / "cat" / ".DS_Store").write_bytes(b"\0\1")

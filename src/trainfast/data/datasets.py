@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
+# torchvision's ImageFolder list (so a folder it reads, this reads) plus GIF; Pillow decodes what TorchCodec does not
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 
 class DataError(ValueError):
