@@ -136,3 +136,54 @@ def test_a_plan_with_the_switch_starts_every_run_fresh(digits16):
     assert work.fresh
     work.mark_effects(plan_rungs(work.base, ["amp"], device=work.dev))
     assert not work.fresh
+
+
+LOADER_SCRIPT = """
+import sys
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(256, 8), torch.randint(0, 2, (256,)))
+loader = DataLoader(data, batch_size=8, shuffle=True, num_workers=int(sys.argv[1]))
+model = torch.nn.Linear(8, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_script_without_a_session_reports_the_loader_workers_beside_its_steps(tmp_path, workers):
+    """What explains the switch's effect on a script: its DataLoader's worker processes, seen at its steps."""
+    from fwkit import measured_run
+
+    script = tmp_path / "loop.py"
+    script.write_text(LOADER_SCRIPT)
+    result = measured_run([str(script), str(workers)], {}, tmp_path / "run")
+    assert result["session"] is False and result["steps_run"] == 32
+    assert result["num_workers"] == workers
+
+
+def test_the_report_says_why_it_was_slower():
+    from trainfast.report.notes import caveats
+    from trainfast.results import Rung, RungResult
+    from trainfast.stats import FASTER, SAME, SLOWER
+
+    def rung(workers, verdict, vs_previous=None):
+        return Rung("passive_threads", {"passive_threads": True}, Recipe(passive_threads=True), status="done",
+                    result=RungResult(num_workers=workers, verdict=verdict, vs_previous=vs_previous))
+
+    assert any("no loader worker process ran beside the step" in c for c in caveats(rung(0, SLOWER)))
+    assert any("slower with 2 loader worker process(es)" in c for c in caveats(rung(2, SLOWER)))
+    # cumulative: the switch's own verdict is against the rung above, not the baseline
+    assert any("no loader worker" in c for c in caveats(rung(0, FASTER, {"verdict": SLOWER})))
+    assert not any("loader worker" in c for c in caveats(rung(0, SLOWER, {"verdict": SAME})))
+    assert not any("loader worker" in c for c in caveats(rung(0, SAME)))
+    assert not any("loader worker" in c for c in caveats(rung(None, SLOWER)))      # unknown: nothing said
+    other = Rung("reuse_memory", {"reuse_memory": True}, Recipe(reuse_memory=True, passive_threads=True),
+                 status="done", result=RungResult(num_workers=0, verdict=SLOWER))
+    assert not any("loader worker" in c for c in caveats(other))                   # another switch's rung

@@ -93,6 +93,11 @@ class Probe:
         self.reported: dict[str, Any] = {}       # metrics of a run without a Session (the built-in run's)
         # More parts of the result, read when it is written: name -> (its value, the script settings it replaced)
         self.sections: dict[str, Any] = {}
+        # Loader worker processes beside the step: the Session's loader's count, or for a script without one the
+        # most multiprocessing children seen alive at its steps (DataLoader workers are; torch.compile's
+        # subprocess pool is not). What explains a wait-policy switch's effect (techniques/threads.py).
+        self.num_workers: int | None = None
+        self.children_seen = 0
 
     # --- where steps come from ------------------------------------------------------------------------
 
@@ -117,13 +122,17 @@ class Probe:
         no loader workers; elsewhere nothing is left out."""
         self.timer = state.timer
         self.device = state.precision.device
+        self.num_workers = num_workers
         self.check_disturbance = (self.device.type == "cpu" and self.world_size == 1 and num_workers == 0)
         state.after_update = self.after_update
 
     # --- speed mode ----------------------------------------------------------------------------------
 
     def after_update(self) -> None:
-        if self.spec.mode != "speed" or self.timer.updates % CHECK_EVERY:
+        if self.timer.updates % CHECK_EVERY:
+            return
+        self.count_children()
+        if self.spec.mode != "speed":
             return
         need = self.steps_needed()
         # A run whose steps never settle, or whose blocks keep being disturbed, stops at a cap set by the
@@ -156,6 +165,18 @@ class Probe:
         tensor = torch.tensor([value], device=device)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return int(tensor.item())
+
+    def count_children(self) -> None:
+        import multiprocessing
+
+        self.children_seen = max(self.children_seen, len(multiprocessing.active_children()))
+
+    def workers(self) -> int | None:
+        """The run's loader worker processes (see __init__)."""
+        if isinstance(self.num_workers, int):
+            return self.num_workers
+        self.count_children()
+        return self.children_seen
 
     # --- the result ------------------------------------------------------------------------------------
 
@@ -203,6 +224,7 @@ class Probe:
             "rate_unit": "samples/s" if samples_known else "steps/s",
             "timing": timing.to_dict(),
             "steps_run": self.timer.updates,
+            "num_workers": self.workers(),
             # Only a Session's loader times the wait for each batch; the global hook sees optimizer steps alone.
             "data_wait_fraction": (timing.data_wait_s / timing.seconds if timing.seconds else 0.0)
             if session is not None else None,

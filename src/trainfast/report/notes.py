@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from ..checks import INPUT_BOUND_SHARE
 from ..results import AblationResult, Effect, Rung, Status
+from ..stats import SLOWER
+from ..techniques import threads
 from ..techniques.precision import level_note
 from .format import rung_label
 
@@ -89,6 +91,10 @@ def caveats(rung: Rung) -> list[str]:
     risk = level_note(rung.recipe)
     if risk:
         out.append(risk)
+    # The switch's own verdict: against the rung above in a cumulative ladder, else against the baseline.
+    own = (r.vs_previous or {}).get("verdict") or r.verdict
+    if done and threads.wanted(rung.changes) and own == SLOWER and isinstance(r.num_workers, int):
+        out.append(threads.slower_note(r.num_workers))
     return out
 
 

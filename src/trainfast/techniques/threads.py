@@ -118,3 +118,13 @@ def effect() -> Effect:
     if "OpenMP" not in torch.__config__.parallel_info().split("ATen parallel backend:")[-1]:
         return Effect(False, "this PyTorch build runs its CPU threads on its native pool, not OpenMP")
     return ACTS
+
+
+def slower_note(num_workers: int) -> str:
+    """Why passive threads made a measured loop slower, from the loader workers its runs had beside the step."""
+    if num_workers == 0:
+        return ("slower, and no loader worker process ran beside the step (none seen at its steps): nothing needed "
+                "the cores the sleeping threads gave up, and every parallel region waited for them to wake; leave it "
+                "off for this loop (it can pay where loader workers share the cores)")
+    return (f"slower with {num_workers} loader worker process(es) beside the step: waking the sleeping threads for "
+            "every parallel region cost more than the cores the workers got back")
