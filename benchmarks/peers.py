@@ -23,6 +23,14 @@ Each tool also reports its epochs' own seconds (training and evaluation, timed i
 loop and the Lightning callback print them, trainfast writes metrics.jsonl); the table shows the last epoch of
 the long run beside the whole-process cost. Where the two disagree, the machine drifted between the runs.
 
+A second estimate of the same per-epoch cost comes from inside the long run alone: every line a tool prints is
+stamped as it arrives, each epoch's end is found from its lines (epoch_marks: trainfast's "epoch N:" line, the
+plain loop's and the Lightning callback's JSON record, timm's last "Test:" line of an evaluation), and the time
+from the first epoch's end to the last, over the epochs between, is whole epochs of training, evaluation and
+checkpoint in one process. It leaves out start-up and the first epoch, as the difference does, but it is read
+from one process instead of two, so it carries one run's noise instead of the difference of two runs' noise;
+the pairs' verdicts are given on both.
+
 Tools (a `-cl` suffix: the same tool with channels_last, its one switch every tool has, so a speed-up that is
 only the switch trainfast found is told apart from running the same switches faster):
   timm       timm's own train.py (--timm-train PATH: a checkout of pytorch-image-models; it is not part of the
@@ -62,11 +70,13 @@ import argparse
 import json
 import math
 import os
+import re
 import resource
 import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -147,21 +157,64 @@ def resolve_precision(choice: str) -> str:
     return "fp32" if reason else "bf16"
 
 
-def run_once(cmd: list[str], tool: str, log: Path) -> tuple[float, float | None, list[float], float]:
+def run_once(cmd: list[str], tool: str, log: Path) -> tuple[float, float | None, list[float], float, list[float]]:
     """Wall seconds of the whole process, the final val accuracy it printed (None if it printed none), its
-    epochs' own seconds, and the CPU seconds of the process and every child it waited for (its workers)."""
+    epochs' own seconds, the CPU seconds of the process and every child it waited for (its workers), and the
+    moment (seconds from the start) each epoch's end marker line reached us (epoch_marks)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env_for(tool), capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, env=env_for(tool), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: dict[str, list[tuple[float, str]]] = {"stdout": [], "stderr": []}
+
+    def read(name: str) -> None:        # each line stamped as it arrives: every tool flushes its epoch lines
+        for line in getattr(proc, name):
+            lines[name].append((time.perf_counter() - start, line))
+
+    readers = [threading.Thread(target=read, args=(name,), daemon=True) for name in lines]
+    for reader in readers:
+        reader.start()
+    proc.wait()
+    for reader in readers:
+        reader.join()
     seconds = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    log.write_text(proc.stdout + proc.stderr)
+    stdout, stderr = ("".join(text for _, text in lines[name]) for name in ("stdout", "stderr"))
+    log.write_text(stdout + stderr)
     if proc.returncode != 0:
-        raise SystemExit(f"{tool} failed (exit {proc.returncode}); log: {log}\n{(proc.stdout + proc.stderr)[-2000:]}")
-    records = json_lines(proc.stdout, cmd)
+        raise SystemExit(f"{tool} failed (exit {proc.returncode}); log: {log}\n{(stdout + stderr)[-2000:]}")
+    records = json_lines(stdout, cmd)
     epoch_s = [r["epoch_time_s"] for r in records if "epoch_time_s" in r]
-    return seconds, next((r["val_accuracy"] for r in reversed(records) if "val_accuracy" in r), None), epoch_s, cpu
+    marks = epoch_marks(sorted(lines["stdout"] + lines["stderr"]))
+    return (seconds, next((r["val_accuracy"] for r in reversed(records) if "val_accuracy" in r), None), epoch_s, cpu,
+            marks)
+
+
+EPOCH_LINE = re.compile(r'^(epoch \d+:|\{"epoch": \d+)')     # trainfast train; the plain loop and Lightning (JSON)
+
+
+def epoch_marks(lines: list[tuple[float, str]]) -> list[float]:
+    """When each epoch ended, from the lines a run printed, stamped as they arrived: trainfast's "epoch N: ..." and
+    the plain loop's and Lightning callback's JSON record come once an epoch's evaluation is done; timm's train.py
+    prints no such line, so its epoch ends at its last "Test:" line (its evaluation's last batch) before the next
+    "Train:" line. Each marks the same point of an epoch's cycle in every run of that tool, so the time between
+    two marks k epochs apart is k whole epochs (training, evaluation, checkpoint) inside one process."""
+    marks, last_test = [], None
+    for t, line in lines:
+        if EPOCH_LINE.match(line):
+            marks.append(t)
+        elif line.startswith("Test:"):
+            last_test = t
+        elif line.startswith("Train:") and last_test is not None:
+            marks.append(last_test)
+            last_test = None
+    return marks + ([last_test] if last_test is not None else [])
+
+
+def in_run_epoch(marks: list[float]) -> float | None:
+    """The per-epoch cost inside one run: first epoch end to last over the epochs between (no start-up, no first
+    epoch, one process: none of the two runs' start-up noise the whole-process difference carries)."""
+    return (marks[-1] - marks[0]) / (len(marks) - 1) if len(marks) >= 2 else None
 
 
 def json_lines(stdout: str, cmd: list[str]) -> list[dict]:
@@ -238,6 +291,7 @@ def main() -> None:
             run_once(command("tuned", workload, data, 1, warm / "out", args.tuned_recipe, precision), "tuned",
                      warm / "log.txt")
         cpu_per_epoch: dict[str, list[float]] = {t: [] for t in tools}
+        in_run: dict[str, list[float]] = {t: [] for t in tools}
         for r in range(args.repeats):
             order = round_order(tools, r)
             walls: dict[str, dict[int, float]] = {t: {} for t in tools}
@@ -251,15 +305,20 @@ def main() -> None:
                     run_dir.mkdir(parents=True)
                     cmd = command(tool, workload, data, epochs, run_dir / "out", args.tuned_recipe, precision,
                                   args.timm_train)
-                    seconds, acc, epoch_s, cpus[tool][epochs] = run_once(cmd, tool, run_dir / "log.txt")
+                    seconds, acc, epoch_s, cpus[tool][epochs], marks = run_once(cmd, tool, run_dir / "log.txt")
                     walls[tool][epochs] = seconds
                     print(f"{workload} {tool:9s} r{r} {epochs} epoch(s): {seconds:6.1f} s in all, epochs "
-                          + ", ".join(f"{e:.1f}" for e in epoch_s) + " s", flush=True)
+                          + ", ".join(f"{e:.1f}" for e in epoch_s) + " s, epoch ends at "
+                          + ", ".join(f"{m:.1f}" for m in marks) + " s", flush=True)
                     if epochs == long:
                         if acc is not None:
                             accuracy[tool].append(acc)
                         if epoch_s:
                             last_epoch[tool].append(epoch_s[-1])
+                        if len(marks) != long:
+                            raise SystemExit(f"{tool}: {len(marks)} epoch ends found in {run_dir / 'log.txt'}, "
+                                             f"expected {long}")
+                        in_run[tool].append(in_run_epoch(marks))
             for tool in order:
                 per_epoch[tool].append((walls[tool][long] - walls[tool][short]) / (long - short))
                 cpu_per_epoch[tool].append((cpus[tool][long] - cpus[tool][short]) / (long - short))
@@ -281,6 +340,10 @@ def main() -> None:
             "median_cpu_per_epoch_s": {t: statistics.median(v) for t, v in cpu_per_epoch.items()},
             "median_busy": {t: busy_fraction(statistics.median(cpu_per_epoch[t]), medians[t]) for t in tools},
             "median_last_epoch_s": {t: statistics.median(v) for t, v in last_epoch.items() if v},
+            # the same cost inside the long run: its epoch ends, first to last (in_run_epoch)
+            "in_run_per_epoch_s": in_run,
+            "median_in_run_per_epoch_s": {t: statistics.median(v) for t, v in in_run.items()},
+            "in_run_same_switches": same_switch_verdicts(in_run, trained),
             "val_accuracy": accuracy,
             "vs_fastest_peer": {t: m / fastest_peer for t, m in median_rate.items()} if fastest_peer else {},
             "same_switches": same_switch_verdicts(per_epoch, trained)}
@@ -363,10 +426,16 @@ def print_table(results: dict, tools: list[str]) -> None:
         if cpu:
             cells = [f"{cpu[t]:.1f} CPU s ({busy[t]:.0%} busy)" for t in tools]
             print(f"| {name}, CPU an epoch (tool + workers) | " + " | ".join(cells) + " |")
-        for pair in w.get("same_switches", []):
-            rounds = ", ".join(f"{r:.2f}x" for r in pair["per_round"])
-            agree = f"; a rerun agrees {pair['agreement']:.0%}" if pair.get("agreement") is not None else ""
-            print(f"  same switches: {pair['tool']} vs {pair['peer']}: rounds {rounds}; {pair['text']}{agree}")
+        inside = w.get("median_in_run_per_epoch_s", {})
+        if inside:
+            cells = [f"{w['images_per_epoch'] / inside[t]:.1f} img/s, {inside[t]:.1f} s" for t in tools]
+            print(f"| {name}, inside the long run (first epoch end to last) | " + " | ".join(cells) + " |")
+        for label, key in (("whole process", "same_switches"), ("inside the long run", "in_run_same_switches")):
+            for pair in w.get(key, []):
+                rounds = ", ".join(f"{r:.2f}x" for r in pair["per_round"])
+                agree = f"; a rerun agrees {pair['agreement']:.0%}" if pair.get("agreement") is not None else ""
+                print(f"  same switches ({label}): {pair['tool']} vs {pair['peer']}: rounds {rounds}; "
+                      f"{pair['text']}{agree}")
 
 
 if __name__ == "__main__":

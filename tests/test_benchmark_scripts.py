@@ -75,11 +75,55 @@ def test_peers_counts_the_cpu_of_a_tools_workers(tmp_path):
               "    worker.join()\n")
     script = tmp_path / "tool.py"
     script.write_text(parent)
-    seconds, accuracy, epochs, cpu = peers.run_once([sys.executable, str(script)], "plain", tmp_path / "log.txt")
-    assert accuracy is None and epochs == []
+    seconds, accuracy, epochs, cpu, marks = peers.run_once([sys.executable, str(script)], "plain",
+                                                           tmp_path / "log.txt")
+    assert accuracy is None and epochs == [] and marks == []
     assert cpu >= 0.35                                  # the worker's 0.4 s of CPU, counted through its parent
     assert peers.busy_fraction(cpu, seconds, cores=1) == pytest.approx(cpu / seconds)
     assert peers.busy_fraction(3.0, 2.0, cores=2) == 0.75
+
+
+TIMM_LIKE = """
+import json, sys, time
+for epoch in range(3):
+    print(f"Train: {epoch} [   0/12 (  8%)]  Loss: 1.40", file=sys.stderr, flush=True)
+    time.sleep(0.3)
+    print("Test: [   0/1]  Time: 0.7", file=sys.stderr, flush=True)
+    print("Test: [   1/1]  Time: 0.1", file=sys.stderr, flush=True)
+    print("Current checkpoints:", file=sys.stderr, flush=True)
+    time.sleep(0.2)
+print("*** Best metric: 40.0 (epoch 2)", file=sys.stderr, flush=True)
+"""
+OURS_LIKE = """
+import time
+for epoch in range(3):
+    time.sleep(0.5)
+    print(f"epoch {epoch + 1}: train loss 1.0  val acc 0.5  0.5s", flush=True)
+print("run folder: out/", flush=True)
+"""
+LIGHTNING_LIKE = """
+import json, time
+for epoch in range(3):
+    time.sleep(0.5)
+    print(json.dumps({"epoch": epoch + 1, "epoch_time_s": 0.5}), flush=True)
+print(json.dumps({"val_accuracy": 0.5}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("source", [TIMM_LIKE, OURS_LIKE, LIGHTNING_LIKE], ids=["timm", "trainfast", "lightning"])
+def test_peers_reads_each_epochs_end_from_the_lines_as_they_arrive(tmp_path, source):
+    """The per-epoch cost inside one run: an epoch's end found in what each tool prints (timm's train.py: its
+    evaluation's last line; trainfast: its epoch line), stamped when it arrived, so 3 epochs of 0.5 s read as
+    3 marks 0.5 s apart (not all at exit, as a buffered pipe would show)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import peers
+
+    script = tmp_path / "tool.py"
+    script.write_text(source)
+    *_, marks = peers.run_once([sys.executable, str(script)], "plain", tmp_path / "log.txt")
+    assert len(marks) == 3
+    assert peers.in_run_epoch(marks) == pytest.approx(0.5, abs=0.15)
+    assert peers.in_run_epoch(marks[:1]) is None
 
 
 def test_peers_runs_each_same_switch_pair_side_by_side_and_alternates_who_goes_first():
