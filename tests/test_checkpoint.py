@@ -162,6 +162,57 @@ def test_resume_falls_back_past_a_corrupt_checkpoint_and_refuses_a_changed_recip
     assert result.state.step == 40 and [r["epoch"] for r in result.history] == [1, 2]
 
 
+# --- a full disk -----------------------------------------------------------------------------------
+
+class FullDisk:
+    """A file that takes `room` bytes, then fails as a full disk does (ENOSPC)."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+
+    def __call__(self, data) -> int:
+        import errno
+
+        self.room -= len(data)
+        if self.room < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return len(data)
+
+
+def test_a_full_disk_is_named_and_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    """torch.save's zip writer turns the disk's ENOSPC into a RuntimeError ("unexpected pos"); the error the
+    user gets names the file, the system's reason and the free space, and nothing half-written is left."""
+    from trainfast import checkpoint
+    from trainfast.checkpoint import WriteError
+
+    path = checkpoint_path(tmp_path, 1)
+    write_checkpoint({"step": 1, "w": BIG}, path)
+    before = path.read_bytes()
+    monkeypatch.setattr(checkpoint._HashingWriter, "write",
+                        lambda self, data, full=FullDisk(1_000_000): full(data) and self.f.write(data))
+    with pytest.raises(WriteError, match=r"step.*could not be written: No space left on device; [\d,]+ MiB free there"
+                       ) as info:
+        write_checkpoint({"step": 1, "w": BIG * 2}, path)
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == before                                  # the previous file, byte for byte
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]    # no partial temp file
+
+
+def test_train_stops_on_a_full_disk_with_the_file_named(tmp_path, monkeypatch, capsys):
+    """`trainfast train` whose checkpoint cannot be written: exit 1, one line naming the checkpoint and why,
+    no traceback."""
+    from trainfast import checkpoint
+    from trainfast.cli import main
+
+    monkeypatch.setattr(checkpoint._HashingWriter, "write",
+                        lambda self, data, full=FullDisk(10_000): full(data) and self.f.write(data))
+    assert main(["train", "--image-size", "8", "--epochs", "1", "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("trainfast train: error: [Errno 28] ")
+    assert ".ckpt: could not be written: No space left on device" in err and "Traceback" not in err
+    assert not list((tmp_path / "run" / "checkpoints").glob("*"))       # no checkpoint, not even a partial one
+
+
 def test_cli_resume_needs_a_run_folder(capsys):
     from trainfast.cli import main
 

@@ -54,6 +54,12 @@ class CorruptCheckpoint(CheckpointError):
     """Truncated, bad header or checksum mismatch: a resume falls back to the previous checkpoint."""
 
 
+class WriteError(OSError):
+    """A file could not be written whole (a full disk, a quota, a read-only folder): the message names the file,
+    the system's reason and the free space there; the partial file is gone and the file it would have replaced
+    (a previous checkpoint, results.json) is untouched."""
+
+
 class UnsafeCheckpoint(CheckpointError):
     """The file needs more than tensors and plain containers to load: refused, never retried unsafely."""
 
@@ -69,17 +75,45 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     Costs one fsync of the file and one of the folder per save (milliseconds on local disks)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise write_error(path, exc) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise
+        cause = system_error(exc)
+        if cause is None or isinstance(exc, WriteError):
+            raise
+        raise write_error(path, cause) from exc
     fsync_folder(path.parent)
+
+
+def system_error(exc: BaseException) -> OSError | None:
+    """The OSError behind a failed write, if there is one: torch.save's zip writer reports a full disk as a
+    RuntimeError ("unexpected pos ...") raised while handling the OSError our file object raised."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def write_error(path: Path, cause: OSError) -> WriteError:
+    import shutil
+
+    try:
+        free = f"; {shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free there"
+    except OSError:
+        free = ""
+    return WriteError(cause.errno, f"{path}: could not be written: {cause.strerror or cause}{free}. The partial file "
+                                   "was removed; the file it would have replaced, if any, is unchanged")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

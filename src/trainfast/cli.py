@@ -281,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_command_line(argv)
     from .distributed import RankTimeoutError       # these import torch: only once a command runs, never for
     from .measure import LossTermsError, NonFiniteLossError   # --help or --version
+    from .checkpoint import WriteError
 
     try:
         if args.command == "selfcheck":
@@ -303,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (NonFiniteLossError, LossTermsError, RankTimeoutError) as exc:   # decided on every rank at the same step
         print(f"trainfast {args.command}: stopped: {exc}", file=sys.stderr)
+        return 1
+    except WriteError as exc:          # a full disk or a read-only folder: named, and nothing half-written left
+        print(f"trainfast {args.command}: error: {exc}", file=sys.stderr)
         return 1
 
 
