@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -167,16 +168,14 @@ class Probe:
         return int(tensor.item())
 
     def count_children(self) -> None:
-        import multiprocessing
+        """A run whose loader count is unknown (no Session, or a Session without a loader): its children now."""
+        if not isinstance(self.num_workers, int):
+            self.children_seen = max(self.children_seen, len(multiprocessing.active_children()))
 
-        self.children_seen = max(self.children_seen, len(multiprocessing.active_children()))
-
-    def workers(self) -> int | None:
+    def workers(self) -> int:
         """The run's loader worker processes (see __init__)."""
-        if isinstance(self.num_workers, int):
-            return self.num_workers
         self.count_children()
-        return self.children_seen
+        return self.num_workers if isinstance(self.num_workers, int) else self.children_seen
 
     # --- the result ------------------------------------------------------------------------------------
 
