@@ -372,3 +372,38 @@ def test_compile_runs_on_the_master_weight_model_and_matches_eager(digits16):
     assert gap < 2 * BF16_MEAN_ABS_GAP, f"mean |loss_compiled - loss_eager| = {gap:.4f}"
     ref, got = eager.history[-1]["val_accuracy"], compiled.history[-1]["val_accuracy"]
     assert abs(got - ref) <= accuracy_band(ref, len(digits16.val)), (got, ref)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_master_norms_run_in_one_dtype_as_cuda_kernels_need(dtype, monkeypatch):
+    """CUDA's LayerNorm and GroupNorm kernels refuse a half input with fp32 weights (the CPU's accept it): O2
+    keeps those norms fp32, so their input is cast up and their output back down. The CUDA rule is emulated on
+    the CPU by refusing mixed dtypes in the functional norms."""
+    half = torch.bfloat16 if dtype == "bf16" else torch.float16
+    seen = []
+
+    def one_dtype(real):
+        def norm(x, *args, **kwargs):
+            w = kwargs.get("weight", next((a for a in args if isinstance(a, torch.Tensor)), None))
+            if w is not None and w.dtype != x.dtype:
+                raise RuntimeError(f"expected scalar type {w.dtype} but found {x.dtype}")
+            seen.append(x.dtype)
+            return real(x, *args, **kwargs)
+        return norm
+
+    monkeypatch.setattr(nn.functional, "layer_norm", one_dtype(nn.functional.layer_norm))
+    monkeypatch.setattr(nn.functional, "group_norm", one_dtype(nn.functional.group_norm))
+
+    def model():
+        return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Unflatten(1, (4, 4)), nn.GroupNorm(2, 4),
+                             nn.Flatten(), nn.ReLU(), nn.Linear(16, 4))
+
+    state = make_state(Recipe(precision=dtype, precision_level="master"), model_fn=model)
+    outputs = []
+    state.model[3].register_forward_hook(lambda _m, _args, out: outputs.append(out.dtype))
+    losses = run(state, tiny_batches(4), PoisonedLoss()).losses
+    assert seen and set(seen) == {torch.float32}                  # both norms ran in fp32
+    assert outputs and set(outputs) == {half}                     # and handed half on to the next layer
+    assert state.model[1].weight.dtype == state.model[3].weight.dtype == torch.float32
+    assert state.model[0].weight.dtype == half
+    assert all(math.isfinite(x) for x in losses)

@@ -48,9 +48,13 @@ LEVEL_RUNGS: dict[str, dict[str, str]] = {
 # the forward pass, an overflowing activation): the run is no longer training.
 COLLAPSE_AFTER = 20
 
-# Normalization layers whose statistics need fp32 (Apex keep_batchnorm_fp32; torch's CPU and CUDA kernels accept
-# a half input with fp32 weights and return the input's dtype, so no cast is needed around them).
-FP32_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
+# Normalization layers whose statistics need fp32 (Apex keep_batchnorm_fp32). BatchNorm's CPU and CUDA kernels
+# take a half input with fp32 weights and return the input's dtype. LayerNorm's and GroupNorm's take mixed dtypes
+# on the CPU only: on CUDA they need one dtype ("expected scalar type Half but found Float"), so these run in fp32,
+# their input cast up and their output back down, which is the arithmetic the mixed kernels do inside.
+MIXED_DTYPE_NORMS = (nn.modules.batchnorm._NormBase,)
+CAST_NORMS = (nn.LayerNorm, nn.GroupNorm)
+FP32_NORMS = MIXED_DTYPE_NORMS + CAST_NORMS
 
 
 def opt_level(recipe) -> str:
@@ -306,6 +310,9 @@ class HalfWeights(Scaled):
             for module in model.modules():
                 if isinstance(module, FP32_NORMS):
                     module.float()
+                if isinstance(module, CAST_NORMS):
+                    module.register_forward_pre_hook(lambda _m, args: cast_floats(args, torch.float32))
+                    module.register_forward_hook(lambda _m, _args, out: cast_floats(out, self.dtype))
         model.register_forward_pre_hook(lambda _m, args: cast_floats(args, self.dtype))
         model.register_forward_hook(lambda _m, _args, out: cast_floats(out, torch.float32))
         return model
