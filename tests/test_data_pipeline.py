@@ -496,7 +496,6 @@ def test_host_buffers_are_reused_only_when_nothing_holds_them():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_prefetcher_side_stream_gives_the_cpu_batches(tmp_path):
     make_folder(tmp_path / "photos", per_class=8)
     split = load_imagefolder(str(tmp_path / "photos"), image_size=24)

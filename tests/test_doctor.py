@@ -443,7 +443,7 @@ def test_cuda_only_checks_say_not_checked_here(fast_run):
     assert finding(findings, "environment").status == "fine"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_profile_checks_run_on_a_gpu():
     obs = observe_builtin(lambda: tiny_resnet(10), tiny_split(), recipe=Recipe(batch_size=8), device="cuda",
                           steps=6, flops=False)
