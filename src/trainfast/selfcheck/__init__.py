@@ -28,7 +28,7 @@ from .catalog import CHECKS, NAMES, select
 
 HELP = "check every CUDA path of trainfast on this machine: pass / fail / not applicable, with the measured figure"
 EXAMPLES = """\
-  trainfast selfcheck                                # every check on the GPU(s) here (about 10 minutes)
+  trainfast selfcheck                                # every check on the GPU(s) here (2 minutes on an H100)
   trainfast selfcheck --only fp16_scaler,prefetch_overlap --out runs/sc
   trainfast selfcheck --cpu-subset                   # no GPU: the checks a CPU can run; the rest not applicable"""
 
