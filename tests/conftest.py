@@ -68,18 +68,17 @@ def digits16() -> Split:
 
 
 def pytest_collection_modifyitems(config, items):
-    if CUDA_RUN and not torch.cuda.is_available():
-        skip = pytest.mark.skip(reason="torch sees no CUDA device")
-        wanted = lambda item: True                                            # noqa: E731
-    elif CUDA_RUN:          # make test-cuda: the CUDA tests alone; the rest are the CPU suite's (GPU hidden)
-        skip = pytest.mark.skip(reason="the CPU suite runs with the GPU hidden: make test")
-        wanted = lambda item: "cuda" not in item.keywords                     # noqa: E731
-    else:
-        skip = pytest.mark.skip(reason="needs a CUDA device (make test-cuda on a GPU machine)")
-        wanted = lambda item: "cuda" in item.keywords                         # noqa: E731
     for item in items:
-        if wanted(item):
-            item.add_marker(skip)
+        cuda = "cuda" in item.keywords
+        if not CUDA_RUN and cuda:
+            reason = "needs a CUDA device (make test-cuda on a GPU machine)"
+        elif CUDA_RUN and not torch.cuda.is_available():
+            reason = "torch sees no CUDA device"
+        elif CUDA_RUN and not cuda:     # make test-cuda: the CUDA tests alone; the rest are the CPU suite's
+            reason = "the CPU suite runs with the GPU hidden: make test"
+        else:
+            continue
+        item.add_marker(pytest.mark.skip(reason=reason))
 
 
 # --- synthetic measurements (the truth is known) ---------------------------------------------------

@@ -23,6 +23,7 @@ import os
 import pickle
 import random
 import re
+import shutil
 import struct
 import sys
 import tempfile
@@ -106,8 +107,6 @@ def system_error(exc: BaseException) -> OSError | None:
 
 
 def write_error(path: Path, cause: OSError) -> WriteError:
-    import shutil
-
     try:
         free = f"; {shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free there"
     except OSError:

@@ -52,9 +52,8 @@ COLLAPSE_AFTER = 20
 # take a half input with fp32 weights and return the input's dtype. LayerNorm's and GroupNorm's take mixed dtypes
 # on the CPU only: on CUDA they need one dtype ("expected scalar type Half but found Float"), so these run in fp32,
 # their input cast up and their output back down, which is the arithmetic the mixed kernels do inside.
-MIXED_DTYPE_NORMS = (nn.modules.batchnorm._NormBase,)
 CAST_NORMS = (nn.LayerNorm, nn.GroupNorm)
-FP32_NORMS = MIXED_DTYPE_NORMS + CAST_NORMS
+FP32_NORMS = (nn.modules.batchnorm._NormBase, *CAST_NORMS)
 
 
 def opt_level(recipe) -> str:
@@ -288,6 +287,13 @@ def cast_floats(obj: Any, dtype: torch.dtype) -> Any:
     return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t, obj)
 
 
+def cast_around(module: nn.Module, inside: torch.dtype, outside: torch.dtype) -> None:
+    """Forward hooks that cast `module`'s floating inputs to `inside` and its outputs to `outside` (hooks, so
+    training, evaluation and torch.compile all see them)."""
+    module.register_forward_pre_hook(lambda _m, args: cast_floats(args, inside))
+    module.register_forward_hook(lambda _m, _args, out: cast_floats(out, outside))
+
+
 class HalfWeights(Scaled):
     """O2 and O3 share this: the model's weights are half; inputs are cast to half on the way in and outputs
     to fp32 on the way out (Apex's patched forward, here as module hooks so training, evaluation and
@@ -311,10 +317,8 @@ class HalfWeights(Scaled):
                 if isinstance(module, FP32_NORMS):
                     module.float()
                 if isinstance(module, CAST_NORMS):
-                    module.register_forward_pre_hook(lambda _m, args: cast_floats(args, torch.float32))
-                    module.register_forward_hook(lambda _m, _args, out: cast_floats(out, self.dtype))
-        model.register_forward_pre_hook(lambda _m, args: cast_floats(args, self.dtype))
-        model.register_forward_hook(lambda _m, _args, out: cast_floats(out, torch.float32))
+                    cast_around(module, inside=torch.float32, outside=self.dtype)
+        cast_around(model, inside=self.dtype, outside=torch.float32)
         return model
 
     def backward(self, loss: torch.Tensor) -> None:
