@@ -61,6 +61,8 @@ class Observations:
     data_wait_s: list[float] | None = None   # per steady step; None: the loop's loader is not trainfast's
     samples: list[int] | None = None
     replay_step_seconds: list[float] | None = None   # one cached batch, no loader; None: not run
+    handoff_s: float | None = None           # what a loader worker would add to the training process per batch
+                                             # (doctor.worker_handoff_s); None: not measured
     sync_steps: int = 0
     syncs: list[dict[str, Any]] = field(default_factory=list)    # SyncCounter.by_line()
     shapes: list[list] = field(default_factory=list)
@@ -163,6 +165,16 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def _sig(x: float) -> str:
+    """Three significant digits for a small number (a tiny MLP's 0.0123 MFLOP), thousands separated for a big one."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _pct3(x: float) -> str:
+    """A share that may be far below 1% (a tiny model's share of the matmul peak) and must not read 0%."""
+    return f"{100 * x:.0f}%" if x >= 0.1 else f"{100 * x:.2g}%"
+
+
 # --- environment ------------------------------------------------------------------------------------
 
 @check
@@ -206,10 +218,28 @@ def data_wait(obs: Observations) -> Finding:
     verdict = bound(obs)
     cost = max(0.0, gain) * step if gain is not None else wait
     if verdict == "input-bound":
-        return Finding("waiting for the next batch", "time", "problem", f"input-bound: {text}", cost, cost / step,
-                       "--num-workers auto (more loader processes), --prefetch (uint8 transport, normalize on the "
-                       "device), --decode-cache for image folders")
+        if workers_cannot_pay(obs):
+            fix = (f"not loader workers (handing a batch over costs {_ms(obs.handoff_s)}, more than the wait): "
+                   + CHEAPER_BATCHES)
+        elif obs.recipe_flags:
+            fix = ("--num-workers auto (more loader processes), --prefetch (uint8 transport, normalize on the "
+                   "device), --decode-cache for image folders")
+        else:
+            fix = ("DataLoader(num_workers=N, persistent_workers=True); uint8 images from the workers, converted and "
+                   "normalized after the copy to the device; for photos, decode once into a cache")
+        return Finding("waiting for the next batch", "time", "problem", f"input-bound: {text}", cost, cost / step, fix)
     return Finding("waiting for the next batch", "time", "fine", f"{verdict}: {text}", cost, cost / step)
+
+
+def workers_cannot_pay(obs: Observations) -> bool:
+    """A loop without workers whose wait per batch is no more than what a worker adds to hand a batch over."""
+    return (obs.num_workers == 0 and obs.handoff_s is not None and obs.wait_s is not None
+            and obs.handoff_s >= obs.wait_s)
+
+
+CHEAPER_BATCHES = ("make each batch cheaper to build in this process: a dataset indexed with a whole batch of "
+                   "indices at once (a `__getitems__`, or slicing in-memory tensors) instead of one sample at a time "
+                   "and a collate")
 
 
 # Where a library's own loop reads a value every step, the setting of that library that stops it.
@@ -270,8 +300,8 @@ def compute(obs: Observations) -> Finding:
         return Finding(name, "time", NOT_HERE, "the model's FLOPs or the samples per step are unknown for this loop")
     rate = statistics.median(obs.samples) / obs.step_s
     achieved = rate * obs.flops_per_sample
-    text = (f"{rate:,.0f} samples/s x {obs.flops_per_sample / 1e6:,.1f} MFLOP/sample = {achieved / 1e9:,.1f} "
-            f"GFLOP/s, {_pct(achieved / obs.ceiling_flops)} of the measured {obs.ceiling_dtype} matmul peak "
+    text = (f"{rate:,.0f} samples/s x {_sig(obs.flops_per_sample / 1e6)} MFLOP/sample = {_sig(achieved / 1e9)} "
+            f"GFLOP/s, {_pct3(achieved / obs.ceiling_flops)} of the measured {obs.ceiling_dtype} matmul peak "
             f"({obs.ceiling_flops / 1e9:,.0f} GFLOP/s)")
     return Finding(name, "time", "measured", text + higher_roof(obs, achieved / obs.ceiling_flops))
 
@@ -406,11 +436,23 @@ def eval_dropout(obs: Observations) -> Finding:
         return Finding(name, "mistake", NOT_HERE, f"the eval forwards of the last training input failed: {d['error']}")
     text = (f"in eval() + inference_mode two forwards of the same input differ by up to {d['max_diff']:.3g} "
             f"({_pct(d['relative_diff'])} of the output's scale)")
-    if d["relative_diff"] > 1e-3 or d["calls"]:
-        where = "; still dropping: " + "; ".join(d["calls"]) if d["calls"] else ""
-        return Finding(name, "mistake", "problem", text + where, fix="use nn.Dropout modules (they follow eval()), "
-                       "or pass training=self.training to F.dropout")
+    fix = ("use nn.Dropout modules (they follow eval()), or pass training=self.training to F.dropout "
+           "(dropout_p=self.p if self.training else 0.0 to scaled_dot_product_attention)")
+    if d["calls"]:
+        return Finding(name, "mistake", "problem", text + "; still dropping: " + "; ".join(d["calls"]), fix=fix)
+    if d["relative_diff"] > 1e-3 and d.get("random_calls"):
+        return Finding(name, "mistake", "measured", text + ": no dropout drops; the forward draws random numbers "
+                       f"({sampling(d)}), which eval() does not switch off")
+    if d["relative_diff"] > 1e-3:
+        return Finding(name, "mistake", "problem", text + " (no dropout or random call of torch's was seen making "
+                       "them differ: a random op in an extension, or nondeterministic kernels)", fix=fix)
     return Finding(name, "mistake", "fine", "two eval forwards of the same input agree exactly")
+
+
+def sampling(d: dict[str, Any]) -> str:
+    """The random draws of a forward, and what they are when they are meant."""
+    return ("; ".join(d["random_calls"][:3]) + ": sampling by design, as in a VAE's reparameterization or a "
+            "diffusion step, is right; a hand-made dropout mask there should follow self.training")
 
 
 def eval_unseen(obs: Observations) -> str:
@@ -484,6 +526,9 @@ def eval_mode(obs: Observations) -> Finding:
     if repeat and "error" in repeat:
         return Finding(name, "mistake", NOT_HERE, f"{text}; the model would not take that input again: "
                        f"{repeat['error']}")
+    if repeat and not repeat["calls"] and repeat["relative_diff"] > 1e-3 and repeat.get("random_calls"):
+        return Finding(name, "mistake", "fine", f"{text}, but nothing in this model acts differently in eval(): two "
+                       f"such forwards differ only by random draws that do not follow the mode ({sampling(repeat)})")
     if repeat and (repeat["relative_diff"] > 1e-3 or repeat["calls"]):
         where = "; still dropping: " + "; ".join(repeat["calls"]) if repeat["calls"] else ""
         return Finding(name, "mistake", "problem", f"{text}: two such forwards of the same input differ by up to "
@@ -537,9 +582,14 @@ def zero_grad(obs: Observations) -> Finding:
         text = ("gradients are zeroed in place every step (a memset of every gradient, and their memory kept "
                 "between steps)" + (f": {zero_grad_lines(kept)}" if kept else
                                     " by something other than zero_grad (p.grad.zero_(), say)"))
+        share = cost / obs.step_s if cost and obs.step_s else None
         if cost is not None:
             text += f"; the memset measured {_ms(cost)}"
-        return Finding(name, "mistake", "problem", text, cost, cost / obs.step_s if cost and obs.step_s else None, flag)
+        if share is not None and share < MATERIAL_SHARE:
+            return Finding(name, "mistake", "measured", text + f", {_pct(share)} of the step: below the "
+                           f"{_pct(MATERIAL_SHARE)} a change pays for here (set_to_none would also free the gradients' "
+                           "memory between steps)", cost, share, flag)
+        return Finding(name, "mistake", "problem", text, cost, share, flag)
     if obs.grads:
         return Finding(name, "mistake", "fine", "gradients are freed between steps (set_to_none)"
                        + (f": {zero_grad_lines(calls)}" if calls else ""))
@@ -588,6 +638,11 @@ def num_workers(obs: Observations) -> Finding:
         return Finding(name, "mistake", "fine", f"{obs.num_workers} loader worker(s)")
     text = f"the loader runs in the training process; the wait is {_pct(share)} of the step"
     fix = "--num-workers auto" if obs.recipe_flags else "DataLoader(num_workers=2 or more)"
+    if workers_cannot_pay(obs):
+        text += (f" ({_ms(obs.wait_s)}), and a worker would add {_ms(obs.handoff_s)} a batch to this process to hand "
+                 "the batch over (received from shared memory: measured on this loop's batch): workers cannot win "
+                 "the wait back; " + CHEAPER_BATCHES)
+        return Finding(name, "mistake", "measured" if share >= MATERIAL_SHARE else "fine", text)
     if gain is not None:
         text += f" and the cached-batch replay is {_pct(max(gain, 0.0))} faster"
         # Material only when both say so: a wait the replay does not confirm is the loader's own noise.

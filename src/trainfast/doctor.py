@@ -298,6 +298,8 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
     obs.dropout = dropout
     obs.recipe_flags = False
     obs.num_workers = watch.num_workers
+    if watch.num_workers == 0 and watch.last_batch is not None:
+        obs.handoff_s = worker_handoff_s(watch.last_batch)
     obs.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
     obs.memory = {"peak_bytes": peak_memory_bytes(dev), "capacity_bytes": capacity(dev)}
     counters = compile_counters()
@@ -309,6 +311,37 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
         obs.half_ceiling = half_ceiling(dev, dtype) if obs.ceiling_flops else None
     obs.notes.append("own loop: the cached-batch replay needs the built-in loop; not run")
     return obs
+
+
+def worker_handoff_s(batch: Any, repeats: int = 5) -> float | None:
+    """What a DataLoader worker would add to the training process for each batch it hands over: unpickling the
+    batch's tensors, mapping their shared-memory storage and the first touch of its pages, timed on copies of
+    the loop's own batch (median of `repeats`). The worker's side (collating into shared memory, pickling) is
+    left out: a lower bound. None where the batch holds no CPU tensor or the transfer cannot be made here."""
+    import io
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers the tensor reductions workers use)
+
+    from .watch import _tensors
+
+    tensors = [t for t in _tensors(batch) if t.device.type == "cpu"]
+    if not tensors:
+        return None
+    seconds = []
+    try:
+        for _ in range(repeats):
+            sent = io.BytesIO()
+            ForkingPickler(sent, pickle.HIGHEST_PROTOCOL).dump([t.clone().share_memory_() for t in tensors])
+            start = time.perf_counter()
+            received = pickle.loads(sent.getvalue())
+            for t in received:
+                t.sum()                                 # the first touch of each shared page
+            seconds.append(time.perf_counter() - start)
+    except Exception:                                   # no shared memory here (a sandbox): say nothing
+        return None
+    return sorted(seconds)[len(seconds) // 2]
 
 
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}      # torch.bfloat16 -> "bf16"

@@ -30,8 +30,9 @@ def mode_dependent(model: nn.Module) -> dict[str, int]:
 
 def check_eval_dropout(model: nn.Module, *inputs: Any, training: bool = False) -> dict[str, Any]:
     """In eval() and inference_mode, two forwards of the same input must agree: a difference is dropout that
-    does not follow eval() (F.dropout with training=True, or its default). Returns the largest difference and
-    the lines of the functional dropouts that still dropped. The RNG is forked, and the model's mode restored.
+    does not follow eval() (F.dropout with training=True, or its default), or a forward that samples. Returns
+    the largest difference, the lines of the functional dropouts that still dropped and of the calls that drew
+    random numbers. The RNG is forked, and the model's mode restored.
     training=True: the same test in the mode a loop evaluated in without model.eval() (its buffers, batch
     norm's running statistics, are put back afterwards)."""
     was_training = model.training
@@ -53,7 +54,8 @@ def check_eval_dropout(model: nn.Module, *inputs: Any, training: bool = False) -
     diff = max((float((a.float() - b.float()).abs().max()) for a, b in pairs if a.numel()), default=0.0)
     scale = max((float(a.float().abs().max()) for a, _ in pairs if a.numel()), default=0.0)
     return {"max_diff": diff, "relative_diff": diff / scale if scale else diff,
-            "calls": [describe(w) for w in counter.dropouts]}
+            "calls": [describe(w) for w in counter.dropouts],
+            "random_calls": [f"{call}() at {describe(where)}" for call, *where in counter.randoms]}
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -34,6 +34,11 @@ PASS_THROUGH = {*INSTRUMENT_FILES, os.path.join(TORCH_DIR, "overrides.py"), os.p
 SYNC_METHODS = frozenset({"item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__",
                           "__repr__", "__format__", "nonzero"})
 DROPOUTS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"})
+# Calls that draw random numbers: in an eval-mode forward they are sampling by design (a VAE's reparameterization,
+# a diffusion step's noise) or a hand-made dropout mask; either way they, not dropout, make two forwards differ.
+RANDOM_CALLS = frozenset({"rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
+                          "bernoulli", "bernoulli_", "normal", "normal_", "uniform_", "multinomial", "poisson",
+                          "exponential_", "geometric_", "log_normal_", "cauchy_", "random_"})
 
 
 def caller(skip_torch: bool) -> tuple[str, int] | None:
@@ -70,6 +75,14 @@ def _to_host(args: tuple, kwargs: dict) -> bool:
     return target is not None and torch.device(target).type == "cpu"
 
 
+def _drops(name: str, args: tuple, kwargs: dict) -> bool:
+    """A dropout call that drops: F.dropout & co. with training=True (their default), or attention with a
+    dropout_p above 0 (which, unlike nn.Dropout, does not follow eval(): the model must pass 0 there)."""
+    if name == "scaled_dot_product_attention":
+        return bool(kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0))
+    return bool(kwargs.get("training", args[2] if len(args) > 2 else True))
+
+
 class SyncCounter(TorchFunctionMode):
     """Counts host reads of tensor values by source line (see the module docstring), and functional dropout
     calls that still drop (training=True) by source line."""
@@ -79,6 +92,7 @@ class SyncCounter(TorchFunctionMode):
         self.on_cpu = device_type == "cpu"
         self.syncs: Counter = Counter()         # (op, file, line) -> calls
         self.dropouts: Counter = Counter()      # (file, line) -> calls with training=True
+        self.randoms: Counter = Counter()       # (call, file, line) -> calls that drew random numbers
         # Inside a DataLoader's next(): the loader's reads of host tensors (a label's int()) are not syncs.
         self.in_loader = False
         # From an eval-mode forward to the next training forward: an evaluation's reads (a metric's .item()
@@ -87,6 +101,11 @@ class SyncCounter(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if torch.compiler.is_compiling():
+            # Dynamo traces a mode's __torch_function__ into the graph: the frame walk below would break the
+            # user's graph, a break the doctor would then report as theirs. A read inside a compiled region
+            # breaks the graph anyway, and runs (and is counted) in eager code.
+            return func(*args, **kwargs)
         name = getattr(func, "__name__", "")
         if self.in_loader or self.in_eval:
             pass
@@ -97,12 +116,15 @@ class SyncCounter(TorchFunctionMode):
                 where = caller(skip_torch=False)
                 if where is not None:
                     self.syncs[(name.strip("_"), *where)] += 1
-        elif name in DROPOUTS:
-            training = kwargs.get("training", args[2] if len(args) > 2 else True)
-            if training:
+        elif name in DROPOUTS or name == "scaled_dot_product_attention":
+            if _drops(name, args, kwargs):
                 where = caller(skip_torch=True)
                 if where is not None:
                     self.dropouts[where] += 1
+        elif name in RANDOM_CALLS:
+            where = caller(skip_torch=True)
+            if where is not None:
+                self.randoms[(name, *where)] += 1
         return func(*args, **kwargs)
 
     @property

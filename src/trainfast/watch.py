@@ -82,6 +82,9 @@ class Watch:
         self.train_mode_evals = 0                   # grad-free forwards of the trained model in training mode
         self.train_mode_modules: dict[str, int] = {}
         self.train_mode_input: Any = None
+        # The first grad-free training-mode forward of a run, held back (module, inputs) until the next forward
+        # says whether it was an evaluation; False inside a run already counted; None outside one.
+        self._grad_free: tuple | bool | None = None
         self.data_parallel = False
         self.grads: list[str] = []
         self.zero_grad_calls: Counter = Counter()   # (call, set_to_none, file, line) -> calls
@@ -90,6 +93,7 @@ class Watch:
         # the trained module (for the eval-dropout check)
         self.root: weakref.ref | None = weakref.ref(model) if model is not None else None
         self.last_input: Any = None
+        self.last_batch: Any = None                 # a loader's batch after the first step, as it left the loader
         self.compute_dtype: torch.dtype | None = None   # of the training forwards: autocast's, or the weights'
         self.errors: list[str] = []                 # hooks that failed (and were then skipped)
         self.stopped = False                        # the watched steps are over: nothing more is timed
@@ -147,6 +151,9 @@ class Watch:
             watch._wait += time.perf_counter() - t0
             watch._samples += batch_samples(batch)
             watch.num_workers = iterator._num_workers
+            if watch.steps >= 1 and watch.last_batch is None:
+                # what a worker would hand over (doctor.worker_handoff_s): its tensors, copied (loaders recycle)
+                watch.last_batch = [t.detach().clone() for t in _tensors(batch)]
             return batch
 
         _BaseDataLoaderIter.__next__ = timed_next
@@ -212,6 +219,7 @@ class Watch:
         if not (module.training and torch.is_grad_enabled()):
             return
         self.counter.in_eval = False
+        self._grad_free = None      # a lone grad-free forward before this one was part of the step, not evaluation
         if self.stopped:
             return
         self.shapes.append(shape_of(args))
@@ -228,10 +236,15 @@ class Watch:
         if module.training:
             if self.root is None or self.root() is not module:
                 return                 # a grad-free forward of another model (a frozen teacher's, say)
-            self.train_mode_evals += 1
-            if self.train_mode_input is None and args:
-                self.train_mode_input = _detached(tuple(args))
-                self.train_mode_modules = mode_dependent(module)
+            # One grad-free forward followed by a training forward is part of the step (pseudo-labels, a target
+            # computed by the model itself); two in a row, or one the loop ends on, are an evaluation.
+            if self._grad_free is None:
+                self._grad_free = (module, _detached(tuple(args)) if args else None)
+                return
+            if self._grad_free:                # the first of this run, held back until now
+                self._note_train_mode_eval(*self._grad_free)
+            self._note_train_mode_eval(module, args)
+            self._grad_free = False
         else:
             self.eval_forwards += 1
             self.counter.in_eval = True
@@ -239,6 +252,11 @@ class Watch:
                 self.eval_graph[type(module).__name__] += 1
         if self.wait_started is not None and self.eval_seen >= self.EVAL_FORWARDS:
             self._finish("reached")
+
+    def _note_train_mode_eval(self, module: nn.Module, inputs: tuple | None) -> None:
+        self.train_mode_evals += 1
+        if self.train_mode_input is None and inputs:
+            self.train_mode_input, self.train_mode_modules = _detached(tuple(inputs)), mode_dependent(module)
 
     @property
     def eval_seen(self) -> int:
@@ -376,6 +394,9 @@ class Watch:
         """The evaluation forwards left in training mode: how many, the modules that act differently there
         and, when there are none, two forwards of the first such input compared (F.dropout following
         self.training). None when there were none."""
+        if self._grad_free:                    # the loop ended on a lone grad-free forward: its evaluation
+            self._note_train_mode_eval(*self._grad_free)
+            self._grad_free = False
         if not self.train_mode_evals:
             return None
         repeat = None if self.train_mode_modules else self._test_model(self.train_mode_input, training=True)
@@ -392,6 +413,8 @@ def shape_of(args: tuple) -> list:
 def _detached(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
+    if isinstance(value, tuple) and hasattr(value, "_fields"):          # a namedtuple
+        return type(value)(*(_detached(v) for v in value))
     if isinstance(value, (list, tuple)):
         return type(value)(_detached(v) for v in value)
     if isinstance(value, dict):
