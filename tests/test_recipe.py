@@ -63,6 +63,23 @@ def test_config_file_values_are_validated(tmp_path):
         Recipe.from_file(path)
 
 
+def test_yaml_numbers_in_exponent_form_are_numbers_and_types_are_checked(tmp_path):
+    """YAML 1.1 (PyYAML) reads `1e-3` as a string; a recipe reads it as the number everyone means. A string
+    where a switch wants true/false is refused: "false" is truthy and would switch the technique on."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text("lr: 1e-3\nweight_decay: 5E-2\ngrad_clip: 1e0\n")
+    assert Recipe.from_file(path) == Recipe(lr=0.001, weight_decay=0.05, grad_clip=1.0)
+    for text, message in (('compile: "false"\n', "compile='false' must be true or false"),
+                          ("channels_last: 1\n", "channels_last=1 must be true or false"),
+                          ("lr: fast\n", "lr='fast' must be a number"),
+                          ("prefetch_factor: '2'\nnum_workers: 2\n", "prefetch_factor='2' must be an integer"),
+                          ("lr: 0.1\nlr: 0.2\n", "key 'lr' is given twice")):
+        path.write_text(text)
+        with pytest.raises(RecipeError, match="recipe.yaml") as raised:
+            Recipe.from_file(path)
+        assert message in str(raised.value)
+
+
 def test_yaml_python_object_tag_is_refused(tmp_path):
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.yaml"

@@ -43,3 +43,14 @@ def test_model_refused_for_its_input_before_the_bar(tmp_path):
     assert "Traceback" not in proc.stderr
     assert "train" not in proc.stdout                    # the bar ("train ━━ 0/22") never started
     assert not (out / "metrics.jsonl").exists()
+
+
+def test_a_batch_larger_than_the_training_set_is_refused_not_trained_as_nothing(tmp_path):
+    """Full batches only: a batch larger than the training set would make an epoch of no step (a loss of 0, a
+    model never trained, a timed run that waits for ever). Refused with the flag, the size and the way out."""
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "trainfast", "train", "--image-size", "16", "--batch-size", "5000",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--batch-size 5000 is larger than the training set's" in proc.stderr and "at most" in proc.stderr
+    assert not (out / "metrics.jsonl").exists() and not (out / "model.pt").exists()

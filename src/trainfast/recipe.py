@@ -109,7 +109,10 @@ class Recipe:
         unknown = sorted(set(data) - known)
         if unknown:
             raise RecipeError(f"{source}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}")
-        return cls(**data)
+        try:
+            return cls(**data)
+        except RecipeError as exc:
+            raise RecipeError(f"{source}: {exc}") from exc
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Recipe":
@@ -117,15 +120,40 @@ class Recipe:
         return cls.from_dict(read_recipe_file(path), source=f"config file {path}")
 
 
+def recipe_loader():
+    """yaml.SafeLoader (no Python object tags) with two changes a recipe needs: numbers in exponent form without
+    a dot (`lr: 1e-3`) are floats, as in YAML 1.2 and JSON, not the strings PyYAML's YAML 1.1 rules make them;
+    and a key given twice is refused (the safe loader keeps the last one silently)."""
+    import re
+
+    import yaml
+
+    class RecipeLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    RecipeLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"))
+    return RecipeLoader
+
+
 def read_recipe_file(path: str | Path, source: str = "config file") -> dict[str, Any]:
-    """The mapping of recipe fields in a YAML (or JSON) file, read with yaml.safe_load."""
+    """The mapping of recipe fields in a YAML (or JSON) file, read with the safe loader (recipe_loader)."""
     import yaml
 
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"{source} {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=recipe_loader())  # noqa: S506  (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         raise RecipeError(f"{source} {path}: not valid safe YAML ({exc})") from exc
     if data is None:
@@ -179,6 +207,16 @@ def apply_env_recipe(recipe: Recipe, environ: Mapping[str, str] | None = None) -
 
 def validate_fields(r: Recipe) -> None:
     """Checks that need no device: types, ranges, and switches that need another switch."""
+    for f in fields(r):
+        value = getattr(r, f.name)
+        if f.type == "bool" and not isinstance(value, bool):
+            # a string "false" is truthy: taken as given it would switch the technique on
+            raise RecipeError(f"{f.name}={value!r} must be true or false")
+        if f.type in ("float", "float | None") and not (value is None and f.type != "float") and (
+                isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise RecipeError(f"{f.name}={value!r} must be a number")
+        if f.type == "int | None" and value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise RecipeError(f"{f.name}={value!r} must be an integer (or unset)")
     for name, choices in FIELD_CHOICES.items():
         if getattr(r, name) not in choices:
             raise RecipeError(f"{name}={getattr(r, name)!r} is not one of {', '.join(choices)}")

@@ -82,11 +82,24 @@ def assemble_run(model: str | nn.Module | Callable[[], nn.Module], split, recipe
                                                           session.device))
         session.setup(module)                                                           # 6
         train_batches, val_batches = work.build_loaders(split, session.recipe, session.device, session.dist)  # 7
+        check_steps(len(train_batches), len(split.train), session.recipe.batch_size, session.dist)
         work.apply_schedule(session.state, len(train_batches))
     except BaseException:
         session.close()
         raise
     return BuiltinRun(session, work, split, train_batches, val_batches)
+
+
+def check_steps(steps: int, samples: int, batch_size: int, dist: Dist | None) -> None:
+    """An epoch must hold one step: with full batches only (a partial last batch is dropped, so every step has
+    one shape), a batch larger than the training set would train nothing, and a timed run wait for ever."""
+    if steps:
+        return
+    ranks = dist.world_size if dist is not None else 1
+    per_rank = f" ({samples // ranks} per rank of {ranks})" if ranks > 1 else ""
+    raise ValueError(f"--batch-size {batch_size} is larger than the training set's {samples} samples{per_rank}: an "
+                     "epoch would hold no full batch (the last partial batch is dropped) and train nothing; use a "
+                     f"batch size of at most {max(1, samples // ranks)}")
 
 
 def as_split(train_set, val_set=None, num_classes: int | None = None, mean=None, std=None) -> Split | DetectionSplit:
