@@ -107,6 +107,20 @@ def test_a_run_smaller_than_min_samples_is_judged_once_all_of_it_was_read():
         val_tally.record(Batch(None, None, 4))
 
 
+def test_a_small_folder_is_judged_in_its_first_epoch_though_full_batches_never_read_all_of_it(tmp_path):
+    """A training loader drops its partial last batch, so an epoch reads less than the folder holds: the run is
+    judged once it has read what one pass of each loader reads, not the whole folder (which never came)."""
+    for c in range(2):
+        write_jpegs(tmp_path / "photos" / f"c{c}", 13 - c, seed=c, start=c * 13)
+    split = load_imagefolder(str(tmp_path / "photos"), image_size=16)
+    broken = break_val_files(split, 1)
+    one_pass = len(split.train) // 8 * 8 + len(split.val)
+    assert one_pass < len(split.train) + len(split.val)
+    with pytest.raises(BadFileError, match=f"1 of {one_pass} images read") as info:
+        train(tiny_model, split, recipe=Recipe(epochs=1, batch_size=8), device="cpu")
+    assert str(broken[0]) in str(info.value)
+
+
 def test_a_loader_built_after_reading_began_counts_a_new_run():
     split = SimpleNamespace(bad_files=None)
     first = GuardedLoader([Batch(None, None, 4, ((0, BAD),))], BadFileTally(run=join_run_tally(split, 0.5, 4)))

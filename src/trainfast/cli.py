@@ -475,8 +475,10 @@ def _train(args, recipe: Recipe) -> int:
         progress.update(bar, completed=step, loss=f"{stats.losses[-1]:.3f}")
 
     def on_epoch(record):
+        skipped = (record.get("skipped_files") or 0) + (record.get("val_skipped_files") or 0)
         progress.console.print(f"epoch {record['epoch']}: train loss {record['train_loss']:.4f}  "
-                               f"{task.summary(record)}  {record['epoch_time_s']:.1f}s")
+                               f"{task.summary(record)}  {record['epoch_time_s']:.1f}s"
+                               + (f"  ({skipped} unreadable image(s) skipped, named above)" if skipped else ""))
 
     try:
         train(build_model, split, recipe=recipe, device=device, out=out,

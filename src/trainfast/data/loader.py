@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 
 from ..techniques.transfer import pin_memory_for, tensors_in
-from .badfiles import BadFileTally, GuardedLoader, collate_skipping, join_run_tally
+from .badfiles import BadFileTally, GuardedLoader, collate_skipping, join_run_tally, world_size
 from .datasets import HostNormalized, Split
 from .sampler import ResumableBatchSampler
 
@@ -104,8 +104,15 @@ def build_loader(dataset: Dataset, recipe, device: torch.device, train: bool, sp
     if not train:
         workers = eval_workers(len(sampler) if sampler is not None else len(dataset), recipe.batch_size, workers)
     loader = make_loader(dataset, recipe, device, train, sampler, rank, workers)
-    run = join_run_tally(split, recipe.max_bad_fraction, len(dataset))
+    run = join_run_tally(split, recipe.max_bad_fraction, pass_size(loader, dataset, recipe.batch_size))
     return GuardedLoader(loader, BadFileTally(run=run))
+
+
+def pass_size(loader: DataLoader, dataset: Dataset, batch_size: int) -> int:
+    """Images one pass of `loader` reads, over all ranks: the dataset, less the partial last batch a training
+    loader drops (every step one shape). The bad-file fraction is exact once a run has read this many, so a
+    small folder whose epoch never reaches the whole dataset is still judged in its first epoch."""
+    return min(len(dataset), len(loader) * batch_size * world_size())
 
 
 def eval_workers(samples: int, batch_size: int, workers: int) -> int:
