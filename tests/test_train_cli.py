@@ -54,3 +54,23 @@ def test_a_batch_larger_than_the_training_set_is_refused_not_trained_as_nothing(
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "--batch-size 5000 is larger than the training set's" in proc.stderr and "at most" in proc.stderr
     assert not (out / "metrics.jsonl").exists() and not (out / "model.pt").exists()
+
+
+def test_a_bad_out_folder_is_refused_before_any_work_naming_the_flag(tmp_path):
+    """A file where the folder should be, a path under a file, a run folder holding an earlier run's checkpoints:
+    each refused with --out named, no traceback, before the bar or a step; a folder only probed is removed."""
+    (tmp_path / "file").write_text("not a folder")
+    earlier = tmp_path / "earlier" / "checkpoints"
+    earlier.mkdir(parents=True)
+    (earlier / "step-000000002.ckpt").write_bytes(b"")
+    for out, message in ((tmp_path / "file", "is a file, not a folder"),
+                         (tmp_path / "file" / "sub", "the folder cannot be made there (Not a directory)"),
+                         (tmp_path / "earlier", "holds checkpoints of an earlier run (step-000000002.ckpt)")):
+        proc = subprocess.run([sys.executable, "-m", "trainfast", "train", "--image-size", "16", "--model",
+                               "convnext_atto", "--out", str(out)], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and f"--out {out}" in proc.stderr and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and "train" not in proc.stdout
+    from trainfast.cliargs import check_out_folder
+
+    check_out_folder(tmp_path / "new" / "deep", fresh=True)               # can be made: nothing left behind
+    assert not (tmp_path / "new").exists()

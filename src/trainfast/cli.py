@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 from . import __version__, selfcheck
 from .cliargs import (DEVICE_HELP, AliasHelpFormatter, Duration, add_aliased, add_comparison, add_out, add_resume,
-                      add_script_flags, add_switches, add_timing, format_duration, int_or_auto, optional,
-                      positive_int, resume_checkpoint, resume_folder, worker_count_or_auto)
+                      add_script_flags, add_switches, add_timing, check_out_folder, format_duration, int_or_auto,
+                      optional, positive_int, resume_checkpoint, resume_folder, worker_count_or_auto)
 from .recipe import FIELD_CHOICES, Recipe, RecipeError, field_docs, preset
 
 
@@ -456,6 +456,7 @@ def _train(args, recipe: Recipe) -> int:
     task = build_task(args.task)
     split = task.load_data(args.data, args.image_size)
     out = Path(folder) if folder else Path("runs") / datetime.now().strftime("train-%Y%m%d-%H%M%S")
+    check_out_folder(out, fresh=resume is None)
     # Under torchrun every rank runs this; rank 0 alone prints (the trainer makes it the only writer).
     rank, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1)))
     console = Console(quiet=rank != 0)

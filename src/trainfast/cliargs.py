@@ -222,6 +222,29 @@ def resume_folder(resume: str | None, out: str | None) -> tuple[bool, str | None
     return True, resume
 
 
+def check_out_folder(out: Path, fresh: bool) -> None:
+    """train's --out, refused before any work: a path that is a file or lies under one, a folder that cannot
+    be made there, and (a fresh run, no --resume) a run folder holding an earlier run's checkpoints. The
+    folder is made to prove it can be, and what this made is removed again (the run makes it for real)."""
+    import shutil
+
+    from .checkpoint import list_checkpoints
+
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    first_missing = next((p for p in (out, *out.parents) if not p.exists() and p.parent.exists()), None)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {out}: the folder cannot be made there ({exc.strerror or exc})") from None
+    if first_missing is not None:
+        shutil.rmtree(first_missing, ignore_errors=True)
+    existing = list_checkpoints(out / "checkpoints") if fresh and (out / "checkpoints").is_dir() else []
+    if existing:
+        raise ValueError(f"--out {out} holds checkpoints of an earlier run ({existing[0].name}); pass --resume "
+                         "auto to continue it, or choose another --out")
+
+
 def resume_checkpoint(resume: str | None, out: str | None) -> tuple[str | None, str | None]:
     """train: `--resume [WHAT]` -> (the trainer's resume: None, "auto" or a checkpoint file, the run folder).
     Bare (or `auto`): the newest good checkpoint in --out DIR; an existing folder: the newest in that run
