@@ -3,10 +3,10 @@
 On a machine with few cores the JPEG decode is the floor of the input pipeline (libjpeg-turbo spends
 ~0.8 ms on a 500x375 photo here, most of the ~1.1 ms our whole per-image path costs). Training runs
 many epochs over the same files, so the decode can be paid once: every image is decoded to uint8 HWC
-(exactly the decoder's pixels, data/imagefolder.py) into one file, memory-mapped by the workers; each epoch then only
-crops and resizes. What it costs: disk, about 3 bytes per pixel (~0.56 MB for a 500x375 photo, 5-10x
-the JPEG), checked against the free space before anything is written, and one decoding pass, done
-in parallel the first time.
+(exactly the decoder's pixels, upright: data/imagefolder.py) into one file, memory-mapped by the workers;
+each epoch then only crops and resizes. What it costs: disk, about 3 bytes per pixel (~0.56 MB for a
+500x375 photo, 5-10x the JPEG), checked against the free space before anything is written, and one
+decoding pass, done in parallel the first time.
 
 The crops are bit-identical to decoding the file every epoch without a DCT reduction (same pixels,
 same random draws, same resize kernel), so the switch changes speed, never the data. Files that are
@@ -34,9 +34,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..techniques.base import ACTS, Effect
 from .datasets import DataError, Split
-from .imagefolder import ImageFiles, decode_bytes, read_bytes
+from .imagefolder import ImageFiles, decode_bytes, read_bytes, upright_size
 
-CACHE_FORMAT = 2     # 2: HWC pixel order
+CACHE_FORMAT = 3     # 2: HWC pixel order; 3: upright (EXIF orientation applied by every decoder)
 HEADROOM = 1.05          # free space required: the pixels plus 5%
 SMALL_FOLDER = 256       # fewer images than this decode in the calling process
 
@@ -62,12 +62,13 @@ def fingerprint(paths: list[Path]) -> str:
 
 
 def image_size(path: Path) -> tuple[int, int] | None:
-    """(width, height) from the header only; None when the header cannot be read (not cached)."""
+    """(width, height) of the decoded (upright) pixels, from the header only; None when the header cannot be
+    read (not cached)."""
     from PIL import Image
 
     try:
         with Image.open(path) as image:
-            return image.size
+            return upright_size(image)
     except Exception:                       # noqa: BLE001 - any unreadable header: decoded at read time
         return None
 

@@ -16,6 +16,13 @@ sides), the pixels are exactly the decoder's. A reduced decode is libjpeg's own
 downscale, an 8x8 DCT truncated to 4x4, 2x2 or 1x1 coefficients: close to an area resize, not
 bit-equal to decoding at full size and resizing.
 
+Every path gives the image upright, as a photo viewer shows it: a phone stores its pixels as the sensor
+read them and an EXIF orientation tag (1-8) saying how to turn them. TorchCodec applies the tag, torchvision
+does when asked (not for WebP, which then decodes through Pillow), Pillow's reduced decode cuts the box
+mapped back into the stored pixels and turns only that. The crop is drawn on the upright size (the header's,
+sides swapped for orientations 5-8): drawn on the stored size, a rotated photo's val crop would cut off
+part of it and a train crop could fall outside it (an empty tensor: skipped as an unreadable file).
+
 PATH/train and PATH/val are used when both exist; otherwise a fixed 20% of PATH is held out. Folder
 problems (missing folder, no class subfolders, a class without images, a non-image file) are errors
 before any training starts; a file that fails to decode during training is skipped and counted
@@ -31,7 +38,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from PIL.Image import DecompressionBombError
+from PIL.Image import DecompressionBombError, Exif, Transpose
 from torch.utils.data import Dataset
 
 from .datasets import IMAGE_EXTENSIONS, DataError, Skipped, Split, _split_indices
@@ -42,6 +49,11 @@ TORCHVISION_DECODES = (".png", ".gif", ".webp")   # and JPEG at full size; the r
 DCT_REDUCTIONS = (8, 4, 2)    # libjpeg's power-of-two scaled decodes, largest first
 VAL_RESIZE_RATIO = 0.875      # val: resize the short side to size / 0.875 (256 for 224), centre crop size
 CROP_SCALE, CROP_RATIO = (0.08, 1.0), (3 / 4, 4 / 3)     # RandomResizedCrop's defaults
+ORIENTATION_TAG = 0x0112
+# EXIF orientation -> the transpose that makes the stored pixels upright (as PIL.ImageOps.exif_transpose).
+# 5-8 swap width and height.
+TRANSPOSES = {2: Transpose.FLIP_LEFT_RIGHT, 3: Transpose.ROTATE_180, 4: Transpose.FLIP_TOP_BOTTOM,
+              5: Transpose.TRANSPOSE, 6: Transpose.ROTATE_270, 7: Transpose.TRANSVERSE, 8: Transpose.ROTATE_90}
 
 
 def scan_folder(root: Path) -> tuple[list[tuple[Path, int]], list[str]]:
@@ -97,12 +109,15 @@ def default_decoder() -> str:
 
 
 def decode_bytes(data: bytearray, path: Path, decoder: str | None = None) -> torch.Tensor:
-    """uint8 [3, H, W] RGB of a whole file (grayscale, palette and CMYK converted; an animation's first
-    frame). Raises on a corrupt or truncated file. `decoder`: "torchcodec" or "torchvision" (default_decoder)
-    for JPEG, PNG, GIF and WebP; Pillow for the rest."""
-    if path.suffix.lower() in JPEG_SUFFIXES + TORCHVISION_DECODES:
+    """uint8 [3, H, W] RGB of a whole file, upright (EXIF orientation applied; grayscale, palette and CMYK
+    converted; an animation's first frame). Raises on a corrupt or truncated file. `decoder`: "torchcodec" or
+    "torchvision" (default_decoder) for JPEG, PNG, GIF and WebP; Pillow for the rest."""
+    decoder = decoder or default_decoder()
+    suffix = path.suffix.lower()
+    # torchvision (0.29) ignores a WebP's orientation, even when asked to apply it: Pillow's (libwebp too) does not.
+    if suffix in JPEG_SUFFIXES + TORCHVISION_DECODES and not (decoder == "torchvision" and suffix == ".webp"):
         encoded = torch.frombuffer(data, dtype=torch.uint8)
-        if (decoder or default_decoder()) == "torchcodec":
+        if decoder == "torchcodec":     # applies the EXIF orientation, always
             from torchcodec.decoders import ImageReadMode, decode_image
 
             image = decode_image(encoded, mode=ImageReadMode.RGB)
@@ -111,11 +126,14 @@ def decode_bytes(data: bytearray, path: Path, decoder: str | None = None) -> tor
 
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "The image decoding and encoding capabilities", DeprecationWarning)
-                image = decode_image(encoded, mode=ImageReadMode.RGB)
+                image = decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
         return image[0] if image.dim() == 4 else image
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     with Image.open(io.BytesIO(data)) as image:
+        # In place: no copy when there is nothing to turn. It reads the tag after loading: a TIFF, which Pillow
+        # turns on load (and drops the tag), is not turned twice.
+        ImageOps.exif_transpose(image, in_place=True)
         return rgb_tensor(image)
 
 
@@ -128,6 +146,42 @@ def rgb_tensor(image) -> torch.Tensor:
     return torch.from_numpy(np.array(image)).permute(2, 0, 1)
 
 
+def exif_orientation(image) -> int:
+    """The EXIF orientation (1-8; 1 when absent or unreadable) of a lazily opened image, from the EXIF block
+    Pillow read with the header (a JPEG's APP1, a PNG's eXIf before the pixels, a WebP's EXIF chunk): nothing
+    is decoded. Only that block, as the decoders read it: not Pillow's getexif(), which decodes a whole PNG to
+    look for a later chunk and falls back to XMP, which TorchCodec and torchvision ignore."""
+    data = image.info.get("exif")
+    if not data:
+        return 1
+    exif = Exif()
+    try:
+        exif.load(data)
+    except Exception:                   # noqa: BLE001 - a malformed block: the decoders ignore it too
+        return 1
+    orientation = exif.get(ORIENTATION_TAG, 1)
+    return orientation if orientation in TRANSPOSES else 1
+
+
+def upright_size(image) -> tuple[int, int]:
+    """(width, height) of a lazily opened image as the decoders give it: sides swapped for orientations 5-8."""
+    width, height = image.size
+    return (height, width) if exif_orientation(image) >= 5 else (width, height)
+
+
+def stored_box(box: tuple[int, int, int, int], orientation: int, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """An upright (left, top, right, bottom) box in the stored pixels of `size` (width, height): the box that,
+    cut and then turned by TRANSPOSES[orientation], gives the upright box's pixels. Orientations 5-8 swap the
+    axes, then mirror as the orientation says."""
+    left, top, right, bottom = box if orientation < 5 else (box[1], box[0], box[3], box[2])
+    width, height = size
+    if orientation in (2, 3, 7, 8):
+        left, right = width - right, width - left
+    if orientation in (3, 4, 6, 7):
+        top, bottom = height - bottom, height - top
+    return left, top, right, bottom
+
+
 def dct_reduction(width: int, height: int, need: int) -> int:
     """The largest libjpeg DCT-domain reduction (8, 4, 2, or 1 for none) after which a region of
     width x height still has >= need pixels on both sides: the resize that follows only ever shrinks it,
@@ -136,10 +190,12 @@ def dct_reduction(width: int, height: int, need: int) -> int:
 
 
 def decode_jpeg_region(image, box: tuple[int, int, int, int], need: int) -> torch.Tensor:
-    """The (left, top, right, bottom) box of a lazily opened JPEG as uint8 [3, h, w], decoded at the
-    largest DCT reduction that leaves the box >= need pixels on both sides."""
-    left, top, right, bottom = box
+    """The (left, top, right, bottom) box of a lazily opened JPEG's upright image (see upright_size) as
+    uint8 [3, h, w], upright, decoded at the largest DCT reduction that leaves the box >= need pixels on both
+    sides. The box is mapped into the stored pixels and only its pixels are turned (not the whole image)."""
+    orientation = exif_orientation(image)
     full_w, full_h = image.size
+    left, top, right, bottom = box = stored_box(box, orientation, image.size)
     reduction = dct_reduction(right - left, bottom - top, need)
     if reduction > 1:
         image.draft("RGB", (-(-full_w // reduction), -(-full_h // reduction)))   # Pillow rounds up too
@@ -149,15 +205,18 @@ def decode_jpeg_region(image, box: tuple[int, int, int, int], need: int) -> torc
         box = (round(left * sx), round(top * sy), round(right * sx), round(bottom * sy))
     if box != (0, 0, *image.size):
         image = image.crop(box)
+    if orientation in TRANSPOSES:
+        image = image.transpose(TRANSPOSES[orientation])
     return rgb_tensor(image)
 
 
 def load_region(path: Path, region, cached: torch.Tensor | None = None, decoder: str | None = None) -> torch.Tensor:
-    """Decode `path` and cut the region that `region(width, height)` returns as (left, top, right,
-    bottom, need). With `cached` (the file's pixels from the decode cache) nothing is decoded: the same
-    region of the same pixels. A JPEG whose region allows a DCT reduction (see dct_reduction) decodes
-    reduced through Pillow; everything else decodes whole (JPEG through `decoder`'s libjpeg-turbo, faster than
-    Pillow's decode at 500x375 here) and is sliced. Either way the file is read once."""
+    """Decode `path` upright and cut the region that `region(width, height)` (the upright size) returns as
+    (left, top, right, bottom, need). With `cached` (the file's pixels from the decode cache) nothing is
+    decoded: the same region of the same pixels. A JPEG whose region allows a DCT reduction (see
+    dct_reduction) decodes reduced through Pillow; everything else decodes whole (JPEG through `decoder`'s
+    libjpeg-turbo, faster than Pillow's decode at 500x375 here) and is sliced. Either way the file is read
+    once."""
     if cached is not None:
         left, top, right, bottom, _ = region(cached.shape[-1], cached.shape[-2])
         return cached[:, top:bottom, left:right]
@@ -166,7 +225,7 @@ def load_region(path: Path, region, cached: torch.Tensor | None = None, decoder:
         from PIL import Image
 
         with Image.open(io.BytesIO(data)) as image:    # parses the header only (~0.02 ms): the size
-            *box, need = region(*image.size)
+            *box, need = region(*upright_size(image))    # the decoders' pixels are upright, so is the box
             if image.format == "JPEG" and dct_reduction(box[2] - box[0], box[3] - box[1], need) > 1:
                 return decode_jpeg_region(image, tuple(box), need)
     pixels = decode_bytes(data, path, decoder)
@@ -178,8 +237,8 @@ def load_region(path: Path, region, cached: torch.Tensor | None = None, decoder:
 
 class TrainCrop:
     """RandomResizedCrop(size, scale=(0.08, 1), ratio=(3/4, 4/3)) + horizontal flip with p=0.5, on uint8:
-    torchvision's crop-parameter sampler drawn from the image size (read from the header, so a JPEG can
-    decode only what the crop needs), torchvision's antialiased resize called directly (the v2 transform
+    torchvision's crop-parameter sampler drawn from the upright image size (read from the header, so a JPEG
+    can decode only what the crop needs), torchvision's antialiased resize called directly (the v2 transform
     objects add ~0.25 ms of dispatch per image, a fifth of the decode). Draws from the worker's torch RNG,
     which the loader seeds per (rank, worker, epoch); same draws, same order, whatever the decode path."""
 
