@@ -28,6 +28,27 @@ def test_checkpointing_recomputes_the_same_gradients():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_batch_norm_statistics_are_updated_once_a_step_as_without_checkpointing():
+    """The recomputation runs each block's forward again inside backward: its batch norms must not update their
+    running statistics a second time (momentum twice a step, num_batches_tracked double)."""
+    def trained(checkpointing: bool) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        model = timm.create_model("resnet10t", num_classes=3)
+        state = build_state(model, Recipe(activation_checkpointing=checkpointing), torch.device("cpu"))
+        optimizer = torch.optim.SGD(state.model.parameters(), lr=0.1)
+        x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 3, (4,))
+        for _ in range(2):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(state.forward(x), y).backward()
+            optimizer.step()
+        return state.model.state_dict()
+
+    plain, checkpointed = trained(False), trained(True)
+    assert checkpointed["layer4.0.bn1.num_batches_tracked"] == 2
+    for name, value in plain.items():
+        torch.testing.assert_close(checkpointed[name], value, msg=name)
+
+
 def test_the_switch_turns_off_as_well_as_on_and_is_read_back():
     model = timm.create_model("resnet18", num_classes=2)
     set_checkpointing(model, True)
