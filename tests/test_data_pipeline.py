@@ -349,6 +349,19 @@ def test_folder_errors_are_clear(tmp_path):
     (tmp_path / "none" / "cat").mkdir(parents=True)
     with pytest.raises(DataError, match="contain no images"):
         scan_folder(tmp_path / "none")
+    single = tmp_path / "single"
+    write_jpegs(single / "cat", 2)
+    with pytest.raises(DataError, match=r"one class folder \(cat/\): a classifier needs two or more"):
+        load_imagefolder(str(single))
+    halves = tmp_path / "halves"
+    for c in ("cat", "dog"):
+        write_jpegs(halves / "train" / c, 2)
+    with pytest.raises(DataError, match="has train/ but no val/: give both"):
+        load_imagefolder(str(halves))               # read as one class named "train", it trained to val acc 1.0
+    write_jpegs(halves / "val" / "cat", 2)
+    write_jpegs(halves / "val" / "fish", 2)
+    with pytest.raises(DataError, match=r"different class folders \(only in train/: dog; only in val/: fish\)"):
+        load_imagefolder(str(halves))
 
 
 def test_every_format_and_mode_a_torchvision_folder_holds_decodes_to_rgb(tmp_path):

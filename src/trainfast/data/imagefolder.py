@@ -314,16 +314,29 @@ class ImageFiles(Dataset):
 
 def load_imagefolder(path: str, image_size: int = 224) -> Split:
     root = Path(path)
-    if (root / "train").is_dir() and (root / "val").is_dir():
+    halves = [name for name in ("train", "val") if (root / name).is_dir()]
+    if len(halves) == 2:
         train_samples, classes = scan_folder(root / "train")
         val_samples, val_classes = scan_folder(root / "val")
         if val_classes != classes:
-            raise DataError(f"--data imagefolder:{root}: train/ and val/ have different class folders")
+            only_train, only_val = sorted(set(classes) - set(val_classes)), sorted(set(val_classes) - set(classes))
+            raise DataError(f"--data imagefolder:{root}: train/ and val/ have different class folders ("
+                            + "; ".join(f"only in {where}/: {', '.join(names[:5])}" for where, names in
+                                        (("train", only_train), ("val", only_val)) if names) + ")")
+    elif halves:
+        # One half alone would be read as a dataset with one class named "train" (or "val").
+        other = "val" if halves[0] == "train" else "train"
+        raise DataError(f"--data imagefolder:{root}: has {halves[0]}/ but no {other}/: give both ({root}/train/<class>/ "
+                        f"and {root}/val/<class>/), or the class folders directly under {root} (20% is then held "
+                        "out for validation)")
     else:
         samples, classes = scan_folder(root)
         train_idx, val_idx = _split_indices(len(samples), 0.2)
         train_samples = [samples[i] for i in train_idx.tolist()]
         val_samples = [samples[i] for i in val_idx.tolist()]
+    if len(classes) < 2:
+        raise DataError(f"--data imagefolder:{root}: one class folder ({classes[0]}/): a classifier needs two or "
+                        f"more, one subfolder per class ({root}/<class>/<image>)")
     # ImageNet statistics: computing them would mean decoding the whole folder before training.
     return Split(ImageFiles(train_samples, image_size, train=True), ImageFiles(val_samples, image_size),
                  len(classes), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), image_size, f"imagefolder:{root}")
