@@ -112,6 +112,18 @@ def test_full_mode_runs_the_adopted_example_to_its_end_in_each_rung(tmp_path):
 
 
 @pytest.mark.slow
+def test_full_mode_says_when_the_script_never_reported_the_metric(tmp_path):
+    """The adopted example reports val_accuracy; asked for val_f1, no run has one: the recommendation says it was
+    made on speed alone, in the terminal and in report.md, instead of a table of dashes and nothing else."""
+    out = tmp_path / "unreported"
+    proc, results = ablate(out, "--measure", "full", "--metric", "val_f1", "--repeats", "1", "--noise-seeds", "1",
+                           "--settle-within", "0", "--rungs", "amp", command=[sys.executable, ADOPTED, "--epochs", "1"])
+    assert all(rung["accuracy"] is None for rung in results["rungs"] if rung["status"] == "done")
+    said = "on speed alone: the script never reported val_f1, so no rung's accuracy was checked"
+    assert said in " ".join(proc.stdout.split()) and said in " ".join((out / "report.md").read_text().split())
+
+
+@pytest.mark.slow
 def test_a_failing_rung_is_reported_and_the_others_finish(tmp_path):
     out = tmp_path / "fail"
     script = str(ROOT / "tests" / "scripts" / "custom_optimizer_loop.py")

@@ -33,6 +33,10 @@ def best_line(result: AblationResult) -> str:
         return f"no recommendation: {result.no_recommendation}"
     labels = {r.name: rung_label(r) for r in result.rungs}
     text = f"recommended: {labels[result.best_name]}"
+    missing = unreported_metric(result)
+    if missing is not None:
+        text += (f" (on speed alone: the script never reported {missing or 'a metric'}, so no rung's accuracy was "
+                 f"checked; call tf.report({missing or 'val_accuracy'}=...) after its evaluation)")
     others = [n for n in result.tie if n != result.best_name]
     if others:
         text += (f" (tied with {', '.join(labels[n] for n in others)}: not measurably different from it; of the "
@@ -47,6 +51,17 @@ def best_line(result: AblationResult) -> str:
     return (text + f". A rerun would recommend the same only about {100 * same:.0f}% of the time ({rest}): these "
             "rungs are within the noise of each other here, so which of them is recommended is not a finding; "
             "more --repeats separate them")
+
+
+def unreported_metric(result: AblationResult) -> str | None:
+    """`--measure full` on a script where no run reported the metric (nothing was compared): its name ("" when
+    --metric was left to the script), else None."""
+    settings = result.settings
+    if settings.get("measure") != "full" or not settings.get("command"):
+        return None
+    if any(r.result.accuracy is not None for r in result.rungs if r.result is not None):
+        return None
+    return (settings.get("metric") or {}).get("name") or ""
 
 
 def judged(result: AblationResult) -> list[Rung]:
