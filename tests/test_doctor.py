@@ -182,6 +182,8 @@ def test_a_loop_that_ends_before_its_timed_steps_is_told_so_not_that_the_platfor
         assert found.status == NOT_HERE and "no step was timed: the loop made 3 optimizer step(s)" in found.evidence
     print_findings(findings, obs)
     assert "note: no step was timed" in capsys.readouterr().out
+    # its model, local to the loop's function, is gone when the loop returns: the checks that run it still do
+    assert finding(findings, "dropout active in eval mode").status == "fine"
 
 
 def compute_obs(fraction: float, half: tuple[str, float] | None, recipe_flags: bool = True) -> Observations:

@@ -92,6 +92,7 @@ class Watch:
         self._armed: dict[int, list] = {}           # id(optimizer) -> [hook handle, what its arrivals saw]
         # the trained module (for the eval-dropout check)
         self.root: weakref.ref | None = weakref.ref(model) if model is not None else None
+        self._trained: nn.Module | None = None
         self.last_input: Any = None
         self.last_batch: Any = None                 # a loader's batch after the first step, as it left the loader
         self.compute_dtype: torch.dtype | None = None   # of the training forwards: autocast's, or the weights'
@@ -226,6 +227,9 @@ class Watch:
         self.compute_dtype = compute_dtype(module, self.device_type)
         if self.root is None or self.root() is not module:
             self.root = weakref.ref(module)
+            # held too: a loop that ends before its watched steps are over is checked after it returned, when
+            # nothing else may hold its model (one model at most: the latest trained)
+            self._trained = module
         if args and self.steps >= 1 and self.last_input is None:
             self.last_input = _detached(tuple(args))  # a copy: loaders recycle their buffers
 
