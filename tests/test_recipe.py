@@ -137,3 +137,15 @@ def test_every_recipe_field_is_documented_in_the_cli_help(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "image folders: decode every file once to a uint8 cache on disk (default: False)" in out
     assert "micro-batches per optimizer step" in out
+
+
+@pytest.mark.parametrize("name,message", [("mps", "mps is not available"), ("xpu", "xpu is not available"),
+                                          ("meta", "meta tensors hold no data"), ("tpu", "is not a torch device")])
+def test_a_device_this_machine_lacks_is_refused_naming_the_flag(name, message):
+    from trainfast.recipe import resolve_device
+
+    if name == "mps" and torch.backends.mps.is_available() or name == "xpu" and torch.xpu.is_available():
+        pytest.skip(f"this machine has {name}")
+    with pytest.raises(RecipeError, match=f"--device '{name}'") as raised:
+        resolve_device(name)
+    assert message in str(raised.value)

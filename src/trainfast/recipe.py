@@ -298,6 +298,19 @@ def resolve_device(name: str = "auto") -> torch.device:
         raise RecipeError(f"--device {name!r} is not a torch device ({exc})") from exc
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RecipeError(f"--device {name!r}: CUDA is not available on this machine")
+    if device.type == "meta":
+        raise RecipeError(f"--device {name!r}: meta tensors hold no data, nothing can train there")
+    available = next((getattr(m, "is_available") for m in (getattr(torch.backends, device.type, None),
+                                                            getattr(torch, device.type, None))
+                      if callable(getattr(m, "is_available", None))), None)
+    if device.type != "cpu" and available is not None and not available():
+        raise RecipeError(f"--device {name!r}: {device.type} is not available on this machine or in this torch build")
+    if device.type != "cpu":
+        try:                    # a tensor there, once: a device this torch or machine lacks fails here, not mid-run
+            torch.empty(1, device=device)
+        except (RuntimeError, AssertionError) as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(". ")[0][:160]
+            raise RecipeError(f"--device {name!r} cannot be used here ({reason})") from None
     return device
 
 
