@@ -93,6 +93,8 @@ def read_bytes(path: Path) -> bytearray:
     with open(path, "rb") as f:
         data = bytearray(os.fstat(f.fileno()).st_size)
         f.readinto(data)
+    if not data:
+        raise OSError("empty file (0 bytes)")
     return data
 
 
@@ -279,8 +281,13 @@ class ValCrop:
 
 
 def describe_error(exc: Exception) -> str:
-    """The decoder's message without torchvision's C++ source location ("decode_jpeg, .../x.cpp:171, ")."""
-    return re.sub(r"\S+\.cpp:\d+,?\s*", "", str(exc)).strip()[:160]
+    """The decoder's message without torchvision's C++ source location ("decode_jpeg, .../x.cpp:171, ") or
+    Pillow's in-memory file object ("cannot identify image file <_io.BytesIO object at 0x7f...>")."""
+    text = re.sub(r"\S+\.cpp:\d+,?\s*", "", str(exc))
+    text = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-f]+>", "", text)
+    if text.startswith("cannot identify image file"):
+        text = "not an image Pillow can read (garbage, or a format it does not know)"
+    return text.strip()[:160]
 
 
 def build_transform(image_size: int, train: bool, decoder: str | None = None):
