@@ -42,3 +42,21 @@ def test_the_input_check_leaves_the_random_state_as_found_even_for_a_layer_it_in
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(4))
     check_input_size(model, "lazy", (2, 2, 2))
     assert torch.equal(model(torch.zeros(2, 2, 2, 2)), expected)
+
+
+def test_a_detection_model_named_for_classification_points_to_the_detection_task():
+    from trainfast.models import ModelError
+    from trainfast.tasks import build_task
+
+    with pytest.raises(ModelError, match="is a torchvision detection model; the detection task") as raised:
+        build_task("classification").check_model("fasterrcnn_resnet50_fpn")
+    assert "fasterrcnn_mobilenet_v3_large_320_fpn" in str(raised.value)
+
+
+def test_a_pretrained_tag_is_said_to_start_from_random_weights(capsys):
+    from trainfast.models import build_model
+
+    build_model("resnet10t.c3_in1k", 3)
+    assert "resnet10t starts from random weights" in capsys.readouterr().err
+    with pytest.raises(ModelError, match=r"no such pretrained tag for resnet10t \(its tags: resnet10t.c3_in1k\)"):
+        check_model_name("resnet10t.a1_in1k")

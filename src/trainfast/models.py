@@ -7,6 +7,7 @@ to pay (AVX512-BF16/AMX), and it compiles in under a minute, so the whole ladder
 from __future__ import annotations
 
 import difflib
+import sys
 
 import torch
 from torch import nn
@@ -52,6 +53,12 @@ def check_model_name(name: str) -> None:
     import timm
 
     if timm.is_model(name):
+        if "." in name and name not in timm.list_pretrained():
+            tags = timm.list_pretrained(name.split(".")[0] + ".*")
+            raise ModelError(f"--model {name!r}: timm has no such pretrained tag for {name.split('.')[0]}"
+                             + (f" (its tags: {', '.join(tags[:6])})" if tags else " (it has none)")
+                             + f"; a tag only names weights, never downloaded here: {name.split('.')[0]} alone is "
+                             "the same model")
         return
     close = difflib.get_close_matches(name, timm.list_models() + list(BUILTIN), n=4, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
@@ -64,6 +71,10 @@ def build_model(name: str, num_classes: int, image_size: int | None = None) -> n
     if name in BUILTIN:
         return BUILTIN[name](num_classes=num_classes)
     import timm
+
+    if "." in name:                                 # timm's "architecture.pretrained_tag"
+        print(f"--model {name}: the tag after the dot names pretrained weights, which are never downloaded here: "
+              f"{name.split('.')[0]} starts from random weights", file=sys.stderr)
 
     kwargs = {"pretrained": False, "num_classes": num_classes}
     cfg = timm.get_pretrained_cfg(name)

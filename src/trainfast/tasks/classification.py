@@ -82,9 +82,18 @@ class Classification:
         return load_data(spec, image_size)
 
     def check_model(self, name: str) -> None:
-        from ..models import check_model_name
+        from torchvision.models import detection, list_models
 
-        check_model_name(name)
+        from ..detection.models import DETECTION_MODELS
+        from ..models import ModelError, check_model_name
+
+        try:
+            check_model_name(name)
+        except ModelError as exc:
+            if name not in list_models(module=detection):
+                raise
+            raise ModelError(f"--model {name!r} is a torchvision detection model; the detection task (--task "
+                             f"detection) trains {', '.join(DETECTION_MODELS)}") from None
 
     def build_model(self, name: str, split) -> nn.Module:
         """The named model, checked on the split's input shape before any training (models.check_input_size)."""
