@@ -69,3 +69,13 @@ def test_valid_values_parse_unchanged():
     assert (args.noise_seeds, args.nproc) == (1, 2)
     args = parser.parse_args(["bench-data", "--data", "imagefolder:x", "--batch-size", "8", "--passes", "1"])
     assert (args.batch_size, args.passes, args.image_size) == (8, 1, 224)
+
+
+def test_an_unknown_flag_gets_the_subcommands_usage_not_the_top_levels(capsys):
+    from trainfast.cli import main
+
+    with pytest.raises(SystemExit) as raised:
+        main(["train", "--frobnicate"])
+    err = capsys.readouterr().err
+    assert raised.value.code == 2 and err.startswith("usage: trainfast train ")
+    assert "trainfast train: error: unrecognized arguments: --frobnicate" in err

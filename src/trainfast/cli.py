@@ -268,7 +268,10 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace:
     # `trainfast ablate|tune [flags] -- COMMAND ...`: everything after the first `--` is the user's command, as is.
     command = argv[argv.index("--") + 1:] if "--" in argv else None
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    args = parser.parse_args(argv)     # unknown flags and bad types exit here, before any work
+    args, unknown = parser.parse_known_args(argv)    # bad types exit here, before any work
+    if unknown:              # refused by the subcommand's parser: its usage line, not the top level's
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+        sub.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.user_command = command
     if command is not None and args.command not in ("ablate", "tune", "doctor"):
         parser.error(f"`-- COMMAND` is for `trainfast ablate`, `tune` and `doctor`, not `trainfast {args.command}`")
