@@ -74,3 +74,14 @@ def test_a_bad_out_folder_is_refused_before_any_work_naming_the_flag(tmp_path):
 
     check_out_folder(tmp_path / "new" / "deep", fresh=True)               # can be made: nothing left behind
     assert not (tmp_path / "new").exists()
+
+
+def test_a_switch_that_cannot_act_here_is_said_not_passed_over():
+    """A recipe moves between machines: CUDA-only switches are accepted on the CPU, with a note each."""
+    from trainfast.cli import idle_switches
+    from trainfast.recipe import Recipe
+
+    notes = idle_switches(Recipe(non_blocking=True, pin_memory=True, cudnn_benchmark=True, channels_last=True),
+                          torch.device("cpu"), None)
+    assert [n.split(" has no effect here")[0] for n in notes] == ["--non-blocking", "--pin-memory", "--cudnn-benchmark"]
+    assert all("on cpu it changes nothing" in n for n in notes)

@@ -441,6 +441,18 @@ def _doctor(args, recipe: Recipe) -> int:
     return 0
 
 
+def idle_switches(recipe: Recipe, device, split) -> list[str]:
+    """The switches this run turns on that cannot act here (a CUDA-only one on the CPU), each with why: accepted,
+    as a recipe moves between machines, but said rather than passed over in silence."""
+    from .techniques import field_effect
+
+    default = Recipe()
+    return [f"--{name.replace('_', '-')} has no effect here: {effect.reason}"
+            for name in (f.name for f in dataclasses.fields(Recipe))
+            if getattr(recipe, name) != getattr(default, name) and isinstance(getattr(recipe, name), bool)
+            and not (effect := field_effect(name, device, None, split)).acts]
+
+
 def _train(args, recipe: Recipe) -> int:
     from datetime import datetime
 
@@ -460,6 +472,8 @@ def _train(args, recipe: Recipe) -> int:
     split = task.load_data(args.data, args.image_size)
     out = Path(folder) if folder else Path("runs") / datetime.now().strftime("train-%Y%m%d-%H%M%S")
     check_out_folder(out, fresh=resume is None)
+    for note in idle_switches(recipe, device, split):
+        print(f"note: {note}", file=sys.stderr)
     # Under torchrun every rank runs this; rank 0 alone prints (the trainer makes it the only writer).
     rank, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1)))
     console = Console(quiet=rank != 0)
