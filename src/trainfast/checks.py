@@ -9,6 +9,7 @@ show it; the evidence says why). Findings are ranked problems first, by the time
 """
 from __future__ import annotations
 
+import math
 import shlex
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -30,6 +31,9 @@ HALF_ROOF = 1.5          # a half type's peak must be this much above fp32's to 
 FAULTS_PER_STEP = 10_000  # page faults a step must take before they are blamed: 40 MB of fresh 4 KiB pages a step
                           # is memory churn (a ResNet-18 step at 128 px, batch 128: ~130,000); a loader's batch
                           # mapped from shared memory is a few thousand and no allocator setting removes it
+SHARED_CORES = 0.5      # other processes busy on half a core or more while the steps were timed: torch's threads
+                        # each wait for the slowest at every parallel region (a step 50x slower was seen on 2
+                        # cores), so step times and the timed findings are a shared machine's
 VARYING_SHAPES = 2      # distinct input shapes tolerated under cudnn.benchmark (full batches + the last one)
 
 NOT_HERE = "not checked here"
@@ -61,6 +65,9 @@ class Observations:
     data_wait_s: list[float] | None = None   # per steady step; None: the loop's loader is not trainfast's
     samples: list[int] | None = None
     replay_step_seconds: list[float] | None = None   # one cached batch, no loader; None: not run
+    other_cores: float | None = None         # cores' worth of CPU other processes used while the steps were timed
+    cpus: int = 1                            # the CPUs this process may run on
+    threads: int = 1                         # torch's intra-op threads
     handoff_s: float | None = None           # what a loader worker would add to the training process per batch
                                              # (doctor.worker_handoff_s); None: not measured
     sync_steps: int = 0
@@ -185,6 +192,23 @@ def environment(obs: Observations) -> Finding:
         return Finding("environment", "environment", "problem", text + ". Failed: " + "; ".join(failures),
                        fix="see the explanation of each failure")
     return Finding("environment", "environment", "fine", text + ": both correct")
+
+
+@check
+def other_processes(obs: Observations) -> Finding:
+    name = "other processes on the cores"
+    if obs.other_cores is None:
+        return Finding(name, "environment", NOT_HERE, "this system's CPU counters could not be read, or no step was "
+                       "timed")
+    text = (f"other processes used {obs.other_cores:.1f} of the {obs.cpus} CPU(s) over the timed steps (at least 1 s; the "
+            f"loop's own threads and loader workers left out; torch runs {obs.threads} thread(s))")
+    if obs.other_cores >= SHARED_CORES:
+        free = max(1, obs.cpus - math.ceil(obs.other_cores))
+        return Finding(name, "environment", "problem", text + ": each of torch's threads waits for the slowest at "
+                       "every parallel region, so the step times, and every finding timed from them, are those of "
+                       "a shared machine and may differ on a rerun",
+                       fix=f"rerun when the machine is quiet, or leave torch the free cores: torch.set_num_threads({free})")
+    return Finding(name, "environment", "fine", text)
 
 
 # --- where the time goes ----------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from torch import nn
 
 from .checks import Finding, Observations, run_checks, untimed
 from .engine import train_one_epoch
-from .envcheck import collect_environment
+from .envcheck import collect_environment, cpu_seconds, other_cores_since, usable_cpus
 from .measure import detect_warmup, measure_ceiling
 from .report import doctor_section, replace_doctor_section, saves_text
 from .techniques import memory_reuse
@@ -97,7 +97,10 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
         obs.dropout = watch.dropout_check()
         compiled_before = _compiled_frames()
         batch = _clone(next(iter(run.train_batches)))
+        load_start = cpu_seconds()
         timed, replayed, replay_kernel = time_and_replay(run, batch, steps)                    # passes 2 and 3
+        obs.other_cores = other_cores_since(load_start)
+        obs.cpus, obs.threads = usable_cpus(), torch.get_num_threads()
         recompiles = _compiled_frames() - compiled_before if compiled_before is not None else None
         obs.memory = {"peak_bytes": peak_memory_bytes(dev), "static_bytes": static, "capacity_bytes": capacity(dev)}
         obs.cuda_profile = (profile_cuda(lambda n: run_steps(run, [batch] * (n * recipe.grad_accum_steps)))
@@ -298,6 +301,8 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
     obs.dropout = dropout
     obs.recipe_flags = False
     obs.num_workers = watch.num_workers
+    obs.other_cores = other_cores_since(watch.load_start) if obs.step_seconds else None
+    obs.cpus, obs.threads = usable_cpus(), torch.get_num_threads()
     if watch.num_workers == 0 and watch.last_batch is not None:
         obs.handoff_s = worker_handoff_s(watch.last_batch)
     obs.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)

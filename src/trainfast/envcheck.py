@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from typing import Any
 
 import torch
@@ -152,6 +153,56 @@ def summary(env: dict[str, Any]) -> str:
             + f"; CPU {env['cpu']} ({env['cpu_cores']} cores, flags {flags}, bf16 "
             f"{'fast' if env['cpu_bf16'] else 'emulated'}); torch threads {env['torch_threads']} "
             f"(interop {env['torch_interop_threads']}, OMP_NUM_THREADS {env['omp_num_threads'] or 'unset'})")
+
+
+def cpu_seconds() -> tuple[float, float, float] | None:
+    """(a wall clock, the CPU seconds the machine's processes have been busy, the CPU seconds of this process
+    and its children: the loop's threads and its loader workers), for other_cores between two reads; None
+    without the system's counters. Time the hypervisor gave another guest (steal) is left out: no process here
+    can be stopped for it."""
+    try:
+        import psutil
+
+        system = psutil.cpu_times()
+        busy = sum(getattr(system, field, 0.0) for field in ("user", "nice", "system", "irq", "softirq"))
+        me = psutil.Process()
+        own = sum(me.cpu_times()[:4])           # user, system, and the reaped children's
+        for child in me.children(recursive=True):
+            try:
+                own += sum(child.cpu_times()[:2])
+            except psutil.Error:                # a worker that exited meanwhile
+                pass
+    except Exception:                           # noqa: BLE001 - no /proc, no psutil: not measured
+        return None
+    return time.perf_counter(), busy, own
+
+
+def other_cores(before: tuple | None, after: tuple | None) -> float | None:
+    """Cores' worth of CPU other processes used between two cpu_seconds() reads."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return max(0.0, ((after[1] - before[1]) - (after[2] - before[2])) / (after[0] - before[0]))
+
+
+LOAD_WINDOW_S = 1.0     # the counters tick every 10 ms: over a shorter window the estimate is mostly rounding
+
+
+def other_cores_since(before: tuple | None) -> float | None:
+    """other_cores from `before` until now, the window stretched to LOAD_WINDOW_S by waiting (a short loop's
+    timed steps may last 50 ms; while the loop is held, the others run as they would have)."""
+    if before is None:
+        return None
+    wait = before[0] + LOAD_WINDOW_S - time.perf_counter()
+    if wait > 0:
+        time.sleep(wait)
+    return other_cores(before, cpu_seconds())
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                      # not Linux
+        return os.cpu_count() or 1
 
 
 def smoke_failures(env: dict[str, Any]) -> list[str]:

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 # Names other code imports from here are re-exported: SyncCounter, check_eval_dropout, grads_state, _tensors.
+from .envcheck import cpu_seconds
 from .evalcheck import _tensors, check_eval_dropout, mode_dependent
 from .gradwatch import (call_site, graded_param, grads_state, interval_state, time_memset, wrap_zero_grad,
                         zero_grad_rows)
@@ -74,6 +75,7 @@ class Watch:
         self.step_waits: list[float] = []           # per step: seconds in DataLoader.__next__
         self.step_samples: list[int] = []
         self.step_kernel: list = []                 # per step end: memory_reuse.kernel_counters()
+        self.load_start: tuple | None = None        # envcheck.cpu_seconds() where the timed steps begin
         self.num_workers: int | None = None         # of the last DataLoader iterated
         self._wait, self._samples = 0.0, 0
         self.shapes: list[list] = []
@@ -283,6 +285,8 @@ class Watch:
         self.steps += 1
         self.step_ends.append(time.perf_counter())
         self.step_kernel.append(kernel_counters())
+        if self.steps == self.sync_window[1]:          # the timed steps begin: the machine's load from here
+            self.load_start = cpu_seconds()
         self.step_waits.append(self._wait)
         self.step_samples.append(self._samples)
         self._wait, self._samples = 0.0, 0
