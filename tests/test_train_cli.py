@@ -85,3 +85,6 @@ def test_a_switch_that_cannot_act_here_is_said_not_passed_over():
                           torch.device("cpu"), None)
     assert [n.split(" has no effect here")[0] for n in notes] == ["--non-blocking", "--pin-memory", "--cudnn-benchmark"]
     assert all("on cpu it changes nothing" in n for n in notes)
+    assert idle_switches(Recipe(strategy="fsdp"), torch.device("cpu"), None) == [
+        "--strategy fsdp has no effect here: one process has nothing to shard over (start it under torchrun "
+        "--nproc-per-node N)"]

@@ -446,11 +446,19 @@ def idle_switches(recipe: Recipe, device, split) -> list[str]:
     as a recipe moves between machines, but said rather than passed over in silence."""
     from .techniques import field_effect
 
+    import torch
+
     default = Recipe()
-    return [f"--{name.replace('_', '-')} has no effect here: {effect.reason}"
-            for name in (f.name for f in dataclasses.fields(Recipe))
-            if getattr(recipe, name) != getattr(default, name) and isinstance(getattr(recipe, name), bool)
-            and not (effect := field_effect(name, device, None, split)).acts]
+    notes = [f"--{name.replace('_', '-')} has no effect here: {effect.reason}"
+             for name in (f.name for f in dataclasses.fields(Recipe))
+             if getattr(recipe, name) != getattr(default, name) and isinstance(getattr(recipe, name), bool)
+             and not (effect := field_effect(name, device, None, split)).acts]
+    if recipe.strategy == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        notes.append("--strategy fsdp has no effect here: one process has nothing to shard over (start it under "
+                     "torchrun --nproc-per-node N)")
+    if recipe.strategy == "dp" and torch.cuda.device_count() < 2:
+        notes.append("--strategy dp has no effect here: DataParallel replicates over 2 or more GPUs")
+    return notes
 
 
 def _train(args, recipe: Recipe) -> int:
