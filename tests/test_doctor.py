@@ -896,6 +896,28 @@ def test_doctor_on_loops_written_elsewhere_reports_no_false_problem(tmp_path, sc
     assert data["observations"]["eval_wait"]["outcome"] == "reached"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("script,expect", [
+    ("compiled.py", {"compile: graph breaks and recompilations": "fine"}),
+    ("vae.py", {"dropout active in eval mode": "measured", "evaluation without model.eval()": "fine"}),
+    ("pseudo_labels.py", {"evaluation without model.eval()": "fine", "evaluation builds an autograd graph": "fine"}),
+    ("tensor_dataset.py", {"num_workers=0": ("fine", "measured")}),
+])
+def test_doctor_on_correct_loops_in_the_idioms_people_use(tmp_path, script, expect):
+    """A compiled model, a VAE whose forward samples, pseudo-labels computed by the model itself in training mode,
+    an MLP on an in-memory TensorDataset: correct loops, each once a false alarm (a graph break the doctor's own
+    counter made, "dropout" for sampling, "evaluation" for the pseudo-labels, workers advised for a 0.2 ms wait).
+    No problem in the loop's checks; where the TensorDataset loop reads input-bound, the fix is not workers."""
+    data = doctor_script(tmp_path, LOOPS / "people" / script)
+    found = loop_statuses(data)
+    problems = {name for name, status in found.items() if status == "problem"}
+    assert problems <= {"waiting for the next batch"}, [f for f in data["findings"] if f["name"] in problems]
+    for name, status in expect.items():
+        assert found[name] in ((status,) if isinstance(status, str) else status), (name, found[name])
+    wait = next(f for f in data["findings"] if f["name"] == "waiting for the next batch")
+    assert wait["status"] != "problem" or wait["fix"].startswith("not loader workers"), wait
+
+
 def test_corpus_every_mistake_at_once_in_the_reference_engine_order(no_ceiling, capsys):
     """The loop with planted mistakes that its clean twin mirrors: in-place zero_grad after the forward, a
     per-step .item(), F.dropout without training=, evaluation at the epoch's end without no_grad, a slow
