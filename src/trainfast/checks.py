@@ -229,9 +229,8 @@ def bound(obs: Observations) -> str | None:
 def data_wait(obs: Observations) -> Finding:
     share, gain, step = obs.wait_share, obs.replay_gain, obs.step_s
     if share is None:
-        return Finding("waiting for the next batch", "time", NOT_HERE,
-                       "the loop's batches do not come through a trainfast loader (Session.setup), so the wait "
-                       "for each batch cannot be timed apart from the step")
+        return Finding("waiting for the next batch", "time", NOT_HERE, no_loader(obs) + ", so the wait for each "
+                       "batch cannot be timed apart from the step")
     wait = obs.wait_s
     text = f"{_pct(share)} of each step ({_ms(wait)} of {_ms(step)}) is spent waiting for the next batch"
     if gain is not None:
@@ -243,9 +242,19 @@ def data_wait(obs: Observations) -> Finding:
     cost = max(0.0, gain) * step if gain is not None else wait
     if verdict == "input-bound":
         if workers_cannot_pay(obs):
-            fix = (f"not loader workers (handing a batch over costs {_ms(obs.handoff_s)}, more than the wait): "
-                   + CHEAPER_BATCHES)
-        elif obs.recipe_flags:
+            # A wait no worker can win back: a number to know, and the one change that would shorten it
+            return Finding("waiting for the next batch", "time", "measured", f"input-bound: {text}; a worker would "
+                           f"add {_ms(obs.handoff_s)} a batch to hand it over (measured on this loop's batch), more "
+                           "than the wait: workers cannot win it back", cost, cost / step,
+                           f"not loader workers: {CHEAPER_BATCHES}")
+        if handoff_bound(obs):
+            return Finding("waiting for the next batch", "time", "measured", f"input-bound: {text}; handing a batch "
+                           f"over from a worker costs this process {_ms(obs.handoff_s)} (measured on this loop's "
+                           "batch): the wait is mostly that handoff, which more workers would not shorten",
+                           cost, cost / step, "fewer workers: DataLoader(num_workers=0) builds each batch in this "
+                           "process with no handoff, which pays where building one costs less than handing it over; "
+                           + CHEAPER_BATCHES)
+        if obs.recipe_flags:
             fix = ("--num-workers auto (more loader processes), --prefetch (uint8 transport, normalize on the "
                    "device), --decode-cache for image folders")
         else:
@@ -258,10 +267,22 @@ def data_wait(obs: Observations) -> Finding:
                    cost, cost / step)
 
 
+def no_loader(obs: Observations) -> str:
+    return ("the loop draws no batch from a torch DataLoader (it makes its batches itself)" if not obs.recipe_flags
+            else "the loop's batches do not come through a trainfast loader (Session.setup)")
+
+
 def workers_cannot_pay(obs: Observations) -> bool:
     """A loop without workers whose wait per batch is no more than what a worker adds to hand a batch over."""
     return (obs.num_workers == 0 and obs.handoff_s is not None and obs.wait_s is not None
             and obs.handoff_s >= obs.wait_s)
+
+
+def handoff_bound(obs: Observations) -> bool:
+    """A loop with workers whose wait per batch is within twice what handing a batch over costs: the wait is the
+    transfer from the workers, not their work."""
+    return (bool(obs.num_workers) and obs.handoff_s is not None and obs.wait_s is not None
+            and obs.wait_s <= 2 * obs.handoff_s)
 
 
 CHEAPER_BATCHES = ("make each batch cheaper to build in this process: a dataset indexed with a whole batch of "
@@ -659,8 +680,7 @@ def num_workers(obs: Observations) -> Finding:
     name = "num_workers=0"
     share, gain = obs.wait_share, obs.replay_gain
     if obs.num_workers is None or share is None:
-        return Finding(name, "mistake", NOT_HERE, "the loop's loader is not a trainfast one: its workers and its wait "
-                       "are unknown")
+        return Finding(name, "mistake", NOT_HERE, no_loader(obs) + ": its workers and its wait are unknown")
     if obs.num_workers > 0:
         return Finding(name, "mistake", "fine", f"{obs.num_workers} loader worker(s)")
     text = f"the loader runs in the training process; the wait is {_pct(share)} of the step"

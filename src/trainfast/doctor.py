@@ -303,7 +303,7 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
     obs.num_workers = watch.num_workers
     obs.other_cores = other_cores_since(watch.load_start) if obs.step_seconds else None
     obs.cpus, obs.threads = usable_cpus(), torch.get_num_threads()
-    if watch.num_workers == 0 and watch.last_batch is not None:
+    if watch.last_batch is not None:
         obs.handoff_s = worker_handoff_s(watch.last_batch)
     obs.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
     obs.memory = {"peak_bytes": peak_memory_bytes(dev), "capacity_bytes": capacity(dev)}
