@@ -155,11 +155,14 @@ class Watch:
             watch._samples += batch_samples(batch)
             watch.num_workers = iterator._num_workers
             if watch.steps >= 1 and watch.last_batch is None:
-                # what a worker would hand over (doctor.worker_handoff_s): its tensors, copied (loaders recycle)
-                watch.last_batch = [t.detach().clone() for t in _tensors(batch)]
+                watch._safe(watch._keep_batch)(batch)
             return batch
 
         _BaseDataLoaderIter.__next__ = timed_next
+
+    def _keep_batch(self, batch) -> None:
+        """What a worker would hand over (doctor.worker_handoff_s): the batch's tensors, copied (loaders recycle)."""
+        self.last_batch = [t.detach().clone() for t in _tensors(batch)]
 
     def _wrap_zero_grad(self, owner: type, call: str) -> None:
         """Notes every `zero_grad` call of the watched steps by its set_to_none and the loop's line, and times
