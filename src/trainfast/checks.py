@@ -200,14 +200,15 @@ def other_processes(obs: Observations) -> Finding:
     if obs.other_cores is None:
         return Finding(name, "environment", NOT_HERE, "this system's CPU counters could not be read, or no step was "
                        "timed")
-    text = (f"other processes used {obs.other_cores:.1f} of the {obs.cpus} CPU(s) over the timed steps (at least 1 s; the "
-            f"loop's own threads and loader workers left out; torch runs {obs.threads} thread(s))")
+    text = (f"other processes used {obs.other_cores:.1f} of the {obs.cpus} CPU(s) over the timed steps (at least "
+            f"1 s; the loop's own threads and loader workers left out; torch runs {obs.threads} thread(s))")
     if obs.other_cores >= SHARED_CORES:
         free = max(1, obs.cpus - math.ceil(obs.other_cores))
         return Finding(name, "environment", "problem", text + ": each of torch's threads waits for the slowest at "
                        "every parallel region, so the step times, and every finding timed from them, are those of "
                        "a shared machine and may differ on a rerun",
-                       fix=f"rerun when the machine is quiet, or leave torch the free cores: torch.set_num_threads({free})")
+                       fix="rerun when the machine is quiet, or leave torch the free cores: "
+                           f"torch.set_num_threads({free})")
     return Finding(name, "environment", "fine", text)
 
 

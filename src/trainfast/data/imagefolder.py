@@ -333,9 +333,9 @@ def load_imagefolder(path: str, image_size: int = 224) -> Split:
     elif halves:
         # One half alone would be read as a dataset with one class named "train" (or "val").
         other = "val" if halves[0] == "train" else "train"
-        raise DataError(f"--data imagefolder:{root}: has {halves[0]}/ but no {other}/: give both ({root}/train/<class>/ "
-                        f"and {root}/val/<class>/), or the class folders directly under {root} (20% is then held "
-                        "out for validation)")
+        raise DataError(f"--data imagefolder:{root}: has {halves[0]}/ but no {other}/: give both "
+                        f"({root}/train/<class>/ and {root}/val/<class>/), or the class folders directly under "
+                        f"{root} (20% is then held out for validation)")
     else:
         samples, classes = scan_folder(root)
         train_idx, val_idx = _split_indices(len(samples), 0.2)
