@@ -323,21 +323,7 @@ def test_a_grad_free_forward_inside_the_step_is_not_an_evaluation():
     """Pseudo-labels: each step labels a batch with the model itself (grad-free, in training mode) and trains
     on it; the evaluation, in eval mode, comes at the epoch's end. Two grad-free forwards in a row are one."""
     def loop(model, eval_mode: bool):
-        def run():
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-            for _ in range(2):
-                for _ in range(8):
-                    with torch.no_grad():
-                        labels = model(torch.randn(4, 8)).argmax(1)
-                    optimizer.zero_grad()
-                    F.cross_entropy(model(torch.randn(4, 8)), labels).backward()
-                    optimizer.step()
-                model.train(not eval_mode)
-                with torch.no_grad():
-                    model(torch.randn(4, 8))
-                    model(torch.randn(4, 8))
-                model.train()
-        return run
+        return evaluating_loop(model, eval_mode, epochs=2, steps=8, pseudo_labels=True)
 
     name = "evaluation without model.eval()"
     obs = observe_loop(loop(Net(), eval_mode=True), steps=2, sync_steps=2)
@@ -492,6 +478,29 @@ def test_evaluation_reads_are_not_per_step_syncs():
     assert obs.user_syncs() == [] and finding(run_checks(obs), "host-device syncs per step").status == "fine"
 
 
+def evaluating_loop(model, eval_mode: bool, epochs: int, steps: int, pseudo_labels: bool = False):
+    """A loop of `epochs` x `steps` SGD steps, each epoch ending in two grad-free forwards (in eval mode, or left
+    in training mode); with pseudo_labels, each step first labels its batch with the model itself, grad-free."""
+    def run():
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(epochs):
+            for _ in range(steps):
+                if pseudo_labels:
+                    with torch.no_grad():
+                        labels = model(torch.randn(4, 8)).argmax(1)
+                else:
+                    labels = torch.randint(0, 3, (4,))
+                optimizer.zero_grad()
+                F.cross_entropy(model(torch.randn(4, 8)), labels).backward()
+                optimizer.step()
+            model.train(not eval_mode)
+            with torch.no_grad():
+                model(torch.randn(4, 8))
+                model(torch.randn(4, 8))
+            model.train()
+    return run
+
+
 def test_evaluation_without_model_eval():
     """A grad-free forward of the trained model in training mode is an evaluation without model.eval(): a
     problem where something in the model acts differently (nn.Dropout; F.dropout following self.training),
@@ -505,19 +514,7 @@ def test_evaluation_without_model_eval():
             return self.fc(F.dropout(x, 0.5, training=self.training))
 
     def loop(model, eval_mode: bool):
-        def run():
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-            for _ in range(3):
-                for _ in range(5):
-                    optimizer.zero_grad()
-                    F.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 3, (4,))).backward()
-                    optimizer.step()
-                model.train(not eval_mode)
-                with torch.no_grad():
-                    model(torch.randn(4, 8))
-                    model(torch.randn(4, 8))
-                model.train()
-        return run
+        return evaluating_loop(model, eval_mode, epochs=3, steps=5)
 
     name = "evaluation without model.eval()"
     for model, status in ((Net(), "problem"), (Follows(), "problem"), (nn.Linear(8, 3), "fine"),

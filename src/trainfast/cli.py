@@ -444,9 +444,9 @@ def _doctor(args, recipe: Recipe) -> int:
 def idle_switches(recipe: Recipe, device, split) -> list[str]:
     """The switches this run turns on that cannot act here (a CUDA-only one on the CPU), each with why: accepted,
     as a recipe moves between machines, but said rather than passed over in silence."""
-    from .techniques import field_effect
-
     import torch
+
+    from .techniques import field_effect
 
     default = Recipe()
     notes = [f"--{name.replace('_', '-')} has no effect here: {effect.reason}"

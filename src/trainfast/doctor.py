@@ -99,8 +99,7 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
         batch = _clone(next(iter(run.train_batches)))
         load_start = cpu_seconds()
         timed, replayed, replay_kernel = time_and_replay(run, batch, steps)                    # passes 2 and 3
-        obs.other_cores = other_cores_since(load_start)
-        obs.cpus, obs.threads = usable_cpus(), torch.get_num_threads()
+        add_machine_load(obs, load_start)
         recompiles = _compiled_frames() - compiled_before if compiled_before is not None else None
         obs.memory = {"peak_bytes": peak_memory_bytes(dev), "static_bytes": static, "capacity_bytes": capacity(dev)}
         obs.cuda_profile = (profile_cuda(lambda n: run_steps(run, [batch] * (n * recipe.grad_accum_steps)))
@@ -165,6 +164,13 @@ def add_page_faults(obs: Observations, counters: list, source: str) -> None:
         obs.step_faults, obs.step_kernel_s, obs.step_cpu_s = ([s[i] for s in steps] for i in range(3))
         obs.fault_source = source
     obs.reuse_memory = {"in_effect": memory_reuse.in_effect(), "unavailable": memory_reuse.unavailable()}
+
+
+def add_machine_load(obs: Observations, load_start: tuple | None) -> None:
+    """The cores other processes took since `load_start` (envcheck.cpu_seconds() where the timed steps began;
+    None: no step was timed), beside the CPUs and torch threads the loop had."""
+    obs.other_cores = other_cores_since(load_start)
+    obs.cpus, obs.threads = usable_cpus(), torch.get_num_threads()
 
 
 def _from_watch(obs: Observations, watch: Watch) -> None:
@@ -301,8 +307,7 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
     obs.dropout = dropout
     obs.recipe_flags = False
     obs.num_workers = watch.num_workers
-    obs.other_cores = other_cores_since(watch.load_start) if obs.step_seconds else None
-    obs.cpus, obs.threads = usable_cpus(), torch.get_num_threads()
+    add_machine_load(obs, watch.load_start if obs.step_seconds else None)
     if watch.last_batch is not None:
         obs.handoff_s = worker_handoff_s(watch.last_batch)
     obs.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)

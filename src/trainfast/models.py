@@ -54,11 +54,11 @@ def check_model_name(name: str) -> None:
 
     if timm.is_model(name):
         if "." in name and name not in timm.list_pretrained():
-            tags = timm.list_pretrained(name.split(".")[0] + ".*")
-            raise ModelError(f"--model {name!r}: timm has no such pretrained tag for {name.split('.')[0]}"
+            arch = name.split(".")[0]
+            tags = timm.list_pretrained(arch + ".*")
+            raise ModelError(f"--model {name!r}: timm has no such pretrained tag for {arch}"
                              + (f" (its tags: {', '.join(tags[:6])})" if tags else " (it has none)")
-                             + f"; a tag only names weights, never downloaded here: {name.split('.')[0]} alone is "
-                             "the same model")
+                             + f"; a tag only names weights, never downloaded here: {arch} alone is the same model")
         return
     close = difflib.get_close_matches(name, timm.list_models() + list(BUILTIN), n=4, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"

@@ -208,14 +208,15 @@ def apply_env_recipe(recipe: Recipe, environ: Mapping[str, str] | None = None) -
 def validate_fields(r: Recipe) -> None:
     """Checks that need no device: types, ranges, and switches that need another switch."""
     for f in fields(r):
-        value = getattr(r, f.name)
-        if f.type == "bool" and not isinstance(value, bool):
+        value, kind = getattr(r, f.name), f.type.removesuffix(" | None")
+        if value is None and kind != f.type:            # an optional field left unset
+            continue
+        if kind == "bool" and not isinstance(value, bool):
             # a string "false" is truthy: taken as given it would switch the technique on
             raise RecipeError(f"{f.name}={value!r} must be true or false")
-        if f.type in ("float", "float | None") and not (value is None and f.type != "float") and (
-                isinstance(value, bool) or not isinstance(value, (int, float))):
+        if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise RecipeError(f"{f.name}={value!r} must be a number")
-        if f.type == "int | None" and value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        if f.type == "int | None" and (isinstance(value, bool) or not isinstance(value, int)):
             raise RecipeError(f"{f.name}={value!r} must be an integer (or unset)")
     for name, choices in FIELD_CHOICES.items():
         if getattr(r, name) not in choices:
@@ -300,12 +301,13 @@ def resolve_device(name: str = "auto") -> torch.device:
         raise RecipeError(f"--device {name!r}: CUDA is not available on this machine")
     if device.type == "meta":
         raise RecipeError(f"--device {name!r}: meta tensors hold no data, nothing can train there")
-    available = next((getattr(m, "is_available") for m in (getattr(torch.backends, device.type, None),
-                                                            getattr(torch, device.type, None))
-                      if callable(getattr(m, "is_available", None))), None)
-    if device.type != "cpu" and available is not None and not available():
-        raise RecipeError(f"--device {name!r}: {device.type} is not available on this machine or in this torch build")
     if device.type != "cpu":
+        available = next((m.is_available for m in (getattr(torch.backends, device.type, None),
+                                                   getattr(torch, device.type, None))
+                          if callable(getattr(m, "is_available", None))), None)
+        if available is not None and not available():
+            raise RecipeError(f"--device {name!r}: {device.type} is not available on this machine or in this "
+                              "torch build")
         try:                    # a tensor there, once: a device this torch or machine lacks fails here, not mid-run
             torch.empty(1, device=device)
         except (RuntimeError, AssertionError) as exc:

@@ -57,18 +57,20 @@ def _recomputing() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def _statistics(module: _BatchNorm) -> list[torch.Tensor]:
+    return [b for b in (module.running_mean, module.running_var, module.num_batches_tracked) if b is not None]
+
+
 def _keep_statistics(module: _BatchNorm, args) -> None:
     if module.training and _recomputing():
-        module._trainfast_kept = [b.clone() for b in (module.running_mean, module.running_var,
-                                                      module.num_batches_tracked) if b is not None]
+        module._trainfast_kept = [b.clone() for b in _statistics(module)]
 
 
 def _put_statistics_back(module: _BatchNorm, args, output) -> None:
     kept = module.__dict__.pop("_trainfast_kept", None)
     if kept is not None:
         with torch.no_grad():
-            for buffer, saved in zip([b for b in (module.running_mean, module.running_var,
-                                                  module.num_batches_tracked) if b is not None], kept):
+            for buffer, saved in zip(_statistics(module), kept):
                 buffer.copy_(saved)
 
 
