@@ -81,3 +81,133 @@ def test_step_timer_sums_micro_batches_into_one_update():
     timer.step()
     steps = timer.read()
     assert [s.samples for s in steps] == [6, 6] and timer.updates == 2
+
+
+# --- the wait for input, on the host's clock (CPU) and on the device's timeline (CUDA, faked here) -----------
+
+class SlowBatches:
+    """Device batches whose host loader takes `fetch_s` a batch (CPU: a sleep)."""
+
+    def __init__(self, n: int, fetch_s: float) -> None:
+        self.n, self.fetch_s = n, fetch_s
+
+    def __iter__(self):
+        import time
+
+        for _ in range(self.n):
+            time.sleep(self.fetch_s)
+            yield torch.zeros(2, 1)
+
+
+def test_cpu_wait_is_the_hosts_time_in_next_and_has_no_copy():
+    timer = StepTimer(CPU)
+    for _ in timer.batches(SlowBatches(3, 0.02)):
+        timer.step()
+    steps = timer.read()
+    assert all(0.018 <= s.data_wait_s <= s.seconds for s in steps)
+    assert all(s.copy_s is None for s in steps)
+
+
+class FakeEvent:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def elapsed_time(self, other: "FakeEvent") -> float:       # milliseconds, as torch.cuda.Event's
+        return other.t - self.t
+
+    def synchronize(self) -> None:
+        pass
+
+
+class Timeline:
+    """One CUDA stream and the host, in milliseconds. An event fires when the stream reaches it: after the work
+    queued before it, never before the host records it. A blocking copy holds the host until the stream is done."""
+
+    def __init__(self) -> None:
+        self.host = self.device = 0.0
+
+    def event(self) -> FakeEvent:
+        self.device = max(self.host, self.device)
+        return FakeEvent(self.device)
+
+    def queue(self, ms: float, blocking: bool = False) -> None:
+        self.device = max(self.host, self.device) + ms
+        if blocking:
+            self.host = self.device
+
+
+class TimelineBatches:
+    """A plain device-batch object on the Timeline: the host loader takes `fetch_ms`, then the copy `copy_ms` on
+    the compute stream (blocking from pageable memory)."""
+
+    def __init__(self, line: Timeline, n: int, fetch_ms: float, copy_ms: float, blocking: bool) -> None:
+        self.line, self.n, self.fetch_ms, self.copy_ms, self.blocking = line, n, fetch_ms, copy_ms, blocking
+        self.on_fetched = lambda: None
+
+    def __iter__(self):
+        for _ in range(self.n):
+            self.line.host += self.fetch_ms
+            self.on_fetched()
+            self.line.queue(self.copy_ms, self.blocking)
+            yield torch.zeros(4, 1)
+
+
+def timeline_steps(monkeypatch, fetch_ms: float, copy_ms: float = 2.0, compute_ms: float = 20.0,
+                   launch_ms: float = 0.5, blocking: bool = True, steps: int = 5):
+    """The step clock on a faked CUDA timeline, fed through the Session's hook (TrainState.batches' on_fetched)."""
+    import trainfast.measure as measure
+
+    line = Timeline()
+    monkeypatch.setattr(measure, "_event", line.event)
+    timer = StepTimer(torch.device("cuda"))
+    batches = TimelineBatches(line, steps, fetch_ms, copy_ms, blocking)
+    batches.on_fetched = timer.arrived
+    for _ in timer.batches(batches):
+        line.queue(compute_ms)            # the step's kernels
+        line.host += launch_ms            # the host's time to launch them
+        timer.step()
+    return timer.read()[1:]               # the first step starts on an idle device
+
+
+def test_cuda_wait_leaves_out_a_blocking_copy_that_waits_for_queued_kernels(monkeypatch):
+    # A compute-bound step fed from pageable memory: the host sits in next() while the copy waits for the step's
+    # kernels (the host's clock called that ~98% waiting); the device never idled for input.
+    for step in timeline_steps(monkeypatch, fetch_ms=1.0):
+        assert step.data_wait_s == pytest.approx(0.0)
+        assert step.copy_s == pytest.approx(0.002)
+        assert step.seconds == pytest.approx(0.022)
+
+
+def test_cuda_wait_is_the_device_idle_for_a_slow_loader(monkeypatch):
+    # The loader takes 50 ms a batch; the device still computes the step before for the first 19.5 ms of it (20 ms
+    # of kernels, launched in 0.5), then idles for the other 30.5 ms.
+    for step in timeline_steps(monkeypatch, fetch_ms=50.0):
+        assert step.data_wait_s == pytest.approx(0.0305)
+        assert step.copy_s == pytest.approx(0.002)
+        assert step.seconds == pytest.approx(0.0525)
+        assert step.data_wait_s / step.seconds > 0.2         # input-bound, as it should be
+
+
+def test_cuda_wait_without_an_arrival_mark_counts_the_whole_span(monkeypatch):
+    # A loader that never says when its batch arrived (no on_fetched): the span from the ask to the batch's
+    # readiness is the wait, copy 0. The fetch takes 10 ms, of which the step's 5 ms of kernels cover half.
+    import trainfast.measure as measure
+
+    line = Timeline()
+    monkeypatch.setattr(measure, "_event", line.event)
+    timer = StepTimer(torch.device("cuda"))
+    for _ in timer.batches(SlowTimeline(line, 3, 10.0)):
+        line.queue(5.0)
+        timer.step()
+    for step in timer.read()[1:]:
+        assert step.data_wait_s == pytest.approx(0.005) and step.copy_s == 0.0
+
+
+class SlowTimeline:
+    def __init__(self, line: Timeline, n: int, fetch_ms: float) -> None:
+        self.line, self.n, self.fetch_ms = line, n, fetch_ms
+
+    def __iter__(self):
+        for _ in range(self.n):
+            self.line.host += self.fetch_ms
+            yield torch.zeros(1)

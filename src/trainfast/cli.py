@@ -294,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
 
             bench_data(args.data, args.batch_size, args.num_workers, args.image_size, args.passes, args.device)
             return 0
+        use_gpu_default(args)
         recipe = prepare_task(args)
         if args.command == "ablate":
             return _ablate(args, recipe)
@@ -332,6 +333,31 @@ def start_thread_policy(argv: list[str]) -> None:
     except (RecipeError, ValueError, OSError):
         return
     set_before_torch(recipe)
+
+
+GPU_DEFAULT_FLAGS = ("task", "model", "data", "image_size", "batch_size", "epochs", "switches", "recipe")
+
+
+def use_gpu_default(args: argparse.Namespace) -> None:
+    """`trainfast ablate` with none of the workload's flags, on a machine whose default device is a GPU: the
+    classification task's GPU workload (tasks.classification.Classification.gpu_default) instead of the CPU's,
+    said before it starts."""
+    if args.command != "ablate" or args.user_command is not None or any(getattr(args, f, None) is not None
+                                                                         for f in GPU_DEFAULT_FLAGS):
+        return
+    import torch
+
+    from .tasks.classification import Classification
+
+    if not (args.device in ("auto", "cuda") and torch.cuda.is_available()):
+        return
+    workload = Classification.gpu_default
+    for name, value in workload.items():
+        setattr(args, name, value)
+    print(f"trainfast ablate: a GPU is here, so the default workload is {workload['model']} on the built-in digits "
+          f"at {workload['image_size']} px, batch {workload['batch_size']}, {workload['epochs']} epochs (the CPU's "
+          f"default is launch-bound on a GPU); rungs {workload['switches']} (add compile with --switches: each run "
+          "then compiles for about a minute). Any workload flag turns this off.", file=sys.stderr)
 
 
 def prepare_task(args: argparse.Namespace) -> Recipe:

@@ -43,12 +43,17 @@ class StepTime:
     """One step as the clock saw it: seconds from the previous step's end to this one's (so the steps
     of a pass tile its wall time), samples in the step, the part spent waiting for its batch, and on CPU the
     CPU seconds this process used and the whole machine used meanwhile (busy time of every core, the
-    hypervisor's steal included), from which `Timing` tells when other processes were competing."""
+    hypervisor's steal included), from which `Timing` tells when other processes were competing.
+
+    On CUDA both the step and its wait are read on the device's timeline (InputSpan): `data_wait_s` is the time
+    the device sat idle for lack of a batch, and `copy_s` the time it spent on the batch's own copy and
+    preparation on the compute stream (None on the CPU, where the wait is the host's time in next())."""
     seconds: float
     samples: int
     data_wait_s: float
     own_cpu_s: float | None = None
     machine_cpu_s: float | None = None
+    copy_s: float | None = None
 
 
 def machine_busy_seconds() -> float:
@@ -60,25 +65,82 @@ def machine_busy_seconds() -> float:
     return t.user + t.nice + t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0) + getattr(t, "steal", 0)
 
 
+class InputSpan:
+    """One batch's way into the loop, on the clock the step is timed on.
+
+    CPU: the host's seconds in next() (the CPU computes what it is given at once, so a host wait is the
+    compute's wait). CUDA: the host runs ahead of the device, so its time in next() says nothing about the
+    device: a blocking copy from pageable memory waits for the step's queued kernels before it starts, and the
+    host's clock would count that compute as waiting for data. Instead events are recorded on the compute stream
+    when the loop asks for the batch (`asked`: it fires once the previous step's kernels are done), when the host
+    loader has handed the batch over (`fetched`, said by the device-batch object, techniques/transfer.py) and
+    when the batch is ready on the device (`ready`). Between asked and fetched nothing is queued on the stream:
+    the device sat idle for lack of input (the wait). Between fetched and ready the stream holds the batch's copy
+    and preparation (normalization, layout): input work the device did, shown apart as the copy."""
+
+    __slots__ = ("cuda", "t0", "host_s", "asked", "fetched", "ready")
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.fetched = self.ready = None
+        self.host_s = 0.0
+        self.t0 = time.perf_counter()
+        self.asked = _event() if cuda else None
+
+    def arrived(self) -> None:
+        """The host loader has handed the batch over; the device's work on it starts now (CUDA only)."""
+        if self.cuda:
+            self.fetched = _event()
+
+    def end(self) -> None:
+        self.host_s = time.perf_counter() - self.t0
+        if self.cuda:
+            self.ready = _event()
+
+    def read(self) -> tuple[float, float | None]:
+        """(wait, copy) in seconds; CUDA: once the events have fired (after a synchronize)."""
+        if not self.cuda:
+            return self.host_s, None
+        handed = self.fetched or self.ready
+        wait = self.asked.elapsed_time(handed) / 1000
+        copy = handed.elapsed_time(self.ready) / 1000 if self.fetched is not None else 0.0
+        return max(0.0, wait), max(0.0, copy)
+
+
+def _event():
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def read_spans(spans: list[InputSpan]) -> tuple[float, float | None]:
+    """A step's input: its micro-batches' waits and copies summed (None copy: a host clock)."""
+    read = [span.read() for span in spans]
+    copies = [c for _, c in read if c is not None]
+    return sum(w for w, _ in read), (sum(copies) if copies else None)
+
+
 class StepClock:
     """End-of-step timestamps without a per-step sync. CPU: the host clock when the step returns (CPU
     kernels are done by then), plus this process's and the machine's CPU time. CUDA: an event recorded on
     the stream at each step's end and converted when the Meter next reads its window (one sync per window,
-    as for the loss). `start` marks the moment the loop begins waiting for its first batch, so the first
-    step includes the loader's start-up."""
+    as for the loss); the step's input spans (InputSpan) are converted with it. `start` marks the moment the
+    loop begins waiting for its first batch, so the first step includes the loader's start-up."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self._marks: list = []
-        self._pending: list[tuple[int, float]] = []
+        self._pending: list[tuple[int, list[InputSpan]]] = []
         self.steps: list[StepTime] = []
 
     def _mark(self):
         if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
+            return _event()
         return time.perf_counter(), time.process_time(), machine_busy_seconds()
+
+    def span(self) -> InputSpan:
+        """A batch is asked for now (InputSpan)."""
+        return InputSpan(self.cuda)
 
     def start(self) -> None:
         """A new pass begins: steps already taken are kept (read now), and the next step is timed from here, so
@@ -86,9 +148,9 @@ class StepClock:
         self.read()
         self._marks, self._pending = [self._mark()], []
 
-    def step(self, samples: int, data_wait_s: float) -> None:
+    def step(self, samples: int, spans: list[InputSpan]) -> None:
         self._marks.append(self._mark())
-        self._pending.append((samples, data_wait_s))
+        self._pending.append((samples, spans))
 
     def read(self) -> list[StepTime]:
         """Turns the marks taken since the last read into StepTimes (appended to `steps`)."""
@@ -97,9 +159,13 @@ class StepClock:
         pairs = list(zip(self._marks, self._marks[1:]))
         if self.cuda:
             self._marks[-1].synchronize()
-            new = [StepTime(a.elapsed_time(b) / 1000, n, w) for (a, b), (n, w) in zip(pairs, self._pending)]
-        else:
-            new = [StepTime(b[0] - a[0], n, w, b[1] - a[1], b[2] - a[2]) for (a, b), (n, w) in zip(pairs, self._pending)]
+        new = []
+        for (a, b), (n, spans) in zip(pairs, self._pending):
+            wait, copy = read_spans(spans)
+            if self.cuda:
+                new.append(StepTime(a.elapsed_time(b) / 1000, n, wait, copy_s=copy))
+            else:
+                new.append(StepTime(b[0] - a[0], n, wait, b[1] - a[1], b[2] - a[2], copy))
         self.steps.extend(new)
         self._marks, self._pending = self._marks[-1:], []
         return new
@@ -123,16 +189,17 @@ def batch_samples(batch) -> int:
 
 class StepTimer:
     """The training step's clock, one per run (the Session's TrainState owns it; the ablation's probe reads it):
-    `batches()` wraps the training batches, timing how long the loop waits for each and counting its samples;
-    `step()` is called at each optimizer update (the Session's optimizer.step(), or the global optimizer hook
-    for a script without a Session) and closes one step: its samples and wait are those of the micro-batches
-    since the previous update. Every pass restarts the clock (StepClock.start), so evaluation between epochs
-    belongs to no step."""
+    `batches()` wraps the training batches, timing how long the loop waits for each (InputSpan: the host's
+    time on the CPU, the device's idle time on CUDA) and counting its samples; `step()` is called at each
+    optimizer update (the Session's optimizer.step(), or the global optimizer hook for a script without a
+    Session) and closes one step: its samples and wait are those of the micro-batches since the previous
+    update. Every pass restarts the clock (StepClock.start), so evaluation between epochs belongs to no step."""
 
     def __init__(self, device: torch.device) -> None:
         self.clock = StepClock(device)
         self.clock.start()                    # a loop that never hands its batches to batches(): from here
-        self._samples, self._wait = 0, 0.0
+        self._samples, self._spans = 0, []
+        self._current: InputSpan | None = None
         self.updates = 0
 
     @property
@@ -140,23 +207,32 @@ class StepTimer:
         """Every step read so far (call read() first for the latest: on CUDA that waits for the device)."""
         return self.clock.steps
 
+    def arrived(self) -> None:
+        """Said by the device-batch object (techniques/transfer.py) when the host loader hands it a batch: the
+        copy to the device starts, and the wait for input ends there (InputSpan)."""
+        if self._current is not None:
+            self._current.arrived()
+
     def batches(self, batches: Iterable) -> Iterator:
         self.clock.start()
-        self._samples, self._wait = 0, 0.0
+        self._samples, self._spans = 0, []
         iterator = iter(batches)
         while True:
-            t0 = time.perf_counter()
+            span = self._current = self.clock.span()
             try:
                 batch = next(iterator)
             except StopIteration:
                 return
-            self._wait += time.perf_counter() - t0
+            finally:
+                self._current = None
+            span.end()
+            self._spans.append(span)
             self._samples += batch_samples(batch)
             yield batch
 
     def step(self) -> None:
-        self.clock.step(self._samples, self._wait)
-        self._samples, self._wait = 0, 0.0
+        self.clock.step(self._samples, self._spans)
+        self._samples, self._spans = 0, []
         self.updates += 1
 
     def read(self) -> list[StepTime]:
@@ -354,6 +430,7 @@ class Timing:
     data_wait_s: float
     blocks: list[dict]            # {"steps", "samples", "seconds", "foreign_share", "disturbed"}
     warmup_seconds: list[float] = field(default_factory=list)   # the left-out steps (compilation shows here)
+    copy_s: float | None = None   # CUDA: the batches' copy and preparation on the compute stream (StepTime)
 
     @classmethod
     def from_steps(cls, steps: list[StepTime], min_skip: int = 1, check_disturbance: bool = False) -> "Timing":
@@ -369,8 +446,11 @@ class Timing:
                 blocks.append(_block(current, cores, check_disturbance))
                 current = []
         clean = [s for b, group in _grouped(timed, blocks) if not b["disturbed"] for s in group]
+        clean = clean or timed          # every block disturbed: the rate comes from all of them (clean_blocks)
+        copies = [s.copy_s for s in clean]
         return cls(warmup, [s.seconds for s in timed], [s.samples for s in timed],
-                   sum(s.data_wait_s for s in clean), blocks, [s.seconds for s in steps[:warmup]])
+                   sum(s.data_wait_s for s in clean), blocks, [s.seconds for s in steps[:warmup]],
+                   sum(copies) if copies and None not in copies else None)
 
     @property
     def clean_blocks(self) -> list[dict]:
@@ -392,7 +472,7 @@ class Timing:
 
     def to_dict(self) -> dict:
         return {"warmup_steps": self.warmup_steps, "timed_steps": self.clean_steps, "timed_seconds": self.seconds,
-                "throughput": self.throughput, "data_wait_s": self.data_wait_s,
+                "throughput": self.throughput, "data_wait_s": self.data_wait_s, "copy_s": self.copy_s,
                 "disturbed_steps": len(self.step_seconds) - self.clean_steps,
                 "all_disturbed": bool(self.blocks) and all(b["disturbed"] for b in self.blocks),
                 "warmup_seconds": self.warmup_seconds, "step_seconds": self.step_seconds,
@@ -459,8 +539,34 @@ def count_train_flops(model: nn.Module, loss_fn: Callable, inputs: torch.Tensor,
 _wall_clock = time.perf_counter
 
 
+def runs_tf32(model: nn.Module | None, device: torch.device) -> bool:
+    """Whether an fp32 run of this model does most of its arithmetic in TF32 on this device: on CUDA PyTorch runs
+    convolutions in TF32 by default (torch.backends.cudnn.allow_tf32) and matmuls only when asked
+    (torch.backends.cuda.matmul.allow_tf32, set_float32_matmul_precision). Which kernels carry the model is read
+    from its weights: convolution weights outnumbering linear ones (a ResNet) make it a conv model, else (a ViT,
+    whose one convolution is its patch embedding) a matmul model. The fp32 roof is then the TF32 one."""
+    if device.type != "cuda" or model is None:
+        return False
+    conv = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd))
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    return bool(torch.backends.cudnn.allow_tf32) if conv >= linear else bool(torch.backends.cuda.matmul.allow_tf32)
+
+
 def measure_ceiling(device: torch.device, dtype: torch.dtype, n: int | None = None, repeats: int = 5,
-                    product_seconds: float = 0.05) -> float:
+                    product_seconds: float = 0.05, tf32: bool = False) -> float:
+    """`tf32`: an fp32 ceiling measured with TF32 matmuls (runs_tf32: the roof of an fp32 run's kernels there)."""
+    if tf32 and device.type == "cuda" and dtype == torch.float32:
+        kept = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            return measure_ceiling(device, dtype, n, repeats, product_seconds)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = kept
+    return _measure_ceiling(device, dtype, n, repeats, product_seconds)
+
+
+def _measure_ceiling(device: torch.device, dtype: torch.dtype, n: int | None = None, repeats: int = 5,
+                     product_seconds: float = 0.05) -> float:
     """The device's achievable matmul FLOP/s in `dtype`: the best of `repeats` n x n x n products after a
     warm-up (a peak, so the fastest run is the estimate; slower runs are interference). 2048 is large
     enough for the CPU's BLAS to reach its peak; GPUs need 4096. The roof every rung is compared against.

@@ -227,6 +227,9 @@ class Probe:
             # Only a Session's loader times the wait for each batch; the global hook sees optimizer steps alone.
             "data_wait_fraction": (timing.data_wait_s / timing.seconds if timing.seconds else 0.0)
             if session is not None else None,
+            # CUDA: the batches' copy and preparation on the compute stream, apart from the wait (measure.InputSpan)
+            "copy_fraction": (timing.copy_s / timing.seconds if timing.seconds else 0.0)
+            if session is not None and timing.copy_s is not None else None,
             "peak_memory_bytes": peak_memory_bytes(self.device or torch.device("cpu")),
             "world_size": self.world_size,
             "precision_state": precision,

@@ -70,7 +70,11 @@ class RungResult:
     epoch_time_s: float | None = None
     wall_s: float | None = None
     peak_memory_bytes: int | None = None
-    data_wait_fraction: float | None = None
+    data_wait_fraction: float | None = None  # of the timed steps: waiting for input (CUDA: the device idle for it)
+    copy_fraction: float | None = None       # CUDA: the batches' copy and preparation on the compute stream
+    step_alone: float | None = None          # the rung's step on a batch kept on the device (rung.time_step_alone)
+    step_alone_speedup: float | None = None  # ... over the baseline's step alone
+    epoch_of_step: float | None = None       # the timed rate over the step alone: how close the epoch is to its floor
     skipped_files: int | None = None
     steps: int | None = None
     warmup_steps: list[int] = field(default_factory=list)

@@ -138,8 +138,7 @@ class LadderRun:
 
         store = RunStore(self.out_dir, self.settings, self.opts.resume)
         wait_rung_server()
-        self.ceilings = {p: measure_ceiling(self.work.dev, DTYPES[p])
-                         for p in dict.fromkeys(r.recipe.precision for r in self.measured)}
+        self.ceilings = {p: self.ceiling(p) for p in dict.fromkeys(r.recipe.precision for r in self.measured)}
         env = environment(self.work.dev)
         display = Display(self.plan, self.ceilings, env, show=self.opts.show, settings=self.settings)
         interrupted = False
@@ -154,8 +153,7 @@ class LadderRun:
             if not interrupted:
                 # The ceiling is a peak: measured again after the ladder and the higher kept, so a slow spell
                 # on a shared machine at the start does not put rungs "above" it.
-                self.ceilings.update({p: max(c, measure_ceiling(self.work.dev, DTYPES[p]))
-                                      for p, c in self.ceilings.items()})
+                self.ceilings.update({p: max(c, self.ceiling(p)) for p, c in self.ceilings.items()})
             for rung in self.plan:
                 if rung.status == Status.PARTIAL and interrupted:
                     rung.status = Status.DONE        # a partial report still shows what was measured
@@ -165,6 +163,15 @@ class LadderRun:
         if interrupted:
             raise KeyboardInterrupt
         return result
+
+    def ceiling(self, precision: str) -> float:
+        """The roof a rung of this precision is measured against: the matmul peak in its dtype, TF32 for an fp32
+        run whose kernels run in TF32 (measure.runs_tf32: a conv net on CUDA by default)."""
+        return measure_ceiling(self.work.dev, DTYPES[precision], tf32=self.tf32 and precision == "fp32")
+
+    @property
+    def tf32(self) -> bool:
+        return bool(self.work.settings.get("fp32_roof") == "tf32")
 
     def run_next(self, store: RunStore, display) -> None:
         """The next run of the queue: read back from the store, or launched; its rung updated."""

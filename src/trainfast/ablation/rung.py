@@ -8,12 +8,13 @@ same data order.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from itertools import islice
+from itertools import islice, repeat
 from typing import Any, Callable
 
 import torch
@@ -21,10 +22,11 @@ import torch
 from ..checkpoint import NoCheckpoints, build_checkpointer
 from ..data.badfiles import skipped_last_pass
 from ..engine import train_one_epoch
-from ..measure import EpochStats
+from ..measure import EpochStats, StepTimer, Timing
 from ..probe import MeasureSpec, Probe
 from ..recipe import Recipe
 from ..run import BuiltinRun, assemble_run
+from ..session.state import no_update_hook
 from ..techniques import memory_reuse, threads
 
 
@@ -99,6 +101,7 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
     train_metrics = task.train_metrics(trained, run.dist)
     updates = state.step            # the accuracy run's optimizer steps (the timing steps below add more)
     extra_passes = time_the_rest(run, probe, budget, progress, checkpoints) if timed else 0
+    alone = time_step_alone(run, probe, budget) if timed else None
     judged = task.rung_metrics(metrics)    # "accuracy": the metric every rung is judged on (detection: mAP)
     probe.reported = {"accuracy": judged["accuracy"], "loss": judged["loss"]}
     probe.extra = {
@@ -115,6 +118,7 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
         "checkpoint_loop_s": checkpoints.loop_seconds,         # the seconds the loop spent in them
         "passive_threads": threads.in_effect(),                # the OpenMP wait policy this process started with
         "reuse_memory": memory_reuse.in_effect(),              # glibc's malloc keeping freed memory (mallopt)
+        "step_alone": alone,                                   # the same step on a batch kept on the device
     }
     return probe.result("accuracy run ended" + (", then the timing budget" if extra_passes else ""))
 
@@ -153,6 +157,38 @@ def time_the_rest(run: BuiltinRun, probe: Probe, budget: TimingBudget, progress:
         progress.total = timer.updates + need
         train_pass(run, run.recipe.epochs + extra_passes, islice(run.train_batches, need), progress, checkpoints)
         extra_passes += 1
+
+
+STEP_ALONE_SECONDS = 0.5   # the step alone is timed over about this long (at least STEP_ALONE_STEPS steps)
+STEP_ALONE_STEPS = 8
+STEP_ALONE_WARMUP = 2       # replayed steps before the timed ones (the first touch of the replayed batch)
+
+
+def time_step_alone(run: BuiltinRun, probe: Probe, budget: TimingBudget) -> dict[str, Any]:
+    """The rung's step alone: the same step (train_one_epoch, the rung's switches, its meter) on one batch that
+    stays on the device, replayed, so no loader, copy or wait is in it. What a switch does to the arithmetic,
+    visible even where the input holds the epoch; the epoch's rate over it is how far the epoch is from its
+    floor. Timed after the epoch and its evaluation (the metric is untouched), warm-up left out, on the rung's own
+    clock kind (device events on CUDA). Every rank replays the same number of steps (agreed), so their collectives
+    stay matched."""
+    timing = probe.timing()
+    per_step = timing.seconds / timing.clean_steps if timing.clean_steps else 0.0
+    wanted = math.ceil(STEP_ALONE_SECONDS / per_step) if per_step > 0 else STEP_ALONE_STEPS
+    steps = probe.agree_max(max(STEP_ALONE_STEPS, min(budget.steps, wanted)))
+    batch = next(iter(run.train_batches))          # one batch as the rung's input path delivers it, on the device
+    state, kept_timer, kept_hook = run.state, run.state.timer, run.state.after_update
+    state.timer, state.after_update = StepTimer(run.device), no_update_hook
+    try:
+        with run.dist.watch():
+            train_one_epoch(state, repeat(batch, STEP_ALONE_WARMUP + steps), run.task, run.meter())
+        state.timer.read()
+        replayed = state.timer.steps
+    finally:
+        state.timer, state.after_update = kept_timer, kept_hook
+    # Judged as the epoch's steps are (measure.Timing): warm-up found, blocks other processes disturbed left out.
+    alone = Timing.from_steps(replayed, min_skip=STEP_ALONE_WARMUP, check_disturbance=probe.check_disturbance)
+    return {"throughput": alone.throughput * probe.world_size, "steps": alone.clean_steps, "seconds": alone.seconds,
+            "step_seconds": alone.step_seconds, "disturbed_steps": len(alone.step_seconds) - alone.clean_steps}
 
 
 def rung_main(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> dict[str, Any]:

@@ -88,8 +88,9 @@ def aggregate(rung: Rung, noise: Noise | None, metric: str | None = "accuracy") 
         epoch_time_s=mean("epoch_time_s"),
         wall_s=statistics.fmean(r["wall_time_s"] for r in reps) if all(r.get("wall_time_s") for r in reps) else None,
         peak_memory_bytes=max(r["peak_memory_bytes"] for r in reps),
-        data_wait_fraction=(statistics.fmean(r["data_wait_fraction"] for r in reps)
-                            if all(r.get("data_wait_fraction") is not None for r in reps) else None),
+        data_wait_fraction=mean("data_wait_fraction"),
+        copy_fraction=mean("copy_fraction"),
+        step_alone=step_alone_rate(reps),
         skipped_files=max(r.get("skipped_files") or 0 for r in reps),      # each run reads the same files
         steps=first.get("steps", first.get("steps_run")),
         warmup_steps=[r["timing"]["warmup_steps"] for r in reps],
@@ -98,6 +99,12 @@ def aggregate(rung: Rung, noise: Noise | None, metric: str | None = "accuracy") 
         timed_seconds=[r["timing"]["timed_seconds"] for r in reps],
         wall_time_s=[r.get("wall_time_s") for r in reps],
     )
+
+
+def step_alone_rate(reps: list[dict[str, Any]]) -> float | None:
+    """The step alone's rate over the repeats (their mean), where every repeat timed it."""
+    rates = [(r.get("step_alone") or {}).get("throughput") for r in reps]
+    return statistics.fmean(rates) if rates and None not in rates and all(rates) else None
 
 
 def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: list[float] | None = None,
@@ -127,6 +134,10 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
         r.flops_per_s = flops_per_sample * r.throughput if flops_per_sample else None
         r.ceiling_flops_per_s = ceiling
         r.ceiling_fraction = r.flops_per_s / ceiling if ceiling and r.flops_per_s else None
+        if r.step_alone:
+            r.epoch_of_step = r.throughput / r.step_alone
+            if base and base.result.step_alone:
+                r.step_alone_speedup = r.step_alone / base.result.step_alone
         if base and rung is not base:
             judge_against(rung, base, previous if mode == "cumulative" else None, min_effect, noise)
             if reference is not None and r.accuracy is not None:

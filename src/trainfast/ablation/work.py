@@ -16,6 +16,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from ..measure import runs_tf32
 from ..probe import PROBE_MODES, PROCESS_SWITCHES
 from ..engine import ZERO_GRAD_NOTE
 from ..procs import run_supervised
@@ -173,6 +174,8 @@ def prepare_builtin(spec: BuiltinSpec, recipe: Recipe | None = None, device: str
                                                                                   repr(spec.model)),
                 "data": data if spec.train_set is None else split.name, "image_size": image_size,
                 "device": str(dev), "task": name, "metric_name": task.metric_name, "metric_label": task.metric_label}
+    if runs_tf32(probe_model, dev):
+        settings["fp32_roof"] = "tf32"      # an fp32 rung's kernels run in TF32 here: its roof is TF32's
     return Builtin(job, dev, base, split, probe_model, flops_per_sample, settings, task)
 
 

@@ -15,7 +15,7 @@ count every image once); each group's remainder is one smaller batch at the end 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from torch.utils.data import Sampler
 
 from ..data.badfiles import Batch, BadFileTally, GuardedLoader, join_run_tally
 from ..data.datasets import Skipped
+from ..techniques.transfer import no_arrival
 
 SIZE_DIVISIBLE = 32      # GeneralizedRCNNTransform's default padding multiple
 
@@ -54,6 +55,8 @@ class DetectionDeviceBatches:
     tensors into recycled buffers of one shape, and these are lists of images of different sizes. `loader`
     stays reachable (bad-file counts, the checkpointer's data order), as on DeviceBatches."""
 
+    on_fetched: Callable[[], None] = staticmethod(no_arrival)     # as on DeviceBatches: the step clock's mark
+
     def __init__(self, loader: Iterable, device: torch.device | str, non_blocking: bool = False) -> None:
         self.loader, self.device, self.non_blocking = loader, device, non_blocking
 
@@ -62,6 +65,7 @@ class DetectionDeviceBatches:
 
     def __iter__(self) -> Iterator[tuple[list[torch.Tensor], list[dict]]]:
         for images, targets in self.loader:
+            self.on_fetched()
             yield (images_to_device(images, self.device, self.non_blocking),
                    targets_to_device(targets, self.device, self.non_blocking))
 

@@ -72,3 +72,11 @@ def rung_label(rung: Rung) -> str:
         return f"{rung.name} ({opt_level(rung.recipe)})"
     extra = f" ({rung.changes['precision']})" if "precision" in rung.changes else ""
     return f"+{rung.name}{extra}"
+
+
+def roofs_text(ceilings: dict[str, float], settings: dict, sep: str = " ") -> str:
+    """'fp32 (TF32 kernels) 378,000 GFLOP/s, bf16 ...': each measured roof by the dtype its rungs run in; an fp32
+    run whose kernels use TF32 (a conv net on CUDA by default) is measured against TF32's roof."""
+    def label(key: str) -> str:
+        return "fp32 (TF32 kernels)" if key == "fp32" and settings.get("fp32_roof") == "tf32" else key
+    return ", ".join(f"{label(k)}{sep}{v / 1e9:,.0f} GFLOP/s" for k, v in ceilings.items())

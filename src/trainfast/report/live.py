@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..results import AblationResult, Rung
-from .format import rung_label
+from .format import roofs_text, rung_label
 from .summary import best_line, keep_line, repeatability_line
 from .table import Columns, headers, table_rows
 
@@ -44,7 +44,7 @@ class Display:
         from rich.live import Live
 
         if self.show:
-            ceil = ", ".join(f"{k}: {v / 1e9:,.0f} GFLOP/s" for k, v in self.ceilings.items())
+            ceil = roofs_text(self.ceilings, self.settings, sep=": ")
             self.console.print(f"[bold]measured matmul peak[/bold] {ceil} (measured again after the ladder, the "
                                "higher kept: a busy start does not lower the roof the report uses)")
             if self.console.is_terminal:

@@ -13,7 +13,7 @@ from ..checks import INPUT_BOUND_SHARE
 from ..results import AblationResult, Rung, Status
 from .charts import write_charts
 from .doctor_findings import doctor_section
-from .format import rung_label
+from .format import roofs_text, rung_label
 from .notes import rung_notes
 from .results_json import write_results_json
 from .summary import best_line, keep_line, repeatability_line
@@ -47,7 +47,7 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
         f"Measured on **{env['device_name']}** ({env['device']}, {env['cpu_cores']} cores, torch {env['torch']}, "
         f"git {env['git_sha'] or 'n/a'}). CPU flags: {', '.join(env['cpu_flags']) or 'none of note'}.", "",
         "Measured matmul peak (the roof for `% of matmul peak`): "
-        + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in result.ceilings.items()) + ".", "",
+        + roofs_text(result.ceilings, result.settings) + ".", "",
         markdown_table(headers(columns), table_rows(result.rungs, columns)), "",
         data_wait_line(result.rungs), "",
         *([repeatability, ""] if repeatability else []),
@@ -86,6 +86,9 @@ def how_to_read(result: AblationResult) -> str:
         "(with repeats) the estimate clears that line by the margin that makes a rerun of the same command call "
         "it too at least 80% of the time; otherwise `no measurable difference`, so that two runs agree. "
         "`vs rung above` judges what adding this rung's switch bought. "
+        "`step alone` is the rung's own step replayed on one batch kept on the device (no loader, no copy, no "
+        "wait; warm-up left out): what the switch does to the arithmetic, with its speed-up over the baseline's "
+        "step alone, and the share of it the timed epoch reached (well under 100%: the input holds the epoch). "
         "Epoch s is the mean wall time of the accuracy run's epochs, warm-up included (evaluation excluded). "
         "Peak memory is the CUDA allocator peak on GPU, the rung process's peak RSS on CPU (the largest over "
         "repeats). `% of matmul peak` is the model's FLOP/s (torch.utils.flop_counter) over the best matmul "
@@ -96,12 +99,18 @@ def how_to_read(result: AblationResult) -> str:
 def data_wait_line(rungs: list[Rung]) -> str:
     """Input-bound or not, for every measured rung: the share of the timed steps the loop spent waiting for
     the next batch (the rest is computing). Above checks.INPUT_BOUND_SHARE, faster input would speed the run up."""
+    done = [r for r in rungs if r.status == Status.DONE and r.result.data_wait_fraction is not None]
     parts = [f"{rung_label(r)} {100 * r.result.data_wait_fraction:.0f}%"
+             + (f" + copy {100 * r.result.copy_fraction:.0f}%" if r.result.copy_fraction is not None else "")
              + (" (input-bound)" if r.result.data_wait_fraction > INPUT_BOUND_SHARE else "")
-             for r in rungs if r.status == Status.DONE and r.result.data_wait_fraction is not None]
+             for r in done]
     if not parts and any(r.status == Status.DONE for r in rungs):
         return ("Time waiting for data: not measured (the script feeds its own loader: only a trainfast.Session "
                 "times the wait for each batch).")
+    if any(r.result.copy_fraction is not None for r in done):
+        return ("Time waiting for data, on the device's timeline (share of the timed steps the GPU sat idle for lack "
+                "of a batch; then, apart, the share it spent copying and preparing batches on the compute stream; "
+                "the rest is the step's own work): " + ", ".join(parts) + ".")
     return "Time waiting for data (share of the timed steps; the rest is computing): " + (", ".join(parts) or "—") + "."
 
 

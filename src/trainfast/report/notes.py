@@ -21,7 +21,7 @@ def rung_notes(result: AblationResult) -> list[str]:
     items += [ruled_out_note(r) for r in rungs if r.status == Status.NO_EFFECT and r.effect != Effect.NO_SESSION]
     items += [f"- **{rung_label(r)}**: {r.reason}" for r in rungs if r.status in (Status.DONE, Status.SKIPPED) and r.reason]
     items += [failure_note(r) for r in rungs if r.status == Status.FAILED]
-    items += [f"- **{rung_label(r)}**: {text}" for r in rungs for text in caveats(r)]
+    items += [f"- **{rung_label(r)}**: {text}" for r in rungs for text in caveats(r, result.settings)]
     above = above_ceiling_note(rungs)
     if above:
         items.append(f"- {above}")
@@ -66,12 +66,21 @@ def failure_note(rung: Rung) -> str:
     return f"- **{rung_label(rung)}**: failed — {rung.result.error}" + block
 
 
-def caveats(rung: Rung) -> list[str]:
+INPUT_HELD = 0.8      # an epoch under this share of its step alone is held by its input
+
+
+def caveats(rung: Rung, settings: dict | None = None) -> list[str]:
     """What qualifies a rung's numbers, in words: what a reader should know before trusting or comparing them."""
     r, done = rung.result, rung.status == Status.DONE
     out = []
     if done and (r.data_wait_fraction or 0) > INPUT_BOUND_SHARE:
-        out.append(f"input-bound — {100 * r.data_wait_fraction:.0f}% of the timed steps was spent waiting for data")
+        out.append(f"input-bound — {100 * r.data_wait_fraction:.0f}% of the timed steps was spent waiting for data"
+                   + (" (the device idle for lack of a batch)" if r.copy_fraction is not None else ""))
+    if done and r.epoch_of_step is not None and r.epoch_of_step < INPUT_HELD:
+        out.append(input_held_note(rung, settings or {}))
+    contradiction = roof_contradiction(r)
+    if done and contradiction:
+        out.append(contradiction)
     if done and any(run["timing"].get("all_disturbed") for run in rung.repeats):
         out.append("in some run every block of steps was disturbed (other processes used more than a quarter of the "
                    "machine throughout): its rate comes from disturbed steps; run it again on a quieter machine")
@@ -96,6 +105,42 @@ def caveats(rung: Rung) -> list[str]:
     if done and threads.wanted(rung.changes) and own == SLOWER and isinstance(r.num_workers, int):
         out.append(threads.slower_note(r.num_workers))
     return out
+
+
+def input_held_note(rung: Rung, settings: dict) -> str:
+    """An epoch well under its step alone: the input holds it. What the arithmetic bought and what the epoch
+    kept of it, and the input switches this rung has not turned on that would close the gap."""
+    r = rung.result
+    bought = (f"step alone {r.step_alone_speedup:.2f}x the baseline's, epoch {r.speedup:.2f}x: "
+              if r.step_alone_speedup and r.speedup and rung.name != "baseline" else "")
+    text = (f"{bought}the epoch runs at {100 * r.epoch_of_step:.0f}% of its step alone — the input holds it "
+            f"(the recommendation stays on the epoch)")
+    fixes = input_switches(rung.recipe, settings)
+    return text + (f"; input switches that would close the gap: {', '.join(fixes)}" if fixes else "")
+
+
+def input_switches(recipe, settings: dict) -> list[str]:
+    """The input switches a recipe has not turned on, those that can act on this device and data."""
+    cuda = str(settings.get("device", "")).startswith("cuda")
+    folder = str(settings.get("data", "")).startswith("imagefolder")
+    wanted = [(not recipe.num_workers, "loader workers (--num-workers)"),
+              (folder and not recipe.decode_cache, "the decode cache (--decode-cache)"),
+              (cuda and not (recipe.pin_memory and recipe.non_blocking), "pinned copies (--pin-memory --non-blocking)"),
+              (not recipe.prefetch, "the prefetcher (--prefetch)")]
+    return [name for missing, name in wanted if missing]
+
+
+def roof_contradiction(r) -> str | None:
+    """The wait and the roof fraction checked against each other: the steps' compute part (what is not waiting
+    for or copying input) cannot run above the roof. A figure pair that implies it does is said, not hidden."""
+    if not r.ceiling_fraction or r.data_wait_fraction is None:
+        return None
+    compute = 1 - r.data_wait_fraction - (r.copy_fraction or 0)
+    if compute <= 0 or r.ceiling_fraction / compute <= 1.05:
+        return None
+    return (f"its wait ({100 * r.data_wait_fraction:.0f}%) and its share of the matmul peak "
+            f"({100 * r.ceiling_fraction:.0f}%) disagree: the remaining compute would run at "
+            f"{100 * r.ceiling_fraction / compute:.0f}% of the peak; read the wait as an upper bound")
 
 
 def above_ceiling_note(rungs: list[Rung]) -> str | None:

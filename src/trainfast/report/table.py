@@ -19,6 +19,7 @@ class Columns:
     time_label: str = "epoch s"
     time_key: str = "epoch_time_s"
     metric_label: str = "val acc"
+    step_alone: bool = True       # the built-in run's step alone (a user's script has no step to replay)
 
     @classmethod
     def for_settings(cls, settings: dict[str, Any], rungs: list[Rung] | None = None) -> "Columns":
@@ -30,13 +31,15 @@ class Columns:
         name = metric.get("name") or next((k for r in rungs or [] for run in r.repeats for k in run.get("reported", {})),
                                           None)
         return cls(cumulative, "steps/s" if "steps/s" in units else "samples/s", "run s", "wall_s",
-                   name if settings.get("measure") == "full" and name else "metric")
+                   name if settings.get("measure") == "full" and name else "metric", step_alone=False)
 
 
 def headers(columns: Columns = Columns()) -> list[str]:
     cols = ["rung", f"{columns.unit} (± 95% CI)", "speed-up (95% CI)", "verdict vs baseline"]
     if columns.cumulative:
         cols.append("vs rung above")
+    if columns.step_alone:
+        cols.append("step alone (vs baseline's), epoch's share")
     return cols + [columns.time_label, "peak memory", f"{columns.metric_label} (Δ)", "% of matmul peak"]
 
 
@@ -102,8 +105,20 @@ def measured_row(rung: Rung, columns: Columns) -> list[str]:
            verdict]
     if columns.cumulative:
         row.append(above_verdict(r))
+    if columns.step_alone:
+        row.append(step_alone_text(r))
     seconds = getattr(r, columns.time_key)
     return row + ["—" if seconds is None else f"{seconds:.1f}", mem, acc, frac]
+
+
+def step_alone_text(r: RungResult) -> str:
+    """'2,150 (2.61x), epoch 41%': the step alone's rate, its speed-up over the baseline's step alone, and the
+    share of it the epoch reached (near 100%: the step holds the epoch; well under: the input does)."""
+    if not r.step_alone:
+        return "—"
+    speedup = f" ({r.step_alone_speedup:.2f}x)" if r.step_alone_speedup else ""
+    share = f", epoch {100 * r.epoch_of_step:.0f}%" if r.epoch_of_step else ""
+    return fmt_rate(r.step_alone) + speedup + share
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:

@@ -8,6 +8,7 @@ import statistics
 import time
 
 import torch
+from torch import nn
 
 from ..data.device import build_device_batches
 from ..models import resnet9
@@ -17,7 +18,7 @@ from ..techniques.precision import auto_amp_dtype
 from ..techniques.runtime import apply_runtime_flags
 from .common import Clock, interleaved_medians, short_run, step_fn
 from .judges import (CHANNELS_LAST_GAIN, CUDNN_FIXED_GAIN, FUSED_MAX_DIFF, Verdict, judge_close, judge_compile,
-                     judge_gain, judge_host_blocking, judge_jpeg, judge_overlap)
+                     judge_gain, judge_host_blocking, judge_jpeg, judge_overlap, judge_wait)
 
 COPY_BYTES = 64 * 2**20        # one batch: 64 MiB of uint8 pixels, a few milliseconds over PCIe or NVLink-C2C
 BATCHES = 8                    # batches per timed pass of the prefetcher
@@ -195,3 +196,87 @@ def check_nvjpeg(ctx) -> Verdict:
     codec_verdict = judge_jpeg(list(cpu.shape), list(codec.shape), str(ctx.device), codec_diff)
     return Verdict(verdict.ok and codec_verdict.ok, verdict.figure, verdict.unit,
                    f"{detail}; torchcodec: {codec_verdict.detail}")
+
+
+class SlowSamples(torch.utils.data.Dataset):
+    """A dataset that sleeps for every sample: a planted slow loader (decoding on one core, a slow disk)."""
+
+    def __init__(self, base, seconds: float) -> None:
+        self.base, self.seconds = base, seconds
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        time.sleep(self.seconds)
+        return self.base[index]
+
+
+def wait_shares(ctx, dataset, batch_size: int, steps: int = 12) -> tuple[float, float, float]:
+    """(the wait's share of the timed steps on the device's timeline, the copy's share, the host's share of
+    time in next()): `steps` steps of resnet9 in fp32 through the Session's input path (a DataLoader without
+    pinned memory, the plain copy, state.batches' clock, the built-in loop). The host's share is what the step
+    clock read before it read the device: the measure a compute-bound model fed from pageable memory fooled."""
+    from torch.utils.data import DataLoader
+
+    from ..engine import train_one_epoch
+    from ..measure import Meter, Timing
+
+    recipe = Recipe(optimizer="sgd")
+    seed_everything(0)
+    state = build_state(resnet9(10), recipe, ctx.device)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=True)
+    batches = build_device_batches(loader, recipe, ctx.device)
+    host: list[float] = []
+    timed = HostTimed(batches, host)
+    meter = Meter(ctx.device, log_every=4, timer=state.timer)
+    train_one_epoch(state, timed, nn.functional.cross_entropy, meter)
+    state.timer.read()
+    timing = Timing.from_steps(state.timer.steps[:steps], min_skip=2)
+    kept = host[timing.warmup_steps:timing.warmup_steps + len(timing.step_seconds)]
+    return (timing.data_wait_s / timing.seconds, (timing.copy_s or 0.0) / timing.seconds,
+            sum(kept) / timing.seconds)
+
+
+class HostTimed:
+    """Device batches with the host's time in each next() recorded beside the step clock's (wait_shares). It
+    passes the clock's arrival mark through, as the device-batch object it wraps would."""
+
+    def __init__(self, batches, host: list[float]) -> None:
+        self.batches, self.host = batches, host
+
+    @property
+    def on_fetched(self):
+        return self.batches.on_fetched
+
+    @on_fetched.setter
+    def on_fetched(self, mark) -> None:
+        self.batches.on_fetched = mark
+
+    def __iter__(self):
+        iterator = iter(self.batches)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            self.host.append(time.perf_counter() - t0)
+            yield batch
+
+
+def check_wait_pageable(ctx) -> Verdict:
+    """A compute-bound step fed float batches from pageable memory: the blocking copy waits for the step's queued
+    kernels, which the host's clock counted as waiting for data; the device's timeline does not."""
+    images = torch.randn(16 * 256, 3, 64, 64)
+    dataset = torch.utils.data.TensorDataset(images, torch.randint(0, 10, (len(images),)))
+    wait, copy, host = wait_shares(ctx, dataset, 256)
+    return judge_wait(wait, copy, host, planted=False)
+
+
+def check_wait_slow_loader(ctx) -> Verdict:
+    """The same step fed by a loader that sleeps 2 ms a sample: the device idles for input, and the wait says so."""
+    images = torch.randn(16 * 32, 3, 64, 64)
+    dataset = SlowSamples(torch.utils.data.TensorDataset(images, torch.randint(0, 10, (len(images),))), 2e-3)
+    wait, copy, host = wait_shares(ctx, dataset, 32)
+    return judge_wait(wait, copy, host, planted=True)

@@ -28,6 +28,7 @@ CUDNN_FIXED_GAIN = 0.98      # cudnn.benchmark with fixed shapes: never slower (
 FUSED_MAX_DIFF = 1e-5    # fused vs for-loop AdamW: the same arithmetic, reordered: weights within 1e-5 after 10 steps
 JPEG_MEAN_DIFF = 2.0     # nvJPEG vs libjpeg: IDCT rounding moves pixels by a level or two, never more on average
 DP_MAX_DIFF = 1e-4       # DataParallel vs one device: the same global batch, summed in another order
+INPUT_BOUND = 0.20       # the ablation's and the doctor's input-bound line (checks.INPUT_BOUND_SHARE)
 REDUCE_TOLERANCE = 1e-4  # a reduced metric vs the mean of the ranks' own values (fp32 sums over ranks)
 
 
@@ -277,3 +278,13 @@ def judge_peaks(rungs: Sequence[dict[str, Any]]) -> Verdict:
     if len(set(peaks)) == 1:
         return Verdict(False, None, "", f"every rung has the same peak: {text}")
     return Verdict(True, max(peaks) / min(peaks), "x max/min", text)
+
+
+def judge_wait(wait: float, copy: float, host: float, planted: bool) -> Verdict:
+    """The step clock's wait for input on the device's timeline. A compute-bound step fed from pageable memory
+    (planted False) must not read as input-bound, whatever the host's clock says; a planted slow loader must."""
+    detail = (f"device idle for input {100 * wait:.0f}% of the steps, copy {100 * copy:.0f}%; the host's time in "
+              f"next() {100 * host:.0f}%")
+    ok = wait > INPUT_BOUND if planted else wait < INPUT_BOUND
+    return Verdict(ok, wait, "wait share", detail + ("" if ok else (": the planted loader was not seen" if planted
+                                                                    else ": compute counted as waiting")))

@@ -64,7 +64,10 @@ class TrainState:
 
     def batches(self, batches: Iterable) -> Iterator:
         """The training batches of one pass, timed (how long each is waited for, its samples) and, when
-        accumulating, with the epoch's last one marked (track_last)."""
+        accumulating, with the epoch's last one marked (track_last). A device-batch object says when each batch
+        leaves its host loader (`on_fetched`), which on CUDA splits the wait for input from the copy."""
+        if hasattr(batches, "on_fetched"):
+            batches.on_fetched = self.timer.arrived
         return self.timer.batches(self.track_last(batches))
 
     def track_last(self, batches: Iterable) -> Iterator:

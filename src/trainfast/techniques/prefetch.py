@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
 from .base import ACTS, Effect
-from .transfer import Prepare, tensors_in, to_device
+from .transfer import Prepare, no_arrival, tensors_in, to_device
 
 
 def effect(device: torch.device) -> Effect:
@@ -26,7 +26,11 @@ def effect(device: torch.device) -> Effect:
 
 
 class Prefetcher:
-    """Any batch structure (techniques/transfer.map_tensors): every tensor in it is copied on the side stream."""
+    """Any batch structure (techniques/transfer.map_tensors): every tensor in it is copied on the side stream.
+    `on_fetched` as on DeviceBatches: called as a batch leaves the host loader (here the next one, fetched while
+    the current one is handed out, so a step's wait for input covers the fetch that holds it up)."""
+
+    on_fetched: Callable[[], None] = staticmethod(no_arrival)
 
     def __init__(self, loader: Iterable, device: torch.device, prepare: Prepare) -> None:
         self.loader, self.device, self.prepare = loader, device, prepare
@@ -43,6 +47,7 @@ class Prefetcher:
             batch = next(iterator)
         except StopIteration:
             return None
+        self.on_fetched()
         with self._stream_context():
             batch = self.prepare(to_device(batch, self.device, non_blocking=self.stream is not None))
         return (batch,)          # a box: a batch may itself be None-like or empty

@@ -56,13 +56,20 @@ def tensors_in(obj: Any) -> list[torch.Tensor]:
     return found
 
 
+def no_arrival() -> None:
+    """A device-batch object's default `on_fetched`: nobody times its batches' arrival."""
+
+
 def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
     return map_tensors(lambda t: t.to(device, non_blocking=non_blocking), batch)
 
 
 class DeviceBatches:
     """Moves each batch to the device, then prepares it there (normalize, memory format). The plain path:
-    the copy is on the compute stream."""
+    the copy is on the compute stream. `on_fetched` is called as each batch leaves the host loader, before its
+    copy: the step clock's mark between waiting for input and moving it (measure.InputSpan)."""
+
+    on_fetched: Callable[[], None] = staticmethod(no_arrival)
 
     def __init__(self, loader: Iterable, device: torch.device, prepare: Prepare, non_blocking: bool = False) -> None:
         self.loader, self.device, self.prepare, self.non_blocking = loader, device, prepare, non_blocking
@@ -72,4 +79,5 @@ class DeviceBatches:
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self.loader:
+            self.on_fetched()
             yield self.prepare(to_device(batch, self.device, self.non_blocking))
