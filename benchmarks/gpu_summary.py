@@ -1,0 +1,89 @@
+"""One table from a GPU check's runs (benchmarks/gpu_check.sh): every ablation's rungs with their rate, speed-up,
+step alone, wait and copy on the device's timeline and share of the roof, each row checked for agreement
+(a wait that leaves its compute above the roof contradicts itself); the selfcheck's verdicts; the machine named.
+
+    python benchmarks/gpu_summary.py OUT.md ABLATION_DIR[:LABEL] ... [--selfcheck DIR] [--wall NAME=SECONDS ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.0f}%"
+
+
+def agreement(rung: dict) -> str:
+    """'ok', or what contradicts: the compute part of the step (not waiting, not copying) above the roof."""
+    wait, copy, roof = rung.get("data_wait_fraction"), rung.get("copy_fraction") or 0.0, rung.get("ceiling_fraction")
+    if wait is None or not roof:
+        return "—"
+    compute = 1 - wait - copy
+    if compute <= 0 or roof / compute > 1.05:
+        return f"contradiction: compute at {100 * roof / max(compute, 1e-9):.0f}% of the roof"
+    return f"ok (compute at {100 * roof / compute:.0f}% of the roof)"
+
+
+def ablation_table(folder: Path, label: str) -> list[str]:
+    data = json.loads((folder / "results.json").read_text())
+    env, settings = data["environment"], data["settings"]
+    roofs = ", ".join(f"{k} {v / 1e12:,.1f} TFLOP/s" for k, v in data["ceilings_flops_per_s"].items())
+    lines = [f"### {label}", "",
+             f"{settings.get('model')} on {settings.get('data')} at {settings.get('image_size')} px; "
+             f"{env.get('device_name')}, torch {env.get('torch')}, {env.get('cpu_cores')} cores; roofs {roofs}"
+             + (" (fp32 against TF32's)" if settings.get("fp32_roof") == "tf32" else "")
+             + f"; recommended: {data['best']['name']}", "",
+             "| rung | samples/s | speed-up | verdict | step alone (speed-up) | epoch / step alone | wait | copy "
+             "| % of roof | row agrees |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["rungs"]:
+        if r["status"] != "done":
+            lines.append(f"| {r['name']} | {r['verdict'] or r['status']} |  |  |  |  |  |  |  |  |")
+            continue
+        alone = "—" if not r.get("step_alone") else f"{r['step_alone']:,.0f} ({r.get('step_alone_speedup') or 1:.2f}x)"
+        lines.append(f"| {r['name']} | {r['throughput']:,.0f} ± {r['throughput_spread'] or 0:,.0f} | "
+                     f"{r['speedup']:.2f}x | {r['verdict']} | {alone} | {pct(r.get('epoch_of_step'))} | "
+                     f"{pct(r.get('data_wait_fraction'))} | {pct(r.get('copy_fraction'))} | "
+                     f"{pct(r.get('ceiling_fraction'))} | {agreement(r)} |")
+    return lines + [""]
+
+
+def selfcheck_table(folder: Path) -> list[str]:
+    data = json.loads((folder / "selfcheck.json").read_text())
+    lines = ["### selfcheck", "", "| check | status | figure |", "|---|---|---|"]
+    for c in data.get("checks", data.get("results", [])):
+        lines.append(f"| {c.get('name')} | {c.get('status')} | {c.get('detail') or c.get('figure') or ''} |")
+    return lines + [""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("ablations", nargs="*")
+    parser.add_argument("--selfcheck", default=None)
+    parser.add_argument("--wall", action="append", default=[], help="NAME=SECONDS: a step's wall time")
+    args = parser.parse_args()
+    lines = ["# GPU check", ""]
+    for item in args.wall:
+        name, _, seconds = item.partition("=")
+        lines.append(f"- {name}: {seconds} s wall")
+    lines.append("")
+    for spec in args.ablations:
+        folder, _, label = spec.partition(":")
+        try:
+            lines += ablation_table(Path(folder), label or folder)
+        except (OSError, KeyError, ValueError) as exc:
+            lines += [f"### {label or folder}", "", f"no results: {exc}", ""]
+    if args.selfcheck:
+        try:
+            lines += selfcheck_table(Path(args.selfcheck))
+        except (OSError, KeyError, ValueError) as exc:
+            lines += ["### selfcheck", "", f"no results: {exc}", ""]
+    text = "\n".join(lines)
+    Path(args.out).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
