@@ -105,6 +105,14 @@ def test_python_api_with_own_model_and_datasets(tmp_path, digits16):
     assert result.best_name in ("baseline", "fused")
     assert (tmp_path / "results.json").exists()
     first = json.loads((tmp_path / "results.json").read_text())
+    # every rung's step alone: timed on a resident batch after the epoch, warm-up left out, scored against the
+    # baseline's (on the CPU the wait is the host's: no copy figure)
+    for rung in first["rungs"]:
+        alone = rung["runs"][0]["step_alone"]
+        assert len(alone["step_seconds"]) >= 3 and alone["steps"] >= 1 and alone["seconds"] > 0     # disturbed left out
+        assert rung["step_alone"] == alone["throughput"]
+        assert rung["epoch_of_step"] > 0 and rung["copy_fraction"] is None
+    assert first["rungs"][0]["step_alone_speedup"] == 1.0
 
     # The same folder again is refused without --resume (nothing is overwritten) ...
     with pytest.raises(RecipeError, match="already holds an ablation"):

@@ -547,8 +547,10 @@ def runs_tf32(model: nn.Module | None, device: torch.device) -> bool:
     whose one convolution is its patch embedding) a matmul model. The fp32 roof is then the TF32 one."""
     if device.type != "cuda" or model is None:
         return False
-    conv = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd))
-    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    def weights(kind) -> int:          # a lazy module's weight has no size yet: it counts for nothing
+        return sum(m.weight.numel() for m in model.modules() if isinstance(m, kind)
+                   and not isinstance(m.weight, nn.parameter.UninitializedParameter))
+    conv, linear = weights(nn.modules.conv._ConvNd), weights(nn.Linear)
     return bool(torch.backends.cudnn.allow_tf32) if conv >= linear else bool(torch.backends.cuda.matmul.allow_tf32)
 
 
