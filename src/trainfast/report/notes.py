@@ -116,7 +116,8 @@ def input_held_note(rung: Rung, settings: dict) -> str:
     text = (f"{bought}the epoch runs at {100 * r.epoch_of_step:.0f}% of its step alone — the input holds it "
             f"(the recommendation stays on the epoch)")
     fixes = input_switches(rung.recipe, settings)
-    return text + (f"; input switches that would close the gap: {', '.join(fixes)}" if fixes else "")
+    return text + (f"; input switches not on in this rung, each measurable as a rung: {', '.join(fixes)}"
+                   if fixes else "")
 
 
 def input_switches(recipe, settings: dict) -> list[str]:
