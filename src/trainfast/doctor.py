@@ -293,7 +293,7 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
     start = watch.sync_window[1]           # steps after the sync window: never slowed by the counter
     ends = watch.step_ends[start - 1:] if len(watch.step_ends) >= start else []
     seconds = [b - a for a, b in zip(ends, ends[1:])]
-    waits, samples = watch.step_waits[start:], watch.step_samples[start:]
+    waits, samples = watch.waits()[start:], watch.step_samples[start:]
     warmup = detect_warmup(seconds, min_skip=0) if seconds else 0
     obs.steps_run, obs.warmup_steps = watch.steps, warmup
     obs.step_seconds = seconds[warmup:]

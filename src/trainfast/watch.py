@@ -35,6 +35,7 @@ from torch import nn
 
 # Names other code imports from here are re-exported: SyncCounter, check_eval_dropout, grads_state, _tensors.
 from .envcheck import cpu_seconds
+from .measure import InputSpan, read_spans
 from .evalcheck import _tensors, check_eval_dropout, mode_dependent
 from .gradwatch import (call_site, graded_param, grads_state, interval_state, time_memset, wrap_zero_grad,
                         zero_grad_rows)
@@ -72,12 +73,12 @@ class Watch:
         self.counting = False
         self.steps = 0
         self.step_ends: list[float] = []
-        self.step_waits: list[float] = []           # per step: seconds in DataLoader.__next__
+        self.step_waits: list[list] = []            # per step: its batches' InputSpans (waits())
         self.step_samples: list[int] = []
         self.step_kernel: list = []                 # per step end: memory_reuse.kernel_counters()
         self.load_start: tuple | None = None        # envcheck.cpu_seconds() where the timed steps begin
         self.num_workers: int | None = None         # of the last DataLoader iterated
-        self._wait, self._samples = 0.0, 0
+        self._spans, self._samples = [], 0
         self.shapes: list[list] = []
         self.eval_forwards = 0
         self.eval_graph: Counter = Counter()        # module class -> eval forwards that built a graph
@@ -145,13 +146,14 @@ class Watch:
         self._restore.append((_BaseDataLoaderIter, "__next__", original))
 
         def timed_next(iterator):
-            t0 = time.perf_counter()
+            span = InputSpan(watch.device_type == "cuda")    # on a GPU: the device's idle time for the batch
             watch.counter.in_loader = True
             try:
                 batch = original(iterator)
             finally:
                 watch.counter.in_loader = False
-            watch._wait += time.perf_counter() - t0
+            span.end()
+            watch._spans.append(span)
             watch._samples += batch_samples(batch)
             watch.num_workers = iterator._num_workers
             if watch.steps >= 1 and watch.last_batch is None:
@@ -267,6 +269,14 @@ class Watch:
         if self.train_mode_input is None and inputs:
             self.train_mode_input, self.train_mode_modules = _detached(tuple(inputs)), mode_dependent(module)
 
+    def waits(self) -> list[float]:
+        """Each step's wait for its batches, as the ablation's step clock reads it (measure.InputSpan): the host's
+        seconds in DataLoader.__next__ on the CPU; on CUDA the device's idle time while the host fetched them (a
+        host waiting in next() while the device still computes queued kernels is not the device waiting)."""
+        if self.device_type == "cuda":
+            torch.cuda.synchronize()
+        return [read_spans(spans)[0] for spans in self.step_waits]
+
     @property
     def eval_seen(self) -> int:
         """Evaluation forwards seen so far, whatever their mode."""
@@ -290,9 +300,9 @@ class Watch:
         self.step_kernel.append(kernel_counters())
         if self.steps == self.sync_window[1]:          # the timed steps begin: the machine's load from here
             self.load_start = cpu_seconds()
-        self.step_waits.append(self._wait)
+        self.step_waits.append(self._spans)
         self.step_samples.append(self._samples)
-        self._wait, self._samples = 0.0, 0
+        self._spans, self._samples = [], 0
         self._update_window()
         self._arm_grad_check(optimizer)
 
