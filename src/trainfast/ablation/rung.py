@@ -11,6 +11,7 @@ import dataclasses
 import math
 import os
 import tempfile
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,7 @@ def time_step_alone(run: BuiltinRun, probe: Probe, budget: TimingBudget) -> dict
     floor. Timed after the epoch and its evaluation (the metric is untouched), warm-up left out, on the rung's own
     clock kind (device events on CUDA). Every rank replays the same number of steps (agreed), so their collectives
     stay matched."""
+    started = time.perf_counter()
     timing = probe.timing()
     per_step = timing.seconds / timing.clean_steps if timing.clean_steps else 0.0
     wanted = math.ceil(STEP_ALONE_SECONDS / per_step) if per_step > 0 else STEP_ALONE_STEPS
@@ -188,7 +190,8 @@ def time_step_alone(run: BuiltinRun, probe: Probe, budget: TimingBudget) -> dict
     # Judged as the epoch's steps are (measure.Timing): warm-up found, blocks other processes disturbed left out.
     alone = Timing.from_steps(replayed, min_skip=STEP_ALONE_WARMUP, check_disturbance=probe.check_disturbance)
     return {"throughput": alone.throughput * probe.world_size, "steps": alone.clean_steps, "seconds": alone.seconds,
-            "step_seconds": alone.step_seconds, "disturbed_steps": len(alone.step_seconds) - alone.clean_steps}
+            "step_seconds": alone.step_seconds, "disturbed_steps": len(alone.step_seconds) - alone.clean_steps,
+            "wall_s": time.perf_counter() - started}      # what it cost the run, its batch and warm-up included
 
 
 def rung_main(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> dict[str, Any]:
