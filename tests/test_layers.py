@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                                         "trainfast.distributed", "trainfast.faults", "trainfast.checkpoint",
                                         "trainfast.models"]),
     ("foundations", ["trainfast.recipe", "trainfast.measure", "trainfast.stats", "trainfast.procs",
-                     "trainfast.results", "trainfast.observers"]),
+                     "trainfast.results", "trainfast.observers", "trainfast.procstate"]),
 ]
 
 

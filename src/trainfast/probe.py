@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from .procstate import process_state
 from .techniques import process_wide_in_effect
 
 MEASURE_ENV = "TRAINFAST_MEASURE"
@@ -243,6 +244,7 @@ class Probe:
                            **{k: v for section in self.sections.values() for k, v in section.overridden().items()}},
             **{name: section.to_dict() for name, section in self.sections.items()},
             "run_seconds": time.perf_counter() - self.started,
+            "process": process_state(),        # its cores, threads, preemptions, faults (procstate.py)
             **self.extra,
         }
 
