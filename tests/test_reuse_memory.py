@@ -9,7 +9,7 @@ import torch
 from trainfast import Recipe
 from trainfast.launch import run_environment
 from trainfast.probe import MeasureSpec
-from trainfast.techniques import field_effect, memory_reuse
+from trainfast.techniques import field_effect, memory_reuse, threads
 
 glibc = pytest.mark.skipif(memory_reuse.unavailable() is not None, reason=str(memory_reuse.unavailable()))
 
@@ -79,7 +79,7 @@ def test_not_applicable_where_glibc_does_not_serve_the_process(monkeypatch):
 
 
 @glibc
-@pytest.mark.skipif(memory_reuse.threads.started_env().get(memory_reuse.MMAP_ENV) == "0",
+@pytest.mark.skipif(threads.started_env().get(memory_reuse.MMAP_ENV) == "0",
                     reason="this test process started with MALLOC_MMAP_MAX_=0")
 def test_a_later_session_without_it_restores_the_default_in_process():
     from trainfast import Session
