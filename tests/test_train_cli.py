@@ -56,20 +56,31 @@ def test_a_batch_larger_than_the_training_set_is_refused_not_trained_as_nothing(
     assert not (out / "metrics.jsonl").exists() and not (out / "model.pt").exists()
 
 
-def test_a_bad_out_folder_is_refused_before_any_work_naming_the_flag(tmp_path):
+def test_a_bad_out_folder_is_refused_before_any_work_naming_the_flag(tmp_path, capsys):
     """A file where the folder should be, a path under a file, a run folder holding an earlier run's checkpoints:
-    each refused with --out named, no traceback, before the bar or a step; a folder only probed is removed."""
+    each refused with --out named, no traceback, before the bar or a step; a folder only probed is removed. The
+    first through `python -m trainfast`, the others through main() in this process (an interpreter's start
+    saved each)."""
+    from trainfast.cli import main
+
     (tmp_path / "file").write_text("not a folder")
     earlier = tmp_path / "earlier" / "checkpoints"
     earlier.mkdir(parents=True)
     (earlier / "step-000000002.ckpt").write_bytes(b"")
-    for out, message in ((tmp_path / "file", "is a file, not a folder"),
-                         (tmp_path / "file" / "sub", "the folder cannot be made there (Not a directory)"),
-                         (tmp_path / "earlier", "holds checkpoints of an earlier run (step-000000002.ckpt)")):
-        proc = subprocess.run([sys.executable, "-m", "trainfast", "train", "--image-size", "16", "--model",
-                               "convnext_atto", "--out", str(out)], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 2 and f"--out {out}" in proc.stderr and message in proc.stderr, proc.stderr
-        assert "Traceback" not in proc.stderr and "train" not in proc.stdout
+    cases = ((tmp_path / "file", "is a file, not a folder"),
+             (tmp_path / "file" / "sub", "the folder cannot be made there (Not a directory)"),
+             (tmp_path / "earlier", "holds checkpoints of an earlier run (step-000000002.ckpt)"))
+    for index, (out, message) in enumerate(cases):
+        argv = ["train", "--image-size", "16", "--model", "convnext_atto", "--out", str(out)]
+        if index == 0:
+            proc = subprocess.run([sys.executable, "-m", "trainfast", *argv], capture_output=True, text=True,
+                                  timeout=300)
+            code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+        else:
+            code = main(argv)
+            stdout, stderr = capsys.readouterr()
+        assert code == 2 and f"--out {out}" in stderr and message in stderr, stderr
+        assert "Traceback" not in stderr and "train" not in stdout
     from trainfast.cliargs import check_out_folder
 
     check_out_folder(tmp_path / "new" / "deep", fresh=True)               # can be made: nothing left behind
