@@ -48,11 +48,14 @@ def fresh_python(code: str, drop: tuple[str, ...] = (), **env: str):
 
 def ablate_one_switch(split, switch: str, recipe, out):
     """The built-in ablation of one switch (its rung and the baseline, one repeat each) on the tiny ResNet and
-    `split`'s datasets: what a switch's own rung tests run."""
+    `split`'s datasets: what a switch's own rung tests run. They check that each run ran and with what, not its
+    speed: so one pass exactly (no passes added to settle a verdict) and a timing budget of a few steps."""
     from trainfast import ablate
+    from trainfast.ablation.rung import TimingBudget
 
     return ablate(tiny_resnet, split.train, split.val, recipe=recipe, out=out, rungs=[switch], repeats=1,
-                  noise_seeds=1, show=False, mean=split.mean, std=split.std)
+                  noise_seeds=1, show=False, mean=split.mean, std=split.std, settle_within_s=0,
+                  budget=TimingBudget(steps=4, seconds=1.0, floor=2, min_seconds=0.0))
 
 
 @pytest.fixture(autouse=True)
