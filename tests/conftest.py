@@ -64,6 +64,32 @@ def _decode_cache_in_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINFAST_CACHE", str(tmp_path / "trainfast-cache"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _matmul_peak_measured_once():
+    """The matmul peak (up to a second of products per ablation ladder or doctor run) measured once per device,
+    dtype, size and thread count for the whole test run: every run still gets a real measured peak, the suite
+    does not measure the same one hundreds of times. test_measure checks the measurement itself (it holds the
+    function imported before this patch)."""
+    import functools
+
+    import trainfast.ablation.loop
+    import trainfast.doctor
+    import trainfast.measure
+
+    @functools.lru_cache(maxsize=None)
+    def peak(threads, *args, **kwargs):
+        return real(*args, **kwargs)
+
+    def measure_ceiling(*args, **kwargs):
+        return peak(torch.get_num_threads(), *args, **kwargs)
+
+    real = trainfast.measure.measure_ceiling
+    with pytest.MonkeyPatch.context() as patch:
+        for module in (trainfast.measure, trainfast.ablation.loop, trainfast.doctor):
+            patch.setattr(module, "measure_ceiling", measure_ceiling)
+        yield
+
+
 @pytest.fixture(scope="session")
 def digits16() -> Split:
     """The real built-in dataset at 16 px: small enough that a full epoch takes about a second."""
