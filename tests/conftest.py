@@ -48,17 +48,46 @@ def fresh_python(code: str, drop: tuple[str, ...] = (), **env: str):
 
 def ablate_one_switch(split, switch: str, recipe, out):
     """The built-in ablation of one switch (its rung and the baseline, one repeat each) on the tiny ResNet and
-    `split`'s datasets: what a switch's own rung tests run."""
+    `split`'s datasets: what a switch's own rung tests run. They check that each run ran and with what, not its
+    speed: so one pass exactly (no passes added to settle a verdict) and a timing budget of a few steps."""
     from trainfast import ablate
+    from trainfast.ablation.rung import TimingBudget
 
     return ablate(tiny_resnet, split.train, split.val, recipe=recipe, out=out, rungs=[switch], repeats=1,
-                  noise_seeds=1, show=False, mean=split.mean, std=split.std)
+                  noise_seeds=1, show=False, mean=split.mean, std=split.std, settle_within_s=0,
+                  budget=TimingBudget(steps=4, seconds=1.0, floor=2, min_seconds=0.0))
 
 
 @pytest.fixture(autouse=True)
 def _decode_cache_in_tmp(tmp_path, monkeypatch):
     """Decode caches built by any test go to its own temporary folder, never the user's ~/.cache."""
     monkeypatch.setenv("TRAINFAST_CACHE", str(tmp_path / "trainfast-cache"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _matmul_peak_measured_once():
+    """The matmul peak (up to a second of products per ablation ladder or doctor run) measured once per device,
+    dtype, size and thread count for the whole test run: every run still gets a real measured peak, the suite
+    does not measure the same one hundreds of times. test_measure checks the measurement itself (it holds the
+    function imported before this patch)."""
+    import functools
+
+    import trainfast.ablation.loop
+    import trainfast.doctor
+    import trainfast.measure
+
+    @functools.lru_cache(maxsize=None)
+    def peak(threads, *args, **kwargs):
+        return real(*args, **kwargs)
+
+    def measure_ceiling(*args, **kwargs):
+        return peak(torch.get_num_threads(), *args, **kwargs)
+
+    real = trainfast.measure.measure_ceiling
+    with pytest.MonkeyPatch.context() as patch:
+        for module in (trainfast.measure, trainfast.ablation.loop, trainfast.doctor):
+            patch.setattr(module, "measure_ceiling", measure_ceiling)
+        yield
 
 
 @pytest.fixture(scope="session")

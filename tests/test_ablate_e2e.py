@@ -98,8 +98,13 @@ def test_no_effect_rung_is_reported_not_measured(cli_report):
 
 
 def test_python_api_with_own_model_and_datasets(tmp_path, digits16):
+    from trainfast.ablation.rung import TimingBudget
+
+    # One pass over a few timed steps (no passes added to settle a noisy verdict): what is checked is the
+    # folder, its refusal and its reuse, not the speeds.
     kwargs = dict(mean=digits16.mean, std=digits16.std, recipe=Recipe(epochs=1, batch_size=32), rungs=["fused"],
-                  out=tmp_path, show=False, noise_seeds=1, repeats=1)
+                  out=tmp_path, show=False, noise_seeds=1, repeats=1, settle_within_s=0,
+                  budget=TimingBudget(steps=4, seconds=1.0, floor=2, min_seconds=0.0))
     result = ablate(tiny_resnet, digits16.train, digits16.val, **kwargs)
     assert [r.status for r in result.rungs] == ["done", "done"]
     assert result.best_name in ("baseline", "fused")

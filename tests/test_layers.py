@@ -1,6 +1,7 @@
 """The layers of trainfast, enforced: a module imports only from its own layer or the layers below it, never
-from a layer above, not even inside a function or under TYPE_CHECKING; and no two modules import each other
-round a cycle, whatever their layers. The order is written down in CONTRIBUTING.md ("Layers")."""
+from a layer above, not even inside a function or under TYPE_CHECKING; no two modules import each other round
+a cycle, whatever their layers, a package's __init__ and its own modules included; and no module is longer
+than MAX_LINES. The order is written down in CONTRIBUTING.md ("Layers")."""
 from __future__ import annotations
 
 import ast
@@ -11,6 +12,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "trainfast"
+# Past this a module holds more than one concern: split it by what each part does (checks/ is the example).
+MAX_LINES = 600
 
 # Top to bottom. A name matches a module or, with ".*", every module of a package.
 LAYERS: list[tuple[str, list[str]]] = [
@@ -21,6 +24,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                       "trainfast.trainer", "trainfast.selfcheck", "trainfast.selfcheck.*"]),
     ("output", ["trainfast.report", "trainfast.report.*"]),
     ("assembly and instruments", ["trainfast.run", "trainfast.launch", "trainfast.probe", "trainfast.checks",
+                                  "trainfast.checks.*",
                                   "trainfast.watch", "trainfast.syncs", "trainfast.gradwatch",
                                   "trainfast.evalcheck", "trainfast.envcheck", "trainfast.frameworks",
                                   "trainfast.frameworks.*"]),
@@ -92,8 +96,9 @@ def upward_imports(edges: dict[str, set[str]]) -> list[str]:
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """Import cycles (strongly connected components of more than one module), a package's __init__ importing
-    its own modules left out (they import the package's siblings, not the __init__)."""
+    """Import cycles (strongly connected components of more than one module). A package's __init__ importing its
+    own modules counts: a module that then imports the package back (`from . import sibling` reads the package,
+    still being initialised) closes a cycle."""
     index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
 
     def visit(v: str) -> None:
@@ -102,8 +107,6 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
         stack.append(v)
         on_stack.add(v)
         for w in edges.get(v, ()):
-            if w.startswith(v + "."):
-                continue
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -146,6 +149,16 @@ def test_no_import_cycles():
     assert not found, f"import cycles: {found}"
 
 
+def long_modules(root: Path = PACKAGE) -> list[str]:
+    lengths = {name: len(path.read_text().splitlines()) for name, path in module_files(root).items()}
+    return sorted(f"{name}: {n} lines" for name, n in lengths.items() if n > MAX_LINES)
+
+
+def test_no_module_over_the_line_limit():
+    long = long_modules()
+    assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
+
+
 @pytest.mark.parametrize("code, expect", [
     ("def f():\n    from ..ablation import ablate\n", "trainfast.ablation"),      # inside a function
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..tune import tune\n", "trainfast.tune"),
@@ -173,3 +186,25 @@ def test_the_check_finds_a_cycle(tmp_path):
     with open(copy / "procs.py", "a") as f:
         f.write("\ndef g():\n    from .stats import compare\n")
     assert ["trainfast.procs", "trainfast.stats"] in cycles(graph(copy))
+
+
+def test_the_check_finds_a_cycle_inside_a_package(tmp_path):
+    """A package's module importing back a name its package's __init__ defines, inside a function: the __init__
+    imports that module, so the two make a cycle."""
+    import shutil
+
+    copy = tmp_path / "trainfast"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "techniques" / "threads.py", "a") as f:
+        f.write("\ndef f():\n    from . import process_env\n")
+    assert any({"trainfast.techniques", "trainfast.techniques.threads"} <= set(c) for c in cycles(graph(copy)))
+
+
+def test_the_check_finds_a_long_module(tmp_path):
+    import shutil
+
+    copy = tmp_path / "trainfast"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "stats.py", "a") as f:
+        f.write("\n" * MAX_LINES)
+    assert [line for line in long_modules(copy) if line.startswith("trainfast.stats:")]

@@ -99,6 +99,19 @@ def run_cli(*args, cwd):
     return subprocess.run([sys.executable, "-m", "trainfast", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
+def run_cli_here(*args, cwd, capsys, monkeypatch) -> tuple[int, str]:
+    """The CLI's main() in this process (an interpreter's start saved per case): its exit code and stderr. The
+    real entry point, `python -m trainfast`, is run by test_bad_config_key_via_cli."""
+    from trainfast.cli import main
+
+    monkeypatch.chdir(cwd)
+    try:
+        code = main(list(args))
+    except SystemExit as exc:           # argparse's refusals
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args,message", [
     (["ablate", "--set-to-nnone"], "unrecognized arguments: --set-to-nnone"),
     (["train", "--num-workers", "two"], "argument --num-workers: invalid int value: 'two'"),
@@ -109,10 +122,10 @@ def run_cli(*args, cwd):
     (["train", "--model", "resnet5O"], "'resnet5O' is neither a built-in model"),
     (["train", "--recipe", "warp"], "--recipe 'warp' is not a preset"),
 ])
-def test_bad_cli_input_is_refused_before_any_work(tmp_path, args, message):
-    proc = run_cli(*args, "--out", str(tmp_path / "out"), cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr
+def test_bad_cli_input_is_refused_before_any_work(tmp_path, args, message, capsys, monkeypatch):
+    code, err = run_cli_here(*args, "--out", str(tmp_path / "out"), cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert code == 2, err
+    assert message in err
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists(), "work started before the refusal"
 
 

@@ -6,19 +6,30 @@ import sys
 import torch
 
 from trainfast.checkpoint import safe_load
+from trainfast.cli import main
 from trainfast.models import build_model
 
 
-def test_train_writes_run_folder(tmp_path):
+def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
+    """`trainfast ARGV` through the CLI's main() in this process (an interpreter's start saved per run): its
+    exit code, stdout and stderr. test_a_bad_out_folder_is_refused... runs the entry point itself."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_train_writes_run_folder(tmp_path, capsys):
     from trainfast.techniques.precision import slow_half_reason
 
     out = tmp_path / "run"
     # bf16 where the CPU computes it fast; fp32 on one without half hardware (bf16 steps there are ~13x slower)
     precision = "fp32" if slow_half_reason(torch.device("cpu"), "bf16") else "bf16"
-    proc = subprocess.run([sys.executable, "-m", "trainfast", "train", "--image-size", "16", "--epochs", "2",
-                           "--precision", precision, "--set-to-none", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    code, _, err = run_main(["train", "--image-size", "16", "--epochs", "2", "--precision", precision, "--set-to-none",
+                             "--out", str(out)], capsys)
+    assert code == 0, err
     lines = (out / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [r["epoch"] for r in records] == [1, 2]
@@ -31,45 +42,53 @@ def test_train_writes_run_folder(tmp_path):
     assert all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
 
 
-def test_model_refused_for_its_input_before_the_bar(tmp_path):
+def test_model_refused_for_its_input_before_the_bar(tmp_path, capsys):
     """A named model that cannot take the image size is refused with the flag and the size it takes, before any
     step, with no progress bar drawn and no run folder written."""
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "trainfast", "train", "--model", "convnext_atto", "--image-size", "16",
-                           "--epochs", "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
-    assert "--model convnext_atto cannot take 16x16 images (--image-size 16)" in proc.stderr
-    assert "it takes --image-size 32" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert "train" not in proc.stdout                    # the bar ("train ━━ 0/22") never started
+    code, stdout, stderr = run_main(["train", "--model", "convnext_atto", "--image-size", "16", "--epochs", "1",
+                                     "--out", str(out)], capsys)
+    assert code != 0
+    assert "--model convnext_atto cannot take 16x16 images (--image-size 16)" in stderr
+    assert "it takes --image-size 32" in stderr
+    assert "Traceback" not in stderr
+    assert "train" not in stdout                         # the bar ("train ━━ 0/22") never started
     assert not (out / "metrics.jsonl").exists()
 
 
-def test_a_batch_larger_than_the_training_set_is_refused_not_trained_as_nothing(tmp_path):
+def test_a_batch_larger_than_the_training_set_is_refused_not_trained_as_nothing(tmp_path, capsys):
     """Full batches only: a batch larger than the training set would make an epoch of no step (a loss of 0, a
     model never trained, a timed run that waits for ever). Refused with the flag, the size and the way out."""
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "trainfast", "train", "--image-size", "16", "--batch-size", "5000",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "--batch-size 5000 is larger than the training set's" in proc.stderr and "at most" in proc.stderr
+    code, _, stderr = run_main(["train", "--image-size", "16", "--batch-size", "5000", "--out", str(out)], capsys)
+    assert code == 2 and "Traceback" not in stderr, stderr
+    assert "--batch-size 5000 is larger than the training set's" in stderr and "at most" in stderr
     assert not (out / "metrics.jsonl").exists() and not (out / "model.pt").exists()
 
 
-def test_a_bad_out_folder_is_refused_before_any_work_naming_the_flag(tmp_path):
+def test_a_bad_out_folder_is_refused_before_any_work_naming_the_flag(tmp_path, capsys):
     """A file where the folder should be, a path under a file, a run folder holding an earlier run's checkpoints:
-    each refused with --out named, no traceback, before the bar or a step; a folder only probed is removed."""
+    each refused with --out named, no traceback, before the bar or a step; a folder only probed is removed. The
+    first through `python -m trainfast`, the others through main() in this process (an interpreter's start
+    saved each)."""
     (tmp_path / "file").write_text("not a folder")
     earlier = tmp_path / "earlier" / "checkpoints"
     earlier.mkdir(parents=True)
     (earlier / "step-000000002.ckpt").write_bytes(b"")
-    for out, message in ((tmp_path / "file", "is a file, not a folder"),
-                         (tmp_path / "file" / "sub", "the folder cannot be made there (Not a directory)"),
-                         (tmp_path / "earlier", "holds checkpoints of an earlier run (step-000000002.ckpt)")):
-        proc = subprocess.run([sys.executable, "-m", "trainfast", "train", "--image-size", "16", "--model",
-                               "convnext_atto", "--out", str(out)], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 2 and f"--out {out}" in proc.stderr and message in proc.stderr, proc.stderr
-        assert "Traceback" not in proc.stderr and "train" not in proc.stdout
+    cases = ((tmp_path / "file", "is a file, not a folder"),
+             (tmp_path / "file" / "sub", "the folder cannot be made there (Not a directory)"),
+             (tmp_path / "earlier", "holds checkpoints of an earlier run (step-000000002.ckpt)"))
+    for index, (out, message) in enumerate(cases):
+        argv = ["train", "--image-size", "16", "--model", "convnext_atto", "--out", str(out)]
+        if index == 0:
+            proc = subprocess.run([sys.executable, "-m", "trainfast", *argv], capture_output=True, text=True,
+                                  timeout=300)
+            code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+        else:
+            code = main(argv)
+            stdout, stderr = capsys.readouterr()
+        assert code == 2 and f"--out {out}" in stderr and message in stderr, stderr
+        assert "Traceback" not in stderr and "train" not in stdout
     from trainfast.cliargs import check_out_folder
 
     check_out_folder(tmp_path / "new" / "deep", fresh=True)               # can be made: nothing left behind

@@ -88,6 +88,30 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
+def grad_sync(trained: nn.Module) -> Callable[[bool], None]:
+    """`sync(update)` for gradient accumulation, called by the Session's module before each training
+    forward: whether the coming backward all-reduces gradients. Only the micro-step that ends in an
+    optimizer update does. DDP decides when the forward runs (its reducer prepares for the backward
+    there, exactly what its `no_sync()` context switches off); FSDP2 reads its switch in the backward.
+    Both settings persist until the next forward sets them again. A no-op in one process."""
+    if hasattr(trained, "require_backward_grad_sync"):    # DDP (the module before torch.compile wraps it)
+        def sync_ddp(update: bool) -> None:
+            trained.require_backward_grad_sync = update
+        return sync_ddp
+    if hasattr(trained, "set_requires_gradient_sync"):     # FSDP2 module
+        return trained.set_requires_gradient_sync
+    return always_sync
+
+
+def warn_unused(unused: list[str]) -> None:
+    warnings.warn(
+        f"{len(unused)} parameter(s) received no gradient on the first step: {', '.join(unused)}. "
+        "DDP would hang or fail on them, so find_unused_parameters=True is on for this run; it "
+        "traverses the autograd graph every step. Freeze them (requires_grad=False) or remove them "
+        "to avoid that cost, or pass --find-unused-parameters to say you accept it.",
+        UnusedParametersWarning, stacklevel=3)
+
+
 @dataclass
 class Dist:
     """Where this process stands in the job. The default (world of one) is the single-process no-op."""
@@ -146,12 +170,7 @@ class Dist:
         unused = find_unused_parameters(model, loss_of, self.device)
         if unused:
             if self.is_main:
-                warnings.warn(
-                    f"{len(unused)} parameter(s) received no gradient on the first step: {', '.join(unused)}. "
-                    "DDP would hang or fail on them, so find_unused_parameters=True is on for this run; it "
-                    "traverses the autograd graph every step. Freeze them (requires_grad=False) or remove them "
-                    "to avoid that cost, or pass --find-unused-parameters to say you accept it.",
-                    UnusedParametersWarning, stacklevel=2)
+                warn_unused(unused)
             self.find_unused_parameters = True
         return unused
 
@@ -177,20 +196,7 @@ class Dist:
         """dp computes the loss inside each replica; every other strategy uses the loss as given."""
         return ParallelCriterion(loss_fn) if self.strategy == "dp" and torch.cuda.device_count() > 1 else loss_fn
 
-    @staticmethod
-    def grad_sync(trained: nn.Module) -> Callable[[bool], None]:
-        """`sync(update)` for gradient accumulation, called by the Session's module before each training
-        forward: whether the coming backward all-reduces gradients. Only the micro-step that ends in an
-        optimizer update does. DDP decides when the forward runs (its reducer prepares for the backward
-        there, exactly what its `no_sync()` context switches off); FSDP2 reads its switch in the backward.
-        Both settings persist until the next forward sets them again. A no-op in one process."""
-        if hasattr(trained, "require_backward_grad_sync"):    # DDP (the module before torch.compile wraps it)
-            def sync_ddp(update: bool) -> None:
-                trained.require_backward_grad_sync = update
-            return sync_ddp
-        if hasattr(trained, "set_requires_gradient_sync"):     # FSDP2 module
-            return trained.set_requires_gradient_sync
-        return always_sync
+    grad_sync = staticmethod(grad_sync)     # it reads no state of the job: a module function, kept as dist.grad_sync
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Unsharded CPU weights (collective under FSDP2: every rank calls it; rank 0 writes them)."""

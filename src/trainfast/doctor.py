@@ -12,7 +12,7 @@ the same engine as training, in three short passes:
      batches mapped in). Passes 2 and 3 alternate step by step, so a slow spell of a shared machine slows
      both alike.
 Then the model's FLOPs on that batch, the matmul peak in the run's dtype, peak memory, compile counters and,
-on CUDA, a profile of a few steps (kernel time, host-to-device copies). checks.py turns those Observations
+on CUDA, a profile of a few steps (kernel time, host-to-device copies). checks/ turns those Observations
 into ranked Findings; doctor.json holds both.
 
 A user's own loop is watched the same way, minus what only the built-in loop allows (the replay): in this

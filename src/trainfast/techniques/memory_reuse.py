@@ -26,7 +26,7 @@ import functools
 import platform
 from typing import TYPE_CHECKING, Any, Mapping
 
-from . import threads
+from .threads import started_env, switched_on
 
 if TYPE_CHECKING:
     from .base import Effect
@@ -46,7 +46,7 @@ _applied = False                   # mallopt set in this process by apply()
 
 def wanted(fields: Mapping[str, Any] | Any) -> bool:
     """Whether a recipe (or a run's dict of switched fields) asks for it."""
-    return threads.switched_on(fields, FIELD)
+    return switched_on(fields, FIELD)
 
 
 def process_env(fields: Mapping[str, Any] | Any) -> dict[str, str]:
@@ -122,4 +122,4 @@ def in_effect() -> bool:
     """Set in this process by apply(), or the process started with the environment that sets it."""
     if unavailable() is not None:
         return False
-    return _applied or threads.started_env().get(MMAP_ENV) == ENV[MMAP_ENV]
+    return _applied or started_env().get(MMAP_ENV) == ENV[MMAP_ENV]

@@ -6,8 +6,10 @@ import os
 
 import torch
 
-from . import memory_reuse
 from .base import Effect, cuda_only
+# By name, never `from . import memory_reuse`: that reads the package, whose __init__ imports this module's
+# siblings, and would make an import cycle through a package still being initialised.
+from .memory_reuse import apply as apply_reuse_memory
 
 
 def cudnn_effect(device: torch.device) -> Effect:
@@ -16,7 +18,7 @@ def cudnn_effect(device: torch.device) -> Effect:
 
 def apply_runtime_flags(recipe, device: torch.device) -> None:
     torch.backends.cudnn.benchmark = bool(recipe.cudnn_benchmark) and device.type == "cuda"
-    memory_reuse.apply(recipe)
+    apply_reuse_memory(recipe)
     if recipe.deterministic:
         # cuBLAS needs a fixed workspace to be deterministic; must be set before the first cuBLAS call.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
