@@ -160,8 +160,8 @@ def time_the_rest(run: BuiltinRun, probe: Probe, budget: TimingBudget, progress:
         extra_passes += 1
 
 
-STEP_ALONE_SECONDS = 0.5   # the step alone is timed over about this long (at least STEP_ALONE_STEPS steps)
-STEP_ALONE_STEPS = 8
+STEP_ALONE_SECONDS = 0.3   # the step alone is timed over about this long (at least STEP_ALONE_STEPS steps)
+STEP_ALONE_STEPS = 6
 STEP_ALONE_WARMUP = 2       # replayed steps before the timed ones (the first touch of the replayed batch)
 
 
