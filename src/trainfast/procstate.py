@@ -54,3 +54,33 @@ def process_state() -> dict[str, Any] | None:
     return {"cores": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
             "preempted": usage.ru_nivcsw, "yielded": usage.ru_nvcsw, "minor_faults": usage.ru_minflt,
             "major_faults": usage.ru_majflt, "anon_huge_kib": anon_huge_kib(), "busy_threads": busy}
+
+
+REFERENCE_TIMES = 7         # timings of the fixed workload at each end of a ladder
+REFERENCE_PRODUCTS = 4      # 512x512 fp32 products per timing: ~25-60 ms on the 2-core machines seen
+
+
+def reference_check(device=None) -> dict[str, float]:
+    """A fixed workload (fp32 512x512 matmuls on the torch threads the runs use) timed REFERENCE_TIMES times:
+    the machine's own speed and jitter at one moment, independent of any rung. The ablation times it before its
+    first run and after its last; the two say how much the machine itself moved during the ladder."""
+    import statistics
+    import time
+
+    import torch
+
+    device = device or torch.device("cpu")
+    a = torch.randn(512, 512, device=device)
+    times = []
+    for _ in range(REFERENCE_TIMES + 1):                  # the first is a warm-up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        x = a
+        for _ in range(REFERENCE_PRODUCTS):
+            x = torch.mm(x, a) / 512
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    times = times[1:]
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..measure import measure_ceiling
+from ..procstate import reference_check
 from ..recipe import RecipeError
 from ..results import AblationResult, Rung, Status
 from ..stats import MIN_EFFECT
@@ -132,6 +133,7 @@ class LadderRun:
         self.added: list[dict[str, Any]] = []           # the passes settling added, and why
         self.started = time.monotonic()
         self.ceilings: dict[str, float] = {}
+        self.machine: dict[str, dict[str, float]] = {}    # procstate.reference_check before and after the runs
 
     def run(self) -> AblationResult:
         from ..report import Display, environment
@@ -139,6 +141,7 @@ class LadderRun:
         store = RunStore(self.out_dir, self.settings, self.opts.resume)
         wait_rung_server()
         self.ceilings = {p: self.ceiling(p) for p in dict.fromkeys(r.recipe.precision for r in self.measured)}
+        self.machine = {"start": reference_check(self.work.dev)}
         env = environment(self.work.dev)
         display = Display(self.plan, self.ceilings, env, show=self.opts.show, settings=self.settings)
         interrupted = False
@@ -154,6 +157,7 @@ class LadderRun:
                 # The ceiling is a peak: measured again after the ladder and the higher kept, so a slow spell
                 # on a shared machine at the start does not put rungs "above" it.
                 self.ceilings.update({p: max(c, self.ceiling(p)) for p, c in self.ceilings.items()})
+                self.machine["end"] = reference_check(self.work.dev)
             for rung in self.plan:
                 if rung.status == Status.PARTIAL and interrupted:
                     rung.status = Status.DONE        # a partial report still shows what was measured
@@ -294,6 +298,8 @@ class LadderRun:
         if self.added:
             settings = {**settings, "repeats": self.repeats,
                         "settle": {"within_s": self.opts.settle_within_s, "passes": self.added}}
+        if self.machine:
+            settings = {**settings, "machine_check": self.machine}
         result = AblationResult(self.plan, env, self.out_dir, best.recipe if best else None, best.name if best else None,
                                 self.ceilings, self.seed_runs, tie, settings, odds, self.judged_metric())
         write_report(result)

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..results import AblationResult, Rung
 from .format import roofs_text, rung_label
-from .summary import best_line, keep_line, repeatability_line
+from .summary import best_line, keep_line, machine_line, repeatability_line
 from .table import Columns, headers, table_rows
 
 
@@ -94,6 +94,9 @@ class Display:
         repeatability = repeatability_line(result)
         if repeatability:
             self.console.print(repeatability)
+        machine = machine_line(result)
+        if machine:
+            self.console.print(machine)
         self.console.print(best_line(result) + f" — report in {result.out_dir}/ (results.json, report.md, charts)")
         keep = keep_line(result.settings, result.best)
         if keep:

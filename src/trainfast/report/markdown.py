@@ -16,7 +16,7 @@ from .doctor_findings import doctor_section
 from .format import roofs_text, rung_label
 from .notes import rung_notes
 from .results_json import write_results_json
-from .summary import best_line, keep_line, repeatability_line
+from .summary import best_line, keep_line, machine_line, repeatability_line
 from .table import Columns, headers, markdown_table, table_rows
 
 RECOMMENDATION_RULE = (
@@ -51,6 +51,7 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
         markdown_table(headers(columns), table_rows(result.rungs, columns)), "",
         data_wait_line(result.rungs), "",
         *([repeatability, ""] if repeatability else []),
+        *([machine, ""] if (machine := machine_line(result)) else []),
         how_to_read(result), "",
     ]
     if result.rungs[0].result.accuracy is not None:

@@ -81,14 +81,18 @@ def caveats(rung: Rung, settings: dict | None = None) -> list[str]:
     contradiction = roof_contradiction(r)
     if done and contradiction:
         out.append(contradiction)
-    if done and any(run["timing"].get("all_disturbed") for run in rung.repeats):
-        out.append("in some run every block of steps was disturbed (other processes used more than a quarter of the "
-                   "machine throughout): its rate comes from disturbed steps; run it again on a quieter machine")
+    busy = [f"seed {run.get('seed', i)}" for i, run in enumerate(rung.repeats) if run["timing"].get("all_disturbed")]
+    if done and busy:
+        out.append(f"in the run(s) of {', '.join(busy)} every block of steps was disturbed (other processes used "
+                   "more than a quarter of the machine throughout): their rate comes from disturbed steps; run it "
+                   "again on a quieter machine")
     disturbed = sum(r.disturbed_steps or [])
     if done and disturbed:
         clean = sum(r.timed_steps or [])
+        runs = ", ".join(f"seed {run.get('seed', i)}: {run['timing'].get('disturbed_steps', 0)}"
+                         for i, run in enumerate(rung.repeats) if run["timing"].get("disturbed_steps"))
         out.append(f"{disturbed} step(s) left out as disturbed (other processes used more than a quarter of the "
-                   f"machine meanwhile); its rate comes from {clean} clean steps"
+                   f"machine meanwhile), in the run(s) of {runs}; its rate comes from {clean} clean steps"
                    + (" — too few for a firm verdict: run it again on a quieter machine"
                       if min(r.timed_steps or [0]) < FEW_CLEAN_STEPS else ""))
     if done and r.skipped_files:

@@ -96,6 +96,27 @@ def repeatability_line(result: AblationResult) -> str | None:
     return text + f"`--repeats {repeats}` would make a {100 * float(target):.0f}% difference detectable."
 
 
+def machine_line(result: AblationResult) -> str | None:
+    """The machine itself, apart from any rung: a fixed workload timed before the first run and after the last
+    (procstate.reference_check). A drift or a jitter of the order of the runs' noise says the machine, not the
+    switches, moved the numbers; None when it was not timed at both ends (an interrupted ladder)."""
+    check = result.settings.get("machine_check") or {}
+    start, end = check.get("start"), check.get("end")
+    if not (start and end):
+        return None
+    drift = end["median_s"] / start["median_s"] - 1
+    jitter = max(c["max_s"] / c["min_s"] - 1 for c in (start, end))
+    text = (f"The machine itself: a fixed workload (fp32 matmuls, {1000 * start['median_s']:.1f} ms) timed before the "
+            f"first run and after the last took {drift:+.1%} longer at the end, with up to {jitter:.0%} between its "
+            "own repeats")
+    noise = next((r.result.noise for r in result.rungs if r.status == Status.DONE and r.result.noise), None)
+    if noise and max(abs(drift), jitter) > 2 * noise["sigma_log"]:
+        text += (f": more than twice the runs' noise ({100 * noise['sigma_log']:.1f}%), so the machine was busier "
+                 "or throttled during the ladder; the interleaved order shares that among the rungs, but a rerun on "
+                 "a quieter machine is the check")
+    return text + "."
+
+
 def settle_text(result: AblationResult) -> str:
     """The passes settling added after the repeats asked for, and why; "" when it added none."""
     settle = result.settings.get("settle")
