@@ -16,7 +16,7 @@ from trainfast.selfcheck import catalog, judges, runner
 from trainfast.selfcheck.judges import (judge_close, judge_compile, judge_flagged, judge_gain, judge_host_blocking,
                                         judge_jpeg, judge_masters, judge_nonfinite_stop, judge_overlap,
                                         judge_parity, judge_peaks, judge_reduced, judge_rung_measured,
-                                        judge_scaler, judge_set_epoch)
+                                        judge_scaler, judge_set_epoch, judge_wait)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,6 +111,17 @@ def test_overlap_passes_when_the_copy_is_hidden_and_fails_when_serial():
     assert not serial.ok and serial.figure == pytest.approx(0.1)
     no_baseline = judge_overlap(serial_s=0.011, overlapped_s=0.010, copy_s=0.010, compute_s=0.010)
     assert not no_baseline.ok and "nothing to compare" in no_baseline.detail
+
+
+def test_the_wait_on_the_device_timeline_passes_and_fails_both_ways():
+    # pageable memory, compute-bound: the host's clock said 55% waiting, the device idled 5%
+    fed = judge_wait(wait=0.05, copy=0.11, host=0.55, planted=False)
+    assert fed.ok and "host's time in next() 55%" in fed.detail
+    fooled = judge_wait(wait=0.55, copy=0.0, host=0.55, planted=False)
+    assert not fooled.ok and "compute counted as waiting" in fooled.detail
+    assert judge_wait(wait=0.92, copy=0.01, host=0.92, planted=True).ok
+    missed = judge_wait(wait=0.05, copy=0.0, host=0.90, planted=True)
+    assert not missed.ok and "planted loader was not seen" in missed.detail
 
 
 def test_gain_pass_and_fail():

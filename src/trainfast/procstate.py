@@ -57,7 +57,8 @@ def process_state() -> dict[str, Any] | None:
 
 
 REFERENCE_TIMES = 7         # timings of the fixed workload at each end of a ladder
-REFERENCE_PRODUCTS = 4      # 512x512 fp32 products per timing: ~25-60 ms on the 2-core machines seen
+REFERENCE_PRODUCTS = 40     # 512x512 fp32 products per timing: ~30-70 ms on the 2-core machines seen (a few ms
+                            # jitters by 10-20% on a quiet machine: too short to stand for the machine)
 
 
 def reference_check(device=None) -> dict[str, float]:
@@ -70,7 +71,8 @@ def reference_check(device=None) -> dict[str, float]:
     import torch
 
     device = device or torch.device("cpu")
-    a = torch.randn(512, 512, device=device)
+    a = torch.randn(512, 512, device=device) / 512 ** 0.5       # scaled: the chain's values neither grow nor
+                                                                 # sink into denormals (which run far slower)
     times = []
     for _ in range(REFERENCE_TIMES + 1):                  # the first is a warm-up
         if device.type == "cuda":
@@ -78,7 +80,7 @@ def reference_check(device=None) -> dict[str, float]:
         t0 = time.perf_counter()
         x = a
         for _ in range(REFERENCE_PRODUCTS):
-            x = torch.mm(x, a) / 512
+            x = torch.mm(x, a)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
