@@ -56,6 +56,12 @@ def process_state() -> dict[str, Any] | None:
             "major_faults": usage.ru_majflt, "anon_huge_kib": anon_huge_kib(), "busy_threads": busy}
 
 
+def process_cpu_seconds() -> float:
+    """CPU seconds this process has used so far, all its threads (a display's refresh thread included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 REFERENCE_TIMES = 7         # timings of the fixed workload at each end of a ladder
 REFERENCE_PRODUCTS = 40     # 512x512 fp32 products per timing: ~30-70 ms on the 2-core machines seen (a few ms
                             # jitters by 10-20% on a quiet machine: too short to stand for the machine)

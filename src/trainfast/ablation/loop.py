@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..measure import measure_ceiling
-from ..procstate import reference_check
+from ..procstate import process_cpu_seconds, reference_check
 from ..recipe import RecipeError
 from ..results import AblationResult, Rung, Status
 from ..stats import MIN_EFFECT
@@ -133,7 +133,8 @@ class LadderRun:
         self.added: list[dict[str, Any]] = []           # the passes settling added, and why
         self.started = time.monotonic()
         self.ceilings: dict[str, float] = {}
-        self.machine: dict[str, dict[str, float]] = {}    # procstate.reference_check before and after the runs
+        self.machine: dict[str, Any] = {}       # procstate.reference_check before and after the runs
+        self.in_runs = (0.0, 0.0)               # this process's CPU seconds while runs ran, and those seconds
 
     def run(self) -> AblationResult:
         from ..report import Display, environment
@@ -158,6 +159,9 @@ class LadderRun:
                 # on a shared machine at the start does not put rungs "above" it.
                 self.ceilings.update({p: max(c, self.ceiling(p)) for p, c in self.ceilings.items()})
                 self.machine["end"] = reference_check(self.work.dev)
+                # What this process (display, event relay) took from the cores the runs use, while they ran.
+                cpu, seconds = self.in_runs
+                self.machine["parent_cpu_share"] = cpu / seconds if seconds else None
             for rung in self.plan:
                 if rung.status == Status.PARTIAL and interrupted:
                     rung.status = Status.DONE        # a partial report still shows what was measured
@@ -195,7 +199,9 @@ class LadderRun:
             run_dir = self.out_dir / "rungs" / key
             run_dir.mkdir(parents=True, exist_ok=True)
             write_json(run_dir / "recipe.json", recipe.to_dict())
+            cpu, started = process_cpu_seconds(), time.monotonic()
             result = self.launch(rung, recipe, budget, run_dir, display, self.time_limit())
+            self.in_runs = (self.in_runs[0] + process_cpu_seconds() - cpu, self.in_runs[1] + time.monotonic() - started)
             if "error" not in result:
                 store.save(key, result)
         else:

@@ -96,6 +96,9 @@ def repeatability_line(result: AblationResult) -> str | None:
     return text + f"`--repeats {repeats}` would make a {100 * float(target):.0f}% difference detectable."
 
 
+MACHINE_MOVED = 0.05   # a drift or jitter of the fixed workload below this is its own noise on a quiet 2-core VM
+
+
 def machine_line(result: AblationResult) -> str | None:
     """The machine itself, apart from any rung: a fixed workload timed before the first run and after the last
     (procstate.reference_check). A drift or a jitter of the order of the runs' noise says the machine, not the
@@ -109,9 +112,13 @@ def machine_line(result: AblationResult) -> str | None:
     text = (f"The machine itself: a fixed workload (fp32 matmuls, {1000 * start['median_s']:.0f} ms) timed before the "
             f"first run and after the last took {drift:+.1%} longer at the end; its typical repeat ran {jitter:.0%} "
             "behind its best")
+    share = check.get("parent_cpu_share")
+    if share is not None:
+        text += f"; the ablation's own process (display, event relay) used {share:.1%} of a core while the runs ran"
     noise = next((r.result.noise for r in result.rungs if r.status == Status.DONE and r.result.noise), None)
-    if noise and max(abs(drift), jitter) > 2 * noise["sigma_log"]:
-        text += (f": more than twice the runs' noise ({100 * noise['sigma_log']:.1f}%), so the machine was busier "
+    if noise and max(abs(drift), jitter) > max(2 * noise["sigma_log"], MACHINE_MOVED):
+        text += (f": more than twice the runs' noise ({100 * noise['sigma_log']:.1f}%) and {MACHINE_MOVED:.0%}, so "
+                 "the machine was busier "
                  "or throttled during the ladder; the interleaved order shares that among the rungs, but a rerun on "
                  "a quieter machine is the check")
     return text + "."
