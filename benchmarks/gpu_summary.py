@@ -16,14 +16,21 @@ def pct(x) -> str:
 
 
 def agreement(rung: dict) -> str:
-    """'ok', or what contradicts: the compute part of the step (not waiting, not copying) above the roof."""
-    wait, copy, roof = rung.get("data_wait_fraction"), rung.get("copy_fraction") or 0.0, rung.get("ceiling_fraction")
+    """'ok', or what contradicts: the report's own check (report.notes.roof_contradiction: the compute part of
+    the step, neither waiting nor copying, above the roof)."""
+    from types import SimpleNamespace
+
+    from trainfast.report.notes import roof_contradiction
+
+    wait, roof = rung.get("data_wait_fraction"), rung.get("ceiling_fraction")
     if wait is None or not roof:
         return "—"
-    compute = 1 - wait - copy
-    if compute <= 0 or roof / compute > 1.05:
-        return f"contradiction: compute at {100 * roof / max(compute, 1e-9):.0f}% of the roof"
-    return f"ok (compute at {100 * roof / compute:.0f}% of the roof)"
+    fields = SimpleNamespace(data_wait_fraction=wait, copy_fraction=rung.get("copy_fraction"), ceiling_fraction=roof)
+    contradiction = roof_contradiction(fields)
+    if contradiction:
+        return "contradiction: " + contradiction
+    compute = 1 - wait - (rung.get("copy_fraction") or 0.0)
+    return f"ok (compute at {100 * roof / compute:.0f}% of the roof)" if compute > 0 else "— (all of it waiting)"
 
 
 def ablation_table(folder: Path, label: str) -> list[str]:
