@@ -46,7 +46,7 @@ def test_the_machine_line_compares_the_reference_workload_before_and_after():
                                       "end": {"median_s": 0.036, "min_s": 0.033, "max_s": 0.040},
                                       "parent_cpu_share": 0.012}}
     line = machine_line(Result())
-    assert "+20.0% longer at the end" in line and "typical repeat ran 9% behind its best" in line
+    assert "20.0% longer at the end" in line and "typical repeat ran 9% behind its best" in line
     assert "used 1.2% of a core while the runs ran" in line
     Result.settings = {"machine_check": {"start": {"median_s": 0.03, "min_s": 0.03, "max_s": 0.03}}}
     assert machine_line(Result()) is None                 # interrupted: no end to compare

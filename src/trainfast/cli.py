@@ -392,7 +392,7 @@ def _ablate(args, recipe: Recipe) -> int:
                    mode=args.mode, repeats=args.repeats, noise_seeds=args.noise_seeds,
                    budget=TimingBudget(steps=args.timing_steps, seconds=args.timing_budget),
                    min_effect=args.min_effect, resume=resume, rung_timeout=args.rung_timeout,
-                   settle_within_s=args.settle_within)
+                   settle_within_s=args.settle_within, paired=args.paired)
     try:
         if args.user_command is not None:
             result = ablate_command(args.user_command, recipe=recipe, device=args.device, measure=args.measure,
@@ -419,7 +419,8 @@ def _tune(args, recipe: Recipe) -> int:
              amp_dtype=args.amp_dtype, repeats=args.repeats, budget_s=args.budget, planned_steps=args.planned_steps,
              timing=TimingBudget(steps=args.timing_steps, seconds=args.timing_budget), min_effect=args.min_effect,
              resume=resume, command=args.user_command, nproc=args.nproc, metric=args.metric, goal=args.metric_goal,
-             batch_size_search=args.batch_size_search, settle=args.settle, switches=split_names(args.switches))
+             batch_size_search=args.batch_size_search, settle=args.settle, switches=split_names(args.switches),
+             paired=args.paired)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -443,7 +443,7 @@ class Timing:
         for i, step in enumerate(timed):
             current.append(step)
             if sum(s.seconds for s in current) >= BLOCK_SECONDS or i == len(timed) - 1:
-                blocks.append(_block(current, cores, check_disturbance))
+                blocks.append(step_block(current, cores, check_disturbance))
                 current = []
         clean = [s for b, group in _grouped(timed, blocks) if not b["disturbed"] for s in group]
         clean = clean or timed          # every block disturbed: the rate comes from all of them (clean_blocks)
@@ -479,7 +479,8 @@ class Timing:
                 "step_samples": self.step_samples, "blocks": self.blocks}
 
 
-def _block(steps: list[StepTime], cores: int, check: bool) -> dict:
+def step_block(steps: list[StepTime], cores: int, check: bool) -> dict:
+    """Consecutive steps as one timing block: samples, seconds, and whether other processes disturbed it."""
     seconds = sum(s.seconds for s in steps)
     foreign = None
     if check and all(s.machine_cpu_s is not None for s in steps) and seconds > 0:

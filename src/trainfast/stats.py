@@ -269,16 +269,46 @@ def rerun_agreement(speedup: Estimate, current: str, min_effect: float, noise: N
 
 
 @dataclass(frozen=True)
+class Noises:
+    """The two noise pools of one ablation. `process`: between fresh processes, over every rung's own runs (the
+    two-way model above). `paired`: of the in-process ratios, over the rungs timed against the baseline inside
+    their own processes (ablation/paired.py), where process-level state cancels. A comparison of two paired rungs
+    uses their ratios and the paired pool; any other, their own runs and the process pool."""
+    process: Noise | None
+    paired: Noise | None = None
+
+    def basis(self, *paired: bool) -> tuple[bool, Noise | None]:
+        """(whether the comparison of rungs with these `paired` flags uses the ratios, the noise it uses)."""
+        both = self.paired is not None and all(paired)
+        return both, self.paired if both else self.process
+
+
+@dataclass(frozen=True)
 class Candidate:
     """A rung that may be recommended: its name, how many switches it turns on, and its repeats (its speed-up
-    against the baseline is estimated from them, paired by pass, inside `recommend`)."""
+    against the baseline is estimated from them, paired by pass, inside `recommend`); `ratios`: its in-process
+    ratios against the baseline as repeats (Noises), or None when it was not paired."""
     name: str
     switches: float         # how far from the baseline (ablate.switch_count): the tie-break towards the simplest
     repeats: list[Repeat]
+    ratios: list[Repeat] | None = None
+
+
+def as_noises(noise: Noise | Noises | None) -> Noises:
+    return noise if isinstance(noise, Noises) else Noises(noise)
+
+
+def compare_candidates(a: Candidate, b: Candidate, min_effect: float = MIN_EFFECT,
+                       noise: Noise | Noises | None = None) -> Comparison:
+    """`a` against `b` on the basis both share (Noises.basis)."""
+    paired, chosen = as_noises(noise).basis(a.ratios is not None, b.ratios is not None)
+    if paired:
+        return compare(a.name, a.ratios, b.name, b.ratios, min_effect, chosen)
+    return compare(a.name, a.repeats, b.name, b.repeats, min_effect, chosen)
 
 
 def recommend(candidates: list[Candidate], min_effect: float = MIN_EFFECT,
-              noise: Noise | None = None) -> tuple[str, list[str]]:
+              noise: Noise | Noises | None = None) -> tuple[str, list[str]]:
     """(recommended, tie). The first candidate is the baseline. The fastest candidate is recommended only
     when it is measurably faster than the baseline; then, among the candidates measurably faster than the
     baseline and not measurably slower than the fastest, the simplest (fewest switches) is recommended, so a
@@ -295,11 +325,11 @@ def recommend(candidates: list[Candidate], min_effect: float = MIN_EFFECT,
         raise ValueError("recommend needs at least one candidate")
 
     def differs(c: Candidate, ref: Candidate) -> str:
-        versus = compare(c.name, c.repeats, ref.name, ref.repeats, min_effect, noise)
+        versus = compare_candidates(c, ref, min_effect, noise)
         return versus.verdict if versus.firm else SAME
 
     best = base = candidates[0]
-    speedup = {c.name: speedup_estimate(c.repeats, base.repeats, noise).value for c in candidates}   # paired by pass
+    speedup = {c.name: compare_candidates(c, base, min_effect, noise).speedup.value for c in candidates}
     top = max(candidates, key=lambda c: speedup[c.name])
     if top is not base and differs(top, base) == FASTER:
         near = [c for c in candidates[1:] if c is top or
@@ -312,24 +342,27 @@ def recommend(candidates: list[Candidate], min_effect: float = MIN_EFFECT,
 RERUNS = 400            # simulated reruns behind recommendation_odds
 
 
-def recommendation_odds(candidates: list[Candidate], min_effect: float = MIN_EFFECT, noise: Noise | None = None,
-                        reruns: int = RERUNS) -> dict[str, float]:
+def recommendation_odds(candidates: list[Candidate], min_effect: float = MIN_EFFECT,
+                        noise: Noise | Noises | None = None, reruns: int = RERUNS) -> dict[str, float]:
     """How often the same command, run again, would recommend each candidate: the recommendation's own
     repeatability, as `rerun_agreement` is a verdict's. Each simulated rerun draws every candidate's mean log
     rate around this run's, with this estimate's error and the rerun's own (variance 2 sigma^2 / passes,
     independent between candidates: the two-way model has taken the pass effects out), and applies `recommend`
     to it. Seeded, so the same measurements always give the same odds. Without a noise estimate (one repeat)
-    there is nothing to draw from: the recommendation alone, at 1.0."""
+    there is nothing to draw from: the recommendation alone, at 1.0. Drawn on the in-process ratios when every
+    candidate has them (Noises), else on the runs' own rates."""
     best, _ = recommend(candidates, min_effect, noise)
-    if noise is None or noise.variance == 0:
+    paired, chosen = as_noises(noise).basis(*(c.ratios is not None for c in candidates))
+    if chosen is None or chosen.variance == 0:
         return {best: 1.0}
-    passes = min(len(c.repeats) for c in candidates)
-    means = np.array([statistics.fmean(math.log(r.rate) for r in c.repeats[:passes]) for c in candidates])
-    shifts = _rng().normal(0.0, math.sqrt(2 * noise.variance / passes), size=(reruns, len(candidates)))
+    rows = [c.ratios if paired else c.repeats for c in candidates]
+    passes = min(len(r) for r in rows)
+    means = np.array([statistics.fmean(math.log(r.rate) for r in row[:passes]) for row in rows])
+    shifts = _rng().normal(0.0, math.sqrt(2 * chosen.variance / passes), size=(reruns, len(candidates)))
     counts: dict[str, int] = {}
     for row in means + shifts:
         drawn = [Candidate(c.name, c.switches, [Repeat(((math.exp(m), 1.0),))] * passes)
                  for c, m in zip(candidates, row)]
-        name, _ = recommend(drawn, min_effect, noise)
+        name, _ = recommend(drawn, min_effect, chosen)
         counts[name] = counts.get(name, 0) + 1
     return {name: counts[name] / reruns for name in sorted(counts, key=counts.get, reverse=True)}

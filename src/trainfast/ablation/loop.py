@@ -41,7 +41,8 @@ class LadderOptions:
     min_effect: a difference below it (a fraction) is never called a gain or a loss. rung_timeout: seconds
     a run may take (default: 10x the baseline's first run, at least 300 s). settle_within_s: passes added
     while a verdict is within the noise (None or 0: exactly `repeats`). time_budget_s: the seconds the whole
-    ladder may take (the first run prices the rest; the plan is cut to fit)."""
+    ladder may take (the first run prices the rest; the plan is cut to fit). paired: the built-in work's timed runs
+    are also timed against the baseline inside their own processes (paired.py); False: across processes only."""
     mode: str = "cumulative"
     repeats: int = 3
     noise_seeds: int = 3
@@ -52,6 +53,7 @@ class LadderOptions:
     show: bool = True
     settle_within_s: float | None = SETTLE_WITHIN_S
     time_budget_s: float | None = None
+    paired: bool = True
 
     def __post_init__(self) -> None:
         for flag, value in (("--noise-seeds", self.noise_seeds), ("--repeats", self.repeats)):
@@ -117,6 +119,9 @@ class LadderRun:
     def __init__(self, plan: list[Rung], work: Work, settings: dict[str, Any], out_dir: Path,
                  options: LadderOptions, measure: str = "speed") -> None:
         self.plan, self.work, self.settings, self.out_dir, self.opts = plan, work, settings, out_dir, options
+        pair_against = getattr(work, "pair_against", None)      # the built-in work can pair; a command cannot
+        if options.paired and pair_against is not None:
+            pair_against(plan[0].recipe)
         self.launch = work.launcher(measure)
         self.metric = work.metric(measure)
         self.after_run = work.after_run(plan)

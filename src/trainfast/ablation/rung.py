@@ -23,7 +23,8 @@ import torch
 from ..checkpoint import NoCheckpoints, build_checkpointer
 from ..data.badfiles import skipped_last_pass
 from ..engine import train_one_epoch
-from ..measure import EpochStats, StepTimer, Timing
+from ..measure import BLOCK_SECONDS, EpochStats, StepTimer, Timing
+from .paired import time_paired, unpaired_reason
 from ..probe import MeasureSpec, Probe
 from ..recipe import Recipe
 from ..run import BuiltinRun, assemble_run
@@ -51,6 +52,9 @@ class Job:
     device: str = "auto"
     nproc: int = 1                      # >1: the rung runs as that many torch.distributed workers (DDP)
     task: str = "classification"        # tasks/: what a batch, a loss and the judged metric mean
+    # The ladder's baseline recipe: every timed run is also timed against it in alternating blocks inside its own
+    # process (paired.py). None: runs are compared across processes only.
+    reference: Recipe | None = None
 
 
 def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None],
@@ -61,7 +65,10 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None],
                        env=False)
     try:
         with ExitStack() as stack:
-            return measure_rung(run, emit, budget, rung_checkpoints(run, stack))
+            record = measure_rung(run, emit, budget, rung_checkpoints(run, stack))
+        if budget is not None and job.reference is not None:     # after the record: the pair's memory is not the rung's
+            record["paired"] = pair_with_reference(job, run, job.reference.replace(seed=recipe.seed), budget)
+        return record
     finally:
         run.close()
 
@@ -122,6 +129,22 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
         "step_alone": alone,                                   # the same step on a batch kept on the device
     }
     return probe.result("accuracy run ended" + (", then the timing budget" if extra_passes else ""))
+
+
+def pair_with_reference(job: Job, run: BuiltinRun, reference: Recipe, budget: TimingBudget) -> dict[str, Any]:
+    """The rung's step against the reference's (the baseline's) in alternating blocks in this process, or why
+    not (paired.py): the ratio that process-level state cannot move. Its blocks are the timing's blocks, shorter
+    where the budget asks for less than the default's time (a quick test's ladder)."""
+    why = unpaired_reason(run.recipe, reference, job.nproc)
+    if why is not None:
+        return {"unpaired": why}
+    ref = assemble_run(job.model, job.data, reference, device=job.device, task=job.task, loss_fn=job.loss_fn,
+                       env=False)
+    try:
+        share = min(1.0, budget.min_seconds / TimingBudget.min_seconds)
+        return time_paired(run, ref, check=run.device.type == "cpu", block_seconds=BLOCK_SECONDS * share)
+    finally:
+        ref.close()
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """Scoring: a ladder's runs -> each rung's numbers, its verdicts and the recommendation. Pure functions of
 the runs' records (no process, no file, no clock), so a verdict can be recomputed from a results folder.
 
-Every interval here rests on one noise estimate, pooled over all the measured rungs (ladder_noise): the
-scores and the recommendation never judge with different noise.
+Every interval here rests on a noise estimate pooled over the measured rungs (ladder_noises): the noise between
+fresh processes, and that of the in-process ratios where the rungs were timed against the baseline inside their own
+processes (paired.py). Two paired rungs are compared on their ratios, any other pair on their own runs
+(stats.Noises); the scores and the recommendation use the same rule.
 """
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ from typing import Any
 
 from ..recipe import Recipe
 from ..results import Rung, RungResult, Status
-from ..stats import (MIN_EFFECT, SAME, Candidate, Noise, Repeat, compare, pooled_noise, rate_estimate, recommend,
-                     recommendation_odds)
+from ..stats import (MIN_EFFECT, SAME, Candidate, Comparison, Noise, Noises, Repeat, compare_candidates,
+                     pooled_noise, rate_estimate, recommend, recommendation_odds)
 from ..techniques.precision import level_note
 
 FIRST_REPORTED = "<first reported>"     # ablate --measure full without --metric: what the script reports first
@@ -52,9 +54,36 @@ def rung_repeats(rung: Rung) -> list[Repeat]:
     return out
 
 
-def ladder_noise(rungs: list[Rung]) -> Noise | None:
-    """The process-to-process noise behind every interval of this ablation, pooled over its measured rungs."""
-    return pooled_noise([rung_repeats(r) for r in rungs if r.measured])
+def paired_repeats(rung: Rung) -> list[Repeat] | None:
+    """The rung's in-process ratios against the baseline, one Repeat per finished process (its clean blocks, their
+    seconds scaled by the reference's rate in that process: the Repeat's rate is the ratio), or None unless every
+    run of the rung was paired."""
+    out = []
+    for r in rung.repeats:
+        pair = r.get("paired") or {}
+        if "ratio" not in pair:
+            return None
+        blocks = pair["blocks"]["rung"]
+        kept = [b for b in blocks if not b["disturbed"]] or blocks
+        out.append(Repeat(tuple((b["samples"], b["seconds"] * pair["reference_rate"]) for b in kept)))
+    return out or None
+
+
+def candidate(rung: Rung, switches: float = 0.0) -> Candidate:
+    return Candidate(rung.name, switches, rung_repeats(rung), paired_repeats(rung))
+
+
+def ladder_noises(rungs: list[Rung]) -> Noises:
+    """The noise pools behind every interval of this ablation (stats.Noises): between processes over the measured
+    rungs' own runs, and of the in-process ratios over the rungs that have them."""
+    measured = [r for r in rungs if r.measured]
+    ratios = [p for p in map(paired_repeats, measured) if p is not None]
+    return Noises(pooled_noise([rung_repeats(r) for r in measured]), pooled_noise(ratios))
+
+
+def versus(a: Rung, b: Rung, min_effect: float, noises: Noises) -> Comparison:
+    """`a` against `b`: on their in-process ratios when both have them, else on their own runs."""
+    return compare_candidates(candidate(a), candidate(b), min_effect, noises)
 
 
 def aggregate(rung: Rung, noise: Noise | None, metric: str | None = "accuracy") -> None:
@@ -116,9 +145,9 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
     outside the band, `accuracy_worse` one outside it on the wrong side (below for a metric to maximize)."""
     name, goal = metric
     sign = -1.0 if (goal or metric_goal(name)) == "min" else 1.0
-    noise = ladder_noise(rungs)
+    noises = ladder_noises(rungs)
     for rung in rungs:
-        aggregate(rung, noise, name)
+        aggregate(rung, noises.process, name)
     base = rungs[0] if rungs and rungs[0].status == Status.DONE and rungs[0].result.repeats else None
     reference, seeds = None, []
     if base:
@@ -139,7 +168,7 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
             if base and base.result.step_alone:
                 r.step_alone_speedup = r.step_alone / base.result.step_alone
         if base and rung is not base:
-            judge_against(rung, base, previous if mode == "cumulative" else None, min_effect, noise)
+            judge_against(rung, base, previous if mode == "cumulative" else None, min_effect, noises)
             if reference is not None and r.accuracy is not None:
                 r.accuracy_delta = r.accuracy - reference
                 r.accuracy_band = accuracy_band(reference, base.result.val_samples, seeds, runs=r.repeats)
@@ -150,33 +179,37 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
             if reference is not None:
                 r.accuracy_reference = reference
                 r.accuracy_band = accuracy_band(reference, r.val_samples, seeds, runs=r.repeats)
-        r.noise = noise_summary(noise, r.repeats, min_effect)
+        paired, noise = noises.basis(paired_repeats(rung) is not None, base is not None and
+                                     paired_repeats(base) is not None)
+        r.noise = noise_summary(noise, r.repeats, min_effect, paired, noises.process)
         previous = rung
 
 
-def judge_against(rung: Rung, base: Rung, previous: Rung | None, min_effect: float, noise: Noise | None) -> None:
+def judge_against(rung: Rung, base: Rung, previous: Rung | None, min_effect: float, noises: Noises) -> None:
     """The rung's speed-up and verdict against the baseline, and against `previous` (the rung above, in a
     cumulative ladder): what adding its switch bought. Its memory against the baseline's."""
-    r, mine, theirs = rung.result, rung_repeats(rung), rung_repeats(base)
-    if mine and theirs:
-        versus = compare(rung.name, mine, "baseline", theirs, min_effect, noise)
-        r.speedup, r.speedup_interval = versus.speedup.value, versus.speedup.interval
-        r.verdict, r.verdict_text = versus.verdict, versus.text
-        r.agreement, r.firm = versus.agreement, versus.firm
-        above = rung_repeats(previous) if previous is not None else []
-        if above:
-            step = compare(rung.name, mine, previous.name, above, min_effect, noise)
+    r = rung.result
+    if rung_repeats(rung) and rung_repeats(base):
+        against = versus(rung, base, min_effect, noises)
+        r.speedup, r.speedup_interval = against.speedup.value, against.speedup.interval
+        r.verdict, r.verdict_text = against.verdict, against.text
+        r.agreement, r.firm = against.agreement, against.firm
+        if previous is not None and rung_repeats(previous):
+            step = versus(rung, previous, min_effect, noises)
             r.vs_previous = {"rung": previous.name, **step.to_dict(), "text": step.text}
     r.memory_ratio = r.peak_memory_bytes / base.result.peak_memory_bytes
 
 
-def noise_summary(noise: Noise | None, pairs: int, min_effect: float) -> dict[str, Any] | None:
+def noise_summary(noise: Noise | None, pairs: int, min_effect: float, paired: bool = False,
+                  process: Noise | None = None) -> dict[str, Any] | None:
     """The noise behind a rung's intervals, and what it means for repeatability: the smallest speed-up its
-    comparisons detect in 80% of runs, and the repeats that would detect `min_effect` (or 10%, if larger)."""
+    comparisons detect in 80% of runs, and the repeats that would detect `min_effect` (or 10%, if larger).
+    `paired`: the noise is the in-process ratios' (then `process`, the noise between processes, is given too)."""
     if noise is None or pairs < 1:
         return None
     target = max(min_effect, 0.10)
-    return {"sigma_log": math.sqrt(noise.variance), "df": noise.df,
+    return {"sigma_log": math.sqrt(noise.variance), "df": noise.df, "paired": paired,
+            "process_sigma_log": math.sqrt(process.variance) if process is not None else None,
             "detectable_effect": noise.detectable(pairs, min_effect),
             "repeats_for": {f"{target:.2f}": noise.repeats_for(target, min_effect)}}
 
@@ -199,10 +232,10 @@ def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT) -> tuple[Rung |
         return None, [], {}
     candidates = [base] + [r for r in rungs[1:] if r.status == Status.DONE and rung_repeats(r)
                            and level_note(r.recipe) is None and not r.result.accuracy_worse]
-    pool = [Candidate(r.name, switch_count(base.recipe, r.recipe), rung_repeats(r)) for r in candidates]
-    noise = ladder_noise(rungs)
-    name, tie = recommend(pool, min_effect, noise)
-    return next(r for r in rungs if r.name == name), tie, recommendation_odds(pool, min_effect, noise)
+    pool = [candidate(r, switch_count(base.recipe, r.recipe)) for r in candidates]
+    noises = ladder_noises(rungs)
+    name, tie = recommend(pool, min_effect, noises)
+    return next(r for r in rungs if r.name == name), tie, recommendation_odds(pool, min_effect, noises)
 
 
 def recipe_changes(base: Recipe, recipe: Recipe) -> dict[str, Any]:

@@ -57,6 +57,9 @@ class Work(Protocol):
     def after_run(self, plan: list[Rung]) -> Callable[[Rung, dict], None] | None:
         """Called after each run: what a run revealed that changes the plan, or None."""
 
+    # Optional: pair_against(reference), where the work can time each run against the baseline inside the run's
+    # own process (the built-in work; a user's command cannot: its loop is its own).
+
 
 def mark_effects(plan: list[Rung], dev: torch.device, model: torch.nn.Module | None = None, split=None,
                  effect_of: Callable = field_effect) -> None:
@@ -109,6 +112,10 @@ class Builtin:
         if field == threads.FIELD and not self.base.num_workers:
             return TechniqueEffect(False, threads.NO_WORKERS_NOTE, applies=False)
         return self.task.field_effect(field, device, model, split)
+
+    def pair_against(self, reference: Recipe) -> None:
+        """Every timed run is also timed against `reference` (the baseline) inside its own process (paired.py)."""
+        self.job = dataclasses.replace(self.job, reference=reference)
 
     def metric(self, measure: str = "speed") -> tuple[str, str]:
         """A built-in run is always trained to its end and evaluated (and timed on the way): its accuracy

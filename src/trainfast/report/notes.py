@@ -95,6 +95,8 @@ def caveats(rung: Rung, settings: dict | None = None) -> list[str]:
                    f"machine meanwhile), in the run(s) of {runs}; its rate comes from {clean} clean steps"
                    + (" — too few for a firm verdict: run it again on a quieter machine"
                       if min(r.timed_steps or [0]) < FEW_CLEAN_STEPS else ""))
+    if done:
+        out += pairing_notes(rung)
     if done and r.skipped_files:
         out.append(f"{r.skipped_files} unreadable image(s) skipped (paths in the rung's log)")
     state = r.precision_state or {}
@@ -108,6 +110,21 @@ def caveats(rung: Rung, settings: dict | None = None) -> list[str]:
     own = (r.vs_previous or {}).get("verdict") or r.verdict
     if done and threads.wanted(rung.changes) and own == SLOWER and isinstance(r.num_workers, int):
         out.append(threads.slower_note(r.num_workers))
+    return out
+
+
+def pairing_notes(rung: Rung) -> list[str]:
+    """How the rung's in-process pairing against the baseline went (ablation/paired.py): why it was compared
+    across processes only, and the runs whose paired blocks other processes disturbed (left out)."""
+    pairs = [(run.get("seed", i), run.get("paired")) for i, run in enumerate(rung.repeats)]
+    why = sorted({p["unpaired"] for _, p in pairs if p and "unpaired" in p})
+    out = [f"compared across fresh processes only, not in-process against the baseline: {w}" for w in why]
+    hit = [(seed, sum(b["disturbed"] for side in p["blocks"].values() for b in side)) for seed, p in pairs
+           if p and "blocks" in p]
+    hit = [(seed, n) for seed, n in hit if n]
+    if hit:
+        out.append("in-process blocks left out as disturbed (other processes used more than a quarter of the machine "
+                   "meanwhile), in the run(s) of " + ", ".join(f"seed {seed}: {n}" for seed, n in hit))
     return out
 
 

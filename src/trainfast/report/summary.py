@@ -79,9 +79,17 @@ def repeatability_line(result: AblationResult) -> str | None:
     shaky = [rung_label(r) + ("" if r.result.is_firm else " (vs baseline)") for r in judged(result)
              if r.result.unsettled]
     (target, repeats), = noise["repeats_for"].items()
-    text = (f"Repeatability: the process-to-process noise is {100 * noise['sigma_log']:.1f}% per run (pooled over the "
-            f"rungs, {noise['df']} df); with {result.settings.get('repeats')} repeats a speed-up below "
-            f"~{100 * noise['detectable_effect']:.0f}% between two rungs is found in fewer than 80% of runs. ")
+    if noise.get("paired"):
+        between = noise.get("process_sigma_log")
+        text = (f"Repeatability: each run was also timed against the baseline in alternating blocks inside its own "
+                f"process; the noise of those ratios is {100 * noise['sigma_log']:.1f}% per run (pooled over the rungs, "
+                f"{noise['df']} df)" + (f", where the runs' own rates moved {100 * between:.1f}% from process to "
+                                        "process" if between is not None else "") +
+                f"; with {result.settings.get('repeats')} repeats a speed-up below ")
+    else:
+        text = (f"Repeatability: the process-to-process noise is {100 * noise['sigma_log']:.1f}% per run (pooled over "
+                f"the rungs, {noise['df']} df); with {result.settings.get('repeats')} repeats a speed-up below ")
+    text += f"~{100 * noise['detectable_effect']:.0f}% between two rungs is found in fewer than 80% of runs. "
     text += settle_text(result)
     if shaky:
         text += (f"Verdicts marked ? ({', '.join(shaky)}) would be repeated by a rerun less than 80% of the time: "
@@ -110,8 +118,8 @@ def machine_line(result: AblationResult) -> str | None:
     drift = end["median_s"] / start["median_s"] - 1
     jitter = max(c["median_s"] / c["min_s"] - 1 for c in (start, end))     # a typical repeat against the best
     text = (f"The machine itself: a fixed workload (fp32 matmuls, {1000 * start['median_s']:.0f} ms) timed before the "
-            f"first run and after the last took {drift:+.1%} longer at the end; its typical repeat ran {jitter:.0%} "
-            "behind its best")
+            f"first run and after the last took {abs(drift):.1%} {'longer' if drift >= 0 else 'less time'} at the "
+            f"end; its typical repeat ran {jitter:.0%} behind its best")
     share = check.get("parent_cpu_share")
     if share is not None:
         text += f"; the ablation's own process (display, event relay) used {share:.1%} of a core while the runs ran"
@@ -119,7 +127,7 @@ def machine_line(result: AblationResult) -> str | None:
     if noise and max(abs(drift), jitter) > max(2 * noise["sigma_log"], MACHINE_MOVED):
         text += (f": more than twice the runs' noise ({100 * noise['sigma_log']:.1f}%) and {MACHINE_MOVED:.0%}, so "
                  "the machine was busier "
-                 "or throttled during the ladder; the interleaved order shares that among the rungs, but a rerun on "
+                 "or throttled during part of the ladder; the interleaved order shares that among the rungs, but a rerun on "
                  "a quieter machine is the check")
     return text + "."
 

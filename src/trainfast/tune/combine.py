@@ -8,10 +8,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ablation.scoring import recipe_changes, rung_repeats
+from ..ablation.scoring import ladder_noises, recipe_changes, versus
 from ..recipe import Recipe
 from ..results import Effect, Rung, Status
-from ..stats import FASTER, MIN_EFFECT, Comparison, Noise, compare, pooled_noise
+from ..stats import FASTER, MIN_EFFECT, Comparison, Noises
 from ..techniques.precision import not_run_text
 from .switches import firm_gain, is_level
 
@@ -67,17 +67,16 @@ def why_not(rung: Rung) -> str | None:
 def one_level(levels: list[Rung], singles: list[Rung], dropped: dict[str, str]) -> Rung:
     """Of the precision levels that gained, the one the combination keeps: O1 (fp32 weights, the safer
     numerics) unless another is firmly faster than it; why each other one is left out goes into `dropped`."""
-    noise = pooled_noise([rung_repeats(r) for r in singles if r.status == Status.DONE])
+    noises = ladder_noises([r for r in singles if r.status == Status.DONE])
     levels = sorted(levels, key=lambda r: r.recipe.precision_level != "autocast")
     level = levels[0]
     for r in levels[1:]:
-        versus = compare(r.name, rung_repeats(r), level.name, rung_repeats(level), MIN_EFFECT, noise)
-        if versus.verdict == FASTER and versus.firm:
+        against = versus(r, level, MIN_EFFECT, noises)
+        if against.verdict == FASTER and against.firm:
             level = r
     for r in levels:
         if r is not level:
-            versus = compare(r.name, rung_repeats(r), level.name, rung_repeats(level), MIN_EFFECT, noise)
-            dropped[r.name] = f"a precision level not firmly faster than {level.name} ({versus.text})"
+            dropped[r.name] = f"a precision level not firmly faster than {level.name} ({versus(r, level, MIN_EFFECT, noises).text})"
     return level
 
 
@@ -142,38 +141,38 @@ def on_level_decision(level: Rung, best: Rung, fallback: Decision) -> Decision:
                     speedup=speedup, speedup_interval=[a[0] * b[0], a[1] * b[1]] if a and b else None)
 
 
-def firmly_faster(a: Rung, b: Rung, min_effect: float, noise: Noise | None) -> tuple[bool, Comparison | None]:
+def firmly_faster(a: Rung, b: Rung, min_effect: float, noises: Noises) -> tuple[bool, Comparison | None]:
     """Whether `a` is firmly faster than `b` (both fully measured), and the comparison (None: not both were)."""
     if a.status != Status.DONE or b.status != Status.DONE:
         return False, None
-    versus = compare(a.name, rung_repeats(a), b.name, rung_repeats(b), min_effect, noise)
-    return versus.verdict == FASTER and versus.firm, versus
+    against = versus(a, b, min_effect, noises)
+    return against.verdict == FASTER and against.firm, against
 
 
 def decide(stage: list[Rung], min_effect: float = MIN_EFFECT) -> Decision:
     """The recommendation from stage 2 (rungs as combine_stage made them, scored)."""
     base, single, combined = stage[0], stage[1], stage[2]
     without = stage[3:]
-    noise = pooled_noise([rung_repeats(r) for r in stage if r.status in (Status.DONE, Status.PARTIAL)])
+    noises = ladder_noises([r for r in stage if r.status in (Status.DONE, Status.PARTIAL)])
     decision = Decision(base.recipe, "baseline")
     final = combined
     for rung in without:                 # a switch whose removal makes the combination faster hurts in it
-        better, versus = firmly_faster(rung, final, min_effect, noise)
+        better, against = firmly_faster(rung, final, min_effect, noises)
         if better:
             name = rung.name.removeprefix("without-")
-            decision.dropped[name] = f"hurts in combination: the combination without it is {versus.text}"
+            decision.dropped[name] = f"hurts in combination: the combination without it is {against.text}"
             final = rung
     if final.status == Status.DONE and final.result.accuracy_worse:
         decision.dropped[final.name] = (f"loses accuracy ({final.result.accuracy_delta:+.3f}, outside the "
                                         "baseline's band)")
         final = None
     if final is not None:
-        beats, versus = firmly_faster(final, single, min_effect, noise)
+        beats, against = firmly_faster(final, single, min_effect, noises)
         if beats:
             decision.recipe, decision.name = final.recipe, final.name
-        elif versus is not None:
+        elif against is not None:
             decision.notes.append(f"the combination ({final.name}) does not beat the best single switch "
-                                  f"{single.name.removeprefix('single-')}: {versus.text}; the simpler recipe is "
+                                  f"{single.name.removeprefix('single-')}: {against.text}; the simpler recipe is "
                                   "recommended")
     if decision.name == "baseline" and firm_gain(single):
         decision.recipe, decision.name = single.recipe, single.name

@@ -19,7 +19,8 @@ class TuneOptions:
     plans within. planned_steps: the optimizer steps of the run the recipe is for (decides compile). timing:
     the steady steps each run is timed over. min_effect, resume, show: as the ablation's. switches: search
     only these. command, nproc, metric, goal: search on a user's own command. batch_size_search: afterwards,
-    larger batches (reported apart). settle: passes added while a verdict is within the noise."""
+    larger batches (reported apart). settle: passes added while a verdict is within the noise. paired: as the
+    ablation's (LadderOptions)."""
     out: str | Path | None = None
     amp_dtype: str = "auto"
     repeats: int = 3
@@ -36,6 +37,7 @@ class TuneOptions:
     goal: str | None = None
     batch_size_search: bool = False
     settle: bool = True
+    paired: bool = True
 
     def __post_init__(self) -> None:
         if self.timing is None:

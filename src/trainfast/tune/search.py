@@ -67,7 +67,8 @@ class Search:
         settle_s = self.budget.settle_s(allowed, credit_s, left, last) if opts.settle else 0.0
         ladder = LadderOptions(mode=mode, repeats=repeats, noise_seeds=repeats, budget=opts.timing,
                                min_effect=opts.min_effect, resume=opts.resume or again, rung_timeout=None,
-                               show=opts.show, settle_within_s=settle_s, time_budget_s=allowed)
+                               show=opts.show, settle_within_s=settle_s, time_budget_s=allowed,
+                               paired=opts.paired)
         return run_ladder(rungs, self.work, self.settings(name, rungs, repeats, measure, mode), self.out_dir / name,
                           ladder, measure)
 
