@@ -97,6 +97,10 @@ def caveats(rung: Rung, settings: dict | None = None) -> list[str]:
                       if min(r.timed_steps or [0]) < FEW_CLEAN_STEPS else ""))
     if done and r.skipped_files:
         out.append(f"{r.skipped_files} unreadable image(s) skipped (paths in the rung's log)")
+    if done and r.host_decoded_files:
+        named = "; ".join(r.host_decoded_named)
+        out.append(f"{r.host_decoded_files} image(s) decoded on the host instead of the device (device_decode takes "
+                   f"RGB and grayscale JPEGs)" + (f", e.g. {named}" if named else ""))
     state = r.precision_state or {}
     if "loss_scale" in state:
         out.append(f"loss scaler final scale {state['loss_scale']:g}, {state['skipped_steps']} skipped step(s)"
