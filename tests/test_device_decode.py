@@ -253,3 +253,24 @@ def test_nvjpeg_crops_are_within_two_levels_of_the_host_paths(tmp_path, train):
     ours = device_samples(dataset, indices, 0, device=torch.device("cuda"))
     host = host_samples(dataset, indices, 0)
     assert (ours.float() - host.float()).abs().mean().item() <= 2.0
+
+
+def test_the_tune_tries_it_on_cuda_image_folders_only_and_the_default_ladder_leaves_it_out():
+    from trainfast.ablation import plan_rungs
+    from trainfast.tune import single_names
+
+    on_gpu = single_names("bf16", image_folder=True, cuda=True)
+    assert on_gpu[on_gpu.index("decode_cache") + 1] == "device_decode"
+    assert "device_decode" not in single_names("bf16", image_folder=True)            # a CPU: nothing to gain
+    assert "device_decode" not in single_names("bf16", image_folder=False, cuda=True)   # no files to decode
+    assert "device_decode" not in [r.name for r in plan_rungs(Recipe(), None, "cumulative", "bf16", CPU)]
+    rung = plan_rungs(Recipe(), ["device_decode"], "each", "bf16", CPU)[-1]
+    assert rung.name == "device_decode" and rung.recipe.device_decode
+
+
+def test_detection_refuses_it_with_the_reason():
+    from trainfast.recipe import RecipeError
+    from trainfast.tasks import build_task
+
+    with pytest.raises(RecipeError, match="device_decode=True decodes image-folder JPEGs"):
+        build_task("detection").validate(Recipe(device_decode=True))
