@@ -134,6 +134,7 @@ def input_switches(recipe, settings: dict) -> list[str]:
     folder = str(settings.get("data", "")).startswith("imagefolder")
     wanted = [(not recipe.num_workers, "loader workers (--num-workers)"),
               (folder and not recipe.decode_cache, "the decode cache (--decode-cache)"),
+              (cuda and folder and not recipe.device_decode, "decoding on the device (--device-decode)"),
               (cuda and not (recipe.pin_memory and recipe.non_blocking), "pinned copies (--pin-memory --non-blocking)"),
               (not recipe.prefetch, "the prefetcher (--prefetch)")]
     return [name for missing, name in wanted if missing]
