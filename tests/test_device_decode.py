@@ -274,3 +274,20 @@ def test_detection_refuses_it_with_the_reason():
 
     with pytest.raises(RecipeError, match="device_decode=True decodes image-folder JPEGs"):
         build_task("detection").validate(Recipe(device_decode=True))
+
+
+def test_the_rungs_notes_count_and_name_the_host_decoded_files():
+    from trainfast.report.notes import caveats, input_switches
+    from trainfast.results import Rung, RungResult
+
+    named = ["cat/flat.png (PNG, not JPEG)", "cat/cmyk.jpg (CMYK JPEG (the device decoder takes RGB and grayscale))"]
+    rung = Rung("device_decode", {"device_decode": True}, Recipe(device_decode=True), status="done",
+                result=RungResult(host_decoded_files=2, host_decoded_named=named))
+    note = next(n for n in caveats(rung) if "decoded on the host" in n)
+    assert note.startswith("2 image(s) decoded on the host") and "cat/flat.png (PNG, not JPEG)" in note
+    assert not any("decoded on the host" in n for n in caveats(Rung("baseline", {}, Recipe(), status="done",
+                                                                    result=RungResult())))
+    on_gpu = {"device": "cuda:0", "data": "imagefolder:/photos"}
+    assert "decoding on the device (--device-decode)" in input_switches(Recipe(), on_gpu)
+    assert "decoding on the device (--device-decode)" not in input_switches(Recipe(device_decode=True), on_gpu)
+    assert not any("device-decode" in s for s in input_switches(Recipe(), {"device": "cpu", "data": "imagefolder:/p"}))
