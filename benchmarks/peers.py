@@ -62,6 +62,13 @@ slower, and no user would run any of the three tools that way.
     PYTHONPATH=src python benchmarks/peers.py --workloads r18-128 --repeats 2
     PYTHONPATH=src python benchmarks/peers.py --tuned-recipe runs/tune-r18/best.yaml --workloads r18-128
 
+On one GPU (what benchmarks/gpu_check.sh runs): timm's train.py with its best flags beside trainfast's best recipe,
+on a generated folder of 320x256 JPEGs, 12 workers each:
+
+    PYTHONPATH=src python benchmarks/peers.py --device cuda --workers 12 --workloads r50-224 \
+        --jpeg-folder /tmp/jpegs --tools timm-cl,timm-tc-cl --timm-train PATH/train.py \
+        --tuned-recipe benchmarks/recipes/r50-224-gpu.yaml --epochs 1,3 --repeats 2
+
 Nothing else may run on the machine meanwhile: these are wall-clock timings.
 """
 from __future__ import annotations
@@ -87,8 +94,11 @@ WORKLOADS = {                       # name -> (timm model, image size, batch siz
     "vit-224": ("vit_small_patch16_224", 224, 32, 320),
     "r18-224": ("resnet18", 224, 64, 1596),
     "r18-128": ("resnet18", 128, 128, 1596),
+    # The GPU workload (--device cuda --jpeg-folder PATH): 320x256 JPEGs made by make_jpeg_folder.py, 10 classes.
+    "r50-224": ("resnet50", 224, 256, 19200),
 }
-TOOLS = ("timm", "timm-cl", "plain", "lightning", "lightning-cl", "trainfast", "trainfast-cl", "trainfast-pf",
+# timm-tc-cl: timm's best flags on a GPU, --torchcompile --channels-last (with bf16 AMP and --pin-mem there).
+TOOLS = ("timm", "timm-cl", "timm-tc-cl", "plain", "lightning", "lightning-cl", "trainfast", "trainfast-cl", "trainfast-pf",
          "trainfast-pf-cl", "tuned")
 LIGHTNING = ["lightning==2.6.*", "lightning-utilities", "fsspec", "tqdm"]
 
@@ -113,29 +123,47 @@ def env_for(tool: str) -> dict[str, str]:
 
 
 def command(tool: str, workload: str, data: Path, epochs: int, out: Path, tuned: Path | None,
-            precision: str = "bf16", timm_train: Path | None = None) -> list[str]:
+            precision: str = "bf16", timm_train: Path | None = None, device: str = "cpu", workers: int = 2) -> list[str]:
     model, size, batch, _ = WORKLOADS[workload]
     base, *flags = tool.split("-")
     channels_last = "cl" in flags
     if base == "timm":
         amp = {"bf16": ["--amp", "--amp-dtype", "bfloat16"], "fp16": ["--amp"], "fp32": []}[precision]
+        # On a GPU: its pinned-memory loader (its prefetcher is on by default) and the bilinear crop and no label
+        # smoothing that trainfast's run has; --torchcompile with the tc flag.
+        gpu = (["--pin-mem", "--train-interpolation", "bilinear", "--smoothing", "0"] if device != "cpu" else [])
         return [sys.executable, str(timm_train), "--data-dir", str(data), "--val-split", "val", "--model", model,
-                "--img-size", str(size), "-b", str(batch), "--epochs", str(epochs), "--workers", "2",
-                "--device", "cpu", "--opt", "adamw", "--lr", "2e-3", "--weight-decay", "0.05", "--color-jitter", "0",
-                "--num-classes", "4", "--checkpoint-hist", "1", "--output", str(out.parent), "--experiment",
-                out.name, *amp] + (["--channels-last"] if channels_last else [])
+                "--img-size", str(size), "-b", str(batch), "--epochs", str(epochs), "--workers", str(workers),
+                "--device", device, "--opt", "adamw", "--lr", "2e-3", "--weight-decay", "0.05", "--color-jitter", "0",
+                "--num-classes", str(class_count(data)), "--checkpoint-hist", "1", "--output", str(out.parent),
+                "--experiment", out.name, *amp, *gpu] + (["--channels-last"] if channels_last else []) \
+            + (["--torchcompile"] if "tc" in flags else [])
     if base in ("plain", "lightning"):
         script = HERE / "peers" / ("plain_timm_style.py" if base == "plain" else "lightning_trainer.py")
         return [sys.executable, str(script), "--data", str(data), "--model", model, "--image-size", str(size),
-                "--batch-size", str(batch), "--epochs", str(epochs), "--workers", "2", "--precision", precision,
+                "--batch-size", str(batch), "--epochs", str(epochs), "--workers", str(workers), "--precision", precision,
                 "--out", str(out)] + (["--channels-last"] if channels_last else [])
     cmd = [sys.executable, "-m", "trainfast", "train", "--model", model, "--data", f"imagefolder:{data}",
-           "--image-size", str(size), "--batch-size", str(batch), "--epochs", str(epochs), "--num-workers", "2",
-           "--persistent-workers", "--out", str(out)]
+           "--image-size", str(size), "--batch-size", str(batch), "--epochs", str(epochs), "--num-workers",
+           str(workers), "--persistent-workers", "--device", device, "--out", str(out)]
     if base == "tuned":
         return cmd + ["--recipe", str(tuned)]
     return (cmd + ["--precision", precision] + (["--prefetch"] if "pf" in flags else [])
             + (["--channels-last"] if channels_last else []))
+
+
+def class_count(data: Path) -> int:
+    return sum(1 for p in (data / "train").iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def jpeg_folder(path: Path, images: int) -> Path:
+    """train/ and val/ of generated 320x256 JPEGs (benchmarks/make_jpeg_folder.py), made once and reused."""
+    sys.path.insert(0, str(HERE))
+    from make_jpeg_folder import make_jpeg_folder
+
+    if not (path / "val").is_dir():
+        make_jpeg_folder(path, train=images, val=max(64, images // 30))
+    return path
 
 
 def images_per_epoch(workload: str, images: int) -> int:
@@ -254,6 +282,11 @@ def main() -> None:
     p.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
                    help="the precision every tool runs in (default auto: bf16 where it is fast here, else fp32)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "peers")
+    p.add_argument("--device", default="cpu", help="where every tool trains: cpu (default) or cuda")
+    p.add_argument("--workers", type=int, default=2, help="loader worker processes, every tool (default 2)")
+    p.add_argument("--jpeg-folder", type=Path, default=None,
+                   help="train on this folder of generated JPEGs (made there by make_jpeg_folder.py when it does "
+                        "not exist) instead of the photo folder: the GPU workload")
     args = p.parse_args()
 
     workloads = args.workloads.split(",")
@@ -274,11 +307,12 @@ def main() -> None:
 
     from trainfast.envcheck import cpu_name
 
-    precision = resolve_precision(args.precision)
-    results: dict = {"machine": cpu_name(), "cpus": os.cpu_count(), "precision": precision,
+    precision = resolve_precision(args.precision) if args.device == "cpu" or args.precision != "auto" else "bf16"
+    results: dict = {"machine": cpu_name(), "cpus": os.cpu_count(), "precision": precision, "device": args.device,
                      "epochs": [short, long], "workloads": {}}
     for workload in workloads:
-        data = photo_folder(args.out, args.images or WORKLOADS[workload][3])
+        images = args.images or WORKLOADS[workload][3]
+        data = jpeg_folder(args.jpeg_folder, images) if args.jpeg_folder else photo_folder(args.out, images)
         per_epoch: dict[str, list[float]] = {t: [] for t in tools}
         last_epoch: dict[str, list[float]] = {t: [] for t in tools}
         accuracy: dict[str, list[float]] = {t: [] for t in tools}
@@ -288,7 +322,8 @@ def main() -> None:
             warm = args.out / "runs" / f"{workload}-tuned-warm"
             shutil.rmtree(warm, ignore_errors=True)
             warm.mkdir(parents=True)
-            run_once(command("tuned", workload, data, 1, warm / "out", args.tuned_recipe, precision), "tuned",
+            run_once(command("tuned", workload, data, 1, warm / "out", args.tuned_recipe, precision,
+                             device=args.device, workers=args.workers), "tuned",
                      warm / "log.txt")
         cpu_per_epoch: dict[str, list[float]] = {t: [] for t in tools}
         in_run: dict[str, list[float]] = {t: [] for t in tools}
@@ -304,7 +339,7 @@ def main() -> None:
                     shutil.rmtree(run_dir, ignore_errors=True)
                     run_dir.mkdir(parents=True)
                     cmd = command(tool, workload, data, epochs, run_dir / "out", args.tuned_recipe, precision,
-                                  args.timm_train)
+                                  args.timm_train, args.device, args.workers)
                     seconds, acc, epoch_s, cpus[tool][epochs], marks = run_once(cmd, tool, run_dir / "log.txt")
                     walls[tool][epochs] = seconds
                     print(f"{workload} {tool:9s} r{r} {epochs} epoch(s): {seconds:6.1f} s in all, epochs "

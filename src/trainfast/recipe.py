@@ -66,6 +66,7 @@ class Recipe:
     prefetch_factor: int | None = None  # batches each worker loads ahead (needs num_workers > 0)
     prefetch: bool = False            # uint8 transport + side-stream copy + normalize on the device
     decode_cache: bool = False        # image folders: decode every file once to a uint8 cache on disk
+    device_decode: bool = False       # image folders on CUDA: JPEGs decoded on the device (nvJPEG, batched), cropped and normalized there; workers only read bytes and draw crops
     group_aspect_ratio: bool = False  # detection: batch images of similar aspect ratio together (less padding)
     channels_last: bool = False       # NHWC memory format for model and inputs (conv nets)
     compile: bool = False             # torch.compile the model

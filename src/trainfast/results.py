@@ -76,6 +76,8 @@ class RungResult:
     step_alone_speedup: float | None = None  # ... over the baseline's step alone
     epoch_of_step: float | None = None       # the timed rate over the step alone: how close the epoch is to its floor
     skipped_files: int | None = None
+    host_decoded_files: int | None = None    # device_decode: images the workers or the host decoded instead
+    host_decoded_named: list[str] = field(default_factory=list)   # the first few, each with its reason
     steps: int | None = None
     warmup_steps: list[int] = field(default_factory=list)
     disturbed_steps: list[int] = field(default_factory=list)

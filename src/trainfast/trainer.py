@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 
 from .checkpoint import build_checkpointer
 from .data.badfiles import skipped_last_pass
+from .data.device_decode import host_decoded_last_pass
 from .data.datasets import Split
 from .detection.data import DetectionSplit
 from .engine import train_one_epoch
@@ -98,7 +99,10 @@ def train_epoch(run: BuiltinRun, epoch: int, checkpoints, on_window: Callable | 
             "lr": state.optimizer.param_groups[0]["lr"], "train_losses": stats.losses,
             **state.precision.metrics(), **state.nonfinite.metrics(), "num_workers": run.recipe.num_workers,
             "skipped_files": skipped_last_pass(run.train_batches, device),        # unreadable images,
-            "val_skipped_files": skipped_last_pass(run.val_batches, device)}      # all workers and ranks
+            "val_skipped_files": skipped_last_pass(run.val_batches, device),      # all workers and ranks
+            # device_decode: images the device decoder could not take, decoded on the host (named in the log)
+            "host_decoded_files": host_decoded_last_pass(run.train_batches, device)
+                                  + host_decoded_last_pass(run.val_batches, device)}
 
 
 def read_history(out_dir: Path, step: int) -> list[dict[str, Any]]:

@@ -31,7 +31,8 @@ LADDER_MODES = ("cumulative", "each")    # how a ladder's rungs build on each ot
 # Every rung --switches accepts, in ladder order: the precision-level rungs (O1/O2/O3 in bf16/fp16) sit where
 # "amp" sits and are opt-in only, so the default ladder stays LADDER. Each sets precision and
 # precision_level, so in cumulative mode it replaces the previous level. "fp32" names the baseline (O0).
-# "decode_cache" (image folders: decode each file once, then read uint8 pixels) is opt-in too, after prefetch.
+# "decode_cache" (image folders: decode each file once, then read uint8 pixels) is opt-in too, after prefetch;
+# so is "device_decode" (image folders on CUDA: JPEGs decoded by nvJPEG on the device; no effect on a CPU).
 # "checkpointing" (activation checkpointing) is a memory rung, opt-in after the last: slower, less memory.
 # "workers" (two DataLoader worker processes) too: a script that makes or decodes its batches in the training
 # process (the framework adapters switch the script's own loader).
@@ -39,7 +40,8 @@ LADDER_MODES = ("cumulative", "each")    # how a ladder's rungs build on each ot
 # Session.save, or the built-in run's with --save-every N.
 # "passive_threads" (idle OpenMP threads sleep instead of spinning) acts where loader workers share the cores.
 # "reuse_memory" (freed host memory kept mapped for the next step) acts where glibc's malloc serves the process.
-OPT_IN_AFTER = {"prefetch": {"decode_cache": {"decode_cache": True}, "workers": {"num_workers": 2},
+OPT_IN_AFTER = {"prefetch": {"decode_cache": {"decode_cache": True}, "device_decode": {"device_decode": True},
+                             "workers": {"num_workers": 2},
                              "passive_threads": {"passive_threads": True}, "reuse_memory": {"reuse_memory": True}},
                 "fused": {"checkpointing": {"activation_checkpointing": True},
                           "async_checkpoint": {"async_checkpoint": True}}}

@@ -22,6 +22,7 @@ import torch
 
 from ..checkpoint import NoCheckpoints, build_checkpointer
 from ..data.badfiles import skipped_last_pass
+from ..data.device_decode import host_decoded_last_pass, host_decoded_names
 from ..engine import train_one_epoch
 from ..measure import BLOCK_SECONDS, EpochStats, StepTimer, Timing
 from .paired import time_paired, unpaired_reason
@@ -99,12 +100,13 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
     probe.watch(state, recipe.num_workers)
     progress = Progress(emit, len(run.train_batches) * recipe.epochs)
 
-    trained, epoch_times, skipped = EpochStats(), [], 0
+    trained, epoch_times, skipped, host_decoded = EpochStats(), [], 0, 0
     for epoch in range(recipe.epochs):
         stats = train_pass(run, epoch, run.train_batches, progress, checkpoints)
         trained.absorb(stats)
         epoch_times.append(stats.seconds)
         skipped += skipped_last_pass(run.train_batches, run.device)
+        host_decoded += host_decoded_last_pass(run.train_batches, run.device)
     metrics = task.evaluate(state.model, run.val_batches, state.precision, run.dist)
     train_metrics = task.train_metrics(trained, run.dist)
     updates = state.step            # the accuracy run's optimizer steps (the timing steps below add more)
@@ -122,6 +124,9 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
         "steps": updates,
         "num_workers": recipe.num_workers,
         "skipped_files": skipped + skipped_last_pass(run.val_batches, run.device),   # unreadable images, all epochs
+        # device_decode: images decoded on the host instead (not JPEG, CMYK, refused), all epochs; the first named
+        "host_decoded_files": host_decoded + host_decoded_last_pass(run.val_batches, run.device),
+        "host_decoded_named": host_decoded_names(run.train_batches) + host_decoded_names(run.val_batches),
         "checkpoint_saves": checkpoints.saves,                 # --save-every: saves inside the steps, and
         "checkpoint_loop_s": checkpoints.loop_seconds,         # the seconds the loop spent in them
         "passive_threads": threads.in_effect(),                # the OpenMP wait policy this process started with

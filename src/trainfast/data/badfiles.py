@@ -39,6 +39,7 @@ import torch
 from torch.utils.data import default_collate
 
 from .datasets import DataError, Skipped
+from .encoded import EncodedImage, collate_encoded
 
 log = logging.getLogger("trainfast.data")
 
@@ -72,7 +73,10 @@ def collate_skipping(samples: list[Any]) -> Batch:
     """default_collate over the readable samples; the skipped ones are remembered with their position."""
     skipped = tuple((i, s) for i, s in enumerate(samples) if isinstance(s, Skipped))
     good = [s for s in samples if not isinstance(s, Skipped)] if skipped else samples
-    inputs, targets = default_collate(good) if good else (None, None)
+    if good and isinstance(good[0][0], EncodedImage):       # device_decode: bytes and boxes, decoded later
+        inputs, targets = collate_encoded([s[0] for s in good]), default_collate([s[1] for s in good])
+    else:
+        inputs, targets = default_collate(good) if good else (None, None)
     return Batch(inputs, targets, len(samples), skipped)
 
 
@@ -138,6 +142,16 @@ class BadFileTally:
             log.warning("skipped unreadable image %s (%s)", bad[position].path, bad[position].reason)
             if self.consecutive >= self.max_consecutive:
                 self.run.fail(f"{self.consecutive} unreadable images in a row")
+        self.run.check_on_this_rank()
+
+    def record_skip(self, skipped: Skipped) -> None:
+        """A sample already counted as read that turned out unreadable later, on the device (device_decode:
+        the workers only read its header): counted as the workers' skips are."""
+        self.skipped += 1
+        self.run.skipped += 1
+        self.pass_skipped += 1
+        self.run.recent.append(skipped)
+        log.warning("skipped unreadable image %s (%s)", skipped.path, skipped.reason)
         self.run.check_on_this_rank()
 
     def end_pass(self) -> None:

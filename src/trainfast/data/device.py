@@ -18,17 +18,22 @@ from ..techniques.memory_format import memory_format
 from ..techniques.prefetch import HostBuffers, Prefetcher
 from ..techniques.transfer import DeviceBatches, Prepare, map_tensors
 from .datasets import DataError, normalize, stats_tensors
+from .device_decode import DeviceDecoder, is_encoded
+from .encoded import encodes
 
 
-def build_prepare(recipe, device: torch.device, mean=None, std=None) -> Prepare:
+def build_prepare(recipe, device: torch.device, mean=None, std=None, decoder: DeviceDecoder | None = None) -> Prepare:
+    """`decoder`: where batches arrive encoded (device_decode), it decodes them here first; their uint8 images
+    are then normalized here whatever `prefetch` says (the workers did not)."""
     fmt = memory_format(recipe.channels_last)
 
     def lay_out(batch: Any) -> Any:
         return map_tensors(lambda t: t.contiguous(memory_format=fmt) if t.ndim == 4 and t.is_floating_point() else t,
                            batch)
 
-    if not (recipe.prefetch and mean is not None):
-        return lay_out
+    normalizing = mean is not None and (recipe.prefetch or decoder is not None)
+    if not normalizing:
+        return (lambda batch: lay_out(decoder(batch) if is_encoded(batch) else batch)) if decoder else lay_out
     mean_t, std_t = stats_tensors(mean, std, device=device)
     buffers = HostBuffers(device)     # CPU: recycled output buffers; CUDA: the caching allocator's
 
@@ -38,7 +43,14 @@ def build_prepare(recipe, device: torch.device, mean=None, std=None) -> Prepare:
                             f"{images.dtype}. Drop mean/std if the dataset normalizes its images itself.")
         return normalize(images, mean_t, std_t, out=buffers.take(images.shape))
 
-    return lambda batch: lay_out(apply_to_images(normalize_images, batch))
+    def prepare(batch: Any) -> Any:
+        if decoder is not None and is_encoded(batch):
+            batch = decoder(batch)
+        elif not recipe.prefetch:       # the workers normalized it (data.datasets.HostNormalized)
+            return lay_out(batch)
+        return lay_out(apply_to_images(normalize_images, batch))
+
+    return prepare
 
 
 def apply_to_images(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
@@ -52,8 +64,15 @@ def apply_to_images(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> A
 
 
 def build_device_batches(loader: Iterable, recipe, device: torch.device, mean=None, std=None) -> Iterable:
-    """The prefetcher (side-stream copy on CUDA, normalization on the device) or the plain per-batch copy."""
-    prepare = build_prepare(recipe, device, mean, std)
+    """The prefetcher (side-stream copy on CUDA, normalization on the device) or the plain per-batch copy.
+    A loader whose dataset hands out encoded images (data/encoded.py) gets its batches decoded here, on the
+    device; the batches object keeps the decoder (`.decoder`: its count of host-decoded files)."""
+    decoder = DeviceDecoder(device, getattr(loader, "tally", None)) if encodes(getattr(loader, "dataset", None)) \
+        else None
+    prepare = build_prepare(recipe, device, mean, std, decoder)
     if recipe.prefetch:
-        return Prefetcher(loader, device, prepare)
-    return DeviceBatches(loader, device, prepare, non_blocking=recipe.non_blocking)
+        batches = Prefetcher(loader, device, prepare)
+    else:
+        batches = DeviceBatches(loader, device, prepare, non_blocking=recipe.non_blocking)
+    batches.decoder = decoder
+    return batches

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 from ..techniques.transfer import pin_memory_for, tensors_in
 from .badfiles import BadFileTally, GuardedLoader, collate_skipping, join_run_tally, world_size
 from .datasets import HostNormalized, Split
+from .encoded import encodes
 from .sampler import ResumableBatchSampler
 
 log = logging.getLogger("trainfast.data")
@@ -51,7 +52,8 @@ def loader_generator(seed: int, rank: int = 0) -> torch.Generator:
 def loader_dataset(dataset: Dataset, recipe, split: Split) -> Dataset:
     """The plain path normalizes on the host, per sample (torchvision's default); with `prefetch` the
     dataset's uint8 images travel as they are and the prefetcher normalizes on the device."""
-    return dataset if recipe.prefetch else HostNormalized(dataset, split.mean, split.std)
+    # A dataset that hands out encoded images (device_decode) is normalized on the device after decoding.
+    return dataset if recipe.prefetch or encodes(dataset) else HostNormalized(dataset, split.mean, split.std)
 
 
 def make_loader(dataset: Dataset, recipe, device: torch.device, train: bool, sampler: Sampler | None = None,

@@ -10,14 +10,20 @@ import torch
 from torch.utils.data import Dataset
 
 from ..recipe import Recipe
+from ..techniques.device_decode import decode_on_device
 from .datasets import Split
+from .encoded import encode_on_workers
+from .imagefolder import ImageFiles
 from .device import build_device_batches
 from .loader import build_loader
 
 
 def build_batches(dataset: Dataset, split: Split, recipe: Recipe, device: torch.device, train: bool,
                   sampler=None, rank: int = 0):
-    """A built-in loader for `dataset`, its batches on the device (prefetched with recipe.prefetch)."""
+    """A built-in loader for `dataset`, its batches on the device (prefetched with recipe.prefetch). With
+    device_decode on CUDA an image folder's workers send bytes and crops, and the device decodes them."""
+    if decode_on_device(recipe, device) and isinstance(dataset, ImageFiles):
+        dataset = encode_on_workers(dataset)
     loader = build_loader(dataset, recipe, device, train, split, sampler=sampler, rank=rank)
     return build_device_batches(loader, recipe, device, split.mean, split.std)
 

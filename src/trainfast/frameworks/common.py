@@ -22,6 +22,8 @@ AUTO_WORKERS = "num_workers='auto' is measured on trainfast's built-in data only
 OWN_PIPELINE = {
     "prefetch": "trainfast's device-side prefetcher works on trainfast's own loaders; the script's loader is the framework's",
     "decode_cache": "trainfast's decode cache works on its image-folder loader; the script's loader is the framework's",
+    "device_decode": "trainfast's device decoding works on its image-folder loader; the script's loader is the "
+                     "framework's",
     "group_aspect_ratio": "trainfast's detection sampler; the script's loader is the framework's",
     "deterministic": "not switched by the framework adapters",
     "grad_clip": "the script's own setting (not a speed switch)",

@@ -99,6 +99,10 @@ def caveats(rung: Rung, settings: dict | None = None) -> list[str]:
         out += pairing_notes(rung)
     if done and r.skipped_files:
         out.append(f"{r.skipped_files} unreadable image(s) skipped (paths in the rung's log)")
+    if done and r.host_decoded_files:
+        named = "; ".join(r.host_decoded_named)
+        out.append(f"{r.host_decoded_files} image(s) decoded on the host instead of the device (device_decode takes "
+                   f"RGB and grayscale JPEGs)" + (f", e.g. {named}" if named else ""))
     state = r.precision_state or {}
     if "loss_scale" in state:
         out.append(f"loss scaler final scale {state['loss_scale']:g}, {state['skipped_steps']} skipped step(s)"
@@ -147,6 +151,7 @@ def input_switches(recipe, settings: dict) -> list[str]:
     folder = str(settings.get("data", "")).startswith("imagefolder")
     wanted = [(not recipe.num_workers, "loader workers (--num-workers)"),
               (folder and not recipe.decode_cache, "the decode cache (--decode-cache)"),
+              (cuda and folder and not recipe.device_decode, "decoding on the device (--device-decode)"),
               (cuda and not (recipe.pin_memory and recipe.non_blocking), "pinned copies (--pin-memory --non-blocking)"),
               (not recipe.prefetch, "the prefetcher (--prefetch)")]
     return [name for missing, name in wanted if missing]

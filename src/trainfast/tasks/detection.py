@@ -117,6 +117,9 @@ class Detection:
             raise RecipeError("prefetch=True copies stacked batches into recycled buffers of one shape; detection "
                               "batches are lists of images of different sizes (each image is copied as uint8 and "
                               "converted on the device without it)")
+        if recipe.device_decode:
+            raise RecipeError("device_decode=True decodes image-folder JPEGs (--data imagefolder:PATH); detection "
+                              "data is synthetic or a coco:PATH folder")
         if recipe.decode_cache:
             raise RecipeError("decode_cache=True caches image folders (--data imagefolder:PATH); detection data "
                               "is synthetic or a coco:PATH folder")

@@ -40,13 +40,22 @@ def field_effect(field: str, device: torch.device, model: nn.Module | None, spli
     it is not given they count as acting. `model` None (a user's script: its model is not known before it
     runs): the techniques that depend on the model count as acting."""
     from . import compile as compile_
-    from . import checkpointing, grouping, memory_format, memory_reuse, prefetch, runtime, threads, transfer
-    from .base import ACTS
+    from . import checkpointing, device_decode, grouping, memory_format, memory_reuse, prefetch, runtime, threads
+    from . import transfer
+    from .base import ACTS, Effect
 
     if field == "decode_cache":
         from ..data.decoded_cache import effect as decode_cache_effect
 
         return decode_cache_effect(split)
+    if field == "device_decode":
+        from ..data.decoded_cache import effect as folder_effect
+
+        acts = device_decode.effect(device)
+        if acts.acts and not folder_effect(split).acts:
+            return Effect(False, "device_decode decodes image-folder files; this data is already in memory",
+                          applies=False)
+        return acts
     if field in ("non_blocking", "pin_memory"):
         return transfer.effect(device)
     if field == "prefetch":

@@ -115,7 +115,7 @@ def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: 
     else:
         base, dev, image_folder = recipe or Recipe(), resolve_device(device), False
     amp = auto_amp_dtype(dev) if opts.amp_dtype == "auto" else opts.amp_dtype
-    names = chosen_switches(single_names(amp, image_folder), opts.switches)
+    names = chosen_switches(single_names(amp, image_folder, cuda=dev.type == "cuda"), opts.switches)
     slow = slow_half_reason(dev, amp) if opts.amp_dtype == "auto" else None
     singles = plan_singles(base, names, amp, dev, slow)
     if work is None:
