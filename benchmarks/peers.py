@@ -135,8 +135,8 @@ def command(tool: str, workload: str, data: Path, epochs: int, out: Path, tuned:
         return [sys.executable, str(timm_train), "--data-dir", str(data), "--val-split", "val", "--model", model,
                 "--img-size", str(size), "-b", str(batch), "--epochs", str(epochs), "--workers", str(workers),
                 "--device", device, "--opt", "adamw", "--lr", "2e-3", "--weight-decay", "0.05", "--color-jitter", "0",
-                "--num-classes", str(class_count(data)), "--checkpoint-hist", "1", "--output", str(out.parent),
-                "--experiment", out.name, *amp, *gpu] + (["--channels-last"] if channels_last else []) \
+                "--checkpoint-hist", "1", "--output", str(out.parent), "--experiment", out.name, *amp, *gpu,
+                *class_flag(data)] + (["--channels-last"] if channels_last else []) \
             + (["--torchcompile"] if "tc" in flags else [])
     if base in ("plain", "lightning"):
         script = HERE / "peers" / ("plain_timm_style.py" if base == "plain" else "lightning_trainer.py")
@@ -152,8 +152,12 @@ def command(tool: str, workload: str, data: Path, epochs: int, out: Path, tuned:
             + (["--channels-last"] if channels_last else []))
 
 
-def class_count(data: Path) -> int:
-    return sum(1 for p in (data / "train").iterdir() if p.is_dir() and not p.name.startswith("."))
+def class_flag(data: Path) -> list[str]:
+    """timm's --num-classes for the folder (its default is ImageNet's 1000), once the folder exists."""
+    train = data / "train"
+    if not train.is_dir():
+        return []
+    return ["--num-classes", str(sum(1 for p in train.iterdir() if p.is_dir() and not p.name.startswith(".")))]
 
 
 def jpeg_folder(path: Path, images: int) -> Path:

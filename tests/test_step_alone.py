@@ -50,7 +50,9 @@ def test_the_input_switches_named_are_those_the_rung_lacks_and_that_act_here():
     cpu_digits = {"device": "cpu", "data": "digits"}
     assert input_switches(Recipe(), cpu_digits) == ["loader workers (--num-workers)", "the prefetcher (--prefetch)"]
     fed = Recipe(num_workers=8, prefetch=True, pin_memory=True, non_blocking=True, decode_cache=True)
-    assert input_switches(fed, {"device": "cuda:0", "data": "imagefolder:/x"}) == []
+    assert input_switches(fed, {"device": "cuda:0", "data": "imagefolder:/x"}) == ["decoding on the device (--device-decode)"]
+    assert input_switches(fed.replace(device_decode=True), {"device": "cuda:0", "data": "imagefolder:/x"}) == []
+    assert input_switches(fed, {"device": "cuda:0", "data": "digits"}) == []     # nothing to decode in memory
 
 
 def test_a_wait_that_leaves_the_compute_above_the_roof_is_said():
