@@ -246,3 +246,33 @@ def test_the_compile_switch_leaves_a_model_with_a_compiled_submodule_as_the_scri
     assert not common.is_compiled(prepared) and str(accelerator.state.dynamo_plugin.backend.value).lower() == "no"
     record = board.to_dict()["accelerate"]
     assert "compile" in record["unsupported"] and "dynamo_backend" not in record["switches"]
+
+
+# --- seeds through the framework's own seed setting -----------------------------------------------------------------
+
+def test_lightnings_seed_everything_seeds_with_the_runs_seed_and_proves_it(monkeypatch):
+    pytest.importorskip("lightning")
+    from lightning.fabric.utilities import seed as seed_module
+    from trainfast.frameworks import lightning as adapter
+
+    monkeypatch.setattr(seed_module, "seed_everything", seed_module.seed_everything)
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    board = Board({"seed": 5})
+    adapter.patch_seed("lightning.pytorch", board, seed_module)
+    assert seed_module.seed_everything(0) == 5 and torch.initial_seed() == 5
+    switch = board.to_dict()["lightning"]["switches"]["seed_everything"]
+    assert (switch["script"], switch["wanted"], switch["read_back"], switch["applied"]) == (0, 5, 5, True)
+
+
+def test_accelerates_set_seed_seeds_with_the_runs_seed_and_proves_it(monkeypatch):
+    pytest.importorskip("accelerate")
+    from accelerate.utils import random as random_module
+    from trainfast.frameworks import accel
+
+    monkeypatch.setattr(random_module, "set_seed", random_module.set_seed)
+    board = Board({"seed": 7})
+    accel.patch_seed(random_module, board)
+    random_module.set_seed(0)
+    assert torch.initial_seed() == 7
+    switch = board.to_dict()["accelerate"]["switches"]["set_seed"]
+    assert (switch["script"], switch["wanted"], switch["read_back"], switch["applied"]) == (0, 7, 7, True)

@@ -142,8 +142,11 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
             if reference is not None and r.accuracy is not None:
                 r.accuracy_delta = r.accuracy - reference
                 r.accuracy_band = accuracy_band(reference, base.result.val_samples, seeds, runs=r.repeats)
-                r.accuracy_flag = r.accuracy_band is not None and abs(r.accuracy_delta) > r.accuracy_band
-                r.accuracy_worse = r.accuracy_flag and sign * r.accuracy_delta < 0
+                # A metric that is no number (a loss gone NaN: fp16 without a scaler, a diverged learning rate)
+                # is outside any band and worse, whatever its goal: abs(nan) > band would say it is inside.
+                lost = not math.isfinite(r.accuracy)
+                r.accuracy_flag = lost or (r.accuracy_band is not None and abs(r.accuracy_delta) > r.accuracy_band)
+                r.accuracy_worse = lost or (r.accuracy_flag and sign * r.accuracy_delta < 0)
         elif rung is base:
             r.speedup, r.speedup_interval, r.verdict = 1.0, [1.0, 1.0], "reference"
             if reference is not None:
