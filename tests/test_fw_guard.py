@@ -25,7 +25,7 @@ def test_a_faster_rung_that_ruins_the_frameworks_metric_is_not_recommended(tmp_p
     package, metric, why = CASES[framework]
     pytest.importorskip(package)
     out = tmp_path / "ab"
-    _, results = ablate(out, "--switches", "amp", "--measure", "full", "--repeats", "2", "--noise-seeds", "2",
+    _, results = ablate(out, "--switches", "amp", "--measure", "full", "--repeats", "3", "--noise-seeds", "3",
                         "--settle-within", "0", command=[sys.executable, SCRIPT, "--framework", framework])
     by_name = rungs(results)
     base, amp = by_name["baseline"], by_name["amp"]

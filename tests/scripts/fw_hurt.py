@@ -2,8 +2,9 @@
 keeps such a rung from being recommended (tests/test_fw_guard.py). Run as `python fw_hurt.py --framework hf`
 (or lightning, accelerate): it never imports trainfast. It reads its precision back from its framework, as
 the ablation's switch left it, and in bf16 sets a learning rate of 0 (the model never learns: its validation
-metric stays at its initial value); in fp32 it sleeps in every batch it loads (so the bf16 rung is measured
-faster whatever bf16 does for so small a model on this machine). Each framework evaluates the way it does:
+metric stays at its initial value). Every training forward pass sleeps, 100 ms in fp32 and 10 ms in bf16, so
+the bf16 rung is measured faster, by a margin this busy machine's noise cannot hide, whatever bf16 does for so
+small a model. One epoch, evaluated once at its end (no evaluation between two timed steps). Each framework evaluates the way it does:
 the Trainer's compute_metrics with metric_for_best_model, Lightning's logged val_loss, accelerator.log."""
 import argparse
 import time
@@ -13,29 +14,38 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
-SLOW_S = 0.02          # what an fp32 batch costs on purpose
+SLOW_S, FAST_S = 0.1, 0.01     # what an fp32 and a bf16 training step cost, on purpose
 
 
 class Blobs(Dataset):
     """Two Gaussian blobs in 8 dimensions (separable): a small MLP learns them in a few dozen steps."""
 
-    def __init__(self, size: int, seed: int, slow: bool = False) -> None:
+    def __init__(self, size: int, seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
         self.y = torch.randint(0, 2, (size,), generator=g)
         self.x = torch.randn(size, 8, generator=g) + (2 * self.y[:, None] - 1) * 0.8
-        self.slow = slow
 
     def __len__(self) -> int:
         return len(self.y)
 
     def __getitem__(self, i: int):
-        if self.slow and i % 16 == 0:        # once a batch of 16
-            time.sleep(SLOW_S)
         return self.x[i], self.y[i]
 
 
-def mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+class MLP(nn.Module):
+    def __init__(self, slow: bool) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+        self.slow = slow
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            time.sleep(SLOW_S if self.slow else FAST_S)
+        return self.net(x)
+
+
+def mlp(slow: bool = False) -> nn.Module:
+    return MLP(slow)
 
 
 def run_hf(epochs: int) -> None:
@@ -43,9 +53,9 @@ def run_hf(epochs: int) -> None:
     from transformers import Trainer, TrainingArguments
 
     class Model(nn.Module):
-        def __init__(self) -> None:
+        def __init__(self, slow: bool) -> None:
             super().__init__()
-            self.net = mlp()
+            self.net = mlp(slow)
 
         def forward(self, x, labels=None):
             logits = self.net(x)
@@ -64,7 +74,7 @@ def run_hf(epochs: int) -> None:
                              optim="sgd", lr_scheduler_type="constant")
     if args.bf16:
         args.learning_rate = 0.0
-    trainer = Trainer(model=Model(), args=args, train_dataset=Blobs(256, 0, slow=not args.bf16),
+    trainer = Trainer(model=Model(slow=not args.bf16), args=args, train_dataset=Blobs(512, 0),
                       eval_dataset=Blobs(256, 1), data_collator=collate, compute_metrics=compute_metrics)
     trainer.train()
     print(trainer.evaluate())
@@ -78,7 +88,7 @@ def run_lightning(epochs: int) -> None:
     class Module(L.LightningModule):
         def __init__(self, lr: float, slow: bool) -> None:
             super().__init__()
-            self.net, self.lr, self.slow = mlp(), lr, slow
+            self.net, self.lr = mlp(slow), lr
 
         def training_step(self, batch, i):
             return F.cross_entropy(self.net(batch[0]), batch[1])
@@ -90,7 +100,7 @@ def run_lightning(epochs: int) -> None:
             return torch.optim.SGD(self.parameters(), lr=self.lr)
 
         def train_dataloader(self):
-            return DataLoader(Blobs(256, 0, slow=self.slow), batch_size=16, shuffle=True)
+            return DataLoader(Blobs(512, 0), batch_size=16, shuffle=True)
 
         def val_dataloader(self):
             return DataLoader(Blobs(256, 1), batch_size=64)
@@ -109,24 +119,26 @@ def run_accelerate(epochs: int) -> None:
     accelerator = Accelerator(cpu=True)
     set_seed(0)
     bf16 = accelerator.mixed_precision == "bf16"
-    model = mlp()
+    model = mlp(slow=not bf16)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0 if bf16 else 0.05)
-    train = DataLoader(Blobs(256, 0, slow=not bf16), batch_size=16, shuffle=True)
+    train = DataLoader(Blobs(512, 0), batch_size=16, shuffle=True)
     held_out = DataLoader(Blobs(256, 1), batch_size=64)
     model, optimizer, train, held_out = accelerator.prepare(model, optimizer, train, held_out)
     for epoch in range(epochs):
+        model.train()
         for x, y in train:
             accelerator.backward(F.cross_entropy(model(x), y))
             optimizer.step()
             optimizer.zero_grad()
-        with torch.no_grad():
-            losses = [F.cross_entropy(model(x).float(), y, reduction="sum") for x, y in held_out]
-        accelerator.log({"eval_loss": (sum(losses) / len(held_out.dataset)).item()}, step=epoch)
+    model.eval()
+    with torch.no_grad():
+        losses = [F.cross_entropy(model(x).float(), y, reduction="sum") for x, y in held_out]
+    accelerator.log({"eval_loss": (sum(losses) / len(held_out.dataset)).item()}, step=epochs)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--framework", choices=["hf", "lightning", "accelerate"], required=True)
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=1)
     cli = parser.parse_args()
     {"hf": run_hf, "lightning": run_lightning, "accelerate": run_accelerate}[cli.framework](cli.epochs)
