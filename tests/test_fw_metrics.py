@@ -250,7 +250,22 @@ def test_the_compile_switch_leaves_a_model_with_a_compiled_submodule_as_the_scri
 
 # --- seeds through the framework's own seed setting -----------------------------------------------------------------
 
-def test_lightnings_seed_everything_seeds_with_the_runs_seed_and_proves_it(monkeypatch):
+@pytest.fixture
+def kept_rng():
+    """The seed functions seed Python's, numpy's and torch's generators: restored after, so the tests that
+    follow in this process draw what they would have drawn."""
+    import random
+
+    import numpy as np
+
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    yield
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.set_rng_state(states[2])
+
+
+def test_lightnings_seed_everything_seeds_with_the_runs_seed_and_proves_it(monkeypatch, kept_rng):
     pytest.importorskip("lightning")
     from lightning.fabric.utilities import seed as seed_module
     from trainfast.frameworks import lightning as adapter
@@ -264,7 +279,7 @@ def test_lightnings_seed_everything_seeds_with_the_runs_seed_and_proves_it(monke
     assert (switch["script"], switch["wanted"], switch["read_back"], switch["applied"]) == (0, 5, 5, True)
 
 
-def test_accelerates_set_seed_seeds_with_the_runs_seed_and_proves_it(monkeypatch):
+def test_accelerates_set_seed_seeds_with_the_runs_seed_and_proves_it(monkeypatch, kept_rng):
     pytest.importorskip("accelerate")
     from accelerate.utils import random as random_module
     from trainfast.frameworks import accel
