@@ -158,8 +158,8 @@ TRIALS = {   # name -> (script option, flags)
 
 def ablate_argv(cli: argparse.Namespace, script: Path, flags: list[str], out: Path) -> list[str]:
     return [sys.executable, "-m", "trainfast", "ablate", "--repeats", str(cli.repeats),
-            "--noise-seeds", str(cli.noise_seeds), "--settle-within", cli.settle_within, "--out", str(out),
-            "--", sys.executable, str(script), *flags]
+            "--noise-seeds", str(cli.noise_seeds), "--settle-within", cli.settle_within, "--measure", cli.measure,
+            "--out", str(out), "--", sys.executable, str(script), *flags]
 
 
 def wait_for_lock(lock: Path) -> None:
@@ -196,6 +196,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--noise-seeds", type=int, default=1)
     parser.add_argument("--settle-within", default="0")
+    parser.add_argument("--measure", choices=["speed", "full"], default="speed",
+                        help="full: every run to its end, judged on the script's own evaluation (its framework's "
+                             "metrics; give the script an evaluation flag, e.g. run_clm.py's --do_eval)")
     parser.add_argument("--lock", type=Path, help="wait until this file is gone, hold it during each ablation")
     parser.add_argument("--prepare-only", action="store_true", help="make the data and print the commands only")
     cli = parser.parse_args()

@@ -5,9 +5,11 @@ TrainingArguments and Trainer.train(). It does not import trainfast:
     trainfast ablate -- python examples/hf_trainer.py
 
 switches it from the inside (bf16, torch_compile, the fused AdamW, the loader's workers) through the
-Trainer's own arguments, and proves each switch applied by reading it back."""
+Trainer's own arguments, and proves each switch applied by reading it back. With --measure full each rung is
+judged on the Trainer's own evaluation: eval_accuracy from compute_metrics, the metric_for_best_model."""
 import argparse
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
@@ -29,6 +31,12 @@ class ParityTokens(Dataset):
         return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]), "labels": self.labels[i]}
 
 
+def compute_metrics(prediction) -> dict:
+    """Held-out accuracy, as the Trainer's docs write compute_metrics."""
+    logits, labels = prediction
+    return {"accuracy": float((np.argmax(logits, axis=-1) == labels).mean())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=float, default=1.0)
@@ -47,12 +55,13 @@ def main() -> None:
         per_device_eval_batch_size=64,
         learning_rate=5e-4,
         eval_strategy="epoch",
+        metric_for_best_model="accuracy",
         save_strategy="no",
         logging_steps=20,
         report_to="none",
     )
     trainer = Trainer(model=model, args=args, train_dataset=ParityTokens(cli.train_size),
-                      eval_dataset=ParityTokens(512, seed=1))
+                      eval_dataset=ParityTokens(512, seed=1), compute_metrics=compute_metrics)
     trainer.train()
     print(trainer.evaluate())
 

@@ -5,7 +5,8 @@ the fly from a seed, so nothing is downloaded. It does not import trainfast:
     trainfast ablate -- python examples/lightning_module.py
 
 switches it from the inside (the Trainer's precision, channels_last, torch.compile, the fused AdamW, the
-loader's settings) and proves each switch applied by reading it back from what Lightning ended up with."""
+loader's settings) and proves each switch applied by reading it back from what Lightning ended up with. With
+--measure full each rung is judged on what validation_step logs (val_loss, as no callback monitors a metric)."""
 import argparse
 
 import torch
@@ -46,11 +47,20 @@ class ConvNet(L.LightningModule):
         self.log("train_acc", (logits.argmax(dim=1) == y).float().mean(), prog_bar=True)
         return loss
 
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.log("val_loss", F.cross_entropy(logits, y))
+        self.log("val_acc", (logits.argmax(dim=1) == y).float().mean())
+
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
 
     def train_dataloader(self):
         return DataLoader(random_images(self.hparams.train_size), batch_size=self.hparams.batch_size, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(random_images(512, seed=1), batch_size=256)
 
 
 def main() -> None:
@@ -65,7 +75,9 @@ def main() -> None:
     trainer = L.Trainer(max_epochs=cli.epochs, accelerator="auto", devices=1, logger=False,
                         enable_checkpointing=False)
     trainer.fit(model)
-    print(f"final train_loss {trainer.callback_metrics['train_loss'].item():.4f}")
+    metrics = trainer.callback_metrics
+    print(f"final train_loss {metrics['train_loss'].item():.4f}  val_loss {metrics['val_loss'].item():.4f}  "
+          f"val_acc {metrics['val_acc'].item():.4f}")
 
 
 if __name__ == "__main__":

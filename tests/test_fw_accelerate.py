@@ -186,7 +186,8 @@ def test_each_rung_of_the_ladder_reaches_the_accelerator_and_is_read_back(tmp_pa
     assert read_backs(result) == {
         "mixed_precision": "bf16", "autocast": True, "dynamo_backend": "no", "compiled model": False,
         "non_blocking": False, "memory format": "channels_last", "optimizer implementation": "fused",
-        "DataLoader.pin_memory": False, "DataLoader.num_workers": 1, "DataLoader.persistent_workers": True}
+        "DataLoader.pin_memory": False, "DataLoader.num_workers": 1, "DataLoader.persistent_workers": True,
+        "set_seed": BASELINE["seed"]}                                   # the example's set_seed(0), the run's seed
     unsupported = result["frameworks"]["accelerate"]["unsupported"]
     assert set(unsupported) == {"set_to_none", "prefetch"}          # the example's zero_grad() frees already
     assert result["steps_run"] == 10 and result["rate_unit"] == "samples/s"

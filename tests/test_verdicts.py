@@ -473,6 +473,7 @@ def test_results_json_names_the_metric_beside_its_value(tmp_path):
 
     result, _ = _settle_ladder(tmp_path, 5, None)
     data = json.loads((result.out_dir / "results.json").read_text())
-    assert data["metric"] == {"name": "accuracy", "goal": "max"}
+    assert data["metric"] == {"name": "accuracy", "goal": "max",
+                              "why": "the task's metric on held-out data, higher is better"}
     keys = list(data["rungs"][1])
     assert keys[keys.index("accuracy") + 1] == "metric_name" and data["rungs"][1]["metric_name"] == "accuracy"

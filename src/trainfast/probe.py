@@ -239,7 +239,12 @@ class Probe:
             # passive_threads and reuse_memory as this process has them: the proof, for a script the recipe
             # reaches only through the environment it started with (no Session, no framework adapter)
             PROCESS_SWITCHES: process_wide_in_effect(),
-            "reported": {**self.reported, **(session.reported if session is not None else {})},
+            # What the script reported: tf.report, and the evaluation its framework computed (frameworks/board.py)
+            "reported": {**self.reported, **{k: v for s in self.sections.values() for k, v in
+                                             getattr(s, "metrics", {}).items()},
+                         **(session.reported if session is not None else {})},
+            "declared_metric": next((s.declared for s in self.sections.values() if getattr(s, "declared", None)),
+                                    None),
             "overridden": {**({k: list(v) for k, v in session.overridden.items()} if session is not None else {}),
                            **{k: v for section in self.sections.values() for k, v in section.overridden().items()}},
             **{name: section.to_dict() for name, section in self.sections.items()},

@@ -23,7 +23,8 @@ from ..results import AblationResult, Rung, Status
 from ..stats import MIN_EFFECT
 from ..techniques.precision import DTYPES
 from .rung import TimingBudget
-from .scoring import FIRST_REPORTED, metric_goal, pick_best, score_rungs, seed_summary, unresolved
+from .metric import SCRIPT_CHOICE, MetricChoice, choose_metric, metric_goal
+from .scoring import pick_best, score_rungs, seed_summary, unresolved
 from .server import wait_rung_server
 from .store import RunStore, write_json
 from .work import Work
@@ -291,9 +292,11 @@ class LadderRun:
 
     def rescore(self) -> None:
         base = self.plan[0]
-        self.seed_runs = [seed_summary(r, self.metric[0]) for r in base.repeats + base.seed_runs]
+        choice = self.choice()
+        metric = (choice.name, choice.goal) if choice is not None else (None, None)
+        self.seed_runs = [seed_summary(r, metric[0]) for r in base.repeats + base.seed_runs]
         score_rungs(self.plan, self.ceilings, [s["accuracy"] for s in self.seed_runs], self.work.flops_per_sample,
-                    self.opts.mode, self.opts.min_effect, self.metric)
+                    self.opts.mode, self.opts.min_effect, metric)
 
     def result(self, env: dict[str, Any]) -> AblationResult:
         """The scored ladder, its recommendation and the settings as run (cut and settled), report written."""
@@ -317,17 +320,27 @@ class LadderRun:
         return result
 
 
-    def judged_metric(self) -> dict[str, Any] | None:
-        """What a rung's `accuracy` holds, by name: the task's metric (accuracy, mAP), or what a script
-        reported (the first thing it reported, unless named); None when runs are only timed."""
+    def choice(self) -> MetricChoice | None:
+        """The metric every run is judged on (metric.choose_metric), one for the whole ladder: a script's own
+        choice is read from the baseline's first finished run, so every rung is compared on the same name."""
         key, goal = self.metric
         if key is None:
             return None
-        name = self.settings.get("metric_name") or key
-        if key == FIRST_REPORTED:
+        if key == SCRIPT_CHOICE:
             runs = self.plan[0].repeats + self.plan[0].seed_runs
-            name = next((k for run in runs for k in (run.get("reported") or {})), None)
-        return {"name": name, "goal": goal or metric_goal(name)}
+            return choose_metric(None, goal, runs[0] if runs else None)
+        if self.settings.get("command"):
+            return choose_metric(key, goal, None)
+        return MetricChoice(key, goal or metric_goal(key), "the task's metric on held-out data, higher is better")
+
+    def judged_metric(self) -> dict[str, Any] | None:
+        """What a rung's `accuracy` holds, by name, and why that metric: the task's (accuracy, mAP), or a
+        script's (metric.py); None when runs are only timed."""
+        choice = self.choice()
+        if choice is None:
+            return None
+        name = choice.name if self.settings.get("command") else self.settings.get("metric_name") or choice.name
+        return {**choice.to_dict(), "name": name}
 
 
 def run_ladder(plan: list[Rung], work: Work, settings: dict[str, Any], out: str | Path | None,

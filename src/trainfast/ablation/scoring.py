@@ -17,8 +17,7 @@ from ..results import Rung, RungResult, Status
 from ..stats import (MIN_EFFECT, SAME, Candidate, Comparison, Noise, Noises, Repeat, compare_candidates,
                      pooled_noise, rate_estimate, recommend, recommendation_odds)
 from ..techniques.precision import level_note
-
-FIRST_REPORTED = "<first reported>"     # ablate --measure full without --metric: what the script reports first
+from .metric import SCRIPT_CHOICE, choose_metric, metric_goal
 
 
 def accuracy_band(accuracy: float, n: int | None, seed_accuracies: list[float] | None = None,
@@ -174,8 +173,11 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
             if reference is not None and r.accuracy is not None:
                 r.accuracy_delta = r.accuracy - reference
                 r.accuracy_band = accuracy_band(reference, base.result.val_samples, seeds, runs=r.repeats)
-                r.accuracy_flag = r.accuracy_band is not None and abs(r.accuracy_delta) > r.accuracy_band
-                r.accuracy_worse = r.accuracy_flag and sign * r.accuracy_delta < 0
+                # A metric that is no number (a loss gone NaN: fp16 without a scaler, a diverged learning rate)
+                # is outside any band and worse, whatever its goal: abs(nan) > band would say it is inside.
+                lost = not math.isfinite(r.accuracy)
+                r.accuracy_flag = lost or (r.accuracy_band is not None and abs(r.accuracy_delta) > r.accuracy_band)
+                r.accuracy_worse = lost or (r.accuracy_flag and sign * r.accuracy_delta < 0)
         elif rung is base:
             r.speedup, r.speedup_interval, r.verdict = 1.0, [1.0, 1.0], "reference"
             if reference is not None:
@@ -214,12 +216,6 @@ def noise_summary(noise: Noise | None, pairs: int, min_effect: float, paired: bo
             "process_sigma_log": math.sqrt(process.variance) if process is not None else None,
             "detectable_effect": noise.detectable(pairs, min_effect),
             "repeats_for": {f"{target:.2f}": noise.repeats_for(target, min_effect)}}
-
-
-def metric_goal(name: str | None) -> str:
-    """Whether a metric is better high or low, from its name: losses, errors and perplexities are minimized."""
-    lowered = (name or "").lower()
-    return "min" if any(word in lowered for word in ("loss", "err", "perplexity", "wer", "mse", "mae")) else "max"
 
 
 def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT) -> tuple[Rung | None, list[str], dict[str, float]]:
@@ -275,12 +271,12 @@ def seed_summary(result: dict[str, Any], metric: str | None) -> dict[str, Any]:
 
 def run_metric(result: dict[str, Any], metric: str | None) -> float | None:
     """The number a run is judged on for accuracy: the built-in run's held-out accuracy, or what a user's
-    script reported under `metric` (FIRST_REPORTED: the first thing it reported); None for no metric (speed
-    mode: its runs stop at different points, so what they reported is not comparable)."""
+    script reported under `metric` (SCRIPT_CHOICE: the script's own choice in this run, metric.py); None for no
+    metric (speed mode: its runs stop at different points, so what they reported is not comparable)."""
     reported = result.get("reported") or {}
     if metric is None:
         return None
-    if metric == FIRST_REPORTED:
-        metric = next(iter(reported), None)
+    if metric == SCRIPT_CHOICE:
+        metric = choose_metric(None, None, result).name
     value = reported.get(metric, result.get(metric)) if metric is not None else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

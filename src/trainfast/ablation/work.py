@@ -27,7 +27,7 @@ from ..run import as_split, build_module
 from ..techniques import changes_effect, field_effect, threads
 from ..techniques.base import Effect as TechniqueEffect
 from .rung import Job, TimingBudget, rung_main
-from .scoring import FIRST_REPORTED
+from .metric import SCRIPT_CHOICE
 from .server import rung_context, start_rung_server
 from .store import write_json
 from ..frameworks import SECTION as FRAMEWORKS
@@ -233,9 +233,9 @@ class CommandWork:
         return launch
 
     def metric(self, measure: str) -> tuple[str | None, str | None]:
-        """In full mode the value the script reports with tf.report (the first one unless named); in speed
-        mode nothing (the runs stop before the end)."""
-        return (self.metric_name or FIRST_REPORTED, self.goal) if measure == "full" else (None, None)
+        """In full mode the metric named by --metric, else the script's own choice (metric.choose_metric: what it
+        declares, reports with tf.report, or its validation loss); in speed mode nothing (the runs stop early)."""
+        return (self.metric_name or SCRIPT_CHOICE, self.goal) if measure == "full" else (None, None)
 
     def after_run(self, plan: list[Rung]) -> Callable[[Rung, dict], None]:
         """The baseline tells whether the script uses a Session or a framework trainfast switches from inside

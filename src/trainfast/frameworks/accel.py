@@ -34,6 +34,16 @@ set_to_none=True forces zero_grad(set_to_none=True), which changes something onl
 place (zero_grad(set_to_none=False)); a script that calls zero_grad() frees the gradients already, and the
 switch is reported as having no setting to act on. The seed is the script's own (it calls set_seed itself).
 
+The evaluation is what the script passes to accelerator.log() (read there, whether or not a tracker is
+configured): its numbers join the run's reported metrics under the names the script gave them. The seed goes
+through Accelerate's set_seed: the script's call seeds with the run's seed (read back from torch's initial seed).
+
+Not applicable, said before a rung runs: the switches a DeepSpeed or FSDP plugin owns (common.PLUGIN_OWNS: a
+deepspeed_plugin / fsdp_plugin argument, or ACCELERATE_USE_DEEPSPEED / ACCELERATE_USE_FSDP from `accelerate
+config`), the compile switch on a model with a submodule the script compiled itself, and the loader switches
+when no training loader passed through prepare() (the script iterates its own DataLoader, which Accelerate
+never sees).
+
 transformers' Trainer builds an Accelerator of its own: that one is left alone (the transformers adapter
 switches the Trainer through its arguments, and a second switch would report the same setting twice).
 """
@@ -54,9 +64,9 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from ..techniques.optimizer import rebind_scheduler
 from .board import Board, FrameworkRecord, UNSET
-from .common import (is_compiled, mark_shared_switches, memory_format_of, optimizer_impl, prove_loader,
-                     switch_checkpointing, switch_cudnn_benchmark, switch_loader, switch_memory_format,
-                     switch_optimizer)
+from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_compiled, mark_plugin_owned,
+                     mark_shared_switches, memory_format_of, optimizer_impl, prove_loader, switch_checkpointing,
+                     switch_cudnn_benchmark, switch_loader, switch_memory_format, switch_optimizer)
 from .hooks import when_imported
 
 NAME = "accelerate"
@@ -78,10 +88,40 @@ class Run:
     loader: Any = None                                  # the prepared training loader
     replaced: dict = field(default_factory=dict)        # id(script's optimizer) -> (it, its rebuilt twin)
     set_to_none: Any = None                             # what zero_grad last passed on
+    fields: dict = field(default_factory=dict)          # the run's switches less those a plugin owns
+
+
+NOT_PREPARED = ("no training loader passed through accelerator.prepare(): the script iterates its own DataLoader, "
+                "which Accelerate (and so this switch) never sees")
+PLUGIN_ARGS = {"deepspeed": ("deepspeed_plugin", "deepspeed_plugins", "ACCELERATE_USE_DEEPSPEED"),
+               "fsdp": ("fsdp_plugin", None, "ACCELERATE_USE_FSDP")}
 
 
 def install(board: Board) -> None:
     when_imported("accelerate.accelerator", lambda m: patch_accelerator(m.Accelerator, board))
+    if "seed" in board.fields:
+        when_imported("accelerate.utils.random", lambda m: patch_seed(m, board))
+
+
+def patch_seed(module: Any, board: Board) -> None:
+    """set_seed seeds with the run's seed; patched in its own module as soon as it is imported, before
+    accelerate.utils re-exports it, so `from accelerate.utils import set_seed` gets the patched one."""
+    original = module.set_seed
+    if getattr(original, PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def set_seed(seed: int, *args: Any, **kwargs: Any) -> None:
+        record = record_of(board)
+        wanted = int(board.fields["seed"])
+        record.set("seed", "set_seed", wanted, seed)
+        if "set_seed" not in board.held:
+            record.readers.append(lambda r: r.prove("set_seed", torch.initial_seed()))
+        board.held["set_seed"] = True
+        return original(wanted, *args, **kwargs)
+
+    setattr(set_seed, PATCHED, True)
+    module.set_seed = set_seed
 
 
 def record_of(board: Board) -> FrameworkRecord:
@@ -105,7 +145,7 @@ def made_by_transformers() -> bool:
 def patch_accelerator(cls: type, board: Board) -> None:
     if getattr(cls.__init__, PATCHED, False):
         return
-    init, prepare = cls.__init__, cls.prepare
+    init, prepare, log = cls.__init__, cls.prepare, cls.log
     latest: list[Run] = []          # the Accelerator the script made last: the one the proof is read from
     signature = inspect.signature(init)
 
@@ -118,8 +158,9 @@ def patch_accelerator(cls: type, board: Board) -> None:
         record = record_of(board)
         bound = signature.bind(self, *args, **kwargs).arguments
         bound.pop(next(iter(signature.parameters)))       # self
-        init(self, **switch_arguments(dict(bound), record, board.fields))
-        run = Run(self)
+        fields = without_plugin_owned(bound, record, board.fields)
+        init(self, **switch_arguments(dict(bound), record, fields))
+        run = Run(self, fields=fields)
         setattr(self, RUN, run)
         if not latest:
             record.readers.append(lambda r: read_back(r, latest[-1]))
@@ -131,15 +172,20 @@ def patch_accelerator(cls: type, board: Board) -> None:
         if run is None:             # transformers' Accelerator, or one made before the patch
             return prepare(self, *args, **kwargs)
         record = record_of(board)
-        args, train_at = switch_prepared(self, run, record, board.fields, args)
+        args, train_at = switch_prepared(self, run, record, run.fields, args)
         result = prepare(self, *args, **kwargs)
-        keep_prepared(run, record, board.fields, args, result if len(args) != 1 else (result,), train_at)
+        keep_prepared(run, record, run.fields, args, result if len(args) != 1 else (result,), train_at)
         if train_at is not None:
             board.samples_per_step = samples_per_step(self, run.loader)
         return result
 
+    @functools.wraps(log)
+    def log_(self, values: dict, *args: Any, **kwargs: Any) -> Any:
+        board.record_metrics(values if isinstance(values, dict) else {})
+        return log(self, values, *args, **kwargs)
+
     setattr(__init__, PATCHED, True)
-    cls.__init__, cls.prepare = __init__, prepare_
+    cls.__init__, cls.prepare, cls.log = __init__, prepare_, log_
 
 
 def env_or_unset(name: str) -> Any:
@@ -149,6 +195,7 @@ def env_or_unset(name: str) -> Any:
 
 def switch_arguments(kw: dict[str, Any], record: FrameworkRecord, fields: dict[str, Any]) -> dict[str, Any]:
     """The Accelerator's arguments with the run's switches (what the script passed is recorded)."""
+    fields = without_plugin_owned(kw, record, fields)
     if "precision" in fields:
         wanted = MIXED[fields["precision"]]
         had = kw.get("mixed_precision")
@@ -175,6 +222,21 @@ def switch_arguments(kw: dict[str, Any], record: FrameworkRecord, fields: dict[s
     if "cudnn_benchmark" in fields:
         switch_cudnn_benchmark(record, bool(fields["cudnn_benchmark"]))
     return kw
+
+
+def without_plugin_owned(kw: dict[str, Any], record: FrameworkRecord, fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` less those a DeepSpeed or FSDP plugin of this Accelerator decides (marked not applicable)."""
+    for plugin, (arg, args, env) in PLUGIN_ARGS.items():
+        where = next((f"the script's Accelerator({a}=...)" for a in (arg, args) if a and kw.get(a) is not None),
+                     f"{env}=true in Accelerate's environment" if env_flag(env) else None)
+        if where is not None:
+            owned = mark_plugin_owned(record, fields, plugin, where)
+            fields = {k: v for k, v in fields.items() if k not in owned}
+    return fields
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
 
 def switch_dynamo(kw: dict[str, Any], record: FrameworkRecord, enabled: bool) -> None:
@@ -211,12 +273,13 @@ def training_loader_at(run: Run, args: tuple) -> int | None:
 def switch_prepared(accelerator: Any, run: Run, record: FrameworkRecord, fields: dict[str, Any],
                     args: tuple) -> tuple[tuple, int | None]:
     """prepare()'s arguments with the switches Accelerate has no setting for applied; the script keeps what
-    prepare() returns, so replacing an object before Accelerate wraps it replaces it for the script."""
+    prepare() returns, so replacing an object before Accelerate wraps it replaces it for the script. A switch
+    the plugin owns (switch_arguments marked it) is left alone."""
     args = list(args)
     train_at = training_loader_at(run, tuple(args))
     for i, obj in enumerate(args):
         if isinstance(obj, torch.nn.Module):
-            args[i] = switch_model(record, obj, fields)
+            args[i] = switch_model(record, obj, fields, accelerator)
         elif isinstance(obj, torch.optim.Optimizer) and "optimizer_impl" in fields:
             rebuilt = switch_optimizer(record, obj, fields["optimizer_impl"])
             if rebuilt is not obj:
@@ -228,13 +291,19 @@ def switch_prepared(accelerator: Any, run: Run, record: FrameworkRecord, fields:
     return tuple(args), train_at
 
 
-def switch_model(record: FrameworkRecord, model: torch.nn.Module, fields: dict[str, Any]) -> torch.nn.Module:
+def switch_model(record: FrameworkRecord, model: torch.nn.Module, fields: dict[str, Any],
+                 accelerator: Any = None) -> torch.nn.Module:
     """channels_last on (or, when off, the script's own channels_last undone), and the script's own
     torch.compile undone when compile is off (Accelerate compiles itself when it is on)."""
     if "channels_last" in fields:
         model = switch_memory_format(record, model, bool(fields["channels_last"]))
     if "activation_checkpointing" in fields:
         switch_checkpointing(record, model, bool(fields["activation_checkpointing"]))
+    inside = compiled_submodule(model)
+    if "compile" in fields and inside is not None:
+        record.unsupported["compile"] = COMPILED_INSIDE.format(name=inside)
+        restore_dynamo(record, accelerator)
+        return model
     compiled = record.switches.get("compiled model")
     if compiled is not None and is_compiled(model):
         if compiled.script == UNSET:
@@ -246,6 +315,19 @@ def switch_model(record: FrameworkRecord, model: torch.nn.Module, fields: dict[s
         if getattr(model, "_compiled_call_impl", None) is not None:     # Module.compile(), in place
             model._compiled_call_impl = None
     return model
+
+
+def restore_dynamo(record: FrameworkRecord, accelerator: Any) -> None:
+    """The compile switch withdrawn: the Accelerator's dynamo backend back to the script's own (prepare() would
+    otherwise compile the whole model around the script's compiled submodule), and its switches dropped."""
+    from accelerate.utils import DynamoBackend
+
+    switch = record.switches.pop("dynamo_backend", None)
+    record.switches.pop("compiled model", None)
+    had = switch.script if switch is not None and switch.script != UNSET else "no"
+    plugin = getattr(getattr(accelerator, "state", None), "dynamo_plugin", None)
+    if plugin is not None:
+        plugin.backend = DynamoBackend(str(had).upper())
 
 
 def rebind_schedulers(accelerator: Any, run: Run, args: list) -> None:
@@ -332,6 +414,11 @@ def autocast_on(run: Run) -> bool:
 def read_back(record: FrameworkRecord, run: Run) -> None:
     """Each switch as the Accelerator and the objects it prepared ended up with (the run's proof)."""
     accelerator = run.accelerator
+    if run.loader is None:
+        for name in [*LOADER_FIELDS, "non_blocking"]:
+            if name in run.fields:
+                record.unsupported[name] = NOT_PREPARED
+        record.switches.pop("non_blocking", None)
     record.prove("mixed_precision", str(accelerator.mixed_precision))
     record.prove("autocast", autocast_on(run))
     backend = accelerator.state.dynamo_plugin.backend

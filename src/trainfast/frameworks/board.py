@@ -86,6 +86,27 @@ class Board:
     # the probe then reports samples/s instead of steps/s.
     samples_per_step: int | None = None
     held: dict[str, Any] = field(default_factory=dict)     # what the adapters' read-backs read, held to the end
+    # The evaluation the framework itself computed (the Trainer's evaluate(), Lightning's logged metrics, values
+    # given to accelerator.log), by the names the script gave them, latest value kept: they join the run's
+    # `reported` dict, where a Session script's tf.report values are, and the ablation judges them alike.
+    metrics: dict[str, float] = field(default_factory=dict)
+    # The metric the script declares it cares about ({"name", "goal", "source"}: metric_for_best_model, a
+    # ModelCheckpoint's monitor), None if it declares none (ablation/metric.py picks another).
+    declared: dict[str, Any] | None = None
+
+    def record_metrics(self, values: dict[str, Any]) -> None:
+        """Keep the numbers among `values` (tensors of one element read out; anything else left alone)."""
+        for name, value in values.items():
+            if hasattr(value, "numel") and value.numel() == 1:
+                value = value.item()
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.metrics[str(name)] = float(value)
+
+    def declare(self, name: str, goal: str, source: str) -> None:
+        """The script's own choice of metric; the first declaration met stands (a script's later Trainer for a
+        test pass does not replace the one it trained with)."""
+        if self.declared is None and name:
+            self.declared = {"name": name, "goal": goal, "source": source}
 
     def framework(self, name: str, version: str) -> FrameworkRecord:
         if name not in self.frameworks:

@@ -32,6 +32,44 @@ OWN_PIPELINE = {
 }
 
 
+# What a DeepSpeed or FSDP configuration decides itself, so a switch of trainfast's cannot be what it measures.
+PLUGIN_OWNS = {
+    "deepspeed": {
+        "precision": "DeepSpeed's configuration decides the precision (its bf16/fp16 sections and loss scaling), "
+                     "not the framework's mixed-precision setting this rung switches",
+        "precision_level": "DeepSpeed's configuration decides the precision",
+        "optimizer_impl": "DeepSpeed wraps and steps the optimizer itself (its own fused kernels, ZeRO partitions)",
+    },
+    "fsdp": {
+        "precision": "FSDP's mixed-precision policy casts the parameters and gradients itself, not the autocast "
+                     "this rung switches",
+        "precision_level": "FSDP's mixed-precision policy decides the precision",
+    },
+}
+COMPILED_INSIDE = ("the script compiles a submodule ({name}) itself: compiling the whole model around it, or "
+                   "undoing it, is not the one switch this rung measures")
+
+
+def mark_plugin_owned(record: FrameworkRecord, fields: dict[str, Any], plugin: str, where: str) -> set[str]:
+    """Mark the fields of `fields` that `plugin` ("deepspeed", "fsdp", configured at `where`) owns as not
+    applicable here, with the reason; those fields, which the caller then leaves as the script has them."""
+    owned = {name for name in PLUGIN_OWNS[plugin] if name in fields}
+    for name in owned:
+        record.unsupported[name] = f"{where} is a {plugin} configuration: {PLUGIN_OWNS[plugin][name]}"
+    return owned
+
+
+def compiled_submodule(model: Any) -> str | None:
+    """The name of a submodule the script compiled inside `model` (not `model` itself), or None."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    for name, module in model.named_modules():
+        if name and (type(module).__name__ == "OptimizedModule"
+                     or getattr(module, "_compiled_call_impl", None) is not None):
+            return name
+    return None
+
+
 def loader_settings(fields: dict[str, Any], current: DataLoader | None = None) -> dict[str, Any]:
     """The loader settings a run asks for (those of `fields` that are loader settings), made consistent: with
     no workers, no persistent workers and no prefetch factor (DataLoader refuses them)."""

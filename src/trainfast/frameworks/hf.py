@@ -12,6 +12,12 @@ Trainer derives anything from them), and read back from what the Trainer ended u
 | activation_checkpointing | activation_checkpointing (gradient_checkpointing) | the model's is_gradient_checkpointing |
 | seed              | seed                                               | args.seed                                |
 
+The Trainer's own evaluation is read where it keeps it: what evaluate() returns (the eval_* metrics, those of
+compute_metrics included; the Trainer's evaluations during train() go through it too) joins the run's reported
+metrics, and metric_for_best_model with greater_is_better is the script's declared metric. A DeepSpeed or FSDP
+configuration (TrainingArguments.deepspeed, .fsdp) owns the switches it decides (common.PLUGIN_OWNS): those are
+not applicable to the script, said so, and left as the script has them.
+
 tf32 is set to False in every run: with torch_compile on and tf32 unset, TrainingArguments turns TF32 on
 by itself, and compile's row would measure the two together. The script's value is reported."""
 from __future__ import annotations
@@ -22,8 +28,8 @@ from typing import Any
 import torch
 
 from .board import Board, FrameworkRecord, UNSET
-from .common import (AUTO_WORKERS, is_compiled, mark_shared_switches, memory_format_of, prove_loader, switch_cudnn_benchmark,
-                     switch_memory_format)
+from .common import (AUTO_WORKERS, is_compiled, mark_plugin_owned, mark_shared_switches, memory_format_of, prove_loader,
+                     switch_cudnn_benchmark, switch_memory_format)
 from .hooks import when_imported
 
 NAME = "transformers"
@@ -31,6 +37,7 @@ ADAMW = ("adamw_torch", "adamw_torch_fused")
 ARG_LOADER = {"num_workers": "dataloader_num_workers", "pin_memory": "dataloader_pin_memory",
               "persistent_workers": "dataloader_persistent_workers", "prefetch_factor": "dataloader_prefetch_factor"}
 PATCHED = "_trainfast_patched"
+EVAL_SPEED = ("_runtime", "_samples_per_second", "_steps_per_second")    # evaluate()'s timings, not metrics
 
 
 def install(board: Board) -> None:
@@ -66,6 +73,7 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
         record.set(field_, setting, value, UNSET if had is None else had)
         setattr(args, setting, value)
 
+    fields = owned_by_plugin(args, record, fields)
     if "precision" in fields:
         put("precision", "bf16", fields["precision"] == "bf16")
         put("precision", "fp16", fields["precision"] == "fp16")
@@ -103,6 +111,15 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
         switch_cudnn_benchmark(record, bool(fields["cudnn_benchmark"]))
 
 
+def owned_by_plugin(args: Any, record: FrameworkRecord, fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` less those a DeepSpeed or FSDP configuration of the script decides (marked not applicable)."""
+    for plugin, setting in (("deepspeed", "deepspeed"), ("fsdp", "fsdp")):
+        if getattr(args, setting, None):
+            owned = mark_plugin_owned(record, fields, plugin, f"the script's TrainingArguments.{setting}")
+            fields = {k: v for k, v in fields.items() if k not in owned}
+    return fields
+
+
 def switch_checkpointing_argument(args: Any, record: FrameworkRecord, enabled: bool) -> None:
     """transformers 5 calls it activation_checkpointing, with gradient_checkpointing a deprecated alias that
     wins when the new name is unset: both are set, the script's value read from either."""
@@ -137,7 +154,7 @@ def settle_loader_arguments(args: Any) -> None:
 def patch_trainer(cls: type, board: Board) -> None:
     if getattr(cls.__init__, PATCHED, False):
         return
-    init, get_loader = cls.__init__, cls.get_train_dataloader
+    init, get_loader, evaluate = cls.__init__, cls.get_train_dataloader, cls.evaluate
 
     @functools.wraps(init)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -152,6 +169,14 @@ def patch_trainer(cls: type, board: Board) -> None:
         if "transformers.trainer" not in board.held:
             record.readers.append(lambda r: read_back(r, board.held["transformers.trainer"]))
         board.held["transformers.trainer"] = self
+        declare_metric(board, args)
+
+    @functools.wraps(evaluate)
+    def evaluate_(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        metrics = evaluate(self, *args, **kwargs)
+        board.record_metrics({k: v for k, v in (metrics if isinstance(metrics, dict) else {}).items()
+                              if k != "epoch" and not k.endswith(EVAL_SPEED)})
+        return metrics
 
     @functools.wraps(get_loader)
     def get_train_dataloader(self, *args: Any, **kwargs: Any):
@@ -160,7 +185,19 @@ def patch_trainer(cls: type, board: Board) -> None:
         return loader
 
     setattr(__init__, PATCHED, True)
-    cls.__init__, cls.get_train_dataloader = __init__, get_train_dataloader
+    cls.__init__, cls.get_train_dataloader, cls.evaluate = __init__, get_train_dataloader, evaluate_
+
+
+def declare_metric(board: Board, args: Any) -> None:
+    """metric_for_best_model, named as evaluate() returns it (with the eval_ prefix the Trainer adds), better
+    high or low as greater_is_better says (which TrainingArguments defaults from the name)."""
+    name = getattr(args, "metric_for_best_model", None)
+    if not name:
+        return
+    key = name if name.startswith("eval_") else f"eval_{name}"
+    greater = args.greater_is_better if args.greater_is_better is not None else not key.endswith("loss")
+    board.declare(key, "max" if greater else "min",
+                  f"the script's metric_for_best_model={name!r}, greater_is_better={greater}")
 
 
 def read_back(record: FrameworkRecord, trainer: Any) -> None:

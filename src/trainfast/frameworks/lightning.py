@@ -18,8 +18,15 @@ DataLoader. Each is read back from what the Trainer ended up with while it train
 | checkpointing    | through its own switch                                  |                                         |
 
 Lightning on a CPU turns "16-mixed" into "bf16-mixed" by itself; the read-back shows it, and the rung is
-reported as not applied rather than timed as fp16. seed is left alone: a Lightning script seeds itself
-(seed_everything), and the same seed reaches every run."""
+reported as not applied rather than timed as fp16. The seed goes through Lightning's own seed_everything: the
+script's call seeds with the run's seed instead (read back from PL_GLOBAL_SEED), so the baseline's noise seeds
+differ as a Session script's do.
+
+Lightning's own evaluation is read where it keeps it: the Trainer's callback_metrics (everything the module
+logged, validation metrics included) when fit() or validate() returns join the run's reported metrics, and the
+monitor and mode of the script's ModelCheckpoint (else its EarlyStopping) are its declared metric. A DeepSpeed
+or FSDP strategy owns the switches it decides (common.PLUGIN_OWNS), and a LightningModule with a submodule the
+script compiled itself has no compile switch: both are said not applicable, and left as the script has them."""
 from __future__ import annotations
 
 import functools
@@ -32,8 +39,9 @@ from torch.utils.data import DataLoader
 
 from ..techniques.optimizer import rebind_scheduler
 from .board import Board, FrameworkRecord, UNSET
-from .common import (LOADER_FIELDS, is_compiled, mark_shared_switches, memory_format_of, optimizer_impl, prove_loader,
-                     switch_checkpointing, switch_loader, switch_memory_format, switch_optimizer)
+from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_compiled, mark_plugin_owned,
+                     mark_shared_switches, memory_format_of, optimizer_impl, prove_loader, switch_checkpointing,
+                     switch_loader, switch_memory_format, switch_optimizer)
 from .hooks import when_imported
 
 NAME = "lightning"
@@ -45,9 +53,42 @@ PATCHED = "_trainfast_patched"
 FIT_STATE = "_trainfast_fit"          # what the adapter noted on a Trainer when its fit started
 
 
+SEED_MODULES = {"lightning.pytorch": "lightning.fabric.utilities.seed",
+                "pytorch_lightning": "lightning_fabric.utilities.seed"}
+
+
 def install(board: Board) -> None:
     for package in PACKAGES:
         when_imported(f"{package}.trainer.trainer", functools.partial(patch_package, package, board))
+        if "seed" in board.fields:
+            when_imported(SEED_MODULES[package], functools.partial(patch_seed, package, board))
+
+
+def patch_seed(package: str, board: Board, module: Any) -> None:
+    """seed_everything seeds with the run's seed. Patched in its own module right after that module is imported,
+    before lightning's packages re-export it, so every name the script can import it by is the patched one."""
+    original = module.seed_everything
+    if getattr(original, PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def seed_everything(seed: Any = None, *args: Any, **kwargs: Any) -> int:
+        record = record_of(board, package)
+        wanted = int(board.fields["seed"])
+        record.set("seed", "seed_everything", wanted, UNSET if seed is None else seed)
+        if not any(r is read_seed for r in record.readers):
+            record.readers.append(read_seed)
+        return original(wanted, *args, **kwargs)
+
+    setattr(seed_everything, PATCHED, True)
+    module.seed_everything = seed_everything
+
+
+def read_seed(record: FrameworkRecord) -> None:
+    import os
+
+    seed = os.environ.get("PL_GLOBAL_SEED")
+    record.prove("seed_everything", int(seed) if seed is not None else None)
 
 
 def record_of(board: Board, package: str) -> FrameworkRecord:
@@ -77,6 +118,10 @@ def canonical_precision(value: Any) -> Any:
 def switch_trainer_arguments(kwargs: dict[str, Any], record: FrameworkRecord, fields: dict[str, Any],
                              package: str = "lightning.pytorch") -> None:
     """Set the run's switches among the Trainer's keyword arguments, before the Trainer builds its plugins."""
+    plugin = sharded_strategy(kwargs.get("strategy"))
+    if plugin is not None:
+        owned = mark_plugin_owned(record, fields, plugin, f"the script's Trainer(strategy={describe(kwargs['strategy'])})")
+        fields = {k: v for k, v in fields.items() if k not in owned}
     if "precision" in fields:
         switch_precision(kwargs, record, fields)
     if "cudnn_benchmark" in fields:
@@ -91,6 +136,22 @@ def switch_trainer_arguments(kwargs: dict[str, Any], record: FrameworkRecord, fi
     mark_shared_switches(record, fields)
     if "async_checkpoint" in fields:
         switch_async_checkpoint(kwargs, record, bool(fields["async_checkpoint"]), package)
+
+
+def sharded_strategy(strategy: Any) -> str | None:
+    """"deepspeed" or "fsdp" for a strategy of that kind (its name, as "deepspeed_stage_2", or an instance of a
+    DeepSpeedStrategy / FSDPStrategy class), None for any other."""
+    if strategy is None:
+        return None
+    names = [strategy.lower()] if isinstance(strategy, str) else [c.__name__.lower() for c in type(strategy).__mro__]
+    for plugin in ("deepspeed", "fsdp"):
+        if any(n.startswith(plugin) for n in names):
+            return plugin
+    return None
+
+
+def describe(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else f"{type(value).__name__}(...)"
 
 
 ASYNC_IO = "plugins: AsyncCheckpointIO"
@@ -135,7 +196,7 @@ def patch_trainer(cls: type, board: Board, package: str, record: Callable[[], Fr
                   fitting: dict[str, Any]) -> None:
     if getattr(cls.__init__, PATCHED, False):
         return
-    init, fit = cls.__init__, cls.fit
+    init, fit, validate = cls.__init__, cls.fit, cls.validate
     fit_signature = inspect.signature(fit)
 
     @functools.wraps(init)
@@ -152,11 +213,36 @@ def patch_trainer(cls: type, board: Board, package: str, record: Callable[[], Fr
         fitting["trainer"] = self
         # Held, not weakly: the proof is read when the result is written, which for a run that ends by itself
         # is at exit, after the script has dropped its Trainer. The Trainer that fits is the one to read.
-        record().readers[:] = [lambda r: read_back(r, self)]
-        return fit(*bound.args, **bound.kwargs)
+        record().readers[:] = [r for r in record().readers if r is read_seed] + [lambda r: read_back(r, self)]
+        declare_metric(board, self)
+        try:
+            return fit(*bound.args, **bound.kwargs)
+        finally:
+            board.record_metrics(dict(self.callback_metrics))
+
+    @functools.wraps(validate)
+    def validate_(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return validate(self, *args, **kwargs)
+        finally:
+            board.record_metrics(dict(self.callback_metrics))
 
     setattr(__init__, PATCHED, True)
-    cls.__init__, cls.fit = __init__, fit_
+    cls.__init__, cls.fit, cls.validate = __init__, fit_, validate_
+
+
+def declare_metric(board: Board, trainer: Any) -> None:
+    """The metric the script's callbacks watch: its ModelCheckpoint's monitor and mode (the checkpoint it
+    keeps), else its EarlyStopping's; none without a monitor."""
+    callbacks = list(getattr(trainer, "checkpoint_callbacks", None) or [])
+    callbacks += [c for c in getattr(trainer, "callbacks", None) or [] if type(c).__name__ == "EarlyStopping"]
+    for callback in callbacks:
+        monitor = getattr(callback, "monitor", None)
+        if monitor:
+            mode = getattr(callback, "mode", "min")
+            board.declare(monitor, "max" if mode == "max" else "min",
+                          f"the script's {type(callback).__name__}(monitor={monitor!r}, mode={mode!r})")
+            return
 
 
 def compiled(model: Any) -> bool:
@@ -173,6 +259,10 @@ def switch_model(model: Any, record: FrameworkRecord, fields: dict[str, Any], pa
     if not isinstance(model, torch.nn.Module):
         return model
     module = getattr(model, "_orig_mod", model)
+    inside = compiled_submodule(module)
+    if "compile" in fields and inside is not None:
+        record.unsupported["compile"] = COMPILED_INSIDE.format(name=inside)
+        fields = {k: v for k, v in fields.items() if k != "compile"}
     if "channels_last" in fields:
         switch_memory_format(record, module, bool(fields["channels_last"]))      # in place: Module.to
     if "activation_checkpointing" in fields:

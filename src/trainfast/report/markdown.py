@@ -16,7 +16,7 @@ from .doctor_findings import doctor_section
 from .format import roofs_text, rung_label
 from .notes import rung_notes
 from .results_json import write_results_json
-from .summary import best_line, keep_line, machine_line, repeatability_line
+from .summary import best_line, judged_line, keep_line, machine_line, repeatability_line
 from .table import Columns, headers, markdown_table, table_rows
 
 RECOMMENDATION_RULE = (
@@ -130,7 +130,8 @@ def accuracy_note(result: AblationResult) -> str:
                 "to judge the metric.")
     if base.val_samples is None:         # a script's own metric: seed-to-seed noise only
         name = Columns.for_settings(result.settings, result.rungs).metric_label
-        text = (f"{name} noise band: ±{band:.3g} around the baseline's mean over {len(accs)} seed(s) ({seeds}): two "
+        judged = judged_line(result)
+        text = (f"{judged}. " if judged else "") + (f"{name} noise band: ±{band:.3g} around the baseline's mean over {len(accs)} seed(s) ({seeds}): two "
                 f"seed-to-seed standard deviations, scaled for comparing a rung's mean over its {runs} seed(s) with "
                 "that mean. Δ is measured from that mean. ")
         if band == 0:

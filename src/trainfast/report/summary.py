@@ -34,9 +34,13 @@ def best_line(result: AblationResult) -> str:
     labels = {r.name: rung_label(r) for r in result.rungs}
     text = f"recommended: {labels[result.best_name]}"
     missing = unreported_metric(result)
+    judged = judged_line(result)
     if missing is not None:
         text += (f" (on speed alone: the script never reported {missing or 'a metric'}, so no rung's accuracy was "
-                 f"checked; call tf.report({missing or 'val_accuracy'}=...) after its evaluation)")
+                 f"checked; call tf.report({missing or 'val_accuracy'}=...) after its evaluation, or log its "
+                 "validation loss or declare its metric through its framework)")
+    elif judged:
+        text += f" ({judged[0].lower() + judged[1:]})"
     others = [n for n in result.tie if n != result.best_name]
     if others:
         text += (f" (tied with {', '.join(labels[n] for n in others)}: not measurably different from it; of the "
@@ -62,6 +66,16 @@ def unreported_metric(result: AblationResult) -> str | None:
     if any(r.result.accuracy is not None for r in result.rungs if r.result is not None):
         return None
     return (settings.get("metric") or {}).get("name") or ""
+
+
+def judged_line(result: AblationResult) -> str | None:
+    """Which metric a script's rungs were judged on and why (ablation/metric.py), e.g. "judged on eval_accuracy:
+    the script's metric_for_best_model='accuracy', greater_is_better=True, higher is better"; None for the
+    built-in run, a speed-only ablation, or a metric that was not chosen."""
+    metric = result.metric or {}
+    if not result.settings.get("command") or result.settings.get("measure") != "full" or not metric.get("name"):
+        return None
+    return f"Judged on {metric['name']}: {metric.get('why') or 'as named'}"
 
 
 def judged(result: AblationResult) -> list[Rung]:

@@ -18,7 +18,7 @@ from ..ablation.store import default_out_dir
 from ..ablation.work import BuiltinSpec, Work, prepare_builtin, prepare_command
 from ..recipe import Recipe, RecipeError, resolve_device
 from ..results import AblationResult, Rung, Status
-from ..report.summary import keep_line
+from ..report.summary import judged_line, keep_line
 from ..techniques.precision import auto_amp_dtype, slow_half_reason
 from .batch import batch_finding, batch_rungs
 from .budget import SearchBudget, singles_share
@@ -245,6 +245,11 @@ def run_combine(search: Search, found: Findings) -> Decision:
     found.second = search.stage("combine", rungs, repeats, measure="full", last=not opts.batch_size_search)
     search.cut_note(found.second)
     decision = decide(found.second.rungs, opts.min_effect)
+    guarded = judged_line(found.second)
+    if guarded:
+        decision.notes.append(f"the accuracy guard {guarded[0].lower() + guarded[1:]}")
+    elif opts.command is not None and (found.second.metric or {}).get("why"):
+        decision.notes.append(f"no accuracy guard: {found.second.metric['why']}")
     decision.gainers = list(found.in_combination)
     decision.combined = list(found.in_combination)
     decision.dropped = {**found.dropped, **decision.dropped}
