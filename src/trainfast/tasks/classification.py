@@ -95,7 +95,7 @@ class Classification:
 
         try:
             check_model_name(name)
-        except ModelError as exc:
+        except ModelError:
             if name not in list_models(module=detection):
                 raise
             raise ModelError(f"--model {name!r} is a torchvision detection model; the detection task (--task "
