@@ -2,7 +2,9 @@
 top and parses its flags (a renamed function in trainfast would otherwise surface only when someone measures)."""
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +144,27 @@ def test_peers_runs_each_same_switch_pair_side_by_side_and_alternates_who_goes_f
     assert orders[1].index("timm") > orders[1].index("trainfast-pf")       # who goes first alternates
     assert len({order[0] for order in orders}) == 4                           # no tool always first
     assert peers.round_order(["plain", "tuned"], 1) == ["tuned", "plain"]     # unpaired tools rotate as before
+
+
+def test_process_spread_finds_the_state_that_follows_a_runs_speed(tmp_path, capsys):
+    """Within each rung, the runs that fault more pages per step are the slower ones: the rank correlation says so
+    (and a state that does not move within a rung is said to have no spread)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import process_spread
+
+    rungs = []
+    for name, base in (("baseline", 1000.0), ("amp", 1500.0)):
+        runs = []
+        for faults, slow in ((4000, 1.0), (5000, 0.95), (3000, 1.04), (6000, 0.9)):
+            runs.append({"throughput": base * slow, "steps_run": 10,
+                         "process": {"minor_faults": faults * 10, "preempted": 50, "anon_huge_kib": 0,
+                                     "busy_threads": [{"cpu_s": 2, "core": 0}, {"cpu_s": 2, "core": 1}]}})
+        rungs.append({"name": name, "runs": runs})
+    folder = tmp_path / "ablate-x"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"rungs": rungs}))
+    assert process_spread.main([str(folder)]) == 0
+    out = capsys.readouterr().out
+    rho = float(re.search(r"page faults per step: rho ([-+0-9.]+)", out).group(1))
+    assert rho < -0.9
+    assert "huge pages KiB: no spread within the rungs" in out and "8 runs of 2 rungs" in out

@@ -125,3 +125,14 @@ def test_the_pair_measures_each_runs_own_step_in_alternating_blocks():
     # The slow side sleeps 20 ms a step: its rate is at most 16 / 0.02 = 800 samples/s, the quick side's far above.
     assert pair["reference_rate"] < 800 < pair["rate"]
     assert abs(pair["ratio"] - pair["rate"] / pair["reference_rate"]) < 1e-9 and pair["ratio"] > 2
+
+
+def test_pairs_are_asked_for_and_off_by_default():
+    from trainfast.ablation.loop import LadderOptions
+    from trainfast.cli import build_parser
+
+    assert LadderOptions().paired is False
+    parser = build_parser()
+    assert parser.parse_args(["ablate"]).paired is False
+    assert parser.parse_args(["ablate", "--paired"]).paired is True
+    assert parser.parse_args(["tune", "--paired"]).paired is True

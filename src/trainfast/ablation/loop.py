@@ -43,7 +43,8 @@ class LadderOptions:
     a run may take (default: 10x the baseline's first run, at least 300 s). settle_within_s: passes added
     while a verdict is within the noise (None or 0: exactly `repeats`). time_budget_s: the seconds the whole
     ladder may take (the first run prices the rest; the plan is cut to fit). paired: the built-in work's timed runs
-    are also timed against the baseline inside their own processes (paired.py); False: across processes only."""
+    are also timed against the baseline inside their own processes (paired.py); False (default): compared across
+    processes only."""
     mode: str = "cumulative"
     repeats: int = 3
     noise_seeds: int = 3
@@ -54,7 +55,7 @@ class LadderOptions:
     show: bool = True
     settle_within_s: float | None = SETTLE_WITHIN_S
     time_budget_s: float | None = None
-    paired: bool = True
+    paired: bool = False
 
     def __post_init__(self) -> None:
         for flag, value in (("--noise-seeds", self.noise_seeds), ("--repeats", self.repeats)):

@@ -1,15 +1,19 @@
-"""Paired timing: inside a rung's own process, its step timed in alternating blocks against the baseline's step.
+"""Paired timing (`--paired`): inside a rung's own process, its step timed in alternating blocks against the
+baseline's step.
 
-Why. On a shared VM (2 vCPUs, a laptop), fresh processes of the same rung can settle at different speeds for their
-whole life: where the kernel placed their threads, what memory they got, the clock the host gave them. A rung's
-few seconds of steps cannot average that out, so comparing rung A's processes with rung B's processes carries
-that spread in full (10-20% per run where it strikes, against 2-3% on a quiet machine). Two runs that share one
-process share that state. So every timed run of a built-in ladder, after its own measurement, builds the baseline's
-run beside it (same model and seed, its own optimizer and loader) and times the two in alternating blocks,
-A B B A A B B A (a steady drift of the machine falls on both alike); the ratio of their rates is the rung's
-speed-up measured where process-level state cancels. The baseline's own runs do the same against a second
-baseline (an A/A pair, whose ratio is 1 but for the noise), so every rung's paired ratio carries the same kind of
-noise and the scoring's model (stats.py) applies unchanged.
+Why. On a shared VM, fresh processes of the same rung can settle at different speeds for their whole life, and a
+rung's few seconds of steps cannot average that out. Two runs that share one process share the cores and the clock
+that process got. So with `--paired` every timed run of a built-in ladder, after its own measurement, builds the
+baseline's run beside it (same model and seed, its own optimizer and loader) and times the two in alternating
+blocks, A B B A A B B A (a steady drift of the machine falls on both alike); the ratio of their rates is the
+rung's speed-up with that state cancelled. The baseline's own runs do the same against a second baseline (an A/A
+pair, whose ratio is 1 but for the noise), so every rung's paired ratio carries the same kind of noise and the
+scoring's model (stats.py) applies unchanged.
+
+Why it is not the default. The two runs also share the allocator, and not equally: on a CPU, glibc's thresholds
+move with what the process frees, so the larger fp32 baseline stepping beside a bf16 rung can stop the rung's
+steps from page-faulting (1,544 faults a step to none, 4-7% faster, measured) while the baseline's own faults do not
+change. A pair then flatters the rung against what its own process shows (docs/measurement.md has the numbers).
 
 What is not paired. A switch that changes the whole process cannot be on in one run and off in the other:
 the OpenMP wait policy and the allocator (read or set once per process), cudnn's autotuner and deterministic

@@ -37,7 +37,7 @@ class TuneOptions:
     goal: str | None = None
     batch_size_search: bool = False
     settle: bool = True
-    paired: bool = True
+    paired: bool = False
 
     def __post_init__(self) -> None:
         if self.timing is None:
