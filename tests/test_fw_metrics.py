@@ -291,3 +291,17 @@ def test_accelerates_set_seed_seeds_with_the_runs_seed_and_proves_it(monkeypatch
     assert torch.initial_seed() == 7
     switch = board.to_dict()["accelerate"]["switches"]["set_seed"]
     assert (switch["script"], switch["wanted"], switch["read_back"], switch["applied"]) == (0, 7, 7, True)
+
+
+def test_the_tables_metric_column_is_the_judged_metric_not_the_first_logged():
+    """A Lightning script logs train_loss before val_loss; the ablation judges val_loss (metric.choose_metric), and the
+    table's column must name what its numbers are."""
+    from conftest import scored_rung
+    from trainfast.report.table import Columns, headers
+
+    rung = scored_rung("baseline", [100.0] * 2, 1.4)
+    for run in rung.repeats:
+        run["reported"] = {"train_loss": 1.5, "val_loss": 1.4}
+    settings = {"command": ["python", "train.py"], "measure": "full", "metric": {"name": None, "goal": None}}
+    columns = Columns.for_settings(settings, [rung], {"name": "val_loss", "goal": "min", "why": "the validation loss"})
+    assert "val_loss (Δ)" in headers(columns) and not any("train_loss" in h for h in headers(columns))

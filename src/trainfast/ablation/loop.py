@@ -158,6 +158,7 @@ class LadderRun:
                 while self.queue or self.add_pass():
                     self.run_next(store, display)
                     self.rescore()
+                    display.metric = self.judged_metric()
                     display.update()
             except KeyboardInterrupt:
                 interrupted = True

@@ -15,7 +15,7 @@ def chart_specs(result: AblationResult, done: list[Rung]) -> list[tuple[str, str
     rates = [r.result.throughput for r in done]
     intervals = [r.result.throughput_interval or (v, v) for r, v in zip(done, rates)]
     rate_errors = [[v - lo for v, (lo, hi) in zip(rates, intervals)], [hi - v for v, (lo, hi) in zip(rates, intervals)]]
-    columns = Columns.for_settings(result.settings, result.rungs)
+    columns = Columns.for_settings(result.settings, result.rungs, result.metric)
     specs = [
         ("throughput", f"{columns.unit} (95% interval bars)", rates, rate_errors),
         ("peak_memory", "peak memory (MiB)", [r.result.peak_memory_bytes / 2**20 for r in done], None),

@@ -19,6 +19,7 @@ class Display:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.rungs, self.ceilings, self.env, self.show, self.settings = rungs, ceilings, env, show, settings or {}
+        self.metric: dict[str, Any] | None = None      # the judged metric, once the runs have shown it (the loop sets it)
         self.console = Console()
         if not self.console.is_terminal:
             # Piped or logged: no live redraws, and wide enough that the final table is not wrapped.
@@ -33,7 +34,7 @@ class Display:
         from rich.table import Table
 
         table = Table(title=f"trainfast ablate — {self.env['device_name']} ({self.env['device']})")
-        columns = Columns.for_settings(self.settings, self.rungs)
+        columns = Columns.for_settings(self.settings, self.rungs, self.metric)
         for h in headers(columns):
             table.add_column(h, justify="left" if h == "rung" else "right")
         for row in table_rows(self.rungs, columns):
@@ -86,6 +87,7 @@ class Display:
     def final(self, result: AblationResult, interrupted: bool = False) -> None:
         if not self.show:
             return
+        self.metric = result.metric
         if self.live is None:
             self.console.print(self._render().renderables[0])
         if interrupted:

@@ -40,7 +40,7 @@ def write_report(result: AblationResult) -> None:
 
 def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
     env = result.environment
-    columns = Columns.for_settings(result.settings, result.rungs)
+    columns = Columns.for_settings(result.settings, result.rungs, result.metric)
     repeatability = repeatability_line(result)
     lines = [
         "# trainfast ablation report", "",
@@ -125,11 +125,11 @@ def accuracy_note(result: AblationResult) -> str:
     runs = result.settings.get("repeats", 1)
     outside = ("Outside it (marked !): " + ", ".join(flagged) + ".") if flagged else "Every rung is inside it."
     if band is None:        # one baseline run finished (a seed failed or --noise-seeds 1): nothing to judge against
-        name = Columns.for_settings(result.settings, result.rungs).metric_label
+        name = Columns.for_settings(result.settings, result.rungs, result.metric).metric_label
         return (f"{name}: no noise band (one baseline run); give the baseline more seeds with --noise-seeds "
                 "to judge the metric.")
     if base.val_samples is None:         # a script's own metric: seed-to-seed noise only
-        name = Columns.for_settings(result.settings, result.rungs).metric_label
+        name = Columns.for_settings(result.settings, result.rungs, result.metric).metric_label
         judged = judged_line(result)
         text = (f"{judged}. " if judged else "") + (f"{name} noise band: ±{band:.3g} around the baseline's mean over {len(accs)} seed(s) ({seeds}): two "
                 f"seed-to-seed standard deviations, scaled for comparing a rung's mean over its {runs} seed(s) with "

@@ -22,14 +22,16 @@ class Columns:
     step_alone: bool = True       # the built-in run's step alone (a user's script has no step to replay)
 
     @classmethod
-    def for_settings(cls, settings: dict[str, Any], rungs: list[Rung] | None = None) -> "Columns":
+    def for_settings(cls, settings: dict[str, Any], rungs: list[Rung] | None = None,
+                     judged: dict[str, Any] | None = None) -> "Columns":
+        """The columns of a ladder's table. `judged`: the metric its runs are judged on (AblationResult.metric,
+        the ablation's one choice), which names a script's metric column."""
         cumulative = settings.get("mode", "cumulative") == "cumulative"
         if not settings.get("command"):
             return cls(cumulative, metric_label=settings.get("metric_label", cls.metric_label))   # detection: mAP
         units = {run.get("rate_unit") for r in rungs or [] for run in r.repeats}
         metric = settings.get("metric") or {}
-        name = metric.get("name") or next((k for r in rungs or [] for run in r.repeats for k in run.get("reported", {})),
-                                          None)
+        name = (judged or {}).get("name") or metric.get("name")
         return cls(cumulative, "steps/s" if "steps/s" in units else "samples/s", "run s", "wall_s",
                    name if settings.get("measure") == "full" and name else "metric", step_alone=False)
 
