@@ -413,3 +413,49 @@ def test_each_stage_settles_its_verdicts_only_with_the_time_it_leaves_the_stages
         assert 390 < singles_settle <= singles <= 400             # stage 1's own share: half
         assert 390 < on_level_settle <= 400 < 790 < on_level       # its budget: all that is left; settling: half
         assert combine_settle == combine > 780                     # the last stage: all that is left
+
+
+class GuardSearch:
+    """A search whose guard stage returns runs made here: the recipe's metric `delta` from the baseline's."""
+
+    def __init__(self, delta: float, fits: bool = True) -> None:
+        from types import SimpleNamespace
+
+        self.base = Recipe()
+        self.options = SimpleNamespace(command=["python", "train.py"], repeats=3)
+        self.budget = SimpleNamespace(fits=lambda runs, per_run, left=None: fits)
+        self.delta, self.asked = delta, []
+
+    def stage(self, name, rungs, repeats, measure="speed", last=False, **kwargs):
+        from conftest import scored_rung
+        from trainfast.ablation.scoring import score_rungs
+        from trainfast.results import AblationResult
+
+        self.asked.append((name, [r.name for r in rungs], repeats, measure))
+        base = scored_rung("baseline", [100.0] * repeats, 0.0)
+        rung = scored_rung(rungs[1].name, [130.0] * repeats, 0.0, precision="bf16")
+        for i, run in enumerate(base.repeats):
+            run["reported"] = {"eval_accuracy": 0.80 + 0.01 * (i % 2)}
+        for i, run in enumerate(rung.repeats):
+            run["reported"] = {"eval_accuracy": 0.80 + 0.01 * (i % 2) + self.delta}
+        metric = ("eval_accuracy", "max")
+        score_rungs([base, rung], {"fp32": 1e12, "bf16": 1e12}, metric=metric)
+        return AblationResult([base, rung], {}, Path("."), None, None, {}, settings={"command": ["python"], "measure": "full"},
+                              metric={"name": "eval_accuracy", "goal": "max", "why": "the script's metric_for_best_model"})
+
+
+def test_a_scripts_single_switch_recipe_is_run_in_full_and_guarded_before_it_is_recommended():
+    """Stage 1 of a script's search only times its runs; when one switch gained (no stage 2), the recipe is run to
+    its end against the baseline: kept when its metric is inside the band (the note names the metric), replaced by
+    the baseline when it lost accuracy, and the guard said to be missing when it cannot fit the budget."""
+    from trainfast.tune.combine import Decision
+    from trainfast.tune.search import guard_measured
+
+    bf16 = Recipe(precision="bf16")
+    kept = guard_measured(search := GuardSearch(0.0), Decision(bf16, "autocast-bf16"), 5.0)
+    assert kept.name == "autocast-bf16" and search.asked == [("guard", ["baseline", "autocast-bf16"], 3, "full")]
+    assert any("accuracy guard" in n and "eval_accuracy" in n for n in kept.notes)
+    lost = guard_measured(GuardSearch(-0.3), Decision(bf16, "autocast-bf16"), 5.0)
+    assert lost.name == "baseline" and lost.recipe == Recipe() and "loses accuracy" in lost.dropped["autocast-bf16"]
+    unfit = guard_measured(search := GuardSearch(-0.3, fits=False), Decision(bf16, "autocast-bf16"), 5.0)
+    assert unfit.name == "autocast-bf16" and not search.asked and any("no accuracy guard" in n for n in unfit.notes)

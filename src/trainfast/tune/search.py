@@ -14,6 +14,7 @@ import torch
 
 from ..ablation import LadderOptions, run_ladder
 from ..ablation.loop import trimmed
+from ..ablation.scoring import recipe_changes
 from ..ablation.store import default_out_dir
 from ..ablation.work import BuiltinSpec, Work, prepare_builtin, prepare_command
 from ..recipe import Recipe, RecipeError, resolve_device
@@ -201,8 +202,39 @@ def recommend(search: Search, found: Findings) -> Decision:
         return Decision(search.base, "baseline", dropped=found.dropped,
                         notes=["no switch gained firmly on its own: the baseline is recommended"])
     if len(found.in_combination) == 1 or not search.budget.fits(3 * min(search.options.repeats, 2), found.per_run):
-        return best_measured(search, found)
+        decision = best_measured(search, found)
+        # A script's stage-1 runs stop once timed: nothing judged its metric. Stage 2 would run in full; without
+        # it, the recipe is run in full against the baseline before it is recommended.
+        return guard_measured(search, decision, found.per_run) if search.options.command is not None else decision
     return run_combine(search, found)
+
+
+def guard_measured(search: Search, decision: Decision, per_run: float) -> Decision:
+    """The accuracy guard for a script's recipe that stage 2 did not run (guard/): the baseline and the recipe,
+    each run to its end and judged on the script's metric as stage 2 judges its rungs; a recipe outside the
+    baseline's band on the wrong side is not recommended. Said, not skipped, when it does not fit the budget
+    (priced by stage 1's `per_run` seconds, as stage 2 is)."""
+    repeats = search.options.repeats
+    if not search.budget.fits(2 * repeats, per_run) and repeats > 2:
+        repeats = 2
+    if not search.budget.fits(2 * repeats, per_run):
+        decision.notes.append("no accuracy guard: a full run of the baseline and the recipe would not fit the budget")
+        return decision
+    rungs = [Rung("baseline", {}, search.base),
+             Rung(decision.name, recipe_changes(search.base, decision.recipe), decision.recipe)]
+    result = search.stage("guard", rungs, repeats, measure="full", last=True)
+    rung = result.rungs[1]
+    guarded = judged_line(result)
+    if rung.status == Status.DONE and rung.result.accuracy_worse:
+        return Decision(search.base, "baseline", gainers=decision.gainers, dropped={
+            **decision.dropped, decision.name: f"loses accuracy run to its end ({rung.result.accuracy_delta:+.3g}, "
+                                               "outside the baseline's band)"},
+            notes=decision.notes + ([f"the accuracy guard {guarded[0].lower() + guarded[1:]}"] if guarded else []))
+    if guarded:
+        decision.notes.append(f"the accuracy guard {guarded[0].lower() + guarded[1:]}")
+    elif (result.metric or {}).get("why"):
+        decision.notes.append(f"no accuracy guard: {result.metric['why']}")
+    return decision
 
 
 def best_measured(search: Search, found: Findings) -> Decision:
