@@ -23,9 +23,11 @@ from .data.datasets import Split
 from .data.decoded_cache import with_decode_cache
 from .detection.data import DetectionSplit
 from .distributed import Dist
-from .measure import Meter, local_terms, reset_peak_memory
+from .engine import train_one_epoch
+from .measure import Meter, StepTime, StepTimer, local_terms, reset_peak_memory
 from .recipe import Recipe
 from .session import Session, TrainState, sum_losses
+from .session.state import no_update_hook
 from .tasks import build_task, infer_task
 
 
@@ -58,6 +60,21 @@ class BuiltinRun:
     def meter(self, on_window: Callable | None = None) -> Meter:
         """A Meter for one pass of the loop (build_meter)."""
         return build_meter(self.state, self.dist, on_window, self.task)
+
+    def steps_apart(self, batches) -> list[StepTime]:
+        """Train on `batches` with the run's own loop and switches, timed on a clock of their own and with nothing
+        after each update (the ablation's probe neither counts nor sees these steps); the run's clock and hook are
+        put back after. Every step as that clock read it (on CUDA the read waits for the device)."""
+        state = self.state
+        kept_timer, kept_hook = state.timer, state.after_update
+        state.timer, state.after_update = StepTimer(self.device), no_update_hook
+        try:
+            with self.dist.watch():
+                train_one_epoch(state, batches, self.task, self.meter())
+            state.timer.read()
+            return state.timer.steps
+        finally:
+            state.timer, state.after_update = kept_timer, kept_hook
 
     def close(self) -> None:
         self.session.close()

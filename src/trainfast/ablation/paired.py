@@ -30,10 +30,8 @@ import time
 from itertools import islice
 from typing import Any, Iterator
 
-from ..engine import train_one_epoch
-from ..measure import BLOCK_SECONDS, StepTimer, step_block
+from ..measure import BLOCK_SECONDS, step_block
 from ..recipe import Recipe
-from ..session.state import no_update_hook
 
 # Recipe fields whose setting belongs to the process, not to a run: a rung that differs from the baseline in one
 # of them is not paired (module docstring).
@@ -74,17 +72,7 @@ def steps_per_block(step_seconds: float, block_seconds: float = BLOCK_SECONDS) -
 
 def time_block(run, batches: Iterator, steps: int, check: bool) -> dict[str, Any]:
     """`steps` steps of `run` (its loop, its switches) on its next batches; the block of all but the first."""
-    state = run.state
-    kept_timer, kept_hook = state.timer, state.after_update
-    state.timer, state.after_update = StepTimer(run.device), no_update_hook
-    try:
-        with run.dist.watch():
-            train_one_epoch(state, islice(batches, steps), run.task, run.meter())
-        state.timer.read()
-        timed = state.timer.steps[1:]
-    finally:
-        state.timer, state.after_update = kept_timer, kept_hook
-    return step_block(timed, os.cpu_count() or 1, check)
+    return step_block(run.steps_apart(islice(batches, steps))[1:], os.cpu_count() or 1, check)
 
 
 def time_paired(run, reference, check: bool, block_seconds: float = BLOCK_SECONDS) -> dict[str, Any]:

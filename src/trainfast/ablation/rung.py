@@ -24,12 +24,11 @@ from ..checkpoint import NoCheckpoints, build_checkpointer
 from ..data.badfiles import skipped_last_pass
 from ..data.device_decode import host_decoded_last_pass, host_decoded_names
 from ..engine import train_one_epoch
-from ..measure import BLOCK_SECONDS, EpochStats, StepTimer, Timing
+from ..measure import BLOCK_SECONDS, EpochStats, Timing
 from .paired import time_paired, unpaired_reason
 from ..probe import MeasureSpec, Probe
 from ..recipe import Recipe
 from ..run import BuiltinRun, assemble_run
-from ..session.state import no_update_hook
 from ..techniques import memory_reuse, threads
 
 
@@ -206,15 +205,7 @@ def time_step_alone(run: BuiltinRun, probe: Probe, budget: TimingBudget) -> dict
     wanted = math.ceil(STEP_ALONE_SECONDS / per_step) if per_step > 0 else STEP_ALONE_STEPS
     steps = probe.agree_max(max(STEP_ALONE_STEPS, min(budget.steps, wanted)))
     batch = next(iter(run.train_batches))          # one batch as the rung's input path delivers it, on the device
-    state, kept_timer, kept_hook = run.state, run.state.timer, run.state.after_update
-    state.timer, state.after_update = StepTimer(run.device), no_update_hook
-    try:
-        with run.dist.watch():
-            train_one_epoch(state, repeat(batch, STEP_ALONE_WARMUP + steps), run.task, run.meter())
-        state.timer.read()
-        replayed = state.timer.steps
-    finally:
-        state.timer, state.after_update = kept_timer, kept_hook
+    replayed = run.steps_apart(repeat(batch, STEP_ALONE_WARMUP + steps))
     # Judged as the epoch's steps are (measure.Timing): warm-up found, blocks other processes disturbed left out.
     alone = Timing.from_steps(replayed, min_skip=STEP_ALONE_WARMUP, check_disturbance=probe.check_disturbance)
     return {"throughput": alone.throughput * probe.world_size, "steps": alone.clean_steps, "seconds": alone.seconds,
