@@ -21,22 +21,7 @@ WORK=$(mktemp -d)
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 LOG="$OUT/log.txt"
-WALLS=()
-
-step() {                     # step NAME SECONDS COMMAND...: run it under a time limit (SIGINT first), log it
-    local name=$1 limit=$2 start rc
-    shift 2
-    echo "=== $name (limit ${limit}s): $*" | tee -a "$LOG"
-    start=$(date +%s)
-    timeout --signal=INT --kill-after=20 "$limit" "$@" 2>&1 | tee -a "$LOG"
-    rc=${PIPESTATUS[0]}
-    WALLS+=(--wall "$name=$(( $(date +%s) - start )) (exit $rc)")
-    echo "=== $name: exit $rc after $(( $(date +%s) - start )) s" | tee -a "$LOG"
-}
-
-keep() {                     # keep SRC DEST: a run's file, flat in OUT (what comes back from a remote machine)
-    [ -f "$1" ] && cp "$1" "$OUT/$2"
-}
+source benchmarks/gpu_steps.sh       # step NAME SECONDS COMMAND..., keep SRC DEST
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$PY" -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"

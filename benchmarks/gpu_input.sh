@@ -29,17 +29,7 @@ LOG="$OUT/log.txt"
 COMMON=(--model resnet50 --data "imagefolder:$WORK/jpegs" --image-size 224 --batch-size 256 --num-workers 12
         --persistent-workers)
 
-step() {                     # step NAME SECONDS COMMAND...: run it under a time limit (SIGINT first), log it
-    local name=$1 limit=$2 start rc
-    shift 2
-    echo "=== $name (limit ${limit}s): $*" | tee -a "$LOG"
-    start=$(date +%s)
-    timeout --signal=INT --kill-after=20 "$limit" "$@" 2>&1 | tee -a "$LOG"
-    rc=${PIPESTATUS[0]}
-    echo "=== $name: exit $rc after $(( $(date +%s) - start )) s" | tee -a "$LOG"
-}
-
-keep() { [ -f "$1" ] && cp "$1" "$OUT/$2"; }
+source benchmarks/gpu_steps.sh       # step NAME SECONDS COMMAND..., keep SRC DEST
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$PY" -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"

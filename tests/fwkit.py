@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +34,47 @@ def measured_run(argv: list[str], fields: dict[str, Any], out: Path, mode: str =
 
 def switches(result: dict[str, Any], framework: str) -> dict[str, dict[str, Any]]:
     return result["frameworks"][framework]["switches"]
+
+
+def patched_trainer_classes(board):
+    """Subclasses of transformers' TrainingArguments and Trainer, patched by the adapter: the real classes stay
+    untouched in this process."""
+    import transformers
+    from trainfast.frameworks import hf
+
+    class Args(transformers.TrainingArguments):
+        pass
+
+    class Trainer(transformers.Trainer):
+        pass
+    hf.patch_arguments(Args, board)
+    hf.patch_trainer(Trainer, board)
+    return Args, Trainer
+
+
+def patched_accelerator(board) -> type:
+    """A subclass of Accelerator, patched by the adapter: the real class stays untouched in this process."""
+    import accelerate
+    from trainfast.frameworks import accel
+
+    class Acc(accelerate.Accelerator):
+        pass
+    accel.patch_accelerator(Acc, board)
+    return Acc
+
+
+@contextmanager
+def fresh_accelerate_state(monkeypatch):
+    """Accelerate keeps one process-wide state (the first Accelerator's precision and compile settings): inside,
+    none, and no ACCELERATE_* settings from the environment; reset again after."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    for name in [n for n in os.environ if n.startswith("ACCELERATE_")]:
+        monkeypatch.delenv(name)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    try:
+        yield
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()

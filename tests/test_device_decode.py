@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 
 from trainfast import Recipe
-from trainfast.data.badfiles import BadFileTally, GuardedLoader
-from trainfast.data.datasets import Skipped, load_synthetic
+from trainfast.data.badfiles import BadFileTally
+from trainfast.data.datasets import load_synthetic
 from trainfast.data.device import build_device_batches
 from trainfast.data.device_decode import DeviceDecoder, host_decoded_last_pass
 from trainfast.data.encoded import EncodedImage, encode_on_workers, encodes, jpeg_header, strip_exif

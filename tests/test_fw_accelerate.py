@@ -29,25 +29,12 @@ from accelerate_loop import make_model, quadrant_images  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def fresh_accelerate_state(monkeypatch):
-    """Accelerate keeps one process-wide state (the first Accelerator's precision and compile settings); each
-    test starts from none, with no ACCELERATE_* settings from the environment."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    for name in [n for n in os.environ if n.startswith("ACCELERATE_")]:
-        monkeypatch.delenv(name)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    """Each test starts from no Accelerate state and no ACCELERATE_* settings (fwkit.fresh_accelerate_state)."""
+    with fwkit.fresh_accelerate_state(monkeypatch):
+        yield
 
 
-def patched(board: Board) -> type:
-    """A subclass of Accelerator, patched: the real class stays untouched in this process."""
-    class Acc(accelerate.Accelerator):
-        pass
-    accel.patch_accelerator(Acc, board)
-    return Acc
+patched = fwkit.patched_accelerator      # a patched subclass of Accelerator: the real class stays untouched
 
 
 def training_objects(batch_size: int = 16):

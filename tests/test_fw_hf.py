@@ -12,23 +12,11 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from fwkit import ROOT, measured_run, switches  # noqa: E402
-from trainfast.frameworks import hf  # noqa: E402
+from fwkit import patched_trainer_classes as patched_classes  # noqa: E402
 from trainfast.frameworks.board import Board  # noqa: E402
 
 EXAMPLE = str(ROOT / "examples" / "hf_trainer.py")
 sys.path.insert(0, str(ROOT / "examples"))
-
-
-def patched_classes(board: Board):
-    """Subclasses of TrainingArguments and Trainer, patched: the real classes stay untouched in this process."""
-    class Args(transformers.TrainingArguments):
-        pass
-
-    class Trainer(transformers.Trainer):
-        pass
-    hf.patch_arguments(Args, board)
-    hf.patch_trainer(Trainer, board)
-    return Args, Trainer
 
 
 def tiny_trainer(Args, Trainer, tmp_path: Path, **script_args):

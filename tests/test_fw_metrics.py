@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 import sys
 from types import SimpleNamespace
 
@@ -16,6 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import fwkit
 from fwkit import ROOT
 from trainfast.ablation.metric import choose_metric
 from trainfast.ablation.proof import unsupported
@@ -61,17 +61,9 @@ def test_a_session_scripts_first_reported_value_comes_before_a_validation_loss()
 def test_the_trainers_evaluate_metrics_and_metric_for_best_model_are_recorded(tmp_path):
     transformers = pytest.importorskip("transformers")
     from hf_trainer import ParityTokens, compute_metrics
-    from trainfast.frameworks import hf
 
     board = Board({"seed": 1})
-
-    class Args(transformers.TrainingArguments):
-        pass
-
-    class Trainer(transformers.Trainer):
-        pass
-    hf.patch_arguments(Args, board)
-    hf.patch_trainer(Trainer, board)
+    Args, Trainer = fwkit.patched_trainer_classes(board)
     config = transformers.BertConfig(vocab_size=128, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                      intermediate_size=32, max_position_embeddings=64, num_labels=2)
     args = Args(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8, report_to="none",
@@ -176,23 +168,9 @@ def test_a_submodule_the_script_compiled_makes_the_compile_switch_not_applicable
 
 @pytest.fixture
 def accelerator_class(monkeypatch):
-    accelerate = pytest.importorskip("accelerate")
-    from accelerate.state import AcceleratorState, GradientState
-    from trainfast.frameworks import accel
-
-    for name in [n for n in os.environ if n.startswith("ACCELERATE_")]:
-        monkeypatch.delenv(name)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-    def make(board: Board) -> type:
-        class Acc(accelerate.Accelerator):
-            pass
-        accel.patch_accelerator(Acc, board)
-        return Acc
-    yield make
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    pytest.importorskip("accelerate")
+    with fwkit.fresh_accelerate_state(monkeypatch):
+        yield fwkit.patched_accelerator
 
 
 def test_values_given_to_accelerator_log_are_recorded_as_logged(accelerator_class):
