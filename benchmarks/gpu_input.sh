@@ -10,8 +10,9 @@
 # 1. the ablation of the input switches, each alone on that fast recipe (benchmarks/recipes/r50-224-gpu.yaml less
 #    its device_decode): the decode cache and decoding on the device, with each rung's step alone, so the report
 #    says how close each epoch came to its step;
-# 2. the tune on the same workload (bf16 base): on a CUDA image folder it tries device_decode with the other
-#    switches, and writes best.yaml;
+# 2. the tune on the same workload (bf16 base): once its recipe outruns the 12 workers (held by its input), its
+#    stage 3 tries the input switches on top of it (decoding on the device, the decode cache, 16 workers), and
+#    writes best.yaml;
 # 3. the peers: timm's train.py with --channels-last, and with --torchcompile --channels-last (bf16 AMP,
 #    --pin-mem, 12 workers), beside trainfast with the recipe of 1 and with the tune's best.yaml, in interleaved
 #    rounds; per-epoch cost from whole processes (3 epochs minus 1) and from the steady epochs inside each run.

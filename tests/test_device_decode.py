@@ -255,14 +255,15 @@ def test_nvjpeg_crops_are_within_two_levels_of_the_host_paths(tmp_path, train):
     assert (ours.float() - host.float()).abs().mean().item() <= 2.0
 
 
-def test_the_tune_tries_it_on_cuda_image_folders_only_and_the_default_ladder_leaves_it_out():
+def test_the_tune_leaves_it_to_the_input_stage_and_the_default_ladder_leaves_it_out():
     from trainfast.ablation import plan_rungs
     from trainfast.tune import single_names
+    from trainfast.tune.inputs import input_rungs
 
-    on_gpu = single_names("bf16", image_folder=True, cuda=True)
-    assert on_gpu[on_gpu.index("decode_cache") + 1] == "device_decode"
-    assert "device_decode" not in single_names("bf16", image_folder=True)            # a CPU: nothing to gain
-    assert "device_decode" not in single_names("bf16", image_folder=False, cuda=True)   # no files to decode
+    assert "device_decode" not in single_names("bf16", image_folder=True)     # stage 1's fp32 step is not held by input
+    held = input_rungs(Recipe(precision="bf16", num_workers=4), ["device_decode", "decode_cache", "workers"], 16)
+    assert [r.name for r in held] == ["held", "device_decode", "decode_cache", "workers-8", "workers-16"]
+    assert held[1].recipe == Recipe(precision="bf16", num_workers=4, device_decode=True)
     assert "device_decode" not in [r.name for r in plan_rungs(Recipe(), None, "cumulative", "bf16", CPU)]
     rung = plan_rungs(Recipe(), ["device_decode"], "each", "bf16", CPU)[-1]
     assert rung.name == "device_decode" and rung.recipe.device_decode

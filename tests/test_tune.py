@@ -459,3 +459,58 @@ def test_a_scripts_single_switch_recipe_is_run_in_full_and_guarded_before_it_is_
     assert lost.name == "baseline" and lost.recipe == Recipe() and "loses accuracy" in lost.dropped["autocast-bf16"]
     unfit = guard_measured(search := GuardSearch(-0.3, fits=False), Decision(bf16, "autocast-bf16"), 5.0)
     assert unfit.name == "autocast-bf16" and not search.asked and any("no accuracy guard" in n for n in unfit.notes)
+
+
+def test_a_recipe_held_by_its_input_gets_the_input_switches_on_top_until_the_step_holds_it(tmp_path, monkeypatch):
+    # A step of 500 samples/s in fp32 and 1,000 in bf16; the loader delivers 600 with no workers, 900 with two and
+    # 1,300 with four. fp32 is not held by its input (no wait), so more workers alone would gain nothing; bf16 is
+    # (600 of its 1,000: 40% of each step waiting). Stage 3 tries the workers on top of bf16: four gain most and
+    # leave no wait, so no second round follows.
+    import json
+
+    import trainfast.tune.inputs as inputs_module
+    import trainfast.tune.search as search_module
+    from trainfast.ablation import run_ladder
+
+    def launch(rung, recipe, budget, run_dir, display, limit):
+        wobble = 1 + 0.01 * (recipe.seed % 3 - 1)
+        step = 500.0 * (2.0 if recipe.precision == "bf16" else 1.0)
+        feed = {0: 600.0, 2: 900.0, 4: 1300.0}[recipe.num_workers]
+        rate = min(step, feed)
+        record = scored_rung("x", [rate * wobble], 0.95).repeats[0]
+        return {**record, "seed": recipe.seed, "wall_time_s": 1.0, "data_wait_fraction": 1 - rate / step}
+
+    stages = []
+
+    def faked(rungs, work, settings, out, options, measure="speed"):
+        stages.append(settings["stage"])
+        return run_ladder(rungs, Launching(launch, work), settings, out, options, measure)
+
+    monkeypatch.setattr(search_module, "run_ladder", faked)
+    monkeypatch.setattr(inputs_module, "cpus", lambda: 4)
+    out = tmp_path / "tune"
+    decision = tune("resnet9", data="digits", image_size=16, out=out, show=False, device="cpu", amp_dtype="bf16",
+                    switches=["autocast-bf16", "workers", "device_decode"], budget_s=800.0)
+    assert stages == ["singles", "input"]
+    assert decision.name == "autocast-bf16 + workers-4"
+    assert decision.recipe == Recipe(precision="bf16", precision_level="autocast", num_workers=4)
+    assert 1.9 < decision.speedup < 2.1                  # 1.2x (bf16 alone) x 1.67x (four workers on top of it)
+    md = (out / "tune.md").read_text()
+    assert "Held by its input" in md and "autocast-bf16 waited for its batches 40% of each step" in md
+    found = json.loads((out / "tune.json").read_text())["input"][0]
+    assert found["device_decode"]["status"] == "no-effect"      # a CPU, and data already in memory
+    assert found["workers-2"]["verdict"] == found["workers-4"]["verdict"] == "faster"
+    assert (out / "best.yaml").read_text().count("num_workers: 4") == 1
+
+    # Not held (the loader outruns the bf16 step): no stage 3.
+    stages.clear()
+    monkeypatch.setattr(search_module, "run_ladder", faked)
+    launch_fast = launch
+
+    def launch(rung, recipe, budget, run_dir, display, limit):        # noqa: F811 - the same runs, fed faster
+        record = launch_fast(rung, recipe.replace(num_workers=4), budget, run_dir, display, limit)
+        return {**record, "seed": recipe.seed}
+
+    decision = tune("resnet9", data="digits", image_size=16, out=tmp_path / "fed", show=False, device="cpu",
+                    amp_dtype="bf16", switches=["autocast-bf16", "workers"], budget_s=800.0)
+    assert stages == ["singles"] and decision.name == "autocast-bf16" and decision.recipe.num_workers == 0

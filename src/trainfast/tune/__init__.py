@@ -23,13 +23,19 @@ The recommendation is the combination (without what hurt) when it is firmly fast
 switch, else the best single switch (the simpler recipe), else the baseline; every run of stage 2 trains
 to the end and is evaluated, so the accuracy guard is the combination's own accuracy against the
 baseline's noise band: a recipe that loses accuracy is not recommended, and the report says what was
-dropped. Output: best.yaml (a recipe file `trainfast train --recipe best.yaml` takes as is), tune.md,
+dropped.
+  3. input/    when the recommended recipe's runs waited for their batches a fifth of each step or more: the
+     input switches (decoding on the device, the decode cache, more loader workers) on top of it, each
+     against it; what gains most joins the recipe, and while it is still held by its input the rest are
+     tried again on top (input-2/, ...). Judged alone in fp32 (stage 1) they show nothing where the fp32
+     step is slower than the input: they pay only once the step outruns it. Output: best.yaml (a recipe file `trainfast train --recipe best.yaml` takes as is), tune.md,
 tune.json.
 
   options.py   TuneOptions: what tune() takes beside the work, checked before any work starts
   budget.py    SearchBudget, the one clock every stage is priced by; the stages' shares; parse_budget
   switches.py  the switches tried, their priority, stage 1's plan, what a stage-1 rung says about a switch
   combine.py   the combination, stage 2's rungs and the recommendation (Decision)
+  inputs.py    stage 3: the input switches on a recipe held by its input
   batch.py     --batch-size-search: larger batches, reported apart
   search.py    tune(): the stages, sharing a Search (the work, the options, the notes)
   outputs.py   best.yaml, tune.json, tune.md

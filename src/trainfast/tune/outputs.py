@@ -12,7 +12,8 @@ from .combine import Decision
 
 def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, combined: AblationResult | None,
                   seconds: float, budget_s: float, planned_steps: int | None,
-                  on_level: AblationResult | None = None, batch: AblationResult | None = None) -> None:
+                  on_level: AblationResult | None = None, batch: AblationResult | None = None,
+                  inputs: list[AblationResult] | None = None) -> None:
     import yaml
 
     from ..checkpoint import atomic_write_text
@@ -23,9 +24,10 @@ def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, co
             "speedup_interval": decision.speedup_interval, "combined": decision.combined,
             "dropped": decision.dropped, "notes": decision.notes, "search_seconds": seconds, "budget_seconds": budget_s,
             "planned_steps": planned_steps, "singles": summary(singles), "on_level": summary(on_level),
-            "combine": summary(combined), "batch_search": decision.batch}
+            "combine": summary(combined), "input": [summary(r) for r in inputs or []],
+            "batch_search": decision.batch}
     write_json(out_dir / "tune.json", data)
-    lines = tune_md(decision, singles, combined, seconds, budget_s, planned_steps, on_level, batch)
+    lines = tune_md(decision, singles, combined, seconds, budget_s, planned_steps, on_level, batch, inputs or [])
     (out_dir / "tune.md").write_text("\n".join(lines) + "\n")
 
 
@@ -40,7 +42,7 @@ def summary(result: AblationResult | None) -> dict[str, Any]:
 
 def tune_md(decision: Decision, singles: AblationResult, combined: AblationResult | None, seconds: float,
             budget_s: float, planned_steps: int | None, on_level: AblationResult | None,
-            batch: AblationResult | None) -> list[str]:
+            batch: AblationResult | None, inputs: list[AblationResult]) -> list[str]:
     """tune.md's lines: the recommendation, each stage's table, what is not in the recipe and the notes."""
     from ..report import Columns, headers, markdown_table, table_rows
 
@@ -63,6 +65,13 @@ def tune_md(decision: Decision, singles: AblationResult, combined: AblationResul
                   "and the combination without each switch in turn, against the same baseline.", "",
                   markdown_table(headers(columns), table_rows(combined.rungs, columns)), "",
                   "Details: [combine/report.md](combine/report.md).", ""]
+    for result in inputs:
+        stage = result.settings.get("stage", "input")
+        lines += [f"## Held by its input: the input switches on top of it (stage 3, {stage}/)", "",
+                  "The recommended recipe waited for its batches a fifth of each step or more: each input switch "
+                  "on top of it, against it.", "",
+                  markdown_table(headers(columns), table_rows(result.rungs, columns)), "",
+                  f"Details: [{stage}/report.md]({stage}/report.md).", ""]
     if batch is not None and decision.batch is not None:
         lines += batch_section(decision.batch, batch)
     lines += ["## Not in the recipe", ""] + [f"- **{name}**: {why}" for name, why in decision.dropped.items()]

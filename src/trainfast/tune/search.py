@@ -24,6 +24,7 @@ from ..techniques.precision import auto_amp_dtype, slow_half_reason
 from .batch import batch_finding, batch_rungs
 from .budget import SearchBudget, singles_share
 from .combine import Decision, break_even_steps, combine, combine_stage, decide, on_level_decision
+from .inputs import INPUT_SWITCHES, run_input
 from .options import TuneOptions, tune_options
 from .outputs import write_outputs
 from .switches import firm_gain, is_level, kept_level, on_level_order, plan_singles, single_names
@@ -98,6 +99,7 @@ class Findings:
     on_level: AblationResult | None = None   # stage 1b
     second: AblationResult | None = None     # stage 2
     batch: AblationResult | None = None      # --batch-size-search
+    inputs: list[AblationResult] = field(default_factory=list)    # stage 3, its rounds
 
 
 def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: TuneOptions,
@@ -116,7 +118,7 @@ def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: 
     else:
         base, dev, image_folder = recipe or Recipe(), resolve_device(device), False
     amp = auto_amp_dtype(dev) if opts.amp_dtype == "auto" else opts.amp_dtype
-    names = chosen_switches(single_names(amp, image_folder, cuda=dev.type == "cuda"), opts.switches)
+    names = chosen_switches(single_names(amp, image_folder), opts.switches)
     slow = slow_half_reason(dev, amp) if opts.amp_dtype == "auto" else None
     singles = plan_singles(base, names, amp, dev, slow)
     if work is None:
@@ -134,12 +136,14 @@ def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: 
 
 
 def chosen_switches(names: list[str], switches: list[str] | None) -> list[str]:
-    """`names` narrowed to --switches (every one of which must be among them), in the search's order."""
+    """`names` narrowed to --switches (every one of which must be among them or the input stage's), in the
+    search's order."""
     if not switches:
         return names
-    unknown = [n for n in switches if n not in names]
+    known = [*names, *(n for n in INPUT_SWITCHES if n not in names)]
+    unknown = [n for n in switches if n not in known]
     if unknown:
-        raise RecipeError(f"--switches: {', '.join(unknown)} not among {', '.join(names)}")
+        raise RecipeError(f"--switches: {', '.join(unknown)} not among {', '.join(known)}")
     return [n for n in names if n in switches]
 
 
@@ -347,6 +351,7 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
     found = run_singles(search, singles)
     run_on_level(search, found)
     decision = recommend(search, found)
+    decision = run_input(search, found, decision, last=not opts.batch_size_search)
     compile_note(found.singles, decision)
     if opts.batch_size_search:
         found.batch = run_batch_search(search, decision, found.per_run)
@@ -355,7 +360,7 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
     if keep:
         decision.notes.append(keep[0].upper() + keep[1:])
     write_outputs(search.out_dir, decision, found.first, found.second, budget.elapsed(), opts.budget_s, found.steps,
-                  found.on_level, found.batch)
+                  found.on_level, found.batch, found.inputs)
     if opts.show:
         print(f"recommended: {decision.name} ({decision.speedup:.2f}x the baseline) — {search.out_dir}/best.yaml, "
               f"{search.out_dir}/tune.md")

@@ -19,20 +19,11 @@ PRIORITY = ("channels_last", "decode_cache", "reuse_memory", "set_to_none", "fus
             "compile")
 
 
-# On a CUDA device, an image folder's input switch that the CPU has no use for: decoding on the device. It is
-# tried right after the decode cache (the other cure for the same cost). A GPU step, bf16 and compiled, outruns
-# the CPU workers' decode (a compiled ResNet-50 at 224 eats ~6,400 images/s, 12 workers decode ~3,450 320x256
-# JPEGs/s), so there the input holds the epoch and only an input switch moves it; stage 1b judges it again on
-# top of the precision level, where the faster step leaves the input even further behind.
-CUDA_INPUT = ("device_decode",)
-
-
-def single_names(amp: str, image_folder: bool, cuda: bool = False) -> list[str]:
-    names = [f"autocast-{amp}", f"master-{amp}", *(n for n in PRIORITY if n != "decode_cache" or image_folder)]
-    if cuda and image_folder:
-        at = names.index("decode_cache") + 1
-        names[at:at] = CUDA_INPUT
-    return names
+def single_names(amp: str, image_folder: bool) -> list[str]:
+    """Stage 1's switches in the search's priority. The input switches that pay only once the step outruns its
+    input (more loader workers, decoding on the device) are stage 3's (inputs.py): the decode cache is tried
+    in both, as it also takes the decode off a CPU step that its workers share the cores with."""
+    return [f"autocast-{amp}", f"master-{amp}", *(n for n in PRIORITY if n != "decode_cache" or image_folder)]
 
 
 def plan_singles(base: Recipe, names: list[str], amp: str, dev: torch.device, slow: str | None) -> list[Rung]:
