@@ -324,6 +324,27 @@ def test_the_baseline_fit_turns_the_scripts_settings_off(patched):
                                   "lightning.DataLoader.pin_memory": [True, False]}
 
 
+class WithTestStep(Tiny):
+    def test_step(self, batch, i):
+        x, y = batch
+        self.log("test_loss", nn.functional.cross_entropy(self.net(x), y))
+
+
+def test_the_proof_is_the_fits_also_after_a_test_and_keeps_the_process_wide_switches(patched):
+    # Lightning's own examples test after they fit (trainer.test(ckpt_path="best")): the Trainer then drops its
+    # training loader, and a run that ends by itself writes its proof at exit, after that. The loader read back
+    # is the one the fit ran; the process-wide switches' readers (set before any fit) survive the fit's own.
+    board = Board({**BASELINE, "passive_threads": False, "reuse_memory": False})
+    trainer = fit(patched(board), WithTestStep())
+    trainer.test(WithTestStep(), dataloaders=tiny_loader(), verbose=False)
+    assert trainer.train_dataloader is None
+    proof = switches({"frameworks": board.to_dict()}, "lightning")
+    assert proof["DataLoader.pin_memory"]["read_back"] is False and proof["DataLoader.pin_memory"]["applied"] is True
+    assert proof["OMP_WAIT_POLICY"]["applied"] is True and proof["MALLOC_MMAP_MAX_"]["applied"] is True
+    assert not_applied(BASELINE | {"passive_threads": False, "reuse_memory": False},
+                       {"lightning": board.to_dict()["lightning"]}) is None
+
+
 # --- measured runs: the start-up hook patches an unmodified script -----------------------------------------
 
 def assert_read_back(proof: dict, expected: dict) -> None:

@@ -212,13 +212,18 @@ def patch_trainer(cls: type, board: Board, package: str, record: Callable[[], Fr
         setattr(self, FIT_STATE, {"benchmark": torch.backends.cudnn.benchmark})
         fitting["trainer"] = self
         # Held, not weakly: the proof is read when the result is written, which for a run that ends by itself
-        # is at exit, after the script has dropped its Trainer. The Trainer that fits is the one to read.
-        record().readers[:] = [r for r in record().readers if r is read_seed] + [lambda r: read_back(r, self)]
+        # is at exit, after the script has dropped its Trainer. The Trainer that fits is the one to read: a
+        # previous fit's reader is replaced, the process-wide switches' readers are kept.
+        reader = functools.partial(read_back, trainer=self)
+        record().readers[:] = [r for r in record().readers if r is not fitting.get("reader")] + [reader]
+        fitting["reader"] = reader
         declare_metric(board, self)
         try:
             return fit(*bound.args, **bound.kwargs)
         finally:
             board.record_metrics(dict(self.callback_metrics))
+            # A test() or predict() after fit drops the Trainer's training loader: the one fit ran is kept.
+            getattr(self, FIT_STATE)["train_loader"] = first_loader(self.train_dataloader)
 
     @functools.wraps(validate)
     def validate_(self, *args: Any, **kwargs: Any) -> Any:
@@ -423,7 +428,8 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
     if optimizers:
         impls = sorted({optimizer_impl(o) for o in optimizers})
         record.prove("optimizer implementation", impls[0] if len(impls) == 1 else impls)
-    prove_loader(record, first_loader(trainer.train_dataloader))
+    fitted = getattr(trainer, FIT_STATE, {}).get("train_loader")
+    prove_loader(record, first_loader(trainer.train_dataloader) or fitted)
     if ASYNC_IO in record.switches:
         io = type(trainer.strategy.checkpoint_io)
         record.prove(ASYNC_IO, any(c.__name__ == "AsyncCheckpointIO" for c in io.__mro__))

@@ -24,12 +24,14 @@ switch, else the best single switch (the simpler recipe), else the baseline; eve
 to the end and is evaluated, so the accuracy guard is the combination's own accuracy against the
 baseline's noise band: a recipe that loses accuracy is not recommended, and the report says what was
 dropped.
+
   3. input/    when the recommended recipe's runs waited for their batches a fifth of each step or more: the
      input switches (decoding on the device, the decode cache, more loader workers) on top of it, each
      against it; what gains most joins the recipe, and while it is still held by its input the rest are
      tried again on top (input-2/, ...). Judged alone in fp32 (stage 1) they show nothing where the fp32
-     step is slower than the input: they pay only once the step outruns it. Output: best.yaml (a recipe file `trainfast train --recipe best.yaml` takes as is), tune.md,
-tune.json.
+     step is slower than the input: they pay only once the step outruns it.
+
+Output: best.yaml (a recipe file `trainfast train --recipe best.yaml` takes as is), tune.md, tune.json.
 
   options.py   TuneOptions: what tune() takes beside the work, checked before any work starts
   budget.py    SearchBudget, the one clock every stage is priced by; the stages' shares; parse_budget
