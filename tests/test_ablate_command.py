@@ -41,6 +41,39 @@ def rungs(results: dict) -> dict[str, dict]:
     return {r["name"]: r for r in results["rungs"]}
 
 
+class HandTimer:
+    """The probe's step clock, fed by hand."""
+
+    def __init__(self) -> None:
+        self.steps, self.updates = [], 0
+
+    def read(self) -> None:
+        pass
+
+
+def test_a_full_run_of_a_script_is_timed_over_the_window_speed_mode_would_have_timed():
+    # 400 steps of 10 ms, 16 samples each, and a last one of 20 s (a compiled model recompiling for a smaller last
+    # batch). Over every step the rate is under half the steady one; over the window speed mode would have timed
+    # (warm-up excluded, the budget met), it is the steady rate, whatever comes after.
+    from trainfast.measure import StepTime
+    from trainfast.probe import MeasureSpec, Probe
+
+    def timed(window: bool):
+        probe = Probe(MeasureSpec("", "full", steps=16, seconds=60.0, floor=8, min_seconds=0.5, steady_window=window))
+        probe.timer = HandTimer()
+        for i in range(400):
+            probe.timer.steps.append(StepTime(20.0 if i == 399 else 0.01, 16, 0.0))
+            probe.timer.updates += 1
+            probe.after_update()
+        return probe, probe.timing()
+
+    whole_probe, whole = timed(False)
+    probe, steady = timed(True)
+    assert whole_probe.steady_steps is None and whole.throughput < 800
+    assert 50 <= probe.steady_steps < 80 and steady.throughput == pytest.approx(1600, rel=0.01)
+    assert len(steady.step_seconds) + steady.warmup_steps == probe.steady_steps
+
+
 @pytest.mark.slow
 def test_speed_mode_measures_every_rung_the_device_supports(tmp_path):
     out = tmp_path / "speed"

@@ -54,6 +54,12 @@ class MeasureSpec:
     seconds: float = 60.0
     floor: int = 8
     min_seconds: float = 2.0
+    # Full mode: the rate is that of the steps speed mode would have timed (warm-up excluded, the budget's steady
+    # window), not of the whole run: a step later in the run that is not the training step's own cost (a
+    # compiled model recompiling for the last, smaller batch: 20 s in one step of a 524-step run, which put a
+    # rung whose steady steps were faster at 0.52x) stays out, and a rung timed to its end (to be judged on its
+    # metric) measures the same rate as when it is stopped once timed. The run's whole time is its run_seconds.
+    steady_window: bool = False
 
     def to_env(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -100,6 +106,7 @@ class Probe:
         # subprocess pool is not). What explains a wait-policy switch's effect (techniques/threads.py).
         self.num_workers: int | None = None
         self.children_seen = 0
+        self.steady_steps: int | None = None     # full mode, steady_window: the steps speed mode would have timed
 
     # --- where steps come from ------------------------------------------------------------------------
 
@@ -135,6 +142,8 @@ class Probe:
             return
         self.count_children()
         if self.spec.mode != "speed":
+            if self.spec.steady_window and self.steady_steps is None and self.steps_needed(collective=False) == 0:
+                self.steady_steps = len(self.timer.steps)
             return
         need = self.steps_needed()
         # A run whose steps never settle, or whose blocks keep being disturbed, stops at a cap set by the
@@ -148,13 +157,14 @@ class Probe:
             self.stopped_ranks = self.world_size > 1
             raise StopRun()
 
-    def steps_needed(self) -> int:
-        """More steps this run needs for its timing budget: the most any rank needs (a collective)."""
+    def steps_needed(self, collective: bool = True) -> int:
+        """More steps this run needs for its timing budget: the most any rank needs (a collective), or this
+        rank's (`collective` False: full mode, where no rank stops and only rank 0's window is written)."""
         from .measure import steps_to_time
 
         spec = self.spec
         need = steps_to_time(self.timing(), spec.steps, spec.seconds, spec.floor, spec.min_seconds)
-        return self.agree_max(need)
+        return self.agree_max(need) if collective else need
 
     def agree_max(self, value: int) -> int:
         if self.session is not None:
@@ -202,7 +212,7 @@ class Probe:
         from .measure import Timing
 
         self.timer.read()
-        steps = self.timer.steps
+        steps = self.timer.steps[:self.steady_steps] if self.steady_steps else self.timer.steps
         if steps and not any(s.samples for s in steps):      # samples unknown: one "sample" per step
             steps = [dataclasses.replace(s, samples=self.samples_per_step() or 1) for s in steps]
         return Timing.from_steps(steps, check_disturbance=self.check_disturbance)
@@ -224,6 +234,7 @@ class Probe:
             "rate_unit": "samples/s" if samples_known else "steps/s",
             "timing": timing.to_dict(),
             "steps_run": self.timer.updates,
+            "steady_window": self.steady_steps,     # full mode: the steps the rate is from (None: every step)
             "num_workers": self.workers(),
             # Only a Session's loader times the wait for each batch; the global hook sees optimizer steps alone.
             "data_wait_fraction": (timing.data_wait_s / timing.seconds if timing.seconds else 0.0)

@@ -224,7 +224,7 @@ class CommandWork:
 
         def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
             spec = MeasureSpec(str((run_dir / "result.json").resolve()), measure if run_budget else "full",
-                               **dataclasses.asdict(self.budget))
+                               steady_window=True, **dataclasses.asdict(self.budget))
             env = run_environment(self.fields(recipe), spec)
             argv = self.cmd.launch_argv()
             write_json(run_dir / "command.json", {"argv": argv, "env": env, "cwd": os.getcwd()})

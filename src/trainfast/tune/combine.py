@@ -171,9 +171,12 @@ def decide(stage: list[Rung], min_effect: float = MIN_EFFECT) -> Decision:
         if beats:
             decision.recipe, decision.name = final.recipe, final.name
         elif against is not None:
-            decision.notes.append(f"the combination ({final.name}) does not beat the best single switch "
-                                  f"{single.name.removeprefix('single-')}: {against.text}; the simpler recipe is "
-                                  "recommended")
+            # A gain a rerun would not repeat at least FIRM of the time is within the noise (the `?` verdicts).
+            text = against.text if against.firm else (f"{against.text}, which a rerun would repeat only "
+                                                       f"{against.agreement:.0%} of the time")
+            decision.notes.append(f"the combination ({final.name}) is not firmly faster than the best single switch "
+                                  f"{single.name.removeprefix('single-')}: {text}; the simpler recipe is "
+                                  "recommended (more --repeats, or a larger --budget, can settle it)")
     if decision.name == "baseline" and firm_gain(single):
         decision.recipe, decision.name = single.recipe, single.name
     chosen = next(r for r in stage if r.name == decision.name)
