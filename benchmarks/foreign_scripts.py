@@ -293,6 +293,7 @@ def main() -> int:
     parser.add_argument("--measure", choices=["speed", "full"], default="speed",
                         help="full: every run to its end, judged on the script's own evaluation (its framework's "
                              "metrics; the scripts get their evaluation flags)")
+    parser.add_argument("--tag", help="the ablations' folders are ab_<name>-TAG (a second run beside the first)")
     parser.add_argument("--lock", type=Path, help="wait until this file is gone, hold it during each ablation")
     parser.add_argument("--prepare-only", action="store_true", help="make the data and print the commands only")
     cli = parser.parse_args()
@@ -307,7 +308,7 @@ def main() -> int:
         flags = TRIALS[name][1](data, cli.work / f"out_{name}", cli.measure == "full")
         if name == "lightning":
             place_mnist(data["mnist"], script)
-        out = cli.work / f"ab_{name}"
+        out = cli.work / (f"ab_{name}-{cli.tag}" if cli.tag else f"ab_{name}")
         argv = ablate_argv(cli, script.resolve(), flags, out)
         env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         print(f"\n## {name}\n\n    {' '.join(argv)}\n", flush=True)
