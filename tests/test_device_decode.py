@@ -262,7 +262,7 @@ def test_the_tune_leaves_it_to_the_input_stage_and_the_default_ladder_leaves_it_
 
     assert "device_decode" not in single_names("bf16", image_folder=True)     # stage 1's fp32 step is not held by input
     held = input_rungs(Recipe(precision="bf16", num_workers=4), ["device_decode", "decode_cache", "workers"], 16)
-    assert [r.name for r in held] == ["held", "device_decode", "decode_cache", "workers-8", "workers-16"]
+    assert [r.name for r in held] == ["recommended", "device_decode", "decode_cache", "workers-8", "workers-16"]
     assert held[1].recipe == Recipe(precision="bf16", num_workers=4, device_decode=True)
     assert "device_decode" not in [r.name for r in plan_rungs(Recipe(), None, "cumulative", "bf16", CPU)]
     rung = plan_rungs(Recipe(), ["device_decode"], "each", "bf16", CPU)[-1]

@@ -43,7 +43,7 @@ def worker_counts(current: int, available: int) -> list[int]:
 
 def input_rungs(recipe: Recipe, names: list[str], available: int) -> list[Rung]:
     """The input switches not already in `recipe`, each on top of it, after `recipe` itself (the reference)."""
-    rungs = [Rung("held", {}, recipe)]
+    rungs = [Rung("recommended", {}, recipe)]
     if "device_decode" in names and not recipe.device_decode:
         rungs.append(Rung("device_decode", {"device_decode": True}, recipe.replace(device_decode=True)))
     if "decode_cache" in names and not recipe.decode_cache:
