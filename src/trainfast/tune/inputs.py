@@ -14,16 +14,13 @@ for a script the stage only says, when its runs were measured input-bound, where
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..checks.findings import INPUT_BOUND_SHARE
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
 from .combine import Decision
 from .switches import firm_gain
-
-if TYPE_CHECKING:
-    from .search import Findings, Search
 
 INPUT_SWITCHES = ("device_decode", "decode_cache", "workers")   # the names --switches takes for this stage
 ROUNDS = 3
@@ -70,9 +67,10 @@ def held_note(share: float, name: str) -> str:
     return f"{name} waited for its batches {100 * share:.0f}% of each step"
 
 
-def run_input(search: "Search", found: "Findings", decision: Decision, last: bool) -> Decision:
+def run_input(search: Any, found: Any, decision: Decision, last: bool) -> Decision:
     """Stage 3: while the recommended recipe is held by its input, the input switches on top of it (input/,
-    input-2/, ...); returns the recommendation with what gained added (found.inputs: each round's result)."""
+    input-2/, ...); returns the recommendation with what gained added. `search` and `found`: search.py's Search
+    and Findings (found.inputs gets each round's result)."""
     share = wait_share([found.second, found.on_level, found.first], decision.recipe)
     if share is None or share < INPUT_BOUND_SHARE:
         return decision
