@@ -426,6 +426,11 @@ class GuardSearch:
         self.budget = SimpleNamespace(fits=lambda runs, per_run, left=None: fits)
         self.delta, self.asked = delta, []
 
+    def repeats_that_fit(self, runs_per_pass, per_run, left=None):
+        from trainfast.tune.search import Search
+
+        return Search.repeats_that_fit(self, runs_per_pass, per_run, left)       # the search's own pricing
+
     def stage(self, name, rungs, repeats, measure="speed", last=False, **kwargs):
         from conftest import scored_rung
         from trainfast.ablation.scoring import score_rungs
@@ -487,7 +492,7 @@ def test_a_recipe_held_by_its_input_gets_the_input_switches_on_top_until_the_ste
         return run_ladder(rungs, Launching(launch, work), settings, out, options, measure)
 
     monkeypatch.setattr(search_module, "run_ladder", faked)
-    monkeypatch.setattr(inputs_module, "cpus", lambda: 4)
+    monkeypatch.setattr(inputs_module, "usable_cpus", lambda: 4)
     out = tmp_path / "tune"
     decision = tune("resnet9", data="digits", image_size=16, out=out, show=False, device="cpu", amp_dtype="bf16",
                     switches=["autocast-bf16", "workers", "device_decode"], budget_s=800.0)

@@ -13,10 +13,10 @@ The input is the built-in run's loader, whose wait the run measures; a user's sc
 for a script the stage only says, when its runs were measured input-bound, where the time goes."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ..checks.findings import INPUT_BOUND_SHARE
+from ..envcheck import usable_cpus
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
 from .combine import Decision
@@ -24,11 +24,6 @@ from .switches import firm_gain
 
 INPUT_SWITCHES = ("device_decode", "decode_cache", "workers")   # the names --switches takes for this stage
 ROUNDS = 3
-
-
-def cpus() -> int:
-    """The CPUs this process may use: what loader workers can run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def worker_counts(current: int, available: int) -> list[int]:
@@ -80,16 +75,13 @@ def run_input(search: Any, found: Any, decision: Decision, last: bool) -> Decisi
         return decision
     names = [n for n in INPUT_SWITCHES if not search.options.switches or n in search.options.switches]
     for round_ in range(1, ROUNDS + 1):
-        rungs = input_rungs(decision.recipe, names, cpus())
+        rungs = input_rungs(decision.recipe, names, usable_cpus())
         search.work.mark_effects(rungs)
         if not any(r.status != Status.NO_EFFECT for r in rungs[1:]):
             search.notes.append(f"{held_note(share, decision.name)}; no input switch is left that acts here")
             break
-        live = sum(r.status != Status.NO_EFFECT for r in rungs)
-        repeats = search.options.repeats
-        if not search.budget.fits(live * repeats, found.per_run) and repeats > 2:
-            repeats = 2
-        if not search.budget.fits(live * repeats, found.per_run):
+        repeats = search.repeats_that_fit(sum(r.status != Status.NO_EFFECT for r in rungs), found.per_run)
+        if repeats is None:
             search.notes.append(f"{held_note(share, decision.name)}; the input switches were not tried on top of it "
                                 "(would not fit the budget)")
             break

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ablation.store import write_json
+from ..checks.findings import INPUT_BOUND_SHARE
 from ..results import AblationResult
 from .combine import Decision
 
@@ -68,8 +69,8 @@ def tune_md(decision: Decision, singles: AblationResult, combined: AblationResul
     for result in inputs:
         stage = result.settings.get("stage", "input")
         lines += [f"## Held by its input: the input switches on top of it (stage 3, {stage}/)", "",
-                  "The recommended recipe waited for its batches a fifth of each step or more: each input switch "
-                  "on top of it, against it.", "",
+                  f"The recommended recipe waited for its batches {INPUT_BOUND_SHARE:.0%} of each step or more: each "
+                  "input switch on top of it, against it.", "",
                   markdown_table(headers(columns), table_rows(result.rungs, columns)), "",
                   f"Details: [{stage}/report.md]({stage}/report.md).", ""]
     if batch is not None and decision.batch is not None:

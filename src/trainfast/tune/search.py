@@ -74,6 +74,13 @@ class Search:
         return run_ladder(rungs, self.work, self.settings(name, rungs, repeats, measure, mode), self.out_dir / name,
                           ladder, measure)
 
+    def repeats_that_fit(self, runs_per_pass: int, per_run: float, left: float | None = None) -> int | None:
+        """A stage's repeats within what is left of the budget (or `left`): the search's own, else 2 (the fewest
+        that give an interval), else None: not even that fits."""
+        asked = self.options.repeats
+        return next((r for r in dict.fromkeys((asked, min(asked, 2)))
+                     if self.budget.fits(runs_per_pass * r, per_run, left)), None)
+
     def cut_note(self, result: AblationResult, why: str = "") -> None:
         """A note on what the stage's time budget cut from its plan, if anything."""
         cut = result.settings.get("budget_cut")
@@ -218,10 +225,8 @@ def guard_measured(search: Search, decision: Decision, per_run: float) -> Decisi
     each run to its end and judged on the script's metric as stage 2 judges its rungs; a recipe outside the
     baseline's band on the wrong side is not recommended. Said, not skipped, when it does not fit the budget
     (priced by stage 1's `per_run` seconds, as stage 2 is)."""
-    repeats = search.options.repeats
-    if not search.budget.fits(2 * repeats, per_run) and repeats > 2:
-        repeats = 2
-    if not search.budget.fits(2 * repeats, per_run):
+    repeats = search.repeats_that_fit(2, per_run)
+    if repeats is None:
         decision.notes.append("no accuracy guard: a full run of the baseline and the recipe would not fit the budget")
         return decision
     rungs = [Rung("baseline", {}, search.base),
@@ -269,12 +274,11 @@ def run_combine(search: Search, found: Findings) -> Decision:
     opts = search.options
     changes = {r.name: r.changes for r in [*found.singles, *(found.on_level.rungs if found.on_level else [])]}
     rungs = combine_stage(search.base, found.singles, found.combined, found.in_combination, changes)
-    repeats = opts.repeats
-    left = search.budget.left()
-    if not search.budget.fits(len(rungs) * repeats, found.per_run, left) and repeats > 2:
-        repeats = 2
+    fit = search.repeats_that_fit(len(rungs), found.per_run, search.budget.left())
+    repeats = fit or min(opts.repeats, 2)
+    if repeats < opts.repeats:
         search.notes.append(f"stage 2 ran {repeats} repeats instead of {opts.repeats} to fit the budget")
-    if not search.budget.fits(len(rungs) * repeats, found.per_run, left):
+    if fit is None:
         rungs = rungs[:3]
         search.notes.append("the leave-one-out rungs (the combination without each switch) were skipped to fit "
                             "the budget: harmful interactions were not looked for")
