@@ -9,7 +9,7 @@ from trainfast.ablation.ladders import RUNGS
 from trainfast.models import build_model
 from trainfast.recipe import Recipe
 from trainfast.session.build import build_state
-from trainfast.techniques import field_effect
+from trainfast.tasks.effects import field_effect
 from trainfast.techniques.checkpointing import is_checkpointing, set_checkpointing
 
 

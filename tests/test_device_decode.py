@@ -21,7 +21,7 @@ from trainfast.data.device_decode import DeviceDecoder, host_decoded_last_pass
 from trainfast.data.encoded import EncodedImage, encode_on_workers, encodes, jpeg_header, strip_exif
 from trainfast.data.imagefolder import ImageFiles, exif_orientation, load_imagefolder, read_bytes
 from trainfast.data.loader import build_loader
-from trainfast.techniques import field_effect
+from trainfast.tasks.effects import field_effect
 
 from test_data_pipeline import truncate, write_jpegs
 from test_exif_orientation import write_photo

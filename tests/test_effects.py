@@ -6,7 +6,7 @@ from torch import nn
 from conftest import tiny_resnet
 from trainfast.ablation.ladders import LADDER, plan_rungs
 from trainfast.recipe import Recipe
-from trainfast.techniques import changes_effect, field_effect
+from trainfast.tasks.effects import changes_effect, field_effect
 from trainfast.techniques.precision import auto_amp_dtype, has_fast_bf16
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)

@@ -7,8 +7,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainfast.frameworks.board import Board, UNSET
-from trainfast.frameworks.common import (memory_format_of, optimizer_impl, switch_checkpointing, switch_loader,
-                                         switch_memory_format, switch_optimizer)
+from trainfast.frameworks.common import optimizer_impl, switch_loader, switch_models, switch_optimizer
+from trainfast.techniques.memory_format import memory_format_of
 
 
 def record():
@@ -24,23 +24,24 @@ class Wrapper(nn.Module):              # a LightningModule or a script's own wra
 def test_checkpointing_finds_the_library_model_inside_a_wrapper_and_turns_it_on_and_off():
     rec = record()
     model = Wrapper(timm.create_model("resnet18", num_classes=2))
-    switch_checkpointing(rec, model, True)
+    switch_models(rec, model, {"activation_checkpointing": True}, "lightning")
     assert rec.to_dict()["switches"]["activation checkpointing"]["applied"] is True
     rec = record()
-    switch_checkpointing(rec, model, False)
+    switch_models(rec, model, {"activation_checkpointing": False}, "lightning")
     out = rec.to_dict()["switches"]["activation checkpointing"]
     assert out["applied"] is True and out["script"] is True and out["read_back"] is False
     rec = record()
-    switch_checkpointing(rec, Wrapper(nn.Linear(2, 2)), True)
+    switch_models(rec, Wrapper(nn.Linear(2, 2)), {"activation_checkpointing": True}, "lightning")
     assert "no checkpointing switch" in rec.unsupported["activation_checkpointing"]
 
 
 def test_memory_format_off_turns_back_the_scripts_channels_last_and_says_it_had_it():
     rec = record()
-    model = switch_memory_format(rec, nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last), False)
+    model = switch_models(rec, nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last), {"channels_last": False},
+                          "accelerate")
     assert memory_format_of(model) == "contiguous" and rec.switches["memory format"].script == "channels_last"
     rec = record()
-    switch_memory_format(rec, nn.Conv2d(3, 8, 3), True)
+    switch_models(rec, nn.Conv2d(3, 8, 3), {"channels_last": True}, "accelerate")
     assert rec.switches["memory format"].script == UNSET          # contiguous: every model's default
 
 

@@ -236,7 +236,7 @@ def test_the_proof_says_not_applied_when_lightning_ended_up_elsewhere():
     loader = DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
     adapter.switch_loader(record, loader, {"num_workers": 1})
     module = Conv()
-    adapter.switch_memory_format(record, module, True)
+    adapter.switch_models(record, module, {"channels_last": True}, "lightning")
     record.set("optimizer_impl", "optimizer implementation", "fused")
     # What a CPU does with "16-mixed" (bf16), a benchmark reset, the script's own loader and optimizer kept.
     adapter.read_back(record, fake_trainer("bf16-mixed", adamw(), {"a": [loader]}, Conv(), benchmark=False))

@@ -14,7 +14,8 @@ import torch
 from trainfast import Recipe
 from trainfast.launch import run_environment
 from trainfast.probe import MeasureSpec
-from trainfast.techniques import field_effect, threads
+from trainfast.tasks.effects import field_effect
+from trainfast.techniques import threads
 
 ROOT = Path(__file__).resolve().parents[1]
 

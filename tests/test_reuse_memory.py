@@ -9,7 +9,8 @@ import torch
 from trainfast import Recipe
 from trainfast.launch import run_environment
 from trainfast.probe import MeasureSpec
-from trainfast.techniques import field_effect, memory_reuse, threads
+from trainfast.tasks.effects import field_effect
+from trainfast.techniques import memory_reuse, threads
 
 glibc = pytest.mark.skipif(memory_reuse.unavailable() is not None, reason=str(memory_reuse.unavailable()))
 

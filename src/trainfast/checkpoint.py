@@ -34,17 +34,17 @@ from typing import Any, BinaryIO, Callable
 import numpy as np
 import torch
 
+from .techniques import resumable_fields
 from .techniques.background_save import checkpoint_writer
 
 FORMAT_VERSION = 1
 MAGIC = b"TRAINFAST-CKPT\x00\x01"                 # 16 bytes
 HEADER = struct.Struct("<16sIQ32s")               # magic, format version, payload bytes, sha256 of payload
 SUFFIX = ".ckpt"
-# Recipe fields that may change between a run and its resume without changing the trajectory (the
-# non-finite policy only acts on a NaN/inf: a run stopped by one may be resumed with nonfinite=skip).
-RESUMABLE_CHANGES = frozenset({"epochs", "log_every", "save_every", "keep_checkpoints", "max_consecutive_skips",
-                               "nonfinite", "num_workers", "prefetch_factor", "async_checkpoint", "passive_threads",
-                               "reuse_memory"})
+# Recipe fields that may change between a run and its resume without changing the trajectory, as each switch
+# declares (techniques/: Switch.resumable; the non-finite policy only acts on a NaN/inf, so a run stopped by one
+# may be resumed with nonfinite=skip).
+RESUMABLE_CHANGES = resumable_fields()
 
 
 class CheckpointError(RuntimeError):

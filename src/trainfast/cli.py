@@ -215,6 +215,11 @@ def add_bench_data_flags(bd: argparse.ArgumentParser) -> None:
 
 
 # name -> (the line `trainfast --help` shows, what adds its flags)
+def add_switches_flags(sw: argparse.ArgumentParser) -> None:
+    sw.add_argument("--all", action="store_true", help="also the run's settings (epochs, lr, ...) and every field's "
+                                                       "description")
+
+
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "ablate": ("measure what each technique buys on this model, data and machine", add_ablate_flags),
     "tune": ("find the fastest recipe that keeps accuracy; writes best.yaml", add_tune_flags),
@@ -223,6 +228,7 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = 
     "train": ("train with a recipe and write a run folder", add_train_flags),
     "bench-data": ("images/s of the input pipeline alone, beside torchvision's default", add_bench_data_flags),
     "selfcheck": (selfcheck.HELP, selfcheck.add_flags),
+    "switches": ("every switch: its Recipe fields, rungs, scope, and how each framework sets it", add_switches_flags),
 }
 # Shown under each subcommand's --help. A script after `--` must create a trainfast.Session for the recipe to
 # reach it (three changed lines: README's first screen); without one only its speed is measured.
@@ -249,6 +255,9 @@ EXAMPLES = {
   trainfast bench-data --data imagefolder:PHOTOS
   trainfast bench-data --data imagefolder:PHOTOS --image-size 128 --num-workers 2 --passes 7""",
     "selfcheck": selfcheck.EXAMPLES,
+    "switches": """\
+  trainfast switches               # the measured switches, one markdown row each
+  trainfast switches --all         # every Recipe field's owner, the run's settings included""",
 }
 
 
@@ -290,6 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "selfcheck":
             return selfcheck.main(args)
+        if args.command == "switches":
+            from .report.switches import field_help, switch_table
+
+            print(switch_table(measured_only=not args.all))
+            if args.all:
+                print("\n" + field_help())
+            return 0
         if args.command == "bench-data":
             from .bench_data import bench_data
 
@@ -474,7 +490,7 @@ def idle_switches(recipe: Recipe, device, split) -> list[str]:
     as a recipe moves between machines, but said rather than passed over in silence."""
     import torch
 
-    from .techniques import field_effect
+    from .tasks.effects import field_effect
 
     default = Recipe()
     notes = [f"--{name.replace('_', '-')} has no effect here: {effect.reason}"

@@ -32,11 +32,11 @@ from typing import Any, Iterator
 
 from ..measure import BLOCK_SECONDS, step_block
 from ..recipe import Recipe
+from ..techniques import process_fields
 
 # Recipe fields whose setting belongs to the process, not to a run: a rung that differs from the baseline in one
 # of them is not paired (module docstring).
-PROCESS_FIELDS = ("passive_threads", "reuse_memory", "cudnn_benchmark", "deterministic", "num_workers",
-                  "persistent_workers", "prefetch_factor", "async_checkpoint", "save_every", "strategy")
+PROCESS_FIELDS = process_fields()       # declared by each switch (techniques/: Switch.process)
 PAIRED_BLOCKS = 6           # timed blocks of each run, in A B B A order: a spread from 12 blocks of ~0.2 s
 WARMUP_STEPS = 3            # untimed steps of each run first (the reference's first touch of every buffer), which
                             # also size each run's blocks

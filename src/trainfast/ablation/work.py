@@ -24,7 +24,8 @@ from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import Effect, Rung, Status
 from ..data.decoded_cache import with_decode_cache
 from ..run import as_split, build_module
-from ..techniques import changes_effect, field_effect, threads
+from ..tasks.effects import changes_effect, field_effect
+from ..techniques import threads
 from ..techniques.base import Effect as TechniqueEffect
 from .rung import Job, TimingBudget, rung_main
 from .metric import SCRIPT_CHOICE

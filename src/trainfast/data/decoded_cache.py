@@ -32,20 +32,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..techniques.base import ACTS, Effect
 from .datasets import DataError, Split
 from .imagefolder import ImageFiles, decode_bytes, read_bytes, upright_size
 
 CACHE_FORMAT = 3     # 2: HWC pixel order; 3: upright (EXIF orientation applied by every decoder)
 HEADROOM = 1.05          # free space required: the pixels plus 5%
 SMALL_FOLDER = 256       # fewer images than this decode in the calling process
-
-
-def effect(split) -> Effect:
-    """The cache replaces decoding files: it acts when the data is read from an image folder."""
-    if split is None or any(isinstance(d, ImageFiles) for d in (split.train, split.val)):
-        return ACTS
-    return Effect(False, "decode_cache acts on image folders only; this data is already in memory")
 
 
 def cache_root() -> Path:

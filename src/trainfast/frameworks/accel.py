@@ -64,9 +64,10 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from ..techniques.optimizer import rebind_scheduler
 from .board import Board, FrameworkRecord, UNSET
+from ..techniques.memory_format import memory_format_of
 from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_compiled, mark_plugin_owned,
-                     mark_shared_switches, memory_format_of, optimizer_impl, prove_loader, switch_checkpointing,
-                     switch_cudnn_benchmark, switch_loader, switch_memory_format, switch_optimizer)
+                     mark_shared_switches, optimizer_impl, prove_loader, switch_cudnn_benchmark, switch_loader,
+                     switch_models, switch_optimizer)
 from .hooks import when_imported
 
 NAME = "accelerate"
@@ -203,8 +204,6 @@ def switch_arguments(kw: dict[str, Any], record: FrameworkRecord, fields: dict[s
                    env_or_unset("ACCELERATE_MIXED_PRECISION") if had is None else str(had))
         record.set("precision", "autocast", wanted != "no")
         kw["mixed_precision"] = wanted
-        if fields.get("precision_level", "autocast") != "autocast":
-            record.unsupported["precision_level"] = "Accelerate's mixed_precision is autocast (O1) only"
     if "compile" in fields:
         switch_dynamo(kw, record, bool(fields["compile"]))
     if "non_blocking" in fields:
@@ -295,10 +294,7 @@ def switch_model(record: FrameworkRecord, model: torch.nn.Module, fields: dict[s
                  accelerator: Any = None) -> torch.nn.Module:
     """channels_last on (or, when off, the script's own channels_last undone), and the script's own
     torch.compile undone when compile is off (Accelerate compiles itself when it is on)."""
-    if "channels_last" in fields:
-        model = switch_memory_format(record, model, bool(fields["channels_last"]))
-    if "activation_checkpointing" in fields:
-        switch_checkpointing(record, model, bool(fields["activation_checkpointing"]))
+    model = switch_models(record, model, fields, NAME)
     inside = compiled_submodule(model)
     if "compile" in fields and inside is not None:
         record.unsupported["compile"] = COMPILED_INSIDE.format(name=inside)

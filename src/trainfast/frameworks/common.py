@@ -9,27 +9,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ..techniques import checkpointing, memory_reuse, threads
-from ..techniques.base import has_conv
-from ..techniques.memory_format import apply_memory_format
+from ..techniques import memory_reuse, model_switches, threads, unreachable
 from ..techniques.optimizer import IMPL_FLAGS, rebuild_optimizer
 from .board import UNSET, FrameworkRecord
 
 LOADER_FIELDS = {"num_workers": "num_workers", "pin_memory": "pin_memory",
                  "persistent_workers": "persistent_workers", "prefetch_factor": "prefetch_factor"}
 AUTO_WORKERS = "num_workers='auto' is measured on trainfast's built-in data only"
-# Switches of trainfast's own pipeline and loop: a framework's script brings its own, so they have nothing to act on.
-OWN_PIPELINE = {
-    "prefetch": "trainfast's device-side prefetcher works on trainfast's own loaders; the script's loader is the framework's",
-    "decode_cache": "trainfast's decode cache works on its image-folder loader; the script's loader is the framework's",
-    "device_decode": "trainfast's device decoding works on its image-folder loader; the script's loader is the "
-                     "framework's",
-    "group_aspect_ratio": "trainfast's detection sampler; the script's loader is the framework's",
-    "deterministic": "not switched by the framework adapters",
-    "grad_clip": "the script's own setting (not a speed switch)",
-    "async_checkpoint": "trainfast's background save acts on Session.save and the built-in loop; the framework "
-                        "writes its own checkpoints",
-}
 
 
 # What a DeepSpeed or FSDP configuration decides itself, so a switch of trainfast's cannot be what it measures.
@@ -165,40 +151,26 @@ def switch_optimizer(record: FrameworkRecord, optimizer: Any, impl: str, schedul
         return optimizer
 
 
-def switch_memory_format(record: FrameworkRecord, model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
-    """channels_last on; off, a model the script itself made channels_last is turned back (the script's
-    format recorded only then: contiguous is every model's default)."""
-    if not has_conv(model):
-        record.unsupported["channels_last"] = "the model has no convolutions: memory format changes nothing"
-        return model
-    had = memory_format_of(model)
-    record.set("channels_last", "memory format", "channels_last" if enabled else "contiguous",
-               had if had == "channels_last" else UNSET)
-    if not enabled and had == "channels_last":
-        return model.to(memory_format=torch.contiguous_format)
-    return apply_memory_format(model, enabled)
-
-
-def switch_checkpointing(record: FrameworkRecord, model: torch.nn.Module, enabled: bool) -> None:
-    """Activation checkpointing through the model's own switch (timm, transformers), on or off: the outermost
-    module that has one (a LightningModule or a script's wrapper holds the timm/transformers model inside)."""
-    model = next((m for m in model.modules() if checkpointing.supports(m)), model)
-    why = checkpointing.effect(model)
-    if not why.acts:
-        record.unsupported["activation_checkpointing"] = why.reason
-        return
-    record.set("activation_checkpointing", "activation checkpointing", enabled, checkpointing.is_checkpointing(model))
-    checkpointing.set_checkpointing(model, enabled)
-    record.readers.append(lambda r: r.prove("activation checkpointing", checkpointing.is_checkpointing(model)))
-
-
-def memory_format_of(model: torch.nn.Module) -> str | None:
-    """The memory format of the model's first 4-D weight (a convolution's), None without one."""
-    for p in model.parameters():
-        if p.dim() == 4:
-            return "channels_last" if p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous() \
-                else "contiguous"
-    return None
+def switch_models(record: FrameworkRecord, model: torch.nn.Module, fields: dict[str, Any], adapter: str) -> torch.nn.Module:
+    """The run's switches that act on the model object (techniques/: Switch.model, those `adapter` sets ON_MODEL),
+    each on or off as the run asks (off undoes what the script did itself), recorded with the script's own
+    state and read back from the model when the result is written. One that cannot act on this model (no
+    convolutions for channels_last, no checkpointing switch of its own) is recorded as not applicable, why."""
+    for name, switch in model_switches(adapter):
+        if name not in fields:
+            continue
+        how = switch.model
+        target = how.target(model) if how.target is not None else model
+        why = switch.model_effect(target) if switch.model_effect is not None else None
+        if why is not None and not why.acts:
+            record.unsupported[name] = why.reason
+            continue
+        had = how.state(target)
+        record.set(name, how.label, how.show(fields[name]), UNSET if had == how.default else had)
+        switched = how.apply(target, fields[name])
+        model = switched if target is model else model
+        record.readers.append(lambda r, how=how, target=switched: r.prove(how.label, how.state(target)))
+    return model
 
 
 def is_compiled(model: Any) -> bool:
@@ -219,13 +191,12 @@ def switch_cudnn_benchmark(record: FrameworkRecord, enabled: bool) -> None:
 
 
 def mark_shared_switches(record: FrameworkRecord, fields: dict[str, Any]) -> None:
-    """What every framework gets alike: trainfast's own pipeline's switches have nothing to act on in it; the
+    """What every framework gets alike: the switches its adapter cannot set (trainfast's own pipeline's, which
+    have nothing to act on in it, and those each switch declares unreachable for it) are said so; the
     thread policy (passive_threads) is the process's, started with it whatever the framework, proven here from
     the environment the process started with; glibc's malloc keeps freed memory (reuse_memory) from the start
     too (its environment), and is set here in case the process started without it."""
-    for name, why in OWN_PIPELINE.items():
-        if name in fields:
-            record.unsupported[name] = why
+    record.unsupported.update(unreachable(record.name, fields))
     if threads.FIELD in fields:
         record.set(threads.FIELD, threads.ENV, bool(fields[threads.FIELD]))
         record.readers.append(lambda r: r.prove(threads.ENV, threads.in_effect()))

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 
 from .board import Board, FrameworkRecord, UNSET
-from .common import (AUTO_WORKERS, is_compiled, mark_plugin_owned, mark_shared_switches, memory_format_of, prove_loader,
-                     switch_cudnn_benchmark, switch_memory_format)
+from ..techniques.memory_format import memory_format_of
+from .common import (AUTO_WORKERS, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
+                     switch_cudnn_benchmark, switch_models)
 from .hooks import when_imported
 
 NAME = "transformers"
@@ -80,8 +81,6 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
         put("tf32", "tf32", False)
         if fields["precision"] != "fp32" and not torch.cuda.is_available() and not args.use_cpu:
             put("precision", "use_cpu", True)      # the Trainer refuses bf16 on a CPU unless told it is one
-        if fields.get("precision_level", "autocast") != "autocast":
-            record.unsupported["precision_level"] = "the Trainer's bf16/fp16 are autocast (O1) only"
     if "compile" in fields:
         put("compile", "torch_compile", bool(fields["compile"]))
         if not fields["compile"]:       # a backend or mode alone turns torch_compile back on
@@ -101,11 +100,6 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
         put("seed", "seed", int(fields["seed"]))
     if "activation_checkpointing" in fields:
         switch_checkpointing_argument(args, record, bool(fields["activation_checkpointing"]))
-    if "set_to_none" in fields:
-        record.unsupported["set_to_none"] = ("the Trainer's zero_grad() frees the gradients already "
-                                             "(torch's default set_to_none=True)")
-    if "non_blocking" in fields:
-        record.unsupported["non_blocking"] = "the Trainer moves batches itself (its accelerator_config.non_blocking)"
     mark_shared_switches(record, fields)
     if "cudnn_benchmark" in fields:
         switch_cudnn_benchmark(record, bool(fields["cudnn_benchmark"]))
@@ -160,8 +154,8 @@ def patch_trainer(cls: type, board: Board) -> None:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         record = record_of(board)
-        if "channels_last" in board.fields and self.model is not None:
-            self.model = switch_memory_format(record, self.model, bool(board.fields["channels_last"]))
+        if self.model is not None:
+            self.model = switch_models(record, self.model, board.fields, NAME)
         args = self.args
         board.samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         # The latest Trainer is the one read back. Held, not weakly: the proof is read when the result is

@@ -39,9 +39,9 @@ from torch.utils.data import DataLoader
 
 from ..techniques.optimizer import rebind_scheduler
 from .board import Board, FrameworkRecord, UNSET
+from ..techniques.memory_format import memory_format_of
 from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_compiled, mark_plugin_owned,
-                     mark_shared_switches, memory_format_of, optimizer_impl, prove_loader, switch_checkpointing,
-                     switch_loader, switch_memory_format, switch_optimizer)
+                     mark_shared_switches, optimizer_impl, prove_loader, switch_loader, switch_models, switch_optimizer)
 from .hooks import when_imported
 
 NAME = "lightning"
@@ -128,11 +128,6 @@ def switch_trainer_arguments(kwargs: dict[str, Any], record: FrameworkRecord, fi
         wanted = bool(fields["cudnn_benchmark"])
         record.set("cudnn_benchmark", "benchmark", wanted, kwargs.get("benchmark", UNSET))
         kwargs["benchmark"] = wanted
-    if "set_to_none" in fields:
-        record.unsupported["set_to_none"] = ("Lightning's optimizer_zero_grad calls optimizer.zero_grad(), which "
-                                             "frees the gradients already (torch's default set_to_none=True)")
-    if "non_blocking" in fields:
-        record.unsupported["non_blocking"] = "Lightning moves each batch to the device itself"
     mark_shared_switches(record, fields)
     if "async_checkpoint" in fields:
         switch_async_checkpoint(kwargs, record, bool(fields["async_checkpoint"]), package)
@@ -161,7 +156,6 @@ def switch_async_checkpoint(kwargs: dict[str, Any], record: FrameworkRecord, wan
     """Lightning's own background checkpoint writer, its AsyncCheckpointIO plugin: on, it wraps the script's own
     CheckpointIO plugin (or the strategy's default); off, a script's AsyncCheckpointIO is unwrapped."""
     io = importlib.import_module(f"{package}.plugins.io")
-    record.unsupported.pop("async_checkpoint", None)       # served here, unlike the other frameworks
     plugins = kwargs.get("plugins") or []
     plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
     script = any(isinstance(p, io.AsyncCheckpointIO) for p in plugins)
@@ -176,9 +170,6 @@ def switch_async_checkpoint(kwargs: dict[str, Any], record: FrameworkRecord, wan
 
 
 def switch_precision(kwargs: dict[str, Any], record: FrameworkRecord, fields: dict[str, Any]) -> None:
-    if fields.get("precision_level", "autocast") != "autocast":
-        record.unsupported["precision_level"] = ("the Trainer's *-mixed precisions are autocast (O1); master "
-                                                 "weights and pure half are not switched")
     wanted = PRECISION.get(fields["precision"])
     plugins = kwargs.get("plugins") or []
     plugins = plugins if isinstance(plugins, (list, tuple)) else [plugins]
@@ -268,10 +259,7 @@ def switch_model(model: Any, record: FrameworkRecord, fields: dict[str, Any], pa
     if "compile" in fields and inside is not None:
         record.unsupported["compile"] = COMPILED_INSIDE.format(name=inside)
         fields = {k: v for k, v in fields.items() if k != "compile"}
-    if "channels_last" in fields:
-        switch_memory_format(record, module, bool(fields["channels_last"]))      # in place: Module.to
-    if "activation_checkpointing" in fields:
-        switch_checkpointing(record, module, bool(fields["activation_checkpointing"]))
+    switch_models(record, module, fields, NAME)      # in place: Module.to, the model's own checkpointing switch
     if "compile" not in fields:
         return model
     wanted = bool(fields["compile"])

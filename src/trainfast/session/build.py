@@ -12,10 +12,9 @@ from torch import nn
 from ..distributed import Dist
 from ..faults import build_nonfinite_policy
 from ..recipe import Recipe
-from ..techniques.checkpointing import apply_checkpointing
+from ..techniques import apply_model_switches
 from ..techniques.clip import Clipper
 from ..techniques.compile import apply_compile
-from ..techniques.memory_format import apply_memory_format
 from ..techniques.optimizer import apply_optimizer_impl, build_optimizer, build_scheduler, remap_params
 from ..techniques.precision import Precision, build_precision
 from .state import BackwardOutsideSession, TrainState
@@ -38,8 +37,7 @@ def build_state(model: nn.Module, recipe: Recipe, device: torch.device, dist: Di
     precision = precision or build_precision(dist.precision_name(recipe), device, recipe.precision_level)
     adopted = optimizer is not None
     names = {id(p): name for name, p in model.named_parameters()}    # how a user's optimizer finds them again
-    model = apply_checkpointing(model, recipe.activation_checkpointing)
-    model = precision.prepare_model(apply_memory_format(model.to(device), recipe.channels_last))      # 1
+    model = precision.prepare_model(apply_model_switches(model.to(device), recipe))                 # 1
     model.zero_grad(set_to_none=True)              # the step zeroes after each update, not before
     trained = dist.wrap(model, recipe)             # 2: DDP / FSDP2 (in place) / DataParallel; `model` alone
     trainable = [p for p in model.parameters() if p.requires_grad]

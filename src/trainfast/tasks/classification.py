@@ -128,7 +128,7 @@ class Classification:
         """The recipe's warm-up (warmup_steps) is already the state's schedule (session.build_state)."""
 
     def field_effect(self, field: str, device: torch.device, model: nn.Module | None, split):
-        from ..techniques import field_effect
+        from .effects import field_effect
 
         return field_effect(field, device, model, split)
 

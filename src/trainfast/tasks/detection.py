@@ -18,7 +18,7 @@ from ..detection.batching import (DetectionDeviceBatches, build_detection_loader
 from ..detection.engine import predict_detection, warmup_scheduler
 from ..detection.metrics import compute_map
 from ..recipe import Recipe, RecipeError
-from ..techniques import field_effect
+from .effects import field_effect
 from ..techniques.base import Effect
 
 # Where `trainfast train --task detection` starts when no --recipe is given (flags still override it): the

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 from torch.utils._pytree import tree_map
+from .switch import RungSpec, Switch
 
 
 def host_copy(payload: Any) -> Any:
@@ -82,3 +83,14 @@ class BackgroundWriter:
 
 def checkpoint_writer(recipe) -> SyncWriter | BackgroundWriter:
     return BackgroundWriter() if recipe.async_checkpoint else SyncWriter()
+
+
+WRITES_OWN = "trainfast's background save acts on Session.save and the built-in loop; the framework writes its own " \
+             "checkpoints"
+SWITCHES = (
+    Switch(("async_checkpoint",),
+           rungs=(RungSpec("async_checkpoint", {"async_checkpoint": True}, place=72),),
+           process=True, resumable=True,               # saves inside the timed steps; the bytes written are the same
+           frameworks={"lightning": "plugins: AsyncCheckpointIO"},
+           unreachable={"transformers": WRITES_OWN, "accelerate": WRITES_OWN}),
+)

@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .base import ACTS, Effect
+from .switch import ON_MODEL, ModelSwitch, RungSpec, Switch
 
 
 def supports(model: nn.Module) -> bool:
@@ -91,3 +92,24 @@ def is_checkpointing(model: nn.Module) -> bool:
     if getattr(model, "is_gradient_checkpointing", False):
         return True
     return any(getattr(m, "grad_checkpointing", False) for m in model.modules())
+
+
+def holder(model: nn.Module) -> nn.Module:
+    """The outermost module with a checkpointing switch of its own (a LightningModule or a script's wrapper holds
+    the timm/transformers model inside), `model` itself when none has one."""
+    return next((m for m in model.modules() if supports(m)), model)
+
+
+def switch_checkpointing(model: nn.Module, enabled: bool) -> nn.Module:
+    set_checkpointing(model, enabled)
+    return model
+
+
+SWITCHES = (
+    Switch(("activation_checkpointing",),
+           rungs=(RungSpec("checkpointing", {"activation_checkpointing": True}, place=71),),
+           model_effect=effect,
+           model=ModelSwitch("activation checkpointing", switch_checkpointing, is_checkpointing, target=holder),
+           frameworks={"transformers": "TrainingArguments.gradient_checkpointing",
+                       "lightning": ON_MODEL, "accelerate": ON_MODEL}),
+)

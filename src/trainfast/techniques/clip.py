@@ -7,6 +7,7 @@ from typing import Iterable
 
 import torch
 from torch import nn
+from .switch import setting
 
 
 class Clipper:
@@ -21,3 +22,6 @@ class Clipper:
             return
         precision.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+
+
+SWITCHES = (setting("grad_clip", unreachable="the script's own setting (not a speed switch)"),)

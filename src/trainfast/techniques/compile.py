@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from .base import ACTS, Effect
+from .switch import RungSpec, Switch
 
 
 def effect(device: torch.device) -> Effect:
@@ -21,3 +22,14 @@ def apply_compile(model: nn.Module, enabled: bool) -> nn.Module:
     """Returns the module that runs the training forward. The eager `model` keeps the parameters and is
     used for evaluation, so eval-mode graphs and partial batches never trigger recompiles."""
     return torch.compile(model) if enabled else model
+
+
+SWITCHES = (
+    Switch(("compile",),
+           rungs=(RungSpec("compile", {"compile": True}, place=60, places={"detection": 80},
+                           default_in=("classification", "detection"), tune=8),),
+           device_effect=effect,
+           frameworks={"transformers": "TrainingArguments.torch_compile",
+                       "lightning": "fit(torch.compile(model)), as Lightning's docs show",
+                       "accelerate": "Accelerator(dynamo_backend=...)"}),
+)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from .base import Effect, cuda_only
+from .switch import EVERY_ADAPTER, RungSpec, Switch
 
 FIELD = "device_decode"
 
@@ -20,3 +21,12 @@ def effect(device: torch.device) -> Effect:
 def decode_on_device(recipe, device: torch.device) -> bool:
     """Whether a run's image-folder loaders hand their decoding to the device."""
     return bool(recipe.device_decode) and effect(device).acts
+
+
+SWITCHES = (
+    Switch((FIELD,),
+           rungs=(RungSpec(FIELD, {FIELD: True}, place=42, tune_inputs=1),),
+           device_effect=effect, data="image_folder",
+           unreachable={EVERY_ADAPTER: "trainfast's device decoding works on its image-folder loader; the "
+                                       "script's loader is the framework's"}),
+)

@@ -4,23 +4,13 @@ backbone computes fewer zeros (detection/batching.py measures the padding). It a
 padded: a detector that resizes every image to one fixed size (SSD) pads nothing."""
 from __future__ import annotations
 
-from torch import nn
-
-from .base import ACTS, Effect
+from .switch import EVERY_ADAPTER, RungSpec, Switch
 
 
-def effect(model: nn.Module | None, split) -> Effect:
-    from ..detection.batching import aspect_ratio_groups
-
-    sizes = getattr(getattr(split, "train", None), "sizes", None)
-    if sizes is None:
-        return Effect(False, "aspect-ratio grouping acts on detection data (images of different sizes); these "
-                             "batches are stacked at one size", applies=False)
-    fixed = getattr(getattr(model, "transform", None), "fixed_size", None)
-    if fixed:
-        return Effect(False, f"the model resizes every image to {fixed[0]}x{fixed[1]}: no batch is padded, so "
-                             "grouping changes nothing", applies=False)
-    if len(set(aspect_ratio_groups(sizes))) < 2:
-        return Effect(False, "every training image falls in one aspect-ratio group: grouping changes nothing",
-                      applies=False)
-    return ACTS
+SWITCHES = (
+    Switch(("group_aspect_ratio",),
+           rungs=(RungSpec("group_aspect_ratio", {"group_aspect_ratio": True}, place=25, tasks=("detection",),
+                           default_in=("detection",)),),
+           data="padded_sizes",
+           unreachable={EVERY_ADAPTER: "trainfast's detection sampler; the script's loader is the framework's"}),
+)

@@ -5,7 +5,7 @@ mmap and hands it back with munmap when it is freed. A training step on the CPU 
 activations and gradients every step, many of them large (ResNet-18 at 128 px, batch 128: the first convolution's
 bf16 output alone is 64 MiB), so every step maps them anew and the kernel zero-fills each 4 KiB page on its first
 touch: about 130,000 page faults and a quarter of a second of kernel time a step on a 2-core VM, where the step
-takes 1.3 s (docs/benchmarks.md). With mmap turned off for allocations (M_MMAP_MAX=0) and the free top of the heap
+takes 1.3 s (docs/benchmarks/host-switches.md). With mmap turned off for allocations (M_MMAP_MAX=0) and the free top of the heap
 kept (trimming off), a freed block is reused from the heap, already mapped and faulted in. That is what a caching
 allocator does (PyTorch's CUDA allocator; jemalloc or tcmalloc preloaded on a CPU); here it is glibc's own malloc,
 set with mallopt, with nothing to install.
@@ -27,6 +27,7 @@ import platform
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .threads import started_env, switched_on
+from .switch import ADAPTERS, RungSpec, Switch
 
 if TYPE_CHECKING:
     from .base import Effect
@@ -123,3 +124,13 @@ def in_effect() -> bool:
     if unavailable() is not None:
         return False
     return _applied or started_env().get(MMAP_ENV) == ENV[MMAP_ENV]
+
+
+SWITCHES = (
+    Switch((FIELD,),
+           rungs=(RungSpec(FIELD, {FIELD: True}, place=45, tune=3),),
+           process=True, environment=True, resumable=True,
+           device_effect=lambda device: effect(),
+           frameworks={name: f"{MMAP_ENV} and MALLOC_TRIM_THRESHOLD_ in the environment the process starts "
+                             "with" for name in ADAPTERS}),
+)

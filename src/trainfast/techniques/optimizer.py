@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import torch
 
 from .base import ACTS, Effect
+from .switch import RungSpec, Switch
 
 # optimizer_impl -> the constructor flags that select it
 IMPL_FLAGS: dict[str, dict[str, bool]] = {
@@ -122,3 +123,21 @@ def track_step_calls(optimizer: torch.optim.Optimizer) -> None:
 
     wrapper._wrapped_by_lr_sched = True
     optimizer.step = wrapper
+
+
+FREES = "frees the gradients already (torch's default set_to_none=True)"
+SWITCHES = (
+    Switch(("optimizer_impl",),
+           rungs=(RungSpec("fused", {"optimizer_impl": "fused"}, place=70, default_in=("classification",), tune=5),),
+           device_effect=effect,
+           frameworks={"transformers": "TrainingArguments.optim (adamw_torch / adamw_torch_fused)",
+                       "lightning": "each optimizer configure_optimizers() returns, rebuilt (schedulers rebound)",
+                       "accelerate": "the optimizer, rebuilt before prepare() (schedulers rebound)"}),
+    # zero_grad(set_to_none=True) changes something only in a loop that zeroes in place
+    Switch(("set_to_none",),
+           rungs=(RungSpec("set_to_none", {"set_to_none": True}, place=20, default_in=("classification", "detection"),
+                           tune=4),),
+           frameworks={"accelerate": "the prepared optimizer's zero_grad(set_to_none=...)"},
+           unreachable={"transformers": f"the Trainer's zero_grad() {FREES}",
+                        "lightning": f"Lightning's optimizer_zero_grad calls optimizer.zero_grad(), which {FREES}"}),
+)

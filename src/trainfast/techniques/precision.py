@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from .base import ACTS, Effect
+from .switch import AMP, RungSpec, Switch
 from .transfer import map_tensors
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -495,3 +496,22 @@ def not_run_text(reason: str) -> str:
 def auto_amp_dtype(device: torch.device) -> str:
     """The AMP rung's dtype when the user asks for 'auto': bf16 where it is fast, else fp16 + scaler."""
     return "bf16" if has_fast_bf16(device) else "fp16"
+
+
+# Two declarations: the precision (the amp rung, in every default ladder) and how it is applied, whose rungs (the
+# O1/O2/O3 levels, each in bf16 and fp16) sit right after amp and are opt-in; in a cumulative ladder a level
+# replaces the previous one. The frameworks' bf16/fp16 settings are autocast (O1) only.
+SWITCHES = (
+    Switch(("precision",),
+           rungs=(RungSpec("amp", {"precision": AMP}, place=10, default_in=("classification", "detection")),),
+           frameworks={"transformers": "TrainingArguments.bf16 / .fp16",
+                       "lightning": "Trainer(precision='bf16-mixed' / '16-mixed' / '32-true')",
+                       "accelerate": "Accelerator(mixed_precision='bf16' / 'fp16' / 'no')"}),
+    Switch(("precision_level",),
+           rungs=tuple(RungSpec(name, changes, place=11 + i / 10) for i, (name, changes) in enumerate(LEVEL_RUNGS.items())),
+           served_value="autocast",
+           unreachable={"transformers": "the Trainer's bf16/fp16 are autocast (O1) only",
+                        "lightning": "the Trainer's *-mixed precisions are autocast (O1); master weights and pure "
+                                     "half are not switched",
+                        "accelerate": "Accelerate's mixed_precision is autocast (O1) only"}),
+)

@@ -17,6 +17,7 @@ import torch
 
 from .base import ACTS, Effect
 from .transfer import Prepare, no_arrival, tensors_in, to_device
+from .switch import EVERY_ADAPTER, RungSpec, Switch
 
 
 def effect(device: torch.device) -> Effect:
@@ -103,3 +104,12 @@ class HostBuffers:
         if len(self.buffers) < self.max_buffers:
             self.buffers.append(buffer)
         return buffer
+
+
+SWITCHES = (
+    Switch(("prefetch",),
+           rungs=(RungSpec("prefetch", {"prefetch": True}, place=40, default_in=("classification",), tune=6),),
+           device_effect=effect,
+           unreachable={EVERY_ADAPTER: "trainfast's device-side prefetcher works on trainfast's own loaders; the "
+                                       "script's loader is the framework's"}),
+)

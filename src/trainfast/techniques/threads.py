@@ -5,7 +5,7 @@ regions an idle thread of the pool spins for a while before it sleeps: the faste
 its cores to itself. DataLoader workers are other processes on the same cores, and every spin is CPU time a
 worker does not get for decoding the next batch; a worker that then preempts a thread of the pool holds up the
 whole parallel region. OMP_WAIT_POLICY=PASSIVE makes idle threads sleep at once. The arithmetic is unchanged
-(same kernels, same results). What it buys depends on how busy the workers are (docs/benchmarks.md has a
+(same kernels, same results). What it buys depends on how busy the workers are (docs/benchmarks/host-switches.md has a
 measurement); with no workers nothing else wants the cores and spinning costs nothing.
 
 OpenMP reads the variable once, when its runtime loads with torch, so it belongs to a process's start: the
@@ -20,6 +20,7 @@ import os
 import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from .switch import ADAPTERS, RungSpec, Switch
 
 if TYPE_CHECKING:
     from .base import Effect
@@ -128,3 +129,12 @@ def slower_note(num_workers: int) -> str:
                 "off for this loop (it can pay where loader workers share the cores)")
     return (f"slower with {num_workers} loader worker process(es) beside the step: waking the sleeping threads for "
             "every parallel region cost more than the cores the workers got back")
+
+
+SWITCHES = (
+    Switch((FIELD,),
+           rungs=(RungSpec(FIELD, {FIELD: True}, place=44, tune=7),),
+           process=True, environment=True, resumable=True,
+           device_effect=lambda device: effect(),
+           frameworks={name: f"{ENV} in the environment the process starts with" for name in ADAPTERS}),
+)

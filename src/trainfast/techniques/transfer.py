@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from .base import Effect, cuda_only
+from .switch import EVERY_ADAPTER, RungSpec, Switch
 
 Prepare = Callable[[Any], Any]
 
@@ -81,3 +82,20 @@ class DeviceBatches:
         for batch in self.loader:
             self.on_fetched()
             yield self.prepare(to_device(batch, self.device, self.non_blocking))
+
+
+# Two declarations: the frameworks copy batches themselves (non_blocking is theirs, or Accelerate's setting),
+# while pinning is a setting of the loader they are handed.
+SWITCHES = (
+    Switch(("non_blocking",),
+           rungs=(RungSpec("non_blocking", {"non_blocking": True, "pin_memory": True}, place=30,
+                           default_in=("classification",)),),
+           device_effect=effect,
+           frameworks={"accelerate": "DataLoaderConfiguration(non_blocking=...)"},
+           unreachable={"transformers": "the Trainer moves batches itself (its accelerator_config.non_blocking)",
+                        "lightning": "Lightning moves each batch to the device itself"}),
+    Switch(("pin_memory",), device_effect=effect,
+           frameworks={"transformers": "TrainingArguments.dataloader_pin_memory",
+                       "lightning": "the training DataLoader, rebuilt",
+                       "accelerate": "the training DataLoader, rebuilt before prepare()"}),
+)

@@ -19,10 +19,11 @@ from ..checks.findings import INPUT_BOUND_SHARE
 from ..envcheck import usable_cpus
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
+from ..techniques import input_switches
 from .combine import Decision
 from .switches import firm_gain
 
-INPUT_SWITCHES = ("device_decode", "decode_cache", "workers")   # the names --switches takes for this stage
+INPUT_SWITCHES = input_switches()    # the names --switches takes for this stage (techniques/: RungSpec.tune_inputs)
 ROUNDS = 3
 
 

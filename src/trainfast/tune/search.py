@@ -118,10 +118,10 @@ def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: 
         raise RecipeError(f"{out_dir} already holds a search: pass --resume to continue it, or choose another --out")
     work: Work | None = None
     if opts.command is None:
-        from ..data.decoded_cache import effect as decode_cache_effect
+        from ..tasks.effects import image_folder
 
         work = prepare_builtin(spec, recipe, device)
-        base, dev, image_folder = work.base, work.dev, decode_cache_effect(work.split).acts
+        base, dev, image_folder = work.base, work.dev, image_folder("decode_cache", None, work.split).acts
     else:
         base, dev, image_folder = recipe or Recipe(), resolve_device(device), False
     amp = auto_amp_dtype(dev) if opts.amp_dtype == "auto" else opts.amp_dtype

@@ -7,16 +7,16 @@ from ..ablation import plan_rungs
 from ..recipe import Recipe
 from ..results import Effect, Rung, Status
 from ..stats import FASTER
+from ..techniques import tune_priority
 
 PRECISION_FIELDS = ("precision", "precision_level")
 
-# Where the budget cannot fit every switch, a stage cuts its last ones: this order is the search's priority.
-# After the precision levels (the largest gains where the device has a fast half type), the switches that make
-# the arithmetic cheaper or take work off the data path (in our ablations: channels_last 1.16-1.30x on top of
-# bf16 on conv nets, the decode cache ~1.08x on photos), then the bookkeeping ones, compile last (its runs are
-# the slowest, and a short planned run does not repay it anyway).
-PRIORITY = ("channels_last", "decode_cache", "reuse_memory", "set_to_none", "fused", "prefetch", "passive_threads",
-            "compile")
+# Where the budget cannot fit every switch, a stage cuts its last ones: this order is the search's priority, as the
+# switches declare it (techniques/: RungSpec.tune). After the precision levels (the largest gains where the device
+# has a fast half type), the switches that make the arithmetic cheaper or take work off the data path (in our
+# ablations: channels_last 1.16-1.30x on top of bf16 on conv nets, the decode cache ~1.08x on photos), then the
+# bookkeeping ones, compile last (its runs are the slowest, and a short planned run does not repay it anyway).
+PRIORITY = tune_priority()
 
 
 def single_names(amp: str, image_folder: bool) -> list[str]:

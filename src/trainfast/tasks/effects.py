@@ -1,0 +1,69 @@
+"""What a switch can act on in a task's data: the part of a switch's effect that depends on the data, judged here
+(the techniques judge the device and the model, techniques/__init__.py: field_effect). A switch declares the kind
+of data it acts on (techniques/switch.py: Switch.data); each kind has one judge below."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from ..techniques import field_effect as technique_effect, owners
+from ..techniques.base import ACTS, Effect
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+def image_folder(field: str, model, split) -> Effect:
+    """Files decoded per sample: the decode cache and device decoding replace that decoding. Without a split
+    (not known yet) it counts as acting."""
+    from ..data.imagefolder import ImageFiles
+
+    if split is None or any(isinstance(d, ImageFiles) for d in (split.train, split.val)):
+        return ACTS
+    if field == "decode_cache":
+        return Effect(False, "decode_cache acts on image folders only; this data is already in memory")
+    return Effect(False, f"{field} decodes image-folder files; this data is already in memory", applies=False)
+
+
+def padded_sizes(field: str, model, split) -> Effect:
+    """Detection images of different sizes, padded per batch by the model: grouping by aspect ratio pads less."""
+    from ..detection.batching import aspect_ratio_groups
+
+    sizes = getattr(getattr(split, "train", None), "sizes", None)
+    if sizes is None:
+        return Effect(False, "aspect-ratio grouping acts on detection data (images of different sizes); these "
+                             "batches are stacked at one size", applies=False)
+    fixed = getattr(getattr(model, "transform", None), "fixed_size", None)
+    if fixed:
+        return Effect(False, f"the model resizes every image to {fixed[0]}x{fixed[1]}: no batch is padded, so "
+                             "grouping changes nothing", applies=False)
+    if len(set(aspect_ratio_groups(sizes))) < 2:
+        return Effect(False, "every training image falls in one aspect-ratio group: grouping changes nothing",
+                      applies=False)
+    return ACTS
+
+
+DATA_JUDGES: dict[str, Callable[[str, object, object], Effect]] = {
+    "image_folder": image_folder, "padded_sizes": padded_sizes}
+
+
+def field_effect(field: str, device: torch.device, model: nn.Module | None, split=None) -> Effect:
+    """Whether the switch owning `field` can act here: on the device and the model (the technique's judgement),
+    then on the data (`split`; None: not known yet, counts as acting)."""
+    acts = technique_effect(field, device, model)
+    switch = owners().get(field)
+    if not acts.acts or switch is None or not switch.data:
+        return acts
+    on_data = DATA_JUDGES[switch.data](field, model, split)
+    return on_data if not on_data.acts else acts
+
+
+def changes_effect(changed: dict, device: torch.device, model: nn.Module | None, split=None,
+                   effect_of: Callable[..., Effect] = field_effect) -> Effect:
+    """A set of switched fields acts if any one of them acts; otherwise say why none does. `effect_of`: a task's
+    own judgement of a field (tasks/detection.py), by default field_effect above."""
+    effects = [effect_of(name, device, model, split) for name in changed]
+    if not effects or any(e.acts for e in effects):
+        reasons = [e.reason for e in effects if e.reason]
+        return Effect(True, "; ".join(reasons))
+    return Effect(False, "; ".join(dict.fromkeys(e.reason for e in effects)), applies=all(e.applies for e in effects))

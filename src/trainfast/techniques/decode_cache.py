@@ -1,0 +1,14 @@
+"""decode_cache: an image folder's files decoded once to a uint8 cache on disk, then read as pixels (the cache
+itself is data/decoded_cache.py). It takes the decode off every epoch after the first; it acts only where the
+data is decoded per sample (an image folder), which the task judges (tasks/effects.py)."""
+from __future__ import annotations
+
+from .switch import EVERY_ADAPTER, RungSpec, Switch
+
+SWITCHES = (
+    Switch(("decode_cache",),
+           rungs=(RungSpec("decode_cache", {"decode_cache": True}, place=41, tune=2, tune_inputs=2),),
+           data="image_folder",
+           unreachable={EVERY_ADAPTER: "trainfast's decode cache works on its image-folder loader; the script's "
+                                       "loader is the framework's"}),
+)

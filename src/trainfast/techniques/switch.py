@@ -1,0 +1,126 @@
+"""A switch, declared once: the Recipe fields it owns and everything the rest of trainfast needs to know about it.
+
+Every technique module declares its switch(es) in a module-level `SWITCHES` tuple, next to the code that applies
+it. The ladders (ablation), the fields paired timing must not split (paired.py), the fields a resume may change
+(checkpoint.py), the tune's priority, what the framework adapters cannot set, `field_effect` and the `trainfast
+switches` table are all derived from these declarations (techniques/__init__.py), so adding a switch is its module
+and its Recipe field: no table elsewhere to remember. A Recipe field that is not a speed switch (epochs, lr, the
+non-finite policy, ...) is declared too, as a `Switch` with no rung, so every field has exactly one owner and its
+process scope and resumability are written down where it is defined.
+
+This module imports nothing heavy: techniques/threads.py is read before torch loads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from .base import Effect
+
+ADAPTERS = ("transformers", "lightning", "accelerate")   # the framework adapters (frameworks/): each switch says
+EVERY_ADAPTER = "*"                                      # how each sets it, or why it cannot
+ON_MODEL = "the model, before the framework wraps it (the switch's own apply_model, read back from the model)"
+AMP = "{amp}"            # a rung's value replaced by the half type chosen for the device (bf16 or fp16)
+
+
+@dataclass(frozen=True)
+class RungSpec:
+    """One rung of the ablation ladders: its name (what --switches takes), the fields it changes and its place.
+
+    `place` orders every ladder (the lower, the earlier; in a cumulative ladder a rung inherits every rung above
+    it). `default_in`: the tasks whose default ladder runs it (others name it with --switches). `places`: a task
+    where it sits elsewhere. `tasks`: the tasks that can name it at all (None: every task; a task still refuses a
+    rung that cannot work for it, with the reason, in its validate()). `tune`: its priority in the tune's first
+    stage, where a tight budget cuts the last ones (None: not tried there); `tune_inputs`: tried in the tune's
+    input stage, once the recipe waits for its batches."""
+    name: str
+    changes: Mapping[str, Any]
+    place: float
+    default_in: tuple[str, ...] = ()
+    places: Mapping[str, float] = field(default_factory=dict)
+    tasks: tuple[str, ...] | None = None
+    tune: float | None = None
+    tune_inputs: float | None = None
+
+    def place_in(self, task: str) -> float:
+        return self.places.get(task, self.place)
+
+    def named_in(self, task: str) -> bool:
+        return self.tasks is None or task in self.tasks
+
+
+@dataclass(frozen=True)
+class ModelSwitch:
+    """A switch that acts on the model object itself (its memory format, its checkpointing): how the built-in
+    run, a Session and every framework adapter set it, through the same functions.
+
+    apply(model, value): the model with the switch set to `value`, on or off (off undoes what a script did
+    itself); state(model): the setting read back, the proof a run records under `label`; show(value): the state
+    `value` asks for, as state() reads it; a state equal to `default` is the framework's own default (recorded as
+    "not set" for the script); target(model): the module inside `model` that holds the switch (a wrapper or a
+    LightningModule around a timm/transformers model), `model` itself when None."""
+    label: str
+    apply: Callable[[Any, Any], Any]
+    state: Callable[[Any], Any]
+    show: Callable[[Any], Any] = bool
+    default: Any = None
+    target: Callable[[Any], Any] | None = None
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One switch (or one group of settings), declared next to its code.
+
+    fields:     the Recipe fields it owns (each field has exactly one owner; tests/test_switches.py checks).
+    rungs:      its rungs in the ablation ladders (none: a setting, not a measured switch).
+    process:    the setting belongs to the whole process (a global flag, the allocator, worker processes,
+                saves, ranks): a rung that changes it is never timed in one process beside the baseline.
+    environment: it reaches any process through the environment the process starts with (a script without a
+                Session or a framework adapter is still reached), see `process_env`/`in_effect` in its module.
+    resumable:  it may change between a run and its resume without changing the trajectory (True: every
+                field it owns; a tuple: those fields).
+    frameworks: how each framework adapter (ADAPTERS) sets it: the framework's own setting, or ON_MODEL.
+    unreachable: why an adapter cannot set it ({adapter or EVERY_ADAPTER: reason}), said before a run;
+    served_value: the one value every framework gives it anyway (precision_level's "autocast": their mixed
+                precision is O1), which a run may ask for where the switch is otherwise unreachable.
+    device_effect / model_effect: whether it can act on this device / this model (an Effect with the reason);
+                None: it acts everywhere. A model of None (a script's, not known before it runs) counts as acting.
+    data:       the kind of data it acts on, judged by the task (tasks/effects.py): "" any data,
+                "image_folder" files decoded per sample, "padded_sizes" detection images of different sizes.
+    model:      how it acts on the model object, for the switches that do (ModelSwitch).
+    """
+    fields: tuple[str, ...]
+    rungs: tuple[RungSpec, ...] = ()
+    process: bool = False
+    environment: bool = False
+    resumable: bool | tuple[str, ...] = False
+    frameworks: Mapping[str, str] = field(default_factory=dict)
+    unreachable: Mapping[str, str] = field(default_factory=dict)
+    served_value: Any = None
+    device_effect: Callable[[torch.device], Effect] | None = None
+    model_effect: Callable[[nn.Module], Effect] | None = None
+    data: str = ""
+    model: ModelSwitch | None = None
+
+    @property
+    def name(self) -> str:
+        """The switch's name: its rung's when it has one, else its first field's."""
+        return self.rungs[0].name if len(self.rungs) == 1 else self.fields[0]
+
+    @property
+    def resumable_fields(self) -> tuple[str, ...]:
+        return self.fields if self.resumable is True else tuple(self.resumable or ())
+
+    def reason_unreachable(self, adapter: str) -> str | None:
+        return self.unreachable.get(adapter) or self.unreachable.get(EVERY_ADAPTER)
+
+
+def setting(*fields: str, process: bool = False, resumable: bool = False, unreachable: str = "") -> Switch:
+    """A Recipe field that is part of what is trained or how the run behaves, not a speed switch: no rung, and
+    the framework adapters leave it to the script (`unreachable`, when a rung could carry it)."""
+    return Switch(tuple(fields), process=process, resumable=resumable,
+                  unreachable={EVERY_ADAPTER: unreachable} if unreachable else {})

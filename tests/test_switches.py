@@ -1,0 +1,170 @@
+"""Every switch declared once (techniques/switch.py), and the tables derived from the declarations.
+
+The derived tables are pinned to what they were when each was still written by hand, so a declaration that moves
+a rung, or drops a field from the paired or resumable sets, fails here and is changed on purpose."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from trainfast import techniques
+from trainfast.ablation.ladders import DETECTION_LADDER, LADDER, LADDERS, RUNGS
+from trainfast.frameworks import accel, hf, lightning
+from trainfast.frameworks.board import FrameworkRecord
+from trainfast.frameworks.common import mark_shared_switches, switch_models
+from trainfast.recipe import Recipe
+from trainfast.tasks import TASKS
+from trainfast.tasks.effects import DATA_JUDGES, field_effect
+from trainfast.techniques import ADAPTERS, ON_MODEL, EVERY_ADAPTER
+from trainfast.techniques.switch import RungSpec, Switch
+
+CPU = torch.device("cpu")
+
+
+def test_every_recipe_field_has_exactly_one_owner():
+    fields = [f.name for f in dataclasses.fields(Recipe)]
+    declared = [name for switch in techniques.switches() for name in switch.fields]
+    twice = sorted({n for n in declared if declared.count(n) > 1})
+    assert not twice, f"declared by two switches: {twice}"
+    assert sorted(set(fields) - set(declared)) == [], "Recipe fields with no declaration (techniques/*.py SWITCHES)"
+    assert sorted(set(declared) - set(fields)) == [], "declarations of fields the Recipe does not have"
+
+
+def test_the_owner_check_names_a_field_declared_twice(monkeypatch):
+    declared = (*techniques.switches(), Switch(("compile",)))
+    monkeypatch.setattr(techniques, "switches", lambda: declared)
+    techniques.owners.cache_clear()
+    try:
+        with pytest.raises(LookupError, match="'compile' is declared by two switches"):
+            techniques.owners()
+    finally:
+        monkeypatch.undo()
+        techniques.owners.cache_clear()
+
+
+def test_rung_names_are_unique_and_change_only_recipe_fields():
+    rungs = [r for s in techniques.switches() for r in s.rungs]
+    names = [r.name for r in rungs]
+    assert len(names) == len(set(names)) and "baseline" not in names
+    fields = {f.name for f in dataclasses.fields(Recipe)}
+    for rung in rungs:
+        assert set(rung.changes) <= fields, rung.name
+        assert all(t in TASKS for t in (*rung.default_in, *(rung.tasks or ()), *rung.places)), rung.name
+
+
+def test_the_derived_ladders_are_the_ones_written_by_hand_before():
+    assert LADDER == {"baseline": {}, "amp": {"precision": "{amp}"}, "set_to_none": {"set_to_none": True},
+                      "non_blocking": {"non_blocking": True, "pin_memory": True}, "prefetch": {"prefetch": True},
+                      "channels_last": {"channels_last": True}, "compile": {"compile": True},
+                      "fused": {"optimizer_impl": "fused"}}
+    assert list(RUNGS) == ["baseline", "amp", "autocast-bf16", "master-bf16", "pure-bf16", "autocast-fp16",
+                           "master-fp16", "pure-fp16", "set_to_none", "non_blocking", "prefetch", "decode_cache",
+                           "device_decode", "workers", "passive_threads", "reuse_memory", "channels_last", "compile",
+                           "fused", "checkpointing", "async_checkpoint"]
+    assert RUNGS["master-bf16"] == {"precision": "bf16", "precision_level": "master"}
+    assert RUNGS["workers"] == {"num_workers": 2} and RUNGS["checkpointing"] == {"activation_checkpointing": True}
+    assert list(DETECTION_LADDER) == ["baseline", "amp", "set_to_none", "group_aspect_ratio", "workers",
+                                      "channels_last", "compile"]
+    # detection names every classification rung (so --switches refuses the ones it cannot run with the reason)
+    # and its own; compile is its last
+    detection_rungs = LADDERS["detection"][1]
+    assert set(detection_rungs) == set(RUNGS) | {"group_aspect_ratio"} and list(detection_rungs)[-1] == "compile"
+    assert "group_aspect_ratio" not in RUNGS
+
+
+def test_the_derived_sets_are_the_ones_written_by_hand_before():
+    from trainfast.ablation.paired import PROCESS_FIELDS
+    from trainfast.checkpoint import RESUMABLE_CHANGES
+    from trainfast.tune.inputs import INPUT_SWITCHES
+    from trainfast.tune.switches import PRIORITY
+
+    assert set(PROCESS_FIELDS) == {"passive_threads", "reuse_memory", "cudnn_benchmark", "deterministic",
+                                   "num_workers", "persistent_workers", "prefetch_factor", "async_checkpoint",
+                                   "save_every", "strategy"}
+    assert RESUMABLE_CHANGES == {"epochs", "log_every", "save_every", "keep_checkpoints", "max_consecutive_skips",
+                                 "nonfinite", "num_workers", "prefetch_factor", "async_checkpoint", "passive_threads",
+                                 "reuse_memory"}
+    assert PRIORITY == ("channels_last", "decode_cache", "reuse_memory", "set_to_none", "fused", "prefetch",
+                        "passive_threads", "compile")
+    assert INPUT_SWITCHES == ("device_decode", "decode_cache", "workers")
+    environment = tuple(f for s in techniques.switches() if s.environment for f in s.fields)
+    assert set(environment) == set(techniques.PROCESS_WIDE) == {"passive_threads", "reuse_memory"}
+
+
+def test_every_switch_with_a_rung_says_how_each_framework_sets_it_or_why_it_cannot():
+    missing = [f"{field} ({adapter})" for switch in techniques.switches() if switch.rungs for field in switch.fields
+               for adapter in ADAPTERS
+               if not switch.frameworks.get(adapter) and not switch.reason_unreachable(adapter)]
+    assert not missing, f"switches with no framework setting and no reason: {missing}"
+    for switch in techniques.switches():
+        assert set(switch.frameworks) <= set(ADAPTERS), switch.name
+        assert set(switch.unreachable) <= {*ADAPTERS, EVERY_ADAPTER}, switch.name
+        if any(how == ON_MODEL for how in switch.frameworks.values()):
+            assert switch.model is not None, f"{switch.name} is set on the model but declares no ModelSwitch"
+        assert not switch.data or switch.data in DATA_JUDGES, switch.name
+
+
+def test_the_adapters_record_the_declared_reasons_before_a_run():
+    fields = {"prefetch": True, "set_to_none": True, "non_blocking": True, "precision_level": "master",
+              "async_checkpoint": True}
+    for adapter in ADAPTERS:
+        record = FrameworkRecord(adapter, "x")
+        mark_shared_switches(record, fields)
+        assert "trainfast's device-side prefetcher" in record.unsupported["prefetch"]
+        assert "autocast (O1)" in record.unsupported["precision_level"]
+    hf_record = FrameworkRecord(hf.NAME, "x")
+    mark_shared_switches(hf_record, fields)
+    assert "zero_grad() frees" in hf_record.unsupported["set_to_none"]
+    assert "writes its own checkpoints" in hf_record.unsupported["async_checkpoint"]
+    light = FrameworkRecord(lightning.NAME, "x")
+    mark_shared_switches(light, fields)
+    assert "async_checkpoint" not in light.unsupported            # Lightning's AsyncCheckpointIO serves it
+    acc = FrameworkRecord(accel.NAME, "x")
+    mark_shared_switches(acc, {"set_to_none": True, "non_blocking": True, "precision_level": "autocast"})
+    assert acc.unsupported == {}      # set on the prepared objects; O1 is what every framework's precision is
+
+
+def test_a_model_switch_is_set_and_read_back_the_same_way_by_every_adapter():
+    for adapter in ADAPTERS:
+        record = FrameworkRecord(adapter, "x")
+        model = switch_models(record, nn.Sequential(nn.Conv2d(3, 4, 3)), {"channels_last": True}, adapter)
+        assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+        assert record.to_dict()["switches"]["memory format"]["applied"] is True
+        record = FrameworkRecord(adapter, "x")
+        switch_models(record, nn.Linear(2, 2), {"channels_last": True}, adapter)
+        assert "no convolutions" in record.unsupported["channels_last"]
+
+
+def test_effects_are_judged_by_device_model_then_data():
+    assert not field_effect("cudnn_benchmark", CPU, None).acts
+    assert field_effect("channels_last", CPU, None).acts                   # a script's model: not known yet
+    why = field_effect("channels_last", CPU, nn.Linear(2, 2))
+    assert not why.acts and "no convolutions" in why.reason
+    assert field_effect("decode_cache", CPU, None, split=None).acts         # data not known yet
+    in_memory = type("Split", (), {"train": [], "val": []})()
+    assert "image folders only" in field_effect("decode_cache", CPU, None, in_memory).reason
+    # device first: on a CPU device decoding says so before the data is asked
+    assert "only acts on CUDA" in field_effect("device_decode", CPU, None, in_memory).reason
+    assert not field_effect("group_aspect_ratio", CPU, None, in_memory).applies
+    assert field_effect("epochs", CPU, None).acts
+
+
+def test_a_rung_declared_for_one_task_is_named_only_there():
+    rung = RungSpec("x", {"epochs": 2}, place=5, tasks=("detection",), default_in=("detection",),
+                    places={"detection": 99})
+    assert rung.named_in("detection") and not rung.named_in("classification")
+    assert rung.place_in("detection") == 99 and rung.place_in("classification") == 5
+
+
+def test_the_docs_table_is_the_one_the_declarations_make():
+    from pathlib import Path
+
+    from trainfast.report.switches import docs_block
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "techniques.md"
+    assert docs_block() in doc.read_text(), (
+        "docs/techniques.md's switch table is out of date: run\n  python -c 'from trainfast.report.switches "
+        "import update_docs; update_docs()'")
