@@ -73,7 +73,7 @@ def _matmul_peak_measured_once():
     import functools
 
     import trainfast.ablation.loop
-    import trainfast.doctor
+    import trainfast.doctor.peaks
     import trainfast.measure
 
     @functools.lru_cache(maxsize=None)
@@ -85,7 +85,7 @@ def _matmul_peak_measured_once():
 
     real = trainfast.measure.measure_ceiling
     with pytest.MonkeyPatch.context() as patch:
-        for module in (trainfast.measure, trainfast.ablation.loop, trainfast.doctor):
+        for module in (trainfast.measure, trainfast.ablation.loop, trainfast.doctor.peaks):
             patch.setattr(module, "measure_ceiling", measure_ceiling)
         yield
 
@@ -121,7 +121,7 @@ def noisy_repeat(rate: float, blocks: int = 8, noise: float = 0.03, samples: int
     return Repeat(tuple((samples, float(s)) for s in seconds))
 
 
-def scored_rung(name: str, rates: list[float], accuracy: float, **changes) -> "Rung":
+def scored_rung(name: str, rates: list[float], accuracy: float, **changes):
     """A finished rung with one synthetic repeat per rate (repeat i: seed i), as score_rungs reads them."""
     from trainfast.results import Rung
 

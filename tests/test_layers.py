@@ -1,7 +1,8 @@
 """The layers of trainfast, enforced: a module imports only from its own layer or the layers below it, never
 from a layer above, not even inside a function or under TYPE_CHECKING; no two modules import each other round
-a cycle, whatever their layers, a package's __init__ and its own modules included; and no module is longer
-than MAX_LINES. The order is written down in CONTRIBUTING.md ("Layers")."""
+a cycle, whatever their layers, a package's __init__ and its own modules included; no module is longer
+than MAX_LINES, and no class longer than MAX_CLASS_LINES. The order is written down in CONTRIBUTING.md
+("Layers")."""
 from __future__ import annotations
 
 import ast
@@ -14,18 +15,22 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "trainfast"
 # Past this a module holds more than one concern: split it by what each part does (checks/ is the example).
 MAX_LINES = 600
+# Past this a class does more than one job: move a cohesive group of its methods into a helper object of its own
+# (Watch's instruments are the example) or into module-level functions.
+MAX_CLASS_LINES = 200
 
 # Top to bottom. A name matches a module or, with ".*", every module of a package.
 LAYERS: list[tuple[str, list[str]]] = [
     ("entry points", ["trainfast", "trainfast.__main__", "trainfast.cli", "trainfast.cliargs", "trainfast._site",
                       "trainfast._site.*"]),
     ("search", ["trainfast.tune", "trainfast.tune.*"]),
-    ("applications", ["trainfast.ablation", "trainfast.ablation.*", "trainfast.doctor", "trainfast.bench_data",
-                      "trainfast.trainer", "trainfast.selfcheck", "trainfast.selfcheck.*"]),
+    ("applications", ["trainfast.ablation", "trainfast.ablation.*", "trainfast.doctor", "trainfast.doctor.*",
+                      "trainfast.bench_data", "trainfast.trainer", "trainfast.selfcheck", "trainfast.selfcheck.*"]),
     ("output", ["trainfast.report", "trainfast.report.*"]),
     ("assembly and instruments", ["trainfast.run", "trainfast.launch", "trainfast.probe", "trainfast.checks",
                                   "trainfast.checks.*",
-                                  "trainfast.watch", "trainfast.syncs", "trainfast.gradwatch",
+                                  "trainfast.watch", "trainfast.stepwatch", "trainfast.forwardwatch",
+                                  "trainfast.syncs", "trainfast.gradwatch",
                                   "trainfast.evalcheck", "trainfast.envcheck", "trainfast.frameworks",
                                   "trainfast.frameworks.*"]),
     ("loop and tasks", ["trainfast.engine", "trainfast.tasks", "trainfast.tasks.*"]),
@@ -34,8 +39,8 @@ LAYERS: list[tuple[str, list[str]]] = [
                                         "trainfast.data.*", "trainfast.detection", "trainfast.detection.*",
                                         "trainfast.distributed", "trainfast.faults", "trainfast.checkpoint",
                                         "trainfast.models"]),
-    ("foundations", ["trainfast.recipe", "trainfast.measure", "trainfast.stats", "trainfast.procs",
-                     "trainfast.results", "trainfast.observers", "trainfast.procstate"]),
+    ("foundations", ["trainfast.recipe", "trainfast.measure", "trainfast.measure.*", "trainfast.stats",
+                     "trainfast.procs", "trainfast.results", "trainfast.observers", "trainfast.procstate"]),
 ]
 
 
@@ -159,6 +164,25 @@ def test_no_module_over_the_line_limit():
     assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
 
 
+def long_classes(root: Path = PACKAGE) -> list[str]:
+    """Every class longer than MAX_CLASS_LINES, counted from its `class` line to its last line (ast's end_lineno),
+    with its file and its length."""
+    long = []
+    for _, path in sorted(module_files(root).items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_CLASS_LINES:
+                    long.append(f"class {node.name} in {path.relative_to(root.parent)} (line {node.lineno}): {n} lines")
+    return long
+
+
+def test_no_class_over_the_line_limit():
+    long = long_classes()
+    assert not long, (f"classes over {MAX_CLASS_LINES} lines (move a cohesive group of their methods into a helper "
+                      f"object or module-level functions):\n" + "\n".join(long))
+
+
 @pytest.mark.parametrize("code, expect", [
     ("def f():\n    from ..ablation import ablate\n", "trainfast.ablation"),      # inside a function
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..tune import tune\n", "trainfast.tune"),
@@ -208,3 +232,16 @@ def test_the_check_finds_a_long_module(tmp_path):
     with open(copy / "stats.py", "a") as f:
         f.write("\n" * MAX_LINES)
     assert [line for line in long_modules(copy) if line.startswith("trainfast.stats:")]
+
+
+def test_the_check_finds_a_long_class(tmp_path):
+    import shutil
+
+    copy = tmp_path / "trainfast"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_CLASS_LINES))      # the class line and these: one too many
+    with open(copy / "stats.py", "a") as f:
+        f.write("\n\nclass Sprawling:\n" + body)
+    found = [line for line in long_classes(copy) if line.startswith("class Sprawling ")]
+    assert len(found) == 1 and found[0].startswith("class Sprawling in trainfast/stats.py (line "), found
+    assert found[0].endswith(f": {MAX_CLASS_LINES + 1} lines"), found

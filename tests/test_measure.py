@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainfast.measure import Meter, StepTimer, batch_samples, NonFiniteLossError, count_train_flops, measure_ceiling, peak_memory_bytes
+from trainfast.measure import (Meter, NonFiniteLossError, StepTimer, batch_samples, count_train_flops, measure_ceiling,
+                               peak_memory_bytes)
 
 CPU = torch.device("cpu")
 
@@ -38,7 +39,9 @@ def test_nonfinite_loss_stops_naming_the_step():
 
 def test_flop_count_of_a_linear_layer_is_exact():
     model = nn.Linear(16, 8, bias=False)
-    loss_fn = lambda out, tgt: out.sum()
+    def loss_fn(out, tgt):
+        return out.sum()
+
     flops = count_train_flops(model, loss_fn, torch.randn(4, 16), torch.zeros(4))
     # forward 2*B*I*O; backward computes only the weight gradient (the input needs none): 2*B*I*O more
     assert flops == 2 * (2 * 4 * 16 * 8)
@@ -155,7 +158,7 @@ class TimelineBatches:
 def timeline_steps(monkeypatch, fetch_ms: float, copy_ms: float = 2.0, compute_ms: float = 20.0,
                    launch_ms: float = 0.5, blocking: bool = True, steps: int = 5):
     """The step clock on a faked CUDA timeline, fed through the Session's hook (TrainState.batches' on_fetched)."""
-    import trainfast.measure as measure
+    import trainfast.measure.clock as measure
 
     line = Timeline()
     monkeypatch.setattr(measure, "_event", line.event)
@@ -191,7 +194,7 @@ def test_cuda_wait_is_the_device_idle_for_a_slow_loader(monkeypatch):
 def test_cuda_wait_without_an_arrival_mark_counts_the_whole_span(monkeypatch):
     # A loader that never says when its batch arrived (no on_fetched): the span from the ask to the batch's
     # readiness is the wait, copy 0. The fetch takes 10 ms, of which the step's 5 ms of kernels cover half.
-    import trainfast.measure as measure
+    import trainfast.measure.clock as measure
 
     line = Timeline()
     monkeypatch.setattr(measure, "_event", line.event)

@@ -86,6 +86,26 @@ class StopRun(SystemExit):
         super().__init__(0)
 
 
+class LoaderWorkers:
+    """Loader worker processes beside the step: the Session's loader's count, or for a script without one the
+    most multiprocessing children seen alive at its steps (DataLoader workers are; torch.compile's
+    subprocess pool is not). What explains a wait-policy switch's effect (techniques/threads.py)."""
+
+    def __init__(self) -> None:
+        self.num_workers: int | None = None
+        self.children_seen = 0
+
+    def count_children(self) -> None:
+        """A run whose loader count is unknown (no Session, or a Session without a loader): its children now."""
+        if not isinstance(self.num_workers, int):
+            self.children_seen = max(self.children_seen, len(multiprocessing.active_children()))
+
+    def workers(self) -> int:
+        """The run's loader worker processes (see the class docstring)."""
+        self.count_children()
+        return self.num_workers if isinstance(self.num_workers, int) else self.children_seen
+
+
 class Probe:
     def __init__(self, spec: MeasureSpec) -> None:
         self.spec = spec
@@ -101,11 +121,7 @@ class Probe:
         self.reported: dict[str, Any] = {}       # metrics of a run without a Session (the built-in run's)
         # More parts of the result, read when it is written: name -> (its value, the script settings it replaced)
         self.sections: dict[str, Any] = {}
-        # Loader worker processes beside the step: the Session's loader's count, or for a script without one the
-        # most multiprocessing children seen alive at its steps (DataLoader workers are; torch.compile's
-        # subprocess pool is not). What explains a wait-policy switch's effect (techniques/threads.py).
-        self.num_workers: int | None = None
-        self.children_seen = 0
+        self.loader = LoaderWorkers()            # loader worker processes beside the step
         self.steady_steps: int | None = None     # full mode, steady_window: the steps speed mode would have timed
 
     # --- where steps come from ------------------------------------------------------------------------
@@ -131,7 +147,7 @@ class Probe:
         no loader workers; elsewhere nothing is left out."""
         self.timer = state.timer
         self.device = state.precision.device
-        self.num_workers = num_workers
+        self.loader.num_workers = num_workers
         self.check_disturbance = (self.device.type == "cpu" and self.world_size == 1 and num_workers == 0)
         state.after_update = self.after_update
 
@@ -140,7 +156,7 @@ class Probe:
     def after_update(self) -> None:
         if self.timer.updates % CHECK_EVERY:
             return
-        self.count_children()
+        self.loader.count_children()
         if self.spec.mode != "speed":
             if self.spec.steady_window and self.steady_steps is None and self.steps_needed(collective=False) == 0:
                 self.steady_steps = len(self.timer.steps)
@@ -177,16 +193,6 @@ class Probe:
         tensor = torch.tensor([value], device=device)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return int(tensor.item())
-
-    def count_children(self) -> None:
-        """A run whose loader count is unknown (no Session, or a Session without a loader): its children now."""
-        if not isinstance(self.num_workers, int):
-            self.children_seen = max(self.children_seen, len(multiprocessing.active_children()))
-
-    def workers(self) -> int:
-        """The run's loader worker processes (see __init__)."""
-        self.count_children()
-        return self.num_workers if isinstance(self.num_workers, int) else self.children_seen
 
     # --- the result ------------------------------------------------------------------------------------
 
@@ -235,7 +241,7 @@ class Probe:
             "timing": timing.to_dict(),
             "steps_run": self.timer.updates,
             "steady_window": self.steady_steps,     # full mode: the steps the rate is from (None: every step)
-            "num_workers": self.workers(),
+            "num_workers": self.loader.workers(),
             # Only a Session's loader times the wait for each batch; the global hook sees optimizer steps alone.
             "data_wait_fraction": (timing.data_wait_s / timing.seconds if timing.seconds else 0.0)
             if session is not None else None,

@@ -26,7 +26,8 @@ TRAINFAST_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # The instruments' own files (named, not imported: they import this one): their frames are the watch's,
 # never the loop's.
 INSTRUMENT_FILES = frozenset(os.path.join(TRAINFAST_DIR, name)
-                             for name in ("watch.py", "syncs.py", "gradwatch.py", "evalcheck.py"))
+                             for name in ("watch.py", "stepwatch.py", "forwardwatch.py", "syncs.py", "gradwatch.py",
+                                          "evalcheck.py"))
 # Frames between a Tensor method written in Python (__format__, __repr__) and its caller: the method itself.
 PASS_THROUGH = {*INSTRUMENT_FILES, os.path.join(TORCH_DIR, "overrides.py"), os.path.join(TORCH_DIR, "_tensor.py")}
 

@@ -23,10 +23,10 @@ if os.environ.get("TRAINFAST_MEASURE"):
     from trainfast import probe
 
     probe.install()
-    from trainfast import frameworks        # a Trainer, Lightning or Accelerate script: switched from inside
+    from trainfast import frameworks  # a Trainer, Lightning or Accelerate script: switched from inside
 
     frameworks.install_from_env(probe.current())
-if os.environ.get("TRAINFAST_DOCTOR"):          # `trainfast doctor -- COMMAND`: the Watch (doctor.py)
+if os.environ.get("TRAINFAST_DOCTOR"):          # `trainfast doctor -- COMMAND`: the Watch (doctor/script.py)
     from trainfast import doctor
 
     doctor.install_in_script()

@@ -22,8 +22,8 @@ from ..recipe import RecipeError
 from ..results import AblationResult, Rung, Status
 from ..stats import MIN_EFFECT
 from ..techniques.precision import DTYPES
-from .rung import TimingBudget
 from .metric import SCRIPT_CHOICE, MetricChoice, choose_metric, metric_goal
+from .rung import TimingBudget
 from .scoring import pick_best, score_rungs, seed_summary, unresolved
 from .server import wait_rung_server
 from .store import RunStore, write_json
@@ -114,6 +114,46 @@ def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float)
     return kept, fitted
 
 
+def ceiling(work: Work, precision: str) -> float:
+    """The roof a rung of this precision is measured against: the matmul peak in its dtype, TF32 for an fp32
+    run whose kernels run in TF32 (measure.runs_tf32: a conv net on CUDA by default)."""
+    return measure_ceiling(work.dev, DTYPES[precision], tf32=fp32_roof_is_tf32(work) and precision == "fp32")
+
+
+def fp32_roof_is_tf32(work: Work) -> bool:
+    return bool(work.settings.get("fp32_roof") == "tf32")
+
+
+class LadderMetric:
+    """The metric a ladder's runs are judged on, one for the whole ladder: the work's (name, goal), read against
+    the plan (its baseline's runs) and the ladder's settings."""
+
+    def __init__(self, metric: tuple[str | None, str | None], plan: list[Rung], settings: dict[str, Any]) -> None:
+        self.metric, self.plan, self.settings = metric, plan, settings
+
+    def choice(self) -> MetricChoice | None:
+        """The metric every run is judged on (metric.choose_metric), one for the whole ladder: a script's own
+        choice is read from the baseline's first finished run, so every rung is compared on the same name."""
+        key, goal = self.metric
+        if key is None:
+            return None
+        if key == SCRIPT_CHOICE:
+            runs = self.plan[0].repeats + self.plan[0].seed_runs
+            return choose_metric(None, goal, runs[0] if runs else None)
+        if self.settings.get("command"):
+            return choose_metric(key, goal, None)
+        return MetricChoice(key, goal or metric_goal(key), "the task's metric on held-out data, higher is better")
+
+    def judged_metric(self) -> dict[str, Any] | None:
+        """What a rung's `accuracy` holds, by name, and why that metric: the task's (accuracy, mAP), or a
+        script's (metric.py); None when runs are only timed."""
+        choice = self.choice()
+        if choice is None:
+            return None
+        name = choice.name if self.settings.get("command") else self.settings.get("metric_name") or choice.name
+        return {**choice.to_dict(), "name": name}
+
+
 class LadderRun:
     """One ladder's runs (module docstring). `run()` returns the scored result and writes the report folder;
     on Ctrl-C it writes the partial report and raises KeyboardInterrupt (resume with the same out_dir)."""
@@ -125,7 +165,7 @@ class LadderRun:
         if options.paired and pair_against is not None:
             pair_against(plan[0].recipe)
         self.launch = work.launcher(measure)
-        self.metric = work.metric(measure)
+        self.metric = LadderMetric(work.metric(measure), plan, settings)
         self.after_run = work.after_run(plan)
         self.repeats, self.noise_seeds = options.repeats, options.noise_seeds
         self.measured = [r for r in plan if r.status != Status.NO_EFFECT]
@@ -148,7 +188,7 @@ class LadderRun:
 
         store = RunStore(self.out_dir, self.settings, self.opts.resume)
         wait_rung_server()
-        self.ceilings = {p: self.ceiling(p) for p in dict.fromkeys(r.recipe.precision for r in self.measured)}
+        self.ceilings = {p: ceiling(self.work, p) for p in dict.fromkeys(r.recipe.precision for r in self.measured)}
         self.machine = {"start": reference_check(self.work.dev)}
         env = environment(self.work.dev)
         display = Display(self.plan, self.ceilings, env, show=self.opts.show, settings=self.settings)
@@ -158,14 +198,14 @@ class LadderRun:
                 while self.queue or self.add_pass():
                     self.run_next(store, display)
                     self.rescore()
-                    display.metric = self.judged_metric()
+                    display.metric = self.metric.judged_metric()
                     display.update()
             except KeyboardInterrupt:
                 interrupted = True
             if not interrupted:
                 # The ceiling is a peak: measured again after the ladder and the higher kept, so a slow spell
                 # on a shared machine at the start does not put rungs "above" it.
-                self.ceilings.update({p: max(c, self.ceiling(p)) for p, c in self.ceilings.items()})
+                self.ceilings.update({p: max(c, ceiling(self.work, p)) for p, c in self.ceilings.items()})
                 self.machine["end"] = reference_check(self.work.dev)
                 # What this process (display, event relay) took from the cores the runs use, while they ran.
                 cpu, seconds = self.in_runs
@@ -179,15 +219,6 @@ class LadderRun:
         if interrupted:
             raise KeyboardInterrupt
         return result
-
-    def ceiling(self, precision: str) -> float:
-        """The roof a rung of this precision is measured against: the matmul peak in its dtype, TF32 for an fp32
-        run whose kernels run in TF32 (measure.runs_tf32: a conv net on CUDA by default)."""
-        return measure_ceiling(self.work.dev, DTYPES[precision], tf32=self.tf32 and precision == "fp32")
-
-    @property
-    def tf32(self) -> bool:
-        return bool(self.work.settings.get("fp32_roof") == "tf32")
 
     def run_next(self, store: RunStore, display) -> None:
         """The next run of the queue: read back from the store, or launched; its rung updated."""
@@ -276,7 +307,8 @@ class LadderRun:
 
     def another_pass(self) -> list[tuple[Rung, int, TimingBudget]]:
         """The runs of one more pass (add_pass), or none."""
-        shaky = [r.name for r in self.plan[1:] if r.measured and (r.result.unsettled or unresolved(r, self.opts.min_effect))]
+        shaky = [r.name for r in self.plan[1:]
+                 if r.measured and (r.result.unsettled or unresolved(r, self.opts.min_effect))]
         settle = self.opts.settle_within_s
         if (not settle or (self.cut is not None and self.cut.trimmed) or not shaky or self.repeats >= MAX_REPEATS
                 or not self.pass_times):
@@ -294,7 +326,7 @@ class LadderRun:
 
     def rescore(self) -> None:
         base = self.plan[0]
-        choice = self.choice()
+        choice = self.metric.choice()
         metric = (choice.name, choice.goal) if choice is not None else (None, None)
         self.seed_runs = [seed_summary(r, metric[0]) for r in base.repeats + base.seed_runs]
         score_rungs(self.plan, self.ceilings, [s["accuracy"] for s in self.seed_runs], self.work.flops_per_sample,
@@ -316,33 +348,11 @@ class LadderRun:
                         "settle": {"within_s": self.opts.settle_within_s, "passes": self.added}}
         if self.machine:
             settings = {**settings, "machine_check": self.machine}
-        result = AblationResult(self.plan, env, self.out_dir, best.recipe if best else None, best.name if best else None,
-                                self.ceilings, self.seed_runs, tie, settings, odds, self.judged_metric())
+        result = AblationResult(self.plan, env, self.out_dir, best.recipe if best else None,
+                                best.name if best else None, self.ceilings, self.seed_runs, tie, settings, odds,
+                                self.metric.judged_metric())
         write_report(result)
         return result
-
-
-    def choice(self) -> MetricChoice | None:
-        """The metric every run is judged on (metric.choose_metric), one for the whole ladder: a script's own
-        choice is read from the baseline's first finished run, so every rung is compared on the same name."""
-        key, goal = self.metric
-        if key is None:
-            return None
-        if key == SCRIPT_CHOICE:
-            runs = self.plan[0].repeats + self.plan[0].seed_runs
-            return choose_metric(None, goal, runs[0] if runs else None)
-        if self.settings.get("command"):
-            return choose_metric(key, goal, None)
-        return MetricChoice(key, goal or metric_goal(key), "the task's metric on held-out data, higher is better")
-
-    def judged_metric(self) -> dict[str, Any] | None:
-        """What a rung's `accuracy` holds, by name, and why that metric: the task's (accuracy, mAP), or a
-        script's (metric.py); None when runs are only timed."""
-        choice = self.choice()
-        if choice is None:
-            return None
-        name = choice.name if self.settings.get("command") else self.settings.get("metric_name") or choice.name
-        return {**choice.to_dict(), "name": name}
 
 
 def run_ladder(plan: list[Rung], work: Work, settings: dict[str, Any], out: str | Path | None,

@@ -1,4 +1,4 @@
-"""The doctor's checks: each one reads the run's Observations (what doctor.py measured) and returns one
+"""The doctor's checks: each one reads the run's Observations (what the doctor measured, doctor/) and returns one
 Finding: a status, the evidence behind it, the time it costs per step where that was measured, and the one
 fix (a Recipe flag where one exists). A check that cannot run on this device says "not checked here",
 never "0 ms" or "fine".

@@ -1,0 +1,126 @@
+"""A run's steady state from its step times: warm-up found (detect_warmup), the steps after it grouped in
+blocks, the blocks other processes disturbed left out and the rate of the rest (Timing); and how many more
+steps a timing needs (steps_to_time)."""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from .clock import StepTime
+
+
+def detect_warmup(seconds: list[float], min_skip: int = 1, settle: int = 3, tolerance: float = 0.5) -> int:
+    """How many leading steps are warm-up: the index of the first step from which `settle` steps in a row
+    each take at most (1 + tolerance) x the steady level, that level being the median of the second half
+    of the run (warm-up is assumed to be shorter than half of it; the caller runs enough steps for that).
+    The first `min_skip` steps are always warm-up (first touch of every buffer). Compilation, allocator
+    growth and worker start-up cost 2x to 100x a steady step; the machine's own step-to-step noise here is
+    well under 1.5x, so the rule stops where the start-up costs stop rather than at a fixed count."""
+    n = len(seconds)
+    if n <= min_skip:
+        return n
+    level = statistics.median(seconds[n // 2:])
+    limit = level * (1 + tolerance)
+    settle = max(1, min(settle, n - min_skip))
+    for start in range(min_skip, n - settle + 1):
+        if all(t <= limit for t in seconds[start:start + settle]):
+            return start
+    return n - settle          # never settled: keep only the last few steps, and the spread will show it
+
+
+BLOCK_SECONDS = 0.2       # a timing block: consecutive steps summing to at least this (20 ticks of /proc/stat)
+DISTURBED_SHARE = 0.25    # a block is disturbed when other processes used more than this share of the machine
+
+
+@dataclass
+class Timing:
+    """A run's steady state: the steps after warm-up, grouped in blocks of consecutive steps, and the rate
+    they give. The rate is total samples over total seconds of the clean blocks, exactly what a clock around
+    them reads (no median of ratios). A block is disturbed, and left out, when other processes used more
+    than DISTURBED_SHARE of the machine's cores during it (CPU runs in one process only: DataLoader workers
+    or other ranks would count as "other processes"; elsewhere nothing is left out)."""
+    warmup_steps: int
+    step_seconds: list[float]
+    step_samples: list[int]
+    data_wait_s: float
+    blocks: list[dict]            # {"steps", "samples", "seconds", "foreign_share", "disturbed"}
+    warmup_seconds: list[float] = field(default_factory=list)   # the left-out steps (compilation shows here)
+    copy_s: float | None = None   # CUDA: the batches' copy and preparation on the compute stream (StepTime)
+
+    @classmethod
+    def from_steps(cls, steps: list[StepTime], min_skip: int = 1, check_disturbance: bool = False) -> "Timing":
+        import os
+
+        warmup = detect_warmup([s.seconds for s in steps], min_skip=min_skip)
+        timed = steps[warmup:]
+        cores = os.cpu_count() or 1
+        blocks, current = [], []
+        for i, step in enumerate(timed):
+            current.append(step)
+            if sum(s.seconds for s in current) >= BLOCK_SECONDS or i == len(timed) - 1:
+                blocks.append(step_block(current, cores, check_disturbance))
+                current = []
+        clean = [s for b, group in _grouped(timed, blocks) if not b["disturbed"] for s in group]
+        clean = clean or timed          # every block disturbed: the rate comes from all of them (clean_blocks)
+        copies = [s.copy_s for s in clean]
+        return cls(warmup, [s.seconds for s in timed], [s.samples for s in timed],
+                   sum(s.data_wait_s for s in clean), blocks, [s.seconds for s in steps[:warmup]],
+                   sum(copies) if copies and None not in copies else None)
+
+    @property
+    def clean_blocks(self) -> list[dict]:
+        """The undisturbed blocks; all of them when every block was disturbed (a machine busy throughout:
+        a rate from disturbed steps, which the report says, beats no rate at all)."""
+        return [b for b in self.blocks if not b["disturbed"]] or self.blocks
+
+    @property
+    def clean_steps(self) -> int:
+        return sum(b["steps"] for b in self.clean_blocks)
+
+    @property
+    def seconds(self) -> float:
+        return sum(b["seconds"] for b in self.clean_blocks)
+
+    @property
+    def throughput(self) -> float:
+        return sum(b["samples"] for b in self.clean_blocks) / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"warmup_steps": self.warmup_steps, "timed_steps": self.clean_steps, "timed_seconds": self.seconds,
+                "throughput": self.throughput, "data_wait_s": self.data_wait_s, "copy_s": self.copy_s,
+                "disturbed_steps": len(self.step_seconds) - self.clean_steps,
+                "all_disturbed": bool(self.blocks) and all(b["disturbed"] for b in self.blocks),
+                "warmup_seconds": self.warmup_seconds, "step_seconds": self.step_seconds,
+                "step_samples": self.step_samples, "blocks": self.blocks}
+
+
+def step_block(steps: list[StepTime], cores: int, check: bool) -> dict:
+    """Consecutive steps as one timing block: samples, seconds, and whether other processes disturbed it."""
+    seconds = sum(s.seconds for s in steps)
+    foreign = None
+    if check and all(s.machine_cpu_s is not None for s in steps) and seconds > 0:
+        other = sum(s.machine_cpu_s - s.own_cpu_s for s in steps)
+        foreign = max(0.0, other) / (seconds * cores)
+    return {"steps": len(steps), "samples": sum(s.samples for s in steps), "seconds": seconds,
+            "foreign_share": foreign, "disturbed": foreign is not None and foreign > DISTURBED_SHARE}
+
+
+def _grouped(steps: list[StepTime], blocks: list[dict]):
+    i = 0
+    for b in blocks:
+        yield b, steps[i:i + b["steps"]]
+        i += b["steps"]
+
+
+def steps_to_time(timing: Timing, min_steps: int, max_seconds: float, floor: int = 8, min_seconds: float = 0.0) -> int:
+    """More steps needed for a timing of `min_steps` steady steps, or of at least `floor` steps once they
+    take `max_seconds` (a slow model is timed over fewer, longer steps: its windows are already long), and in
+    any case of at least `min_seconds` (millisecond steps: enough blocks for a spread)."""
+    have = timing.clean_steps
+    per_step = timing.seconds / have if have else 0.0
+    affordable = int(max_seconds / per_step) if per_step > 0 else min_steps
+    target = max(floor, min(min_steps, affordable))
+    if per_step > 0 and min_seconds > 0:
+        target = max(target, math.ceil(min_seconds / per_step))
+    return max(0, target - have)
