@@ -13,15 +13,24 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 
-def run(script: str, *args: str, recipe: str | None = None) -> subprocess.CompletedProcess:
+def start(script: str, *args: str, recipe: str | None = None) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "TRAINFAST_RECIPE"}
     env.update(PYTHONPATH=str(ROOT / "src"), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")   # the same CPU math
     if recipe is not None:
         env["TRAINFAST_RECIPE"] = recipe
-    proc = subprocess.run([sys.executable, str(EXAMPLES / script), *args], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+    return subprocess.Popen([sys.executable, str(EXAMPLES / script), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr[-3000:]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def final(proc: subprocess.CompletedProcess) -> tuple[float, float]:
@@ -40,16 +49,26 @@ def test_the_adopted_loop_changes_three_lines_and_the_import():
     removed = [line[1:].strip() for line in diff if line.startswith("-")]
     assert removed == ["loss.backward()"]
     assert added == ["import trainfast", "tf = trainfast.Session()",
-                     "model, optimizer, train_loader, val_loader = tf.setup(model, optimizer, train_loader, val_loader)",
+                     "model, optimizer, train_loader, val_loader = "
+                     "tf.setup(model, optimizer, train_loader, val_loader)",
                      "tf.backward(loss)",
-                     "tf.report(val_accuracy=accuracy)            # optional: what `trainfast ablate --measure full` compares"]
+                     "tf.report(val_accuracy=accuracy)            "
+                     "# optional: what `trainfast ablate --measure full` compares"]
 
 
 def test_the_adopted_loop_gives_the_plain_loops_result_in_fp32_and_takes_a_recipe_from_the_environment():
-    plain = final(run("plain_loop.py", "--epochs", "1"))
-    adopted = final(run("adopted_loop.py", "--epochs", "1"))
+    # The three runs at once, one thread each (OMP_NUM_THREADS=1): each one's numbers are its own.
+    procs = [start("plain_loop.py", "--epochs", "1"), start("adopted_loop.py", "--epochs", "1"),
+             start("adopted_loop.py", "--epochs", "1", recipe='{"precision": "bf16"}')]
+    try:
+        plain, adopted, bf16 = (finish(proc) for proc in procs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    plain, adopted = final(plain), final(adopted)
     assert adopted == plain
     assert plain[1] > 0.2                                  # it learned something (chance is 0.1)
-    bf16 = run("adopted_loop.py", "--epochs", "1", recipe='{"precision": "bf16"}')
     assert "TRAINFAST_RECIPE overrides the script's recipe: precision 'fp32' -> 'bf16'" in bf16.stderr
     assert final(bf16) != plain                            # autocast was applied

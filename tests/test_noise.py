@@ -1,21 +1,30 @@
 """A noisy machine in the report: a planted CPU hog beside the runs is seen, its blocks left out and its runs named
 (not folded into the verdicts), and a fixed workload timed before and after the ladder says how much the machine
 itself moved."""
+import os
 import subprocess
 import sys
 
+import pytest
 from conftest import tiny_resnet
+
 from trainfast import Recipe, ablate
 from trainfast.ablation.rung import TimingBudget
+from trainfast.ablation.scoring import aggregate
+from trainfast.measure import DISTURBED_SHARE, StepTime, Timing
 from trainfast.procstate import process_state, reference_check
 from trainfast.report.notes import caveats
 from trainfast.report.summary import machine_line
+from trainfast.results import Rung, Status
 
 # Spins on one core for 0.4 s, sleeps 0.4 s, for 60 s: part of every timing window is disturbed, part is not.
 HOG = "import time\nend = time.time() + 60\nwhile time.time() < end:\n    t = time.time() + 0.4\n" \
       "    while time.time() < t: pass\n    time.sleep(0.4)\n"
 
 
+# Slow: a real ablation beside a spinning process. Fast: test_disturbed_blocks_are_left_out_and_their_runs_named (the
+# rule on step times as the clock reads them), test_the_machine_line_compares_the_reference_workload_before_and_after.
+@pytest.mark.slow
 def test_a_cpu_hog_beside_the_runs_is_left_out_and_its_runs_named(tmp_path, digits16):
     hog = subprocess.Popen([sys.executable, "-c", HOG])
     try:
@@ -37,6 +46,59 @@ def test_a_cpu_hog_beside_the_runs_is_left_out_and_its_runs_named(tmp_path, digi
             if any(b["disturbed"] for b in run["timing"]["blocks"]):
                 assert f"seed {run['seed']}" in notes, notes
     assert "The machine itself" in (tmp_path / "report.md").read_text()
+
+
+CORES = 2
+STEP_S, SAMPLES = 0.1, 32           # a steady step: two of them make a timing block (BLOCK_SECONDS)
+
+
+def steps(busy: list[bool]) -> list[StepTime]:
+    """A warm-up step, then two steps per block; in a `busy` block other processes took 60% of the machine's CPU
+    (and the step ran slower), elsewhere 2% (the machine's own housekeeping)."""
+    out = [StepTime(0.5, SAMPLES, 0.0, own_cpu_s=0.5 * CORES, machine_cpu_s=0.5 * CORES)]
+    for hit in busy:
+        seconds = 0.14 if hit else STEP_S
+        own = seconds * CORES * (0.4 if hit else 0.98)
+        foreign = seconds * CORES * (0.6 if hit else 0.02)
+        out += [StepTime(seconds, SAMPLES, 0.0, own_cpu_s=own, machine_cpu_s=own + foreign)] * 2
+    return out
+
+
+def test_disturbed_blocks_are_left_out_and_their_runs_named(monkeypatch):
+    """The disturbance rule on step times as the clock reads them (StepTime: this process's CPU seconds and the
+    whole machine's): a block where other processes used more than DISTURBED_SHARE of the cores is left out of the
+    rate, and the rung's notes name each run that had one. Seed 0 is disturbed in some blocks, seed 1 in none,
+    seed 2 in every one (its rate then comes from disturbed steps, and the notes say so)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: CORES)
+    plans = {0: [False, True, False, True, False, False], 1: [False] * 6, 2: [True] * 6}
+    runs = []
+    for seed, busy in plans.items():
+        timing = Timing.from_steps(steps(busy), check_disturbance=True)
+        assert timing.warmup_steps == 1 and [b["steps"] for b in timing.blocks] == [2] * len(busy)
+        assert [b["disturbed"] for b in timing.blocks] == busy
+        runs.append({"seed": seed, "timing": timing.to_dict(), "world_size": 1, "peak_memory_bytes": 1 << 20})
+    blocks = [b for run in runs for b in run["timing"]["blocks"]]
+    assert all(b["foreign_share"] > DISTURBED_SHARE for b in blocks if b["disturbed"])
+    assert all(b["foreign_share"] <= DISTURBED_SHARE for b in blocks if not b["disturbed"])
+    # The rate is the clean blocks' alone: the disturbed ones' slower steps do not pull it down.
+    assert runs[0]["timing"]["throughput"] == pytest.approx(SAMPLES / STEP_S)
+    assert runs[1]["timing"]["throughput"] == pytest.approx(SAMPLES / STEP_S)
+    assert runs[0]["timing"]["disturbed_steps"] == 4 and runs[1]["timing"]["disturbed_steps"] == 0
+    # Every block disturbed: none left out (a rate from disturbed steps beats none), and the run is flagged.
+    assert runs[2]["timing"]["all_disturbed"] and runs[2]["timing"]["disturbed_steps"] == 0
+    assert runs[2]["timing"]["throughput"] == pytest.approx(SAMPLES / 0.14)
+    rung = Rung("fused", {"optimizer_impl": "fused"}, Recipe(optimizer_impl="fused"), status=Status.DONE, repeats=runs)
+    aggregate(rung, None)
+    notes = caveats(rung)
+    left_out = next(n for n in notes if "left out as disturbed" in n)
+    assert "seed 0: 4" in left_out and "seed 1" not in left_out and "seed 2" not in left_out, notes
+    busy = next(n for n in notes if "every block of steps was disturbed" in n)
+    assert "seed 2" in busy and "seed 0" not in busy, notes
+    # A quiet rung: nothing to say about other processes.
+    quiet = Rung("fused", {"optimizer_impl": "fused"}, Recipe(optimizer_impl="fused"), status=Status.DONE,
+                 repeats=runs[1:2])
+    aggregate(quiet, None)
+    assert not any("disturbed" in n for n in caveats(quiet))
 
 
 def test_the_machine_line_compares_the_reference_workload_before_and_after():

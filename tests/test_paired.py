@@ -2,14 +2,17 @@
 process, so process-level state (which of a shared machine's cores, what memory, which clock) cancels from the
 ratio. Scored on the ratios where both rungs have them, on the runs' own rates otherwise; a rung whose switch
 sets the whole process is compared across processes only, and says why."""
+import math
 import time
 
+import pytest
 import torch
+from conftest import scored_rung
 from torch import nn
 
-from conftest import scored_rung
 from trainfast.ablation.paired import PAIRED_BLOCKS, time_paired, unpaired_reason
 from trainfast.ablation.scoring import ladder_noises, paired_repeats, pick_best, score_rungs
+from trainfast.measure import BLOCK_SECONDS
 from trainfast.recipe import Recipe
 from trainfast.report.notes import caveats
 from trainfast.stats import FASTER, SAME
@@ -92,29 +95,54 @@ def test_switches_that_set_the_whole_process_are_not_paired():
     assert "multi-process" in unpaired_reason(base, base, nproc=2)
 
 
-class Sleepy(nn.Module):
-    """A tiny classifier whose forward also sleeps: a step of known extra cost."""
+class VirtualTime:
+    """`time` as the step clock (measure.clock) reads it: its perf_counter moves only when a step says so."""
 
-    def __init__(self, sleep_s: float) -> None:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+class Sleepy(nn.Module):
+    """A tiny classifier whose forward also sleeps (on `clock`: advances it): a step of known extra cost."""
+
+    def __init__(self, sleep_s: float, clock=time) -> None:
         super().__init__()
-        self.sleep_s = sleep_s
+        self.sleep_s, self.clock = sleep_s, clock
         self.net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 10))
 
     def forward(self, x):
-        time.sleep(self.sleep_s)
+        self.clock.sleep(self.sleep_s)
         return self.net(x)
 
 
-def test_the_pair_measures_each_runs_own_step_in_alternating_blocks():
+# The fast suite times the pair on a virtual clock (each step exactly its forward's sleep); the slow suite on the
+# real one, with real sleeps beside the real steps.
+@pytest.mark.parametrize("clock", ["virtual", pytest.param("real", marks=pytest.mark.slow)])
+def test_the_pair_measures_each_runs_own_step_in_alternating_blocks(clock, monkeypatch):
+    import trainfast.measure.clock
     from trainfast.run import as_split, assemble_run
 
+    virtual = VirtualTime() if clock == "virtual" else None
+    if virtual:
+        monkeypatch.setattr(trainfast.measure.clock, "time", virtual)
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (256, 3, 8, 8), generator=g, dtype=torch.uint8)
     train = torch.utils.data.TensorDataset(images, torch.randint(0, 10, (256,), generator=g))
     split = as_split(train, train, num_classes=10, mean=[0.5] * 3, std=[0.25] * 3)
     recipe = Recipe(batch_size=16)
-    quick = assemble_run(Sleepy(0.0), split, recipe, device="cpu", env=False)
-    slow = assemble_run(Sleepy(0.02), split, recipe, device="cpu", env=False)
+    # virtual: steps of 1/256 and 1/64 s, sums of which the clock adds up exactly
+    quick_s, slow_s = (1 / 256, 1 / 64) if virtual else (0.0, 0.02)
+    quick = assemble_run(Sleepy(quick_s, virtual or time), split, recipe, device="cpu", env=False)
+    slow = assemble_run(Sleepy(slow_s, virtual or time), split, recipe, device="cpu", env=False)
     try:
         pair = time_paired(quick, slow, check=False)
     finally:
@@ -122,9 +150,17 @@ def test_the_pair_measures_each_runs_own_step_in_alternating_blocks():
         slow.close()
     assert len(pair["blocks"]["rung"]) == len(pair["blocks"]["reference"]) == PAIRED_BLOCKS
     assert all(b["steps"] == pair["steps_per_block"]["reference"] - 1 for b in pair["blocks"]["reference"])
-    # The slow side sleeps 20 ms a step: its rate is at most 16 / 0.02 = 800 samples/s, the quick side's far above.
-    assert pair["reference_rate"] < 800 < pair["rate"]
-    assert abs(pair["ratio"] - pair["rate"] / pair["reference_rate"]) < 1e-9 and pair["ratio"] > 2
+    assert all(b["steps"] == pair["steps_per_block"]["rung"] - 1 for b in pair["blocks"]["rung"])
+    assert abs(pair["ratio"] - pair["rate"] / pair["reference_rate"]) < 1e-9
+    if virtual:
+        # blocks of at least BLOCK_SECONDS of each run's own steps (plus the first, left out), and the rates of
+        # 16 samples a step exactly: 1,024 and 4,096 samples/s
+        assert pair["steps_per_block"] == {"reference": 1 + math.ceil(BLOCK_SECONDS / slow_s),
+                                           "rung": 1 + math.ceil(BLOCK_SECONDS / quick_s)}
+        assert pair["reference_rate"] == 16 / slow_s and pair["rate"] == 16 / quick_s and pair["ratio"] == 4
+    else:
+        # The slow side sleeps 20 ms a step: its rate is at most 16 / 0.02 = 800 samples/s, the quick side's far above.
+        assert pair["reference_rate"] < 800 < pair["rate"] and pair["ratio"] > 2
 
 
 def test_pairs_are_asked_for_and_off_by_default():

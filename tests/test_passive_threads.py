@@ -92,22 +92,34 @@ def test_a_session_in_a_process_started_without_it_says_so(monkeypatch):
 
 def test_training_is_bit_identical_with_it(tmp_path):
     """Same kernels, same results: `trainfast train` with the policy in effect (set before torch loaded) ends
-    with exactly the weights of the run without it."""
+    with exactly the weights of the run without it. The digits at their own 8 px: identity shows at any size."""
+    env = {**{k: v for k, v in os.environ.items() if k != threads.ENV}, "PYTHONPATH": str(ROOT / "src")}
+    runs = {flag: subprocess.Popen([sys.executable, "-m", "trainfast", "train", "--epochs", "1", "--batch-size", "64",
+                                    "--image-size", "8", "--out", str(tmp_path / flag.strip("-")), flag],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for flag in ("--no-passive-threads", "--passive-threads")}       # both at once: their results are their own
     weights = []
-    for flag in ("--no-passive-threads", "--passive-threads"):
-        out = tmp_path / flag.strip("-")
-        run = subprocess.run([sys.executable, "-m", "trainfast", "train", "--epochs", "1", "--batch-size", "64",
-                              "--out", str(out), flag], capture_output=True, text=True, timeout=300,
-                             env={**{k: v for k, v in os.environ.items() if k != threads.ENV},
-                                  "PYTHONPATH": str(ROOT / "src")})
-        assert run.returncode == 0, run.stderr
-        assert "OMP_WAIT_POLICY is read once" not in run.stderr        # in effect: no warning
-        weights.append(torch.load(out / "model.pt", weights_only=True))
+    try:
+        for flag, run in runs.items():
+            _, stderr = run.communicate(timeout=300)
+            assert run.returncode == 0, stderr
+            assert "OMP_WAIT_POLICY is read once" not in stderr        # in effect: no warning
+            weights.append(torch.load(tmp_path / flag.strip("-") / "model.pt", weights_only=True))
+    finally:
+        for run in runs.values():
+            if run.poll() is None:
+                run.kill()
+                run.wait()
     assert weights[0].keys() == weights[1].keys()
     for name in weights[0]:
         assert torch.equal(weights[0][name], weights[1][name]), name
 
 
+# Slow: two built-in ablations of the switch. Fast: test_a_plan_with_the_switch_starts_every_run_fresh (no effect
+# without loader workers; with them every run spawned), test_starting_with_sets_the_variable_for_children_only_while_
+# they_start (the spawned rung starts with it), test_the_read_back_is_the_environment_the_process_started_with (what
+# its record reads).
+@pytest.mark.slow
 def test_the_switch_acts_where_workers_share_the_cores_and_is_read_back_in_the_rung(tmp_path, digits16):
     from conftest import ablate_one_switch
 
@@ -125,18 +137,29 @@ def test_the_switch_acts_where_workers_share_the_cores_and_is_read_back_in_the_r
 
 def test_a_plan_with_the_switch_starts_every_run_fresh(digits16):
     """The baseline of a plan that runs passive_threads is spawned too: forked from the warm server it would
-    differ from the rung by more than the switch."""
+    differ from the rung by more than the switch. Without loader workers the switch has nothing to act on."""
     from conftest import tiny_resnet
+
     from trainfast.ablation import plan_rungs
     from trainfast.ablation.work import BuiltinSpec, prepare_builtin
+    from trainfast.results import Status
 
-    work = prepare_builtin(BuiltinSpec(tiny_resnet, digits16.train, digits16.val, mean=digits16.mean,
-                                       std=digits16.std), Recipe(batch_size=64, num_workers=1))
+    spec = BuiltinSpec(tiny_resnet, digits16.train, digits16.val, mean=digits16.mean, std=digits16.std)
+    assert field_effect("passive_threads", torch.device("cpu"), None).acts      # an OpenMP build (the wheels)
+    work = prepare_builtin(spec, Recipe(batch_size=64, num_workers=1))
     plan = plan_rungs(work.base, ["passive_threads"], device=work.dev)
     work.mark_effects(plan)
     assert work.fresh
+    rung = next(r for r in plan if r.name == "passive_threads")
+    assert rung.status != Status.NO_EFFECT and rung.recipe.passive_threads
     work.mark_effects(plan_rungs(work.base, ["amp"], device=work.dev))
     assert not work.fresh
+    # Without loader workers there is nothing for spinning threads to take cores from: not run, and said why.
+    alone = prepare_builtin(spec, Recipe(batch_size=64))
+    plan = plan_rungs(alone.base, ["passive_threads"], device=alone.dev)
+    alone.mark_effects(plan)
+    rung = next(r for r in plan if r.name == "passive_threads")
+    assert rung.status == Status.NO_EFFECT and "num_workers=0" in rung.reason and not alone.fresh
 
 
 LOADER_SCRIPT = """

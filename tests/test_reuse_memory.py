@@ -14,10 +14,10 @@ from trainfast.techniques import memory_reuse, threads
 
 glibc = pytest.mark.skipif(memory_reuse.unavailable() is not None, reason=str(memory_reuse.unavailable()))
 
-# A step of a small conv net whose activations are 64 MiB each (the size a CPU step's are; the second conv a cheap
-# per-channel one, since the faults are the activations', not the arithmetic's), its page faults
-# counted by the kernel after warm-up (the median step). A fresh interpreter for each, so the malloc settings are
-# its own.
+# A step of a small conv net whose activations are 40 MiB each (above the 32 MiB up to which glibc's malloc may come
+# to serve a block from its heap; the second conv a cheap per-channel one, since the faults are the activations',
+# not the arithmetic's), its page faults counted by the kernel after warm-up (the median step). A fresh interpreter
+# for each, so the malloc settings are its own.
 FAULTS = """
 import json, resource, torch
 from torch import nn
@@ -25,19 +25,19 @@ from trainfast import Recipe, Session
 Session(Recipe(reuse_memory={on}), env=False, device="cpu")
 torch.manual_seed(0)
 model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 1, groups=64), nn.ReLU())
-images = torch.randn(16, 3, 128, 128)
-for _ in range(3):
+images = torch.randn(10, 3, 128, 128)
+for _ in range(2):
     model(images).mean().backward()
 steps = []
-for _ in range(7):
+for _ in range(5):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     model(images).mean().backward()
     steps.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-faults = sorted(steps)[len(steps) // 2]     # the median step: the heap still grows once now and then (3 x 64 MiB)
+faults = sorted(steps)[len(steps) // 2]     # the median step: the heap still grows once now and then
 from trainfast.techniques import memory_reuse
 print(json.dumps([faults, memory_reuse.in_effect()]))
 """
-MIB64 = (64 << 20) // 4096                 # the pages of one 64 MiB activation
+ACTIVATION = (10 * 64 * 128 * 128 * 4) // 4096     # the pages of one 40 MiB activation
 
 
 def fresh_python(code: str, **env: str) -> list:
@@ -52,7 +52,7 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again():
     default, off = fresh_python(FAULTS.format(on=False))
     reused, on = fresh_python(FAULTS.format(on=True))
     assert (off, on) == (False, True)
-    assert default > 4 * MIB64                        # glibc maps and unmaps each activation: its pages fault anew
+    assert default > 4 * ACTIVATION                        # glibc maps and unmaps each activation: its pages fault anew
     assert reused < 0.1 * default                     # kept mapped: written again without a fault
 
 
@@ -65,7 +65,7 @@ def test_a_command_starts_with_it_and_its_baseline_without():
     # The environment alone sets it (a command with no Session: glibc reads it before the first allocation).
     faults, in_effect = fresh_python(FAULTS.format(on=False).replace("Session(", "(lambda *a, **k: 0)("),
                                      **memory_reuse.ENV)
-    assert in_effect is True and faults < 0.5 * MIB64
+    assert in_effect is True and faults < 0.5 * ACTIVATION
 
 
 def test_not_applicable_where_glibc_does_not_serve_the_process(monkeypatch):
@@ -94,15 +94,30 @@ def test_a_later_session_without_it_restores_the_default_in_process():
     assert not memory_reuse.in_effect()              # glibc's defaults back (mmap for large blocks, trimming)
 
 
+@pytest.fixture(scope="module")
+def digits_few(digits16):
+    """The first 512 training digits (8 steps of 64) and 128 to validate on: the identity of two runs, and what a
+    run records, show on any number of steps."""
+    import dataclasses
+
+    from trainfast.data.datasets import TensorImages
+
+    train_set, val_set = digits16.train, digits16.val
+    return dataclasses.replace(digits16, train=TensorImages(train_set.images[:512], train_set.labels[:512]),
+                               val=TensorImages(val_set.images[:128], val_set.labels[:128]))
+
+
 @glibc
-def test_training_is_bit_identical_with_it(digits16):
+def test_training_is_bit_identical_with_it(digits_few):
     from conftest import tiny_resnet
+
     from trainfast import Session, train
 
     weights = []
     for on in (False, True):
-        result = train(tiny_resnet, digits16.train, digits16.val, recipe=Recipe(batch_size=64, epochs=1, reuse_memory=on),
-                       mean=digits16.mean, std=digits16.std)
+        recipe = Recipe(batch_size=64, epochs=1, reuse_memory=on)
+        result = train(tiny_resnet, digits_few.train, digits_few.val, recipe=recipe, mean=digits_few.mean,
+                       std=digits_few.std)
         assert memory_reuse.in_effect() is on
         weights.append({k: v.clone() for k, v in result.model.state_dict().items()})
     Session(Recipe(), env=False, device="cpu")       # a default run after it: this process's malloc restored
@@ -111,6 +126,30 @@ def test_training_is_bit_identical_with_it(digits16):
         assert torch.equal(weights[0][name], weights[1][name]), name
 
 
+@glibc
+@pytest.mark.skipif(threads.started_env().get(memory_reuse.MMAP_ENV) == "0",
+                    reason="this test process started with MALLOC_MMAP_MAX_=0")
+def test_a_rungs_process_sets_it_and_its_record_says_so(digits_few):
+    """What a rung's process runs (ablation.rung.run_rung), here in this process: the rung's Session sets glibc's
+    malloc and the run's record reads it back; the baseline's run, without it, restores glibc's defaults and
+    records False."""
+    from conftest import tiny_resnet
+
+    from trainfast.ablation.rung import Job, run_rung
+
+    job = Job(tiny_resnet, digits_few, device="cpu")
+    try:
+        rung = run_rung(job, Recipe(batch_size=64, reuse_memory=True), lambda event: None)
+        assert rung["reuse_memory"] is True
+    finally:
+        baseline = run_rung(job, Recipe(batch_size=64), lambda event: None)
+    assert baseline["reuse_memory"] is False and not memory_reuse.in_effect()
+
+
+# Slow: a built-in ablation of the switch (its rung's process and the baseline's). Fast: the rung's process in this
+# one, test_a_rungs_process_sets_it_and_its_record_says_so; the environment a command's rung starts with,
+# test_a_command_starts_with_it_and_its_baseline_without.
+@pytest.mark.slow
 @glibc
 def test_its_rung_runs_with_it_and_the_baseline_without(tmp_path, digits16):
     from conftest import ablate_one_switch

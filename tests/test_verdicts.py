@@ -4,19 +4,17 @@ the clock."""
 import re
 import time
 
+import numpy as np
 import pytest
 import torch
-
 from conftest import noisy_repeat, scored_rung, tiny_resnet
+
 from trainfast import Recipe
 from trainfast.ablation.scoring import pick_best, score_rungs
 from trainfast.measure import StepTime, Timing, detect_warmup, steps_to_time
 from trainfast.report import fmt_rate, fmt_sig
-import numpy as np
-
 from trainfast.stats import (FASTER, SAME, SLOWER, Candidate, Estimate, Noise, compare, pooled_noise, rate_estimate,
-                             recommend, recommendation_odds, rerun_agreement, verdict,
-                             speedup_estimate)
+                             recommend, recommendation_odds, rerun_agreement, speedup_estimate, verdict)
 
 # --- warm-up ------------------------------------------------------------------------------------------
 
@@ -131,28 +129,59 @@ def test_rates_have_three_significant_figures():
 
 # --- the rate agrees with the clock -------------------------------------------------------------------
 
-def test_reported_rate_agrees_with_the_wall_clock(digits16):
+class VirtualTime:
+    """`time` as the step clock (measure.clock) reads it: its perf_counter moves only when the test's loss says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+# The fast suite on a virtual clock that only the steps move (a slow first step, then steps of 4/128 to 6/128 s): the
+# Meter's rate must be the clock's exactly. The slow suite on the real clock, within 5%.
+@pytest.mark.parametrize("clock", ["virtual", pytest.param("real", marks=pytest.mark.slow)])
+def test_reported_rate_agrees_with_the_wall_clock(digits16, clock, monkeypatch):
     """The Meter's steady rate against a clock read by the loop itself around the same steps."""
+    import trainfast.measure.clock
     from trainfast.engine import train_one_epoch
     from trainfast.recipe import resolve_device
     from trainfast.run import assemble_run
+
+    virtual = VirtualTime() if clock == "virtual" else None
+    if virtual:
+        monkeypatch.setattr(trainfast.measure.clock, "time", virtual)
+    read = virtual.perf_counter if virtual else time.perf_counter
+    steps_taken = []
+
+    def loss(outputs, targets):                  # the step's cost on the virtual clock: warm-up, then 4-6 / 128 s
+        if virtual:
+            virtual.now += 0.5 if not steps_taken else (4 + len(steps_taken) % 3) / 128
+        steps_taken.append(1)
+        return torch.nn.functional.cross_entropy(outputs, targets)
 
     recipe = Recipe(batch_size=32, log_every=5)
     run = assemble_run(tiny_resnet, digits16, recipe, device=resolve_device("cpu"), env=False)
     state, train_batches = run.state, run.train_batches
     stamps = []
     meter = run.meter()
-    t_start = time.perf_counter()
-    stats = train_one_epoch(state, train_batches, torch.nn.CrossEntropyLoss(), meter,
-                            after_step=lambda s: stamps.append(time.perf_counter()))
+    t_start = read()
+    stats = train_one_epoch(state, train_batches, loss, meter, after_step=lambda s: stamps.append(read()))
     timing = Timing.from_steps(stats.steps)
     w = timing.warmup_steps
     start = stamps[w - 1] if w > 0 else t_start
     clock_rate = sum(timing.step_samples) / (stamps[-1] - start)
-    assert len(stats.steps) == len(stamps) == len(train_batches)
-    assert timing.throughput == pytest.approx(clock_rate, rel=0.05)
+    assert len(stats.steps) == len(stamps) == len(train_batches) == len(steps_taken)
+    rel = 1e-9 if virtual else 0.05
+    if virtual:
+        assert w == 1                                    # the slow first step
+    assert timing.throughput == pytest.approx(clock_rate, rel=rel)
     # and the steps tile the epoch: their seconds add up to the loop's own wall time
-    assert sum(s.seconds for s in stats.steps) == pytest.approx(stamps[-1] - t_start, rel=0.05)
+    assert sum(s.seconds for s in stats.steps) == pytest.approx(stamps[-1] - t_start, rel=rel)
 
 
 # --- noise pooled over the rungs ------------------------------------------------------------------------
@@ -201,7 +230,8 @@ def test_the_recommendation_does_not_depend_on_where_small_gains_add_up():
         errors -= errors.mean(axis=1, keepdims=True)              # each rung's mean is exactly the measured one
         pool = [Candidate(name, k, [noisy_repeat(100 * s * float(np.exp(0.09 * e)), noise=0.0) for e in errs])
                 for k, (name, s, errs) in enumerate(zip(["baseline", "amp", "set_to_none", "prefetch",
-                                                         "channels_last", "compile", "fused"], [1.0] + speedups, errors))]
+                                                         "channels_last", "compile", "fused"],
+                                                        [1.0] + speedups, errors))]
         best, tie = recommend(pool, noise=pooled_noise([c.repeats for c in pool]))
         assert best in tie and "baseline" not in tie
         ties.append(tie)
@@ -293,7 +323,8 @@ def test_a_gain_near_the_threshold_is_marked_and_not_climbed_to():
     noise = pooled_noise(edge)
     step = compare("r3", edge[3], "r2", edge[2], 0.05, noise)
     assert step.verdict == FASTER and not step.firm
-    assert recommend([Candidate(f"r{k}", k, reps) for k, reps in enumerate(edge)], noise=noise) == ("r1", ["r1", "r2", "r3"])
+    assert recommend([Candidate(f"r{k}", k, reps) for k, reps in enumerate(edge)], noise=noise) \
+        == ("r1", ["r1", "r2", "r3"])
     # the same ladder with a +40% last step: called, and climbed to
     firm = table(235)
     noise = pooled_noise(firm)
@@ -328,11 +359,9 @@ def _settle_ladder(tmp_path, seed: int, settle_within_s: float | None, time_budg
     """baseline, set_to_none (no effect) and fused (+25%), 8% noise per process: run_ladder with a fake launch."""
     import dataclasses
 
-    from trainfast.results import Rung
-
-    from trainfast.ablation.rung import TimingBudget
-
     from trainfast.ablation.loop import LadderOptions, run_ladder
+    from trainfast.ablation.rung import TimingBudget
+    from trainfast.results import Rung
 
     template = scored_rung("x", [500.0], 0.95).repeats[0]
     rng = np.random.default_rng(seed)
@@ -412,9 +441,9 @@ def test_the_report_says_how_often_a_rerun_repeats_every_verdict_at_once(tmp_pat
 def test_a_report_with_one_finished_baseline_run_says_there_is_no_accuracy_band(tmp_path):
     # a held-out accuracy with one baseline run (its other seeds failed): no band to judge with, said in words
     # (this crashed the report of a ViT ablation whose baseline kept one run of three)
-    from trainfast.results import AblationResult, Rung, RungResult, Status
     from trainfast.recipe import Recipe
     from trainfast.report import accuracy_note
+    from trainfast.results import AblationResult, Rung, RungResult, Status
 
     base = Rung("baseline", {}, Recipe(), result=RungResult(accuracy=0.34, val_samples=64), status=Status.PARTIAL)
     amp = Rung("amp", {"precision": "bf16"}, Recipe(precision="bf16"), result=RungResult(accuracy=0.45, val_samples=64),
@@ -427,8 +456,8 @@ def test_a_report_with_one_finished_baseline_run_says_there_is_no_accuracy_band(
 def test_a_gain_estimated_past_the_minimum_effect_but_not_resolved_asks_for_more_passes():
     # the default ladder, one noisy run: set_to_none over amp at 1.13x (0.97-1.31), "no measurable difference";
     # a quiet run called it faster by 12%. That call is unresolved, so --settle-within spends time on it.
-    from trainfast.results import Rung, RungResult
     from trainfast.ablation.scoring import unresolved
+    from trainfast.results import Rung, RungResult
 
     def rung(verdict, speedup, above=None):
         return Rung("r", {}, Recipe(), result=RungResult(verdict=verdict, speedup=speedup, firm=True,

@@ -20,6 +20,9 @@ HALF_ROOF = 1.5          # a half type's peak must be this much above fp32's to 
 FAULTS_PER_STEP = 10_000  # page faults a step must take before they are blamed: 40 MB of fresh 4 KiB pages a step
                           # is memory churn (a ResNet-18 step at 128 px, batch 128: ~130,000); a loader's batch
                           # mapped from shared memory is a few thousand and no allocator setting removes it
+FAULTS_MARGIN = 1.5       # a page-fault verdict is a "problem" only this far above both of its lines (faults and
+                          # share); between the lines and the margin it is "measured": a step's count moves from run
+                          # to run (pytorch/examples' mnist once read 10,936 against 10,000 and flipped a verdict)
 SHARED_CORES = 0.5      # other processes busy on half a core or more while the steps were timed: torch's threads
                         # each wait for the slowest at every parallel region (a step 50x slower was seen on 2
                         # cores), so step times and the timed findings are a shared machine's
