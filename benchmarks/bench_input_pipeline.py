@@ -32,8 +32,8 @@ def stage_times(folder: Path, size: int = 224) -> dict[str, float]:
 
     import torch
     from PIL import Image
-    from torchvision import transforms as T
     from torchcodec.decoders import decode_jpeg
+    from torchvision import transforms as T
     from torchvision.transforms.v2 import functional as TF
 
     from trainfast.data.datasets import normalize, stats_tensors
@@ -62,7 +62,8 @@ def stage_times(folder: Path, size: int = 224) -> dict[str, float]:
         "trainfast: decode alone (torchcodec decode_jpeg)": lambda: [decode_jpeg(str(f)) for f in files],
         "trainfast: read + header + decode + crop + resize + flip": lambda: [ours(f) for f in files],
         "trainfast: uint8 crop + resize alone": lambda: [uint8_crop(t) for t in tensors],
-        "trainfast: batched normalize (per image)": lambda: [normalize(batch, mean, std, out=out) for _ in range(len(files) // 64 or 1)],
+        "trainfast: batched normalize (per image)": lambda: [normalize(batch, mean, std, out=out)
+                                                             for _ in range(len(files) // 64 or 1)],
     }
     per_image = {name: len(files) for name in stages}
     per_image["trainfast: batched normalize (per image)"] = 64 * (len(files) // 64 or 1)
@@ -81,7 +82,8 @@ def print_stages(times: dict[str, float]) -> None:
         print(f"  {name:<60} {ms:6.3f} ms")
     default = sum(ms for name, ms in times.items() if name.startswith("torchvision"))
     decode = times["trainfast: decode alone (torchcodec decode_jpeg)"]
-    ours = times["trainfast: read + header + decode + crop + resize + flip"] + times["trainfast: batched normalize (per image)"]
+    ours = (times["trainfast: read + header + decode + crop + resize + flip"]
+            + times["trainfast: batched normalize (per image)"])
     print(f"  torchvision default, all stages: {default:.3f} ms; trainfast, all stages: {ours:.3f} ms "
           f"-> {default / ours:.2f}x on one core")
     print(f"  ceiling for a full-size libjpeg-turbo decode with everything after it free: "

@@ -6,10 +6,10 @@ forward, backward and the AdamW update, in each way the step's arithmetic can be
 changing the optimization: bf16 autocast (what the peers run), + channels_last, + torch.compile, and bf16
 weights and optimizer state throughout (cheaper than any mixed-precision level that keeps fp32 master
 weights, so a lower bound for them), and each of those with freed memory kept mapped for the next step
-(`+reuse_memory`: glibc's malloc set by trainfast's switch, so a step does not page-fault its activations anew). The fastest of these, times the epoch's steps, is the epoch's compute
-floor; a peer's measured epoch divided by it is the largest speed-up any tool could give at the same model,
-batch size and epoch length. If that ratio is below a target (1.3x), no recipe can reach it here: the
-remaining cost is the arithmetic itself.
+(`+reuse_memory`: glibc's malloc set by trainfast's switch, so a step does not page-fault its activations anew). The
+fastest of these, times the epoch's steps, is the epoch's compute floor; a peer's measured epoch divided by it is the
+largest speed-up any tool could give at the same model, batch size and epoch length. If that ratio is below a target
+(1.3x), no recipe can reach it here: the remaining cost is the arithmetic itself.
 
 Variants alternate in rounds (every variant once, then again, in a rotated order), so a slow spell of the
 machine hits all alike; the first steps of each variant (compilation, allocator) are excluded; the floor is
@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 import torch
+from peers import WORKLOADS
 from torch import nn
 
-from peers import WORKLOADS
 from trainfast.techniques import memory_reuse
 
 VARIANTS = ("bf16", "bf16+channels_last", "bf16+compile", "bf16+channels_last+compile", "bf16-weights",

@@ -44,8 +44,8 @@ def run(model_name: str, grouped: bool, batch_size: int, warmup: int, steps: int
     from trainfast.distributed import Dist
     from trainfast.engine import train_one_epoch
     from trainfast.measure import Meter
-    from trainfast.tasks.detection import DEFAULT_RECIPE, Detection
     from trainfast.session import build_state, seed_everything
+    from trainfast.tasks.detection import DEFAULT_RECIPE, Detection
 
     device = torch.device("cpu")
     task = Detection()
@@ -75,7 +75,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_DETECTION_MODEL, choices=DETECTION_MODELS)
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=3, help="steps run before the timed ones (first touch, allocator)")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="steps run before the timed ones (first touch, allocator)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per run")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved (grouped, plain) pairs")
     parser.add_argument("--seed", type=int, default=0)

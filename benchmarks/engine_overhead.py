@@ -24,10 +24,10 @@ from torch import nn
 
 from trainfast import Recipe
 from trainfast.data.datasets import load_digits
+from trainfast.data.pipeline import build_batches
 from trainfast.engine import train_one_epoch
 from trainfast.measure import Meter
 from trainfast.models import build_model
-from trainfast.data.pipeline import build_batches
 from trainfast.session import build_state, seed_everything
 
 

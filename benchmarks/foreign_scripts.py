@@ -43,6 +43,10 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 HERE = Path(__file__).resolve().parent
 

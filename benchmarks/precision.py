@@ -33,8 +33,8 @@ def child(model_name: str, level: str, image_size: int, batch: int, warmup: int,
     from trainfast.measure import Meter, peak_memory_bytes, reset_peak_memory
     from trainfast.models import build_model
     from trainfast.recipe import Recipe, resolve_device, validate_for_device
-    from trainfast.techniques.precision import LEVEL_RUNGS
     from trainfast.session import build_state, seed_everything
+    from trainfast.techniques.precision import LEVEL_RUNGS
 
     device = resolve_device(device_name)
     changes = {} if RUNG_ALIASES.get(level, level) == "baseline" else LEVEL_RUNGS[level]
@@ -96,7 +96,8 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}; "
           f"warm-up {args.warmup} steps, median of {args.steps}")
-    header = f"{'model':24s} {'level':15s} {'step ms':>14s} {'vs fp32':>8s} {'peak RSS':>10s} {'state':>9s} {'vs fp32':>8s}  scaler"
+    header = (f"{'model':24s} {'level':15s} {'step ms':>14s} {'vs fp32':>8s} {'peak RSS':>10s} "
+              f"{'state':>9s} {'vs fp32':>8s}  scaler")
     print(header)
     print("-" * len(header))
     for model_name in [m.strip() for m in args.models.split(",") if m.strip()]:

@@ -55,7 +55,8 @@ def main() -> None:
     for name, recipe in recipes.items():
         validate_for_device(recipe, device)           # refuse an unsupported level before any training
     n_val = len(split.val)
-    print(f"model={args.model} data=digits@{split.image_size}px (val n={n_val}) epochs={args.epochs} seeds={args.seeds} device={device}")
+    print(f"model={args.model} data=digits@{split.image_size}px (val n={n_val}) epochs={args.epochs} "
+          f"seeds={args.seeds} device={device}")
 
     results: dict[str, list] = {}
     for name, recipe in recipes.items():

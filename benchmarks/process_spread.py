@@ -47,7 +47,8 @@ def state(run: dict) -> dict[str, float]:
     return {"page faults per step": (proc.get("minor_faults") or 0) / steps(run),
             "preempted per step": (proc.get("preempted") or 0) / steps(run),
             "huge pages KiB": proc.get("anon_huge_kib") or 0,
-            "two busiest threads last on one core": float(len(threads) == 2 and threads[0].get("core") == threads[1].get("core"))}
+            "two busiest threads last on one core": float(len(threads) == 2
+                                                          and threads[0].get("core") == threads[1].get("core"))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:40s} " + "  ".join(f"{r['throughput']:7,.0f} / {s['page faults per step']:6,.0f}"
                                            for r, s in zip(runs, rows)))
     df = len(deviation) - len(rungs)
-    print(f"{len(deviation)} runs of {len(rungs)} rungs: the runs' rates spread {100 * math.sqrt(sum(d * d for d in deviation) / df):.1f}% "
-          f"around their rung's mean ({df} df)")
+    print(f"{len(deviation)} runs of {len(rungs)} rungs: the runs' rates spread "
+          f"{100 * math.sqrt(sum(d * d for d in deviation) / df):.1f}% around their rung's mean ({df} df)")
     print("rank correlation of a run's rate with its process's state, both as deviations from its rung's mean:")
     for key, values in features.items():
         if len(set(round(v, 9) for v in values)) < 3:
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rho, pvalue = stats.spearmanr(values, deviation)
         print(f"  {key}: rho {rho:+.2f} (p {pvalue:.1g})")
-    paired = [r["paired"]["reference_rate"] for _, runs in rungs for r in runs if "reference_rate" in (r.get("paired") or {})]
+    paired = [r["paired"]["reference_rate"] for _, runs in rungs for r in runs
+              if "reference_rate" in (r.get("paired") or {})]
     if len(paired) >= 3:
         print(f"--paired: the baseline's step timed in {len(paired)} processes: "
               f"{100 * statistics.stdev(math.log(x) for x in paired):.1f}% spread")

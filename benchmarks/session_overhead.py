@@ -53,7 +53,8 @@ def steps(n: int, model, optimizer, batches: Iterator, loss_fn, backward, autoca
 
 def spread(ratios: list[float]) -> str:
     q = statistics.quantiles(ratios, n=4)
-    return f"{statistics.median(ratios):.4f} ({100 * (statistics.median(ratios) - 1):+.2f}%), IQR {q[0]:.4f}..{q[2]:.4f}"
+    return (f"{statistics.median(ratios):.4f} ({100 * (statistics.median(ratios) - 1):+.2f}%), "
+            f"IQR {q[0]:.4f}..{q[2]:.4f}")
 
 
 def main() -> None:
@@ -108,7 +109,8 @@ def main() -> None:
     print(f"session overhead — resnet9, digits {args.image_size}px, batch 64, {args.precision}, {args.rounds} rounds "
           f"(+{WARMUP_ROUNDS} warm-up) of {args.steps} steps per contestant, rotating; torch {torch.__version__}, "
           f"{device}, {torch.get_num_threads()} threads")
-    for name, label in (("plain", "plain loop        "), ("control", "plain loop, again "), ("session", "Session loop      ")):
+    for name, label in (("plain", "plain loop        "), ("control", "plain loop, again "),
+                        ("session", "Session loop      ")):
         t = times[name]
         print(f"  {label}: {1e3 * statistics.median(t):7.2f} ms/step median, {1e3 * min(t):7.2f} best")
     print(f"  Session / plain, paired rounds : {spread(session_ratio)}; best/best "

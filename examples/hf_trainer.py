@@ -93,7 +93,8 @@ def main() -> None:
     else:
         config = BertConfig(vocab_size=128, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
                             intermediate_size=256, max_position_embeddings=64, num_labels=2)
-        model, train, held_out = BertForSequenceClassification(config), ParityTokens(cli.train_size), ParityTokens(512, seed=1)
+        model, train, held_out = (BertForSequenceClassification(config), ParityTokens(cli.train_size),
+                                  ParityTokens(512, seed=1))
     args = TrainingArguments(
         output_dir=cli.output_dir,
         num_train_epochs=cli.epochs,

@@ -9,12 +9,11 @@ loader's settings) and proves each switch applied by reading it back from what L
 --measure full each rung is judged on what validation_step logs (val_loss, as no callback monitors a metric)."""
 import argparse
 
+import lightning as L
 import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
-
-import lightning as L
 
 
 def random_images(size: int, classes: int = 10, seed: int = 0) -> TensorDataset:

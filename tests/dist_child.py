@@ -14,17 +14,17 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from resume_child import tiny_model
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-from resume_child import tiny_model
 from trainfast import Recipe
 from trainfast.checkpoint import atomic_save, build_checkpointer
 from trainfast.data.datasets import load_synthetic
+from trainfast.data.pipeline import build_batches
 from trainfast.distributed import drain_collectives
 from trainfast.engine import train_one_epoch
 from trainfast.measure import Meter
-from trainfast.data.pipeline import build_batches
 from trainfast.session import build_state, seed_everything
 
 

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from dist_common import make_model, make_split  # noqa: E402
 
 from trainfast import Recipe, train  # noqa: E402
-from trainfast.measure import NonFiniteLossError  # noqa: E402
 from trainfast.distributed import drain_collectives  # noqa: E402
+from trainfast.measure import NonFiniteLossError  # noqa: E402
 
 
 class Sabotage(nn.Module):
@@ -56,9 +56,9 @@ def session_loop(recipe: Recipe, out: Path) -> dict:
     """A user's loop: a plain shuffled DataLoader and SGD, adopted with the three Session lines (plus tf.log).
     The Session shards the loader (DistributedSampler, set_epoch) and wraps the model (DDP or FSDP2, the
     user's optimizer remapped onto FSDP2's shards)."""
+    from dist_common import MEAN, STD
     from torch.utils.data import DataLoader
 
-    from dist_common import MEAN, STD
     from trainfast import Session
     from trainfast.checkpoint import atomic_save
 

@@ -40,6 +40,7 @@ def patched_trainer_classes(board):
     """Subclasses of transformers' TrainingArguments and Trainer, patched by the adapter: the real classes stay
     untouched in this process."""
     import transformers
+
     from trainfast.frameworks import hf
 
     class Args(transformers.TrainingArguments):
@@ -55,6 +56,7 @@ def patched_trainer_classes(board):
 def patched_accelerator(board) -> type:
     """A subclass of Accelerator, patched by the adapter: the real class stays untouched in this process."""
     import accelerate
+
     from trainfast.frameworks import accel
 
     class Acc(accelerate.Accelerator):

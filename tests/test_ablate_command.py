@@ -111,8 +111,8 @@ def test_speed_mode_measures_every_rung_the_device_supports(tmp_path):
 def test_full_mode_compares_the_reported_metric_with_the_baselines_band(tmp_path):
     out = tmp_path / "full"
     script = str(ROOT / "tests" / "scripts" / "report_loop.py")
-    proc, results = ablate(out, "--measure", "full", "--rungs", "amp", "--repeats", "2", "--noise-seeds", "3", "--settle-within", "0",
-                           "--metric", "val_loss", command=[sys.executable, script])
+    proc, results = ablate(out, "--measure", "full", "--rungs", "amp", "--repeats", "2", "--noise-seeds", "3",
+                           "--settle-within", "0", "--metric", "val_loss", command=[sys.executable, script])
     by_name = rungs(results)
     base, amp = by_name["baseline"], by_name["amp"]
     assert results["settings"]["measure"] == "full" and results["settings"]["metric"]["name"] == "val_loss"

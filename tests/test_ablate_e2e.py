@@ -6,8 +6,8 @@ import sys
 
 import pytest
 import torch
-
 from conftest import scored_rung, tiny_resnet
+
 from trainfast import Recipe, RecipeError, ablate
 from trainfast.ablation.scoring import accuracy_band, pick_best, score_rungs
 from trainfast.techniques.precision import auto_amp_dtype, slow_half_reason
@@ -143,7 +143,8 @@ def test_noise_band_and_best_pick():
     # a rung measured as the mean of 2 seeds is compared with a narrower band: sqrt(1/2 + 1/3)
     assert accuracy_band(0.9, 400, [0.8, 0.9, 1.0], runs=2) == pytest.approx(2 * 0.1 * (1 / 2 + 1 / 3) ** 0.5)
 
-    rungs = [scored_rung("baseline", [100, 100], 0.90), scored_rung("fast_but_wrong", [300, 300], 0.70, set_to_none=True),
+    rungs = [scored_rung("baseline", [100, 100], 0.90),
+             scored_rung("fast_but_wrong", [300, 300], 0.70, set_to_none=True),
              scored_rung("fast", [200, 200], 0.89, channels_last=True)]
     score_rungs(rungs, {"fp32": 10.0}, [0.90, 0.91, 0.89])
     assert rungs[1].result.accuracy_flag and not rungs[2].result.accuracy_flag

@@ -10,8 +10,8 @@ import time
 import psutil
 import pytest
 import torch
-
 from conftest import tiny_resnet
+
 from trainfast import Recipe, ablate
 
 
@@ -80,7 +80,8 @@ def test_killed_ablation_leaves_no_process_and_resumes(tmp_path):
 
     # A changed plan is refused with the difference named.
     changed = subprocess.run([*cmd, "--resume", "--batch-size", "16"], capture_output=True, text=True, timeout=60)
-    assert changed.returncode == 2 and "differs from this command in" in changed.stderr and "batch_size" in changed.stderr
+    assert changed.returncode == 2 and "differs from this command in" in changed.stderr \
+        and "batch_size" in changed.stderr
 
 
 def test_a_hanging_rung_is_stopped_at_its_limit_and_the_others_finish(tmp_path, digits16):
@@ -90,9 +91,9 @@ def test_a_hanging_rung_is_stopped_at_its_limit_and_the_others_finish(tmp_path, 
     # One pass over a few timed steps: the runs that finish take a few seconds, well inside the limit, and the
     # hanging one is waited for no longer than that limit.
     result = ablate(tiny_resnet, digits16.train, digits16.val, hangs_under_half_precision, mean=digits16.mean,
-                    std=digits16.std, recipe=Recipe(batch_size=32), rungs=["amp", "fused"], mode="each", amp_dtype="bf16",
-                    repeats=1, noise_seeds=1, out=tmp_path, show=False, rung_timeout=10, settle_within_s=0,
-                    budget=TimingBudget(steps=4, seconds=1.0, floor=2, min_seconds=0.0))
+                    std=digits16.std, recipe=Recipe(batch_size=32), rungs=["amp", "fused"], mode="each",
+                    amp_dtype="bf16", repeats=1, noise_seeds=1, out=tmp_path, show=False, rung_timeout=10,
+                    settle_within_s=0, budget=TimingBudget(steps=4, seconds=1.0, floor=2, min_seconds=0.0))
     status = {r.name: r.status for r in result.rungs}
     assert status == {"baseline": "done", "amp": "failed", "fused": "done"}, status
     amp = next(r for r in result.rungs if r.name == "amp")

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 import torch
+from conftest import tiny_conv
 from torch import nn
 
-from conftest import tiny_conv
 from trainfast import Recipe, Session, train
 from trainfast import checkpoint as ckpt
 from trainfast.checkpoint import list_checkpoints, read_checkpoint

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from PIL import Image
-
 from test_data_pipeline import tiny_model, truncate, write_jpegs
+
 from trainfast import Recipe, train
 from trainfast.data.badfiles import (MIN_SAMPLES, BadFileError, BadFileTally, Batch, GuardedLoader, join_run_tally,
                                      skipped_last_pass)

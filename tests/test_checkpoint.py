@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_conv
 from torch import nn
 
-from conftest import tiny_conv
 from trainfast import Recipe, train
 from trainfast.checkpoint import (HEADER, CheckpointError, CorruptCheckpoint, UnsafeCheckpoint, checkpoint_path,
                                   list_checkpoints, load_newest, prune, read_checkpoint, remove_partials, safe_load,

@@ -14,8 +14,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from trainfast import Recipe, RecipeError, train
-from trainfast.data.badfiles import (Batch, BadFileError, BadFileTally, GuardedLoader, collate_skipping,
-                                     reduce_count)
+from trainfast.data.badfiles import BadFileError, BadFileTally, Batch, GuardedLoader, collate_skipping, reduce_count
 from trainfast.data.datasets import DataError, Skipped, load_synthetic
 from trainfast.data.imagefolder import ImageFiles, load_imagefolder, scan_folder
 from trainfast.data.loader import build_loader, choose_num_workers, resolve_num_workers
@@ -110,7 +109,8 @@ def test_train_crop_is_uint8_square_and_val_crop_is_centred(tmp_path):
 
 def reference_train_crop(path, size: int) -> torch.Tensor:
     """What TrainCrop must equal when no DCT reduction applies: decode the whole file with
-    torchvision.io.decode_jpeg (libjpeg-turbo, as TorchCodec), then torchvision's RandomResizedCrop parameters, resize and flip."""
+    torchvision.io.decode_jpeg (libjpeg-turbo, as TorchCodec), then torchvision's RandomResizedCrop parameters,
+    resize and flip."""
     from torchvision.io import decode_jpeg, read_file
     from torchvision.transforms import RandomResizedCrop
     from torchvision.transforms.v2 import functional as TF
@@ -137,7 +137,7 @@ def test_reduced_jpeg_decode_applies_only_where_the_crop_allows_and_keeps_the_ge
     from torchvision.io import decode_jpeg, read_file
     from torchvision.transforms.v2 import functional as TF
 
-    from trainfast.data.imagefolder import decode_jpeg_region, dct_reduction
+    from trainfast.data.imagefolder import dct_reduction, decode_jpeg_region
 
     assert dct_reduction(447, 1000, 224) == 1 and dct_reduction(448, 448, 224) == 2
     assert dct_reduction(900, 1800, 224) == 4 and dct_reduction(4000, 3000, 224) == 8
@@ -433,8 +433,8 @@ def test_auto_measures_candidates_and_leaves_the_rngs_untouched():
 
 
 def test_report_shows_data_wait_for_every_rung():
-    from trainfast.results import Rung, RungResult
     from trainfast.report import data_wait_line
+    from trainfast.results import Rung, RungResult
 
     rungs = [Rung("baseline", {}, Recipe(), status="done", result=RungResult(data_wait_fraction=0.45)),
              Rung("prefetch", {"prefetch": True}, Recipe(prefetch=True), status="done",
@@ -446,8 +446,8 @@ def test_report_shows_data_wait_for_every_rung():
 
 
 def test_report_says_when_a_rung_ran_above_the_ceiling():
-    from trainfast.results import Rung, RungResult
     from trainfast.report import above_ceiling_note
+    from trainfast.results import Rung, RungResult
 
     rungs = [Rung("baseline", {}, Recipe(), status="done", result=RungResult(ceiling_fraction=0.8)),
              Rung("channels_last", {"channels_last": True}, Recipe(channels_last=True), status="done",

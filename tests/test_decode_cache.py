@@ -13,8 +13,8 @@ from test_data_pipeline import make_folder, tiny_model, write_jpegs
 
 from trainfast import Recipe, train
 from trainfast.data.datasets import DataError, Skipped
-from trainfast.data.imagefolder import decode_bytes, load_imagefolder, read_bytes
 from trainfast.data.decoded_cache import cache_root, open_or_build, with_decode_cache
+from trainfast.data.imagefolder import decode_bytes, load_imagefolder, read_bytes
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 

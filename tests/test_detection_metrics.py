@@ -41,7 +41,8 @@ def test_handmade_partial_cases():
     # A box shifted so that IoU is 0.626: a hit at 0.5 .. 0.6, a miss from 0.65 on (0.6 exactly would sit
     # on COCO's threshold, which is 0.6000000000000001 in floating point).
     truth = [{"boxes": torch.tensor([[0.0, 0, 100, 100]]), "labels": torch.tensor([1])}]
-    shifted = [{"boxes": torch.tensor([[23.0, 0, 123, 100]]), "scores": torch.tensor([0.8]), "labels": torch.tensor([1])}]
+    shifted = [{"boxes": torch.tensor([[23.0, 0, 123, 100]]), "scores": torch.tensor([0.8]),
+                "labels": torch.tensor([1])}]
     result = compute_map(shifted, truth)              # IoU = 77 / 123
     assert result["map_50"] == pytest.approx(1.0) and result["map_75"] == 0.0
     assert result["map"] == pytest.approx(0.3, abs=0.01)    # hits at 0.50, 0.55, 0.60 of 10 thresholds

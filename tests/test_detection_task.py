@@ -16,8 +16,8 @@ import torch
 from conftest import save_png, torchrun_env
 
 from trainfast import Recipe, ablate
-from trainfast.cli import main
 from trainfast.checkpoint import safe_load
+from trainfast.cli import main
 from trainfast.detection.batching import aspect_ratio_groups, build_detection_loader
 from trainfast.detection.data import DetectionSplit
 from trainfast.detection.models import build_detection_model

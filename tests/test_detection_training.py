@@ -13,7 +13,8 @@ from trainfast.detection.synthetic import SyntheticDetection
 
 
 def train_steps(model, loader, epochs, lr=1e-3, sampler=None):
-    """torchvision's detection reference loop, minus what the built-in engine adds: sum the loss dict, warm up in the first epoch."""
+    """torchvision's detection reference loop, minus what the built-in engine adds: sum the loss dict, warm up in
+    the first epoch."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     warmup = warmup_scheduler(optimizer, len(loader))
     model.train()

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_data_pipeline import truncate, write_jpegs
+from test_exif_orientation import write_photo
 
 from trainfast import Recipe
 from trainfast.data.badfiles import BadFileTally
@@ -22,9 +24,6 @@ from trainfast.data.encoded import EncodedImage, encode_on_workers, encodes, jpe
 from trainfast.data.imagefolder import ImageFiles, exif_orientation, load_imagefolder, read_bytes
 from trainfast.data.loader import build_loader
 from trainfast.tasks.effects import field_effect
-
-from test_data_pipeline import truncate, write_jpegs
-from test_exif_orientation import write_photo
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 CPU = torch.device("cpu")
@@ -101,7 +100,7 @@ def test_boxes_come_from_torchvisions_sampler_on_the_upright_size(tmp_path):
             assert item.flip == expected_flip and item.orientation == orientation
             boxes.append(item.box)
             flips += item.flip
-        areas = [(r - l) * (b - t) / (96 * 64) for l, t, r, b in boxes]
+        areas = [(right - left) * (b - t) / (96 * 64) for left, t, right, b in boxes]
         assert 0.08 * 0.95 <= min(areas) and max(areas) <= 1.0 and np.mean(areas) > 0.3   # scale (0.08, 1)
         assert 100 < flips < 200                                                          # p = 0.5
 
@@ -224,10 +223,10 @@ def test_on_a_cpu_the_run_decodes_in_the_workers_as_without_the_switch(tmp_path)
 
 def test_train_records_the_host_decoded_files_when_the_device_decodes(tmp_path, monkeypatch):
     """The epoch record counts the files the device decoder could not take (the switch forced on for the CPU)."""
+    from conftest import tiny_conv
+
     import trainfast.data.pipeline as pipeline
     from trainfast import train
-
-    from conftest import tiny_conv
 
     write_jpegs(tmp_path / "train" / "a", 4)        # 8 training images, batches of 4: every one is read
     write_jpegs(tmp_path / "train" / "b", 3)

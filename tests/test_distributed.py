@@ -46,7 +46,8 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 
 def start(*args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", *args]
-    return subprocess.Popen(cmd, env=torchrun_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, env=torchrun_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
 
 
 def launch(out: Path, scenarios: str, nproc: int = 2) -> subprocess.Popen:

@@ -1,9 +1,9 @@
 """A technique that cannot act on the device (or model) is detected as such, from the device itself."""
 import pytest
 import torch
+from conftest import tiny_resnet
 from torch import nn
 
-from conftest import tiny_resnet
 from trainfast.ablation.ladders import LADDER, plan_rungs
 from trainfast.recipe import Recipe
 from trainfast.tasks.effects import changes_effect, field_effect

@@ -18,8 +18,9 @@ accelerate = pytest.importorskip("accelerate")
 
 import fwkit  # noqa: E402
 from fwkit import ROOT  # noqa: E402
+
 from trainfast.frameworks import accel  # noqa: E402
-from trainfast.frameworks.board import Board, UNSET  # noqa: E402
+from trainfast.frameworks.board import UNSET, Board  # noqa: E402
 
 EXAMPLE = str(ROOT / "examples" / "accelerate_loop.py")
 sys.path.insert(0, str(ROOT / "examples"))

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainfast.frameworks.board import Board, UNSET
+from trainfast.frameworks.board import UNSET, Board
 from trainfast.frameworks.common import optimizer_impl, switch_loader, switch_models, switch_optimizer
 from trainfast.techniques.memory_format import memory_format_of
 

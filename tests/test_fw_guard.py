@@ -8,7 +8,6 @@ import math
 import sys
 
 import pytest
-
 from fwkit import ROOT
 from test_ablate_command import ablate, rungs
 

@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from fwkit import ROOT, measured_run, switches  # noqa: E402
 from fwkit import patched_trainer_classes as patched_classes  # noqa: E402
+
 from trainfast.frameworks.board import Board  # noqa: E402
 
 EXAMPLE = str(ROOT / "examples" / "hf_trainer.py")

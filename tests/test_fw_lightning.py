@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 L = pytest.importorskip("lightning")
 
 from fwkit import ROOT, measured_run, switches  # noqa: E402
+
 from trainfast.ablation.proof import not_applied, script_settings, unsupported  # noqa: E402
 from trainfast.frameworks import lightning as adapter  # noqa: E402
 from trainfast.frameworks.board import UNSET, Board, FrameworkRecord  # noqa: E402

@@ -10,13 +10,13 @@ import importlib
 import sys
 from types import SimpleNamespace
 
+import fwkit
 import pytest
 import torch
+from fwkit import ROOT
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import fwkit
-from fwkit import ROOT
 from trainfast.ablation.metric import choose_metric
 from trainfast.ablation.proof import unsupported
 from trainfast.frameworks import common
@@ -41,7 +41,8 @@ def test_the_scripts_declared_metric_comes_next_then_its_validation_loss_then_no
     choice = choose_metric(None, None, RUN)
     assert (choice.name, choice.goal) == ("eval_accuracy", "max") and "metric_for_best_model" in choice.why
     undeclared = {**RUN, "declared_metric": None}
-    assert (choose_metric(None, None, undeclared).name, choose_metric(None, None, undeclared).goal) == ("eval_loss", "min")
+    assert (choose_metric(None, None, undeclared).name, choose_metric(None, None, undeclared).goal) \
+        == ("eval_loss", "min")
     never_logged = {**RUN, "declared_metric": {"name": "eval_f1", "goal": "max", "source": "x"}}
     choice = choose_metric(None, None, never_logged)
     assert choice.name == "eval_loss" and "eval_f1" in choice.why and "never logged" in choice.why
@@ -190,7 +191,8 @@ def test_a_deepspeed_plugin_keeps_precision_and_optimizer_from_the_accelerator(a
     record = accel.record_of(board)
     plugin = type("DeepSpeedPlugin", (), {})()          # a stand-in: the deepspeed package is not installed
     kw = accel.switch_arguments({"deepspeed_plugin": plugin}, record, board.fields)
-    assert "mixed_precision" not in kw and "the script's Accelerator(deepspeed_plugin=...)" in record.unsupported["precision"]
+    assert "mixed_precision" not in kw \
+        and "the script's Accelerator(deepspeed_plugin=...)" in record.unsupported["precision"]
     assert "DeepSpeed wraps and steps the optimizer" in record.unsupported["optimizer_impl"]
     assert "torch.backends.cudnn.benchmark" in record.switches          # what the plugin does not own is switched
 
@@ -246,6 +248,7 @@ def kept_rng():
 def test_lightnings_seed_everything_seeds_with_the_runs_seed_and_proves_it(monkeypatch, kept_rng):
     pytest.importorskip("lightning")
     from lightning.fabric.utilities import seed as seed_module
+
     from trainfast.frameworks import lightning as adapter
 
     monkeypatch.setattr(seed_module, "seed_everything", seed_module.seed_everything)
@@ -260,6 +263,7 @@ def test_lightnings_seed_everything_seeds_with_the_runs_seed_and_proves_it(monke
 def test_accelerates_set_seed_seeds_with_the_runs_seed_and_proves_it(monkeypatch, kept_rng):
     pytest.importorskip("accelerate")
     from accelerate.utils import random as random_module
+
     from trainfast.frameworks import accel
 
     monkeypatch.setattr(random_module, "set_seed", random_module.set_seed)
@@ -275,6 +279,7 @@ def test_the_tables_metric_column_is_the_judged_metric_not_the_first_logged():
     """A Lightning script logs train_loss before val_loss; the ablation judges val_loss (metric.choose_metric), and the
     table's column must name what its numbers are."""
     from conftest import scored_rung
+
     from trainfast.report.table import Columns, headers
 
     rung = scored_rung("baseline", [100.0] * 2, 1.4)

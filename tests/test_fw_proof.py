@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from trainfast.ablation.proof import not_applied, script_settings, unsupported
-from trainfast.frameworks.board import Board, UNSET
+from trainfast.frameworks.board import UNSET, Board
 
 
 def section(**switches) -> dict:

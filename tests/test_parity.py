@@ -4,10 +4,10 @@ import random
 
 import numpy as np
 import torch
+from conftest import tiny_resnet
 from torch import nn
 from torch.utils.data import DataLoader
 
-from conftest import tiny_resnet
 from trainfast import Recipe, Session, train
 from trainfast.data.datasets import HostNormalized
 

@@ -13,10 +13,10 @@ import textwrap
 import time
 from pathlib import Path
 
+import procs_targets
 import psutil
 import pytest
 
-import procs_targets
 from trainfast.procs import read_log_tail, run_supervised
 
 TESTS = Path(__file__).resolve().parent
@@ -64,7 +64,8 @@ def test_a_child_that_raises_is_reported_with_its_error_and_log_tail(tmp_path):
 
 TORCHRUN_FAILURE = """epoch 5: train loss 0.2510  val accuracy 0.4083
 terminate called without an active exception
-W1123 23:20:57.167000 13441 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 13449 closing signal SIGTERM
+W1123 23:20:57.167000 13441 torch/distributed/elastic/multiprocessing/api.py:1028] \
+Sending process 13449 closing signal SIGTERM
 E1123 23:20:57.286000 13441 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) local_rank: 0
 Traceback (most recent call last):
   File "<frozen runpy>", line 198, in _run_module_as_main

@@ -96,7 +96,8 @@ def test_config_file_round_trip(tmp_path):
 
 
 def run_cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "trainfast", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "trainfast", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
 
 
 def run_cli_here(*args, cwd, capsys, monkeypatch) -> tuple[int, str]:
@@ -123,7 +124,8 @@ def run_cli_here(*args, cwd, capsys, monkeypatch) -> tuple[int, str]:
     (["train", "--recipe", "warp"], "--recipe 'warp' is not a preset"),
 ])
 def test_bad_cli_input_is_refused_before_any_work(tmp_path, args, message, capsys, monkeypatch):
-    code, err = run_cli_here(*args, "--out", str(tmp_path / "out"), cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    code, err = run_cli_here(*args, "--out", str(tmp_path / "out"), cwd=tmp_path, capsys=capsys,
+                             monkeypatch=monkeypatch)
     assert code == 2, err
     assert message in err
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists(), "work started before the refusal"

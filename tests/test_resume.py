@@ -86,8 +86,12 @@ def test_sigkill_mid_epoch_then_resume_is_bit_exact(tmp_path, num_workers, seed)
     assert sorted(losses_a) == list(range(1, STEPS_PER_EPOCH * EPOCHS + 1))
     assert losses_a == losses_b
     # The epoch records (including the resumed epoch's mean train loss) are identical too.
-    records = [(straight / "metrics.jsonl").read_text().splitlines(), (killed / "metrics.jsonl").read_text().splitlines()]
-    strip = lambda r: {k: v for k, v in json.loads(r).items() if k not in ("epoch_time_s", "data_wait_s")}
+    records = [(straight / "metrics.jsonl").read_text().splitlines(),
+               (killed / "metrics.jsonl").read_text().splitlines()]
+
+    def strip(r):
+        return {k: v for k, v in json.loads(r).items() if k not in ("epoch_time_s", "data_wait_s")}
+
     assert [strip(r) for r in records[0]] == [strip(r) for r in records[1]]
 
 

@@ -14,9 +14,9 @@ import torch
 from trainfast import selfcheck
 from trainfast.selfcheck import catalog, judges, runner
 from trainfast.selfcheck.judges import (judge_close, judge_compile, judge_flagged, judge_gain, judge_host_blocking,
-                                        judge_jpeg, judge_masters, judge_nonfinite_stop, judge_overlap,
-                                        judge_parity, judge_peaks, judge_reduced, judge_rung_measured,
-                                        judge_scaler, judge_set_epoch, judge_wait)
+                                        judge_jpeg, judge_masters, judge_nonfinite_stop, judge_overlap, judge_parity,
+                                        judge_peaks, judge_reduced, judge_rung_measured, judge_scaler, judge_set_epoch,
+                                        judge_wait)
 
 ROOT = Path(__file__).resolve().parents[1]
 

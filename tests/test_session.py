@@ -9,11 +9,11 @@ import warnings
 
 import pytest
 import torch
+from conftest import tiny_resnet
+from test_parity import plain_loop
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from conftest import tiny_resnet
-from test_parity import plain_loop
 from trainfast import Recipe, RecipeError, Session, train
 from trainfast.checkpoint import read_checkpoint
 from trainfast.data.datasets import HostNormalized, Split, TensorImages

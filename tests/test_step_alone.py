@@ -5,9 +5,9 @@ ablate` with no flags runs a workload that keeps it busy."""
 import re
 
 import torch
+from conftest import scored_rung
 from torch import nn
 
-from conftest import scored_rung
 from trainfast.ablation.scoring import score_rungs
 from trainfast.measure import runs_tf32
 from trainfast.report.notes import caveats, input_switches, roof_contradiction
@@ -50,7 +50,8 @@ def test_the_input_switches_named_are_those_the_rung_lacks_and_that_act_here():
     cpu_digits = {"device": "cpu", "data": "digits"}
     assert input_switches(Recipe(), cpu_digits) == ["loader workers (--num-workers)", "the prefetcher (--prefetch)"]
     fed = Recipe(num_workers=8, prefetch=True, pin_memory=True, non_blocking=True, decode_cache=True)
-    assert input_switches(fed, {"device": "cuda:0", "data": "imagefolder:/x"}) == ["decoding on the device (--device-decode)"]
+    assert input_switches(fed, {"device": "cuda:0", "data": "imagefolder:/x"}) \
+        == ["decoding on the device (--device-decode)"]
     assert input_switches(fed.replace(device_decode=True), {"device": "cuda:0", "data": "imagefolder:/x"}) == []
     assert input_switches(fed, {"device": "cuda:0", "data": "digits"}) == []     # nothing to decode in memory
 

@@ -18,7 +18,7 @@ from trainfast.frameworks.common import mark_shared_switches, switch_models
 from trainfast.recipe import Recipe
 from trainfast.tasks import TASKS
 from trainfast.tasks.effects import DATA_JUDGES, field_effect
-from trainfast.techniques import ADAPTERS, ON_MODEL, EVERY_ADAPTER
+from trainfast.techniques import ADAPTERS, EVERY_ADAPTER, ON_MODEL
 from trainfast.techniques.switch import RungSpec, Switch
 
 CPU = torch.device("cpu")

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import scored_rung
+
 from trainfast import Recipe
 from trainfast.ablation import plan_rungs
 from trainfast.ablation.scoring import score_rungs
@@ -66,7 +66,8 @@ def test_batch_size_search_climbs_while_firmly_faster_with_accuracy_kept_and_is_
     assert all(r.recipe.precision == "bf16" for r in batch_rungs(base, train_size=10_000))   # the recipe, rescaled
 
     def search(rates: list[float], accuracies: list[float]) -> dict:
-        rungs = [scored_rung(f"batch-{b}", [rate * 0.99, rate, rate * 1.01], acc, **({"batch_size": b} if b != 64 else {}))
+        rungs = [scored_rung(f"batch-{b}", [rate * 0.99, rate, rate * 1.01], acc,
+                             **({"batch_size": b} if b != 64 else {}))
                  for b, rate, acc in zip((64, 128, 256, 512), rates, accuracies)]
         score_rungs(rungs, {"fp32": 1e12}, [0.95, 0.951, 0.949], mode="cumulative")
         best, tie, odds = pick_best(rungs)
@@ -118,7 +119,8 @@ def test_without_time_for_stage_2_the_best_switch_on_top_of_the_level_is_recomme
 
 def test_a_switch_that_hurts_in_combination_is_dropped():
     base = Recipe()
-    singles = scored([rung("baseline", 100), rung("master-bf16", 180, **O2), rung("channels_last", 130, channels_last=True)])
+    singles = scored([rung("baseline", 100), rung("master-bf16", 180, **O2),
+                      rung("channels_last", 130, channels_last=True)])
     combined, names, _ = combine(base, singles, planned_steps=None)
     stage = combine_stage(base, singles, combined, names)
     assert [r.name for r in stage] == ["baseline", "single-master-bf16", "combined", "without-master-bf16",
@@ -138,7 +140,8 @@ def test_a_switch_that_hurts_in_combination_is_dropped():
 
 def test_a_combination_that_beats_the_best_single_is_recommended_and_one_that_loses_accuracy_is_not():
     base = Recipe()
-    singles = scored([rung("baseline", 100), rung("master-bf16", 180, **O2), rung("channels_last", 130, channels_last=True)])
+    singles = scored([rung("baseline", 100), rung("master-bf16", 180, **O2),
+                      rung("channels_last", 130, channels_last=True)])
     combined, names, _ = combine(base, singles, planned_steps=None)
     stage = combine_stage(base, singles, combined, names)
     for accuracy, expected in ((0.95, "combined"), (0.70, "single-master-bf16")):
@@ -256,7 +259,8 @@ def test_a_search_on_a_users_own_command_finds_both_gains_and_guards_with_its_me
     combined = json.loads((out / "combine" / "results.json").read_text())
     for rung_result in combined["rungs"]:
         assert rung_result["status"] == "done"
-        assert all(run["stopped"] == "script ended" and "val_accuracy" in run["reported"] for run in rung_result["runs"])
+        assert all(run["stopped"] == "script ended" and "val_accuracy" in run["reported"]
+                   for run in rung_result["runs"])
     env = json.loads((out / "combine" / "rungs" / "combined-r0" / "command.json").read_text())["env"]
     fields = json.loads(env["TRAINFAST_RECIPE"])
     assert set(fields) == {"precision", "precision_level", "set_to_none", "seed"}       # the script's own rest stands
@@ -405,7 +409,8 @@ def test_each_stage_settles_its_verdicts_only_with_the_time_it_leaves_the_stages
                         device="cpu", amp_dtype="bf16", switches=["autocast-bf16", "fused", "channels_last"],
                         budget_s=800.0, settle=settle)
         assert list(stages) == ["singles", "on-level", "combine"]
-        assert decision.recipe.precision == "bf16" and decision.recipe.optimizer_impl == "fused" and decision.recipe.channels_last
+        assert decision.recipe.precision == "bf16" and decision.recipe.optimizer_impl == "fused" \
+            and decision.recipe.channels_last
         (singles, singles_settle), (on_level, on_level_settle), (combine, combine_settle) = stages.values()
         if not settle:
             assert singles_settle == on_level_settle == combine_settle == 0.0
@@ -433,6 +438,7 @@ class GuardSearch:
 
     def stage(self, name, rungs, repeats, measure="speed", last=False, **kwargs):
         from conftest import scored_rung
+
         from trainfast.ablation.scoring import score_rungs
         from trainfast.results import AblationResult
 
@@ -445,8 +451,10 @@ class GuardSearch:
             run["reported"] = {"eval_accuracy": 0.80 + 0.01 * (i % 2) + self.delta}
         metric = ("eval_accuracy", "max")
         score_rungs([base, rung], {"fp32": 1e12, "bf16": 1e12}, metric=metric)
-        return AblationResult([base, rung], {}, Path("."), None, None, {}, settings={"command": ["python"], "measure": "full"},
-                              metric={"name": "eval_accuracy", "goal": "max", "why": "the script's metric_for_best_model"})
+        return AblationResult([base, rung], {}, Path("."), None, None, {},
+                              settings={"command": ["python"], "measure": "full"},
+                              metric={"name": "eval_accuracy", "goal": "max",
+                                      "why": "the script's metric_for_best_model"})
 
 
 def test_a_scripts_single_switch_recipe_is_run_in_full_and_guarded_before_it_is_recommended():

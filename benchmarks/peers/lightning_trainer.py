@@ -1,7 +1,8 @@
 """The same work under a Lightning Trainer with its best precision flag on this device.
 
 The same model (timm, random weights), the same torchvision ImageFolder pipeline as plain_timm_style.py,
-AdamW (with --channels-last: the model and each batch converted, as a user would); Trainer(precision="bf16-mixed" | "16-mixed" | "32-true"), validation every epoch and Lightning's
+AdamW (with --channels-last: the model and each batch converted, as a user would);
+Trainer(precision="bf16-mixed" | "16-mixed" | "32-true"), validation every epoch and Lightning's
 default checkpoint (one per epoch), no logger, no progress bar. Needs `lightning` importable: peers.py
 installs it into benchmarks/.peers-lib (never a dependency of trainfast) and puts that on PYTHONPATH.
 """

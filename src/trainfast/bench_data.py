@@ -80,7 +80,8 @@ class ToDevice:
 
 def build_torchvision_pipeline(root: Path, recipe, device: torch.device, image_size: int) -> ToDevice:
     from torch.utils.data import DataLoader
-    from torchvision import datasets, transforms as T
+    from torchvision import datasets
+    from torchvision import transforms as T
 
     transform = T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip(), T.ToTensor(),
                            T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
@@ -91,7 +92,8 @@ def build_torchvision_pipeline(root: Path, recipe, device: torch.device, image_s
 
 
 def bench_data(data: str, batch_size: int = 64, num_workers: int | str = 2, image_size: int = 224,
-               passes: int = 5, device: str = "auto", print_fn=print, decode_cache: bool = True) -> dict[str, BenchResult]:
+               passes: int = 5, device: str = "auto", print_fn=print,
+               decode_cache: bool = True) -> dict[str, BenchResult]:
     from .data.datasets import DataError
     from .data.loading import parse_data_spec
     from .recipe import Recipe, resolve_device

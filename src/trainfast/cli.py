@@ -292,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     start_thread_policy(argv)                       # before torch loads (the parser's flags import it)
     args = parse_command_line(argv)
-    from .distributed import RankTimeoutError       # these import torch: only once a command runs, never for
-    from .measure import LossTermsError, NonFiniteLossError   # --help or --version
     from .checkpoint import WriteError
+    from .distributed import RankTimeoutError  # these import torch: only once a command runs, never for
+    from .measure import LossTermsError, NonFiniteLossError  # --help or --version
 
     try:
         if args.command == "selfcheck":
@@ -444,7 +444,7 @@ def _tune(args, recipe: Recipe) -> int:
 
 def _doctor(args, recipe: Recipe) -> int:
     """Checks every flag, the device and the model name first, then loads the data and runs the short passes
-    (doctor.py); prints the ranked findings and writes doctor.json. Exit status 0 whatever it finds."""
+    (doctor/); prints the ranked findings and writes doctor.json. Exit status 0 whatever it finds."""
     from datetime import datetime
 
     import torch

@@ -195,9 +195,10 @@ def add_comparison(parser, what: str) -> None:
                         help="smallest speed difference called a gain or a loss, as a fraction (default %(default)g "
                              f"= {MIN_EFFECT * 100:g}%%)")
     parser.add_argument("--paired", action="store_true",
-                        help=f"also time each built-in {what}'s run against the baseline in alternating blocks inside "
-                             "its own process, and judge two paired rungs on those ratios (off by default: on a CPU the "
-                             "two runs share the allocator, whose state moves the ratio; see docs/measurement.md)")
+                        help=f"also time each built-in {what}'s run against the baseline in alternating blocks "
+                             "inside its own process, and judge two paired rungs on those ratios (off by default: on "
+                             "a CPU the two runs share the allocator, whose state moves the ratio; see "
+                             "docs/measurement.md)")
     parser.add_argument("--amp-dtype", choices=("auto", "bf16", "fp16"), default="auto",
                         help="dtype of the mixed-precision switches; auto (default) = bf16 where the device has "
                              "fast bf16, else fp16 + GradScaler")

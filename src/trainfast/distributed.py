@@ -368,7 +368,7 @@ def apply_fsdp(model: nn.Module, precision: str) -> nn.Module:
     return fully_shard(model, mp_policy=policy)
 
 
-# --- legacy nn.DataParallel with the loss inside each replica (a parallel criterion: no imbalance on the first GPU) ---------
+# --- legacy nn.DataParallel with the loss inside each replica (a parallel criterion: no imbalance on the first GPU) ---
 # DataParallel runs one process driving all GPUs: it replicates the module every step, scatters inputs,
 # and gathers outputs on GPU 0. Gathering the logits and computing the loss there makes GPU 0 hold every
 # replica's outputs (it runs out of memory first) and serializes the loss. Here each replica computes its

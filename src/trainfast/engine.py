@@ -15,7 +15,6 @@ from .measure import EpochStats, Meter
 from .session import TrainState
 from .tasks import as_task
 
-
 # The built-in loop zeroes the gradients as a stock PyTorch 2.x loop does: optimizer.zero_grad(), whose default
 # (set_to_none=True) frees them instead of writing zeros, so the baseline is what a user would otherwise run.
 # recipe.set_to_none changes nothing here; it acts on a user's loop that zeroes in place, through the Session.

@@ -32,9 +32,9 @@ def cpu_name() -> str:
 
 
 def collect_environment() -> dict[str, Any]:
-    import psutil
-
     import warnings
+
+    import psutil
 
     flags = cpu_flags()
     with warnings.catch_warnings(record=True) as caught:     # torch says why CUDA failed to start only here
@@ -62,8 +62,8 @@ def collect_environment() -> dict[str, Any]:
     }
     env["smoke"] = [smoke_test(torch.device("cpu"))]
     env["smoke"] += [smoke_test(torch.device("cuda", i)) for i in range(len(env["devices"]))]
-    env["cuda_init_warning"] = next((str(w.message).splitlines()[0] for w in caught if "cuda" in str(w.message).lower()),
-                                    None)
+    env["cuda_init_warning"] = next((str(w.message).splitlines()[0] for w in caught
+                                     if "cuda" in str(w.message).lower()), None)
     if not cuda:
         env["no_gpu_reason"] = no_gpu_reason(env)
     return env

@@ -32,7 +32,8 @@ class _Residual(nn.Module):
         return x + self.body(x)
 
 
-def resnet9(num_classes: int = 10, widths: tuple[int, int, int, int] = (32, 64, 128, 256), in_chans: int = 3) -> nn.Module:
+def resnet9(num_classes: int = 10, widths: tuple[int, int, int, int] = (32, 64, 128, 256),
+            in_chans: int = 3) -> nn.Module:
     w0, w1, w2, w3 = widths
     return nn.Sequential(
         _conv_bn(in_chans, w0),

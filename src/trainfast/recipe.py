@@ -58,7 +58,7 @@ class Recipe:
 
     # --- speed techniques (all off = a plain PyTorch loop) --------------------------
     precision: str = "fp32"           # "fp32" | "bf16" | "fp16": autocast dtype; fp16 adds a GradScaler
-    set_to_none: bool = False         # force zero_grad(set_to_none=True) in a loop that zeroes in place (torch's default frees)
+    set_to_none: bool = False         # force zero_grad(set_to_none=True) in a loop that zeroes in place (torch's frees)
     non_blocking: bool = False        # host->device copies do not block the host (CUDA only)
     pin_memory: bool = False          # page-locked host batches, required for async copies (CUDA only)
     num_workers: int | str = 0        # DataLoader worker processes, or "auto": the fastest of a short measurement
@@ -66,13 +66,13 @@ class Recipe:
     prefetch_factor: int | None = None  # batches each worker loads ahead (needs num_workers > 0)
     prefetch: bool = False            # uint8 transport + side-stream copy + normalize on the device
     decode_cache: bool = False        # image folders: decode every file once to a uint8 cache on disk
-    device_decode: bool = False       # image folders on CUDA: JPEGs decoded on the device (nvJPEG, batched), cropped and normalized there; workers only read bytes and draw crops
+    device_decode: bool = False       # CUDA image folders: nvJPEG decode, crop, normalize on device; workers read bytes
     group_aspect_ratio: bool = False  # detection: batch images of similar aspect ratio together (less padding)
     channels_last: bool = False       # NHWC memory format for model and inputs (conv nets)
     compile: bool = False             # torch.compile the model
     optimizer_impl: str = "default"   # "default" (torch picks) | "for-loop" | "foreach" | "fused"
     cudnn_benchmark: bool = False     # let cuDNN autotune conv algorithms (CUDA only)
-    activation_checkpointing: bool = False  # recompute activations in backward: less memory, slower (timm/transformers models)
+    activation_checkpointing: bool = False  # recompute activations in backward: less memory, slower (timm/transformers)
     grad_clip: float | None = None    # clip the global grad norm to this value (after unscaling)
     deterministic: bool = False       # torch.use_deterministic_algorithms(True), may be slower
     # How a bf16/fp16 `precision` is applied: "autocast" (O1: fp32 weights, autocast), "master" (O2:
@@ -86,9 +86,9 @@ class Recipe:
     max_consecutive_skips: int = 10   # nonfinite=skip: abort after this many non-finite steps in a row
     save_every: int = 0               # checkpoint every N steps (0: only at each epoch end); needs a run folder
     keep_checkpoints: int = 2         # newest checkpoints kept in the run folder (older ones pruned after a save)
-    async_checkpoint: bool = False    # write checkpoints in a background thread while training goes on (same atomic files)
-    passive_threads: bool = False     # idle OpenMP threads sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE), leaving the cores to loader workers; set at process start
-    reuse_memory: bool = False        # freed host memory stays mapped for the next step (glibc malloc: no mmap, no trim), so a CPU step does not page-fault its activations anew
+    async_checkpoint: bool = False    # write checkpoints in a background thread while training runs (same atomic files)
+    passive_threads: bool = False     # OMP_WAIT_POLICY=PASSIVE at start: idle OpenMP threads sleep, cores go to workers
+    reuse_memory: bool = False        # freed host memory stays mapped (glibc: no mmap/trim): no CPU page faults anew
 
     # --- distributed (under torchrun; a single process ignores strategy=ddp) -------------------------
     strategy: str = "ddp"             # "ddp" | "fsdp" (FSDP2 fully_shard) | "dp" (legacy DataParallel, CUDA)
@@ -223,7 +223,8 @@ def validate_fields(r: Recipe) -> None:
         if getattr(r, name) not in choices:
             raise RecipeError(f"{name}={getattr(r, name)!r} is not one of {', '.join(choices)}")
     if r.precision == "fp32" and r.precision_level != "autocast":
-        raise RecipeError(f"precision_level={r.precision_level!r} needs precision=bf16 or fp16 (fp32 is O0, it has no levels)")
+        raise RecipeError(f"precision_level={r.precision_level!r} needs precision=bf16 or fp16 "
+                          "(fp32 is O0, it has no levels)")
     for name in ("epochs", "batch_size", "log_every", "max_consecutive_skips", "keep_checkpoints",
                  "grad_accum_steps", "dist_timeout_s"):
         value = getattr(r, name)
@@ -269,11 +270,13 @@ def validate_for_device(r: Recipe, device: torch.device) -> None:
     if r.optimizer_impl == "fused" and device.type not in ("cuda", "cpu", "mps", "xpu"):
         raise RecipeError(f"optimizer_impl=fused is not available on device {device.type}")
     if r.strategy == "fsdp" and r.precision == "fp16":
-        raise RecipeError("strategy=fsdp with precision=fp16 is not supported (no loss scaler for FSDP2 here); use bf16")
+        raise RecipeError("strategy=fsdp with precision=fp16 is not supported (no loss scaler for FSDP2 here); "
+                          "use bf16")
     if r.strategy == "dp" and (device.type != "cuda" or torch.cuda.device_count() < 2):
         raise RecipeError("strategy=dp (nn.DataParallel) needs 2 or more CUDA devices; use torchrun with strategy=ddp")
     if r.compile and r.deterministic and device.type == "cuda":
-        raise RecipeError("compile=True with deterministic=True is not supported on CUDA (nondeterministic Triton kernels)")
+        raise RecipeError("compile=True with deterministic=True is not supported on CUDA "
+                          "(nondeterministic Triton kernels)")
 
 
 def _cpu_supports_fp16_autocast() -> bool:

@@ -16,8 +16,8 @@ from torch.utils.data import Dataset
 
 from .checkpoint import build_checkpointer
 from .data.badfiles import skipped_last_pass
-from .data.device_decode import host_decoded_last_pass
 from .data.datasets import Split
+from .data.device_decode import host_decoded_last_pass
 from .detection.data import DetectionSplit
 from .engine import train_one_epoch
 from .recipe import Recipe

@@ -6,7 +6,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-
 from loopkit import build, parse
 
 

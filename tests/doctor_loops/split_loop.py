@@ -5,7 +5,6 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
-
 from loopkit import build, parse
 
 

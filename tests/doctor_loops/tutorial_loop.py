@@ -4,7 +4,6 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
-
 from loopkit import build, parse
 
 

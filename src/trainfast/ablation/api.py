@@ -57,7 +57,8 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     work.mark_effects(plan)
     settings = {**work.settings, "mode": opts.mode, "repeats": opts.repeats, "noise_seeds": opts.noise_seeds,
                 "nproc": plan_opts["nproc"], "budget": dataclasses.asdict(opts.budget), "min_effect": opts.min_effect,
-                **({"paired": True} if opts.paired else {}), "rungs": {r.name: r.recipe.to_dict() for r in plan if r.status != Status.NO_EFFECT}}
+                **({"paired": True} if opts.paired else {}),
+                "rungs": {r.name: r.recipe.to_dict() for r in plan if r.status != Status.NO_EFFECT}}
     return run_ladder(plan, work, settings, plan_opts.get("out"), opts)
 
 
@@ -88,5 +89,6 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
     settings = {**work.settings, "measure": measure, "metric": {"name": metric, "goal": goal}, "mode": opts.mode,
                 "repeats": opts.repeats, "noise_seeds": opts.noise_seeds, "device": str(dev),
                 "budget": dataclasses.asdict(opts.budget), "min_effect": opts.min_effect,
-                **({"paired": True} if opts.paired else {}), "rungs": {r.name: work.fields(r.recipe) for r in plan if r.status != Status.NO_EFFECT}}
+                **({"paired": True} if opts.paired else {}),
+                "rungs": {r.name: work.fields(r.recipe) for r in plan if r.status != Status.NO_EFFECT}}
     return run_ladder(plan, work, settings, plan_opts.get("out"), opts, measure)

@@ -14,8 +14,8 @@ import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from itertools import islice, repeat
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -25,11 +25,11 @@ from ..data.badfiles import skipped_last_pass
 from ..data.device_decode import host_decoded_last_pass, host_decoded_names
 from ..engine import train_one_epoch
 from ..measure import BLOCK_SECONDS, EpochStats, Timing
-from .paired import time_paired, unpaired_reason
 from ..probe import MeasureSpec, Probe
 from ..recipe import Recipe
 from ..run import BuiltinRun, assemble_run
 from ..techniques import memory_reuse, threads
+from .paired import time_paired, unpaired_reason
 
 
 @dataclass(frozen=True)

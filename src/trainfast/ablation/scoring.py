@@ -14,8 +14,8 @@ from typing import Any
 
 from ..recipe import Recipe
 from ..results import Rung, RungResult, Status
-from ..stats import (MIN_EFFECT, SAME, Candidate, Comparison, Noise, Noises, Repeat, compare_candidates,
-                     pooled_noise, rate_estimate, recommend, recommendation_odds)
+from ..stats import (MIN_EFFECT, SAME, Candidate, Comparison, Noise, Noises, Repeat, compare_candidates, pooled_noise,
+                     rate_estimate, recommend, recommendation_odds)
 from ..techniques.precision import level_note
 from .metric import SCRIPT_CHOICE, choose_metric, metric_goal
 

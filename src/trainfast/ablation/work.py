@@ -16,24 +16,24 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from ..data.decoded_cache import with_decode_cache
+from ..engine import ZERO_GRAD_NOTE
+from ..frameworks import SECTION as FRAMEWORKS
 from ..measure import runs_tf32
 from ..probe import PROBE_MODES, PROCESS_SWITCHES
-from ..engine import ZERO_GRAD_NOTE
 from ..procs import run_supervised
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import Effect, Rung, Status
-from ..data.decoded_cache import with_decode_cache
 from ..run import as_split, build_module
 from ..tasks.effects import changes_effect, field_effect
 from ..techniques import threads
 from ..techniques.base import Effect as TechniqueEffect
-from .rung import Job, TimingBudget, rung_main
 from .metric import SCRIPT_CHOICE
+from .proof import (framework_names, lacks_a_switch, needs_session, no_session_reason, not_applied, process_not_applied,
+                    script_settings, unreached, unsupported)
+from .rung import Job, TimingBudget, rung_main
 from .server import rung_context, start_rung_server
 from .store import write_json
-from ..frameworks import SECTION as FRAMEWORKS
-from .proof import (framework_names, lacks_a_switch, needs_session, no_session_reason, not_applied,
-                    process_not_applied, script_settings, unreached, unsupported)
 
 # launch(rung, recipe, budget or None, run_dir, display, time_limit_s) -> the run's record, or {"error", "log_tail"}
 Launch = Callable[[Rung, Recipe, "TimingBudget | None", Path, Any, "float | None"], dict]

@@ -11,7 +11,8 @@ def eval_dropout(obs: Observations) -> Finding:
     name = "dropout active in eval mode"
     d = obs.dropout
     if d is None:
-        return Finding(name, "mistake", NOT_HERE, "no training forward with positional inputs was seen after the first step: no input to test with")
+        return Finding(name, "mistake", NOT_HERE, "no training forward with positional inputs was seen after the first "
+                                                  "step: no input to test with")
     if "error" in d:
         return Finding(name, "mistake", NOT_HERE, f"the eval forwards of the last training input failed: {d['error']}")
     text = (f"in eval() + inference_mode two forwards of the same input differ by up to {d['max_diff']:.3g} "

@@ -6,7 +6,6 @@ from typing import Any
 
 from .findings import NOT_HERE, SYNCS_PER_STEP, Finding, Observations
 
-
 # Where a library's own loop reads a value every step, the setting of that library that stops it.
 LIBRARY_SYNC_FIXES = {
     "transformers/trainer.py": "TrainingArguments(logging_nan_inf_filter=False) turns off the Trainer's check of "
@@ -44,7 +43,8 @@ def syncs(obs: Observations) -> Finding:
     lines = "; ".join(f"{s['calls'] / obs.sync_steps:g}/step {s['op']} at {s['where']}" for s in user[:4])
     text = (f"{per_step:g} per step from the loop over {obs.sync_steps} counted steps"
             + (f" ({lines})" if lines else "")
-            + (f"; trainfast's own metric reads: {ours / obs.sync_steps:g} per step (once a log window)" if ours else ""))
+            + (f"; trainfast's own metric reads: {ours / obs.sync_steps:g} per step (once a log window)"
+               if ours else ""))
     if per_step < SYNCS_PER_STEP:
         return Finding(name, "mistake", "fine", text)
     if not obs.cuda:

@@ -24,8 +24,8 @@ import functools
 from typing import Any, Callable, Iterable
 
 import torch
-from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler,
-                              Sampler, SequentialSampler)
+from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler,
+                              SequentialSampler)
 
 from ..techniques.transfer import pin_memory_for
 from .datasets import HostNormalized

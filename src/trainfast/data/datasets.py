@@ -61,7 +61,8 @@ class TensorImages(Dataset):
         return self.images[index], int(self.labels[index])
 
 
-def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
+              out: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 -> float32 (x / 255 - mean) / std, the single definition both paths use, computed as
     x * (1 / (255 std)) - mean / std: two passes over the batch instead of four (within 5e-7 of the
     four-op form). `out`: a float32 buffer of the same shape to write into (a recycled one skips the

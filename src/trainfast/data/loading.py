@@ -9,7 +9,8 @@ def parse_data_spec(spec: str) -> tuple[str, str | None]:
     kind, _, arg = spec.partition(":")
     kinds = ("digits", "synthetic", "imagefolder", "cifar10")
     if kind not in kinds:
-        raise DataError(f"--data {spec!r}: unknown dataset {kind!r}; choose digits, synthetic, imagefolder:PATH or cifar10:PATH")
+        raise DataError(f"--data {spec!r}: unknown dataset {kind!r}; choose digits, synthetic, "
+                        "imagefolder:PATH or cifar10:PATH")
     if kind in ("imagefolder", "cifar10") and not arg:
         raise DataError(f"--data {spec!r}: {kind} needs a path, e.g. {kind}:/data/{kind}")
     if kind in ("digits", "synthetic") and arg:

@@ -12,9 +12,9 @@ from torch.utils.data import Dataset
 from ..recipe import Recipe
 from ..techniques.device_decode import decode_on_device
 from .datasets import Split
+from .device import build_device_batches
 from .encoded import encode_on_workers
 from .imagefolder import ImageFiles
-from .device import build_device_batches
 from .loader import build_loader
 
 

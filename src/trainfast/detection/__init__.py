@@ -15,11 +15,11 @@ Samples are (uint8 image [3, H, W], target) with target = {"boxes": float32 [N, 
 its device (`batching.images_to_device`), as everywhere else in trainfast; torchvision's detectors take
 float images in [0, 1] and normalize them themselves.
 """
-from .batching import (GroupedBatchSampler, aspect_ratio_groups, collate_detection, images_to_device,
-                       padding_fraction, targets_to_device)
+from .batching import (GroupedBatchSampler, aspect_ratio_groups, collate_detection, images_to_device, padding_fraction,
+                       targets_to_device)
 from .data import DetectionSplit
-from .loading import load_detection_data
 from .engine import evaluate_detection, warmup_iters, warmup_scheduler
+from .loading import load_detection_data
 from .metrics import compute_map
 from .models import DETECTION_MODELS, build_detection_model
 

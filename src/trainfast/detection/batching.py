@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from ..data.badfiles import Batch, BadFileTally, GuardedLoader, join_run_tally
+from ..data.badfiles import BadFileTally, Batch, GuardedLoader, join_run_tally
 from ..data.datasets import Skipped
 from ..techniques.transfer import no_arrival
 
@@ -38,7 +38,8 @@ def collate_detection(samples: list[Any]) -> Batch:
     return Batch(images, targets, len(samples), skipped)
 
 
-def images_to_device(images: Sequence[torch.Tensor], device: torch.device | str, non_blocking: bool = False) -> list[torch.Tensor]:
+def images_to_device(images: Sequence[torch.Tensor], device: torch.device | str,
+                     non_blocking: bool = False) -> list[torch.Tensor]:
     """uint8 images -> float32 in [0, 1] on the device (the detectors normalize with their own mean/std).
     Copied as uint8, converted there: 4x fewer bytes over the host-device link."""
     return [image.to(device, non_blocking=non_blocking).float().div_(255.0) for image in images]

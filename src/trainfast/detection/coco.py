@@ -111,7 +111,8 @@ def read_json(path: Path) -> dict:
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from exc
     if not isinstance(data, dict):
-        raise DataError(f"{path}: expected a JSON object with images, annotations and categories, got {type(data).__name__}")
+        raise DataError(f"{path}: expected a JSON object with images, annotations and categories, "
+                        f"got {type(data).__name__}")
     missing = [key for key in ("images", "annotations", "categories") if not isinstance(data.get(key), list)]
     if missing:
         raise DataError(f"{path}: no {', '.join(repr(k) for k in missing)} list (a COCO instances file has "

@@ -14,8 +14,6 @@ from typing import Any
 from torch.utils.data import Dataset
 
 
-
-
 @dataclass
 class DetectionSplit:
     train: Dataset

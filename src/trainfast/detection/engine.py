@@ -24,8 +24,8 @@ def warmup_iters(iters_per_epoch: int, max_iters: int = WARMUP_MAX_ITERS) -> int
 
 def warmup_scheduler(optimizer: torch.optim.Optimizer, iters_per_epoch: int, factor: float = WARMUP_FACTOR,
                      max_iters: int = WARMUP_MAX_ITERS) -> torch.optim.lr_scheduler.LRScheduler:
-    """The detection reference's first-epoch warm-up: LinearLR from factor x lr to lr over warmup_iters(iters_per_epoch) iterations,
-    stepped once per optimizer step in the first epoch (it stays at lr afterwards, so stepping it longer is
+    """The detection reference's first-epoch warm-up: LinearLR from factor x lr to lr over warmup_iters(iters_per_epoch)
+    iterations, stepped once per optimizer step in the first epoch (it stays at lr afterwards, so stepping it longer is
     harmless). Why: a from-scratch detector's first gradients are large (random RPN/box heads); the full
     learning rate at step 0 sends the loss to NaN. A one-batch epoch leaves nothing to warm up over: then
     a constant factor of 1 (a no-op scheduler rather than a branch in the loop)."""

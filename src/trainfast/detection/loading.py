@@ -15,7 +15,8 @@ def parse_detection_spec(spec: str) -> tuple[str, str | None]:
         raise DataError(f"--data {spec!r}: unknown detection dataset {kind!r}; choose synthetic, "
                         f"synthetic:shapes, synthetic:digits or coco:PATH")
     if kind == "coco" and not arg:
-        raise DataError(f"--data {spec!r}: coco needs a folder, e.g. coco:/data/coco (an instances*.json and its images)")
+        raise DataError(f"--data {spec!r}: coco needs a folder, e.g. coco:/data/coco "
+                        "(an instances*.json and its images)")
     if kind == "synthetic" and arg not in ("", "shapes", "digits"):
         raise DataError(f"--data {spec!r}: synthetic objects are 'shapes' or 'digits', not {arg!r}")
     return kind, arg or None

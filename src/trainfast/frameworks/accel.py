@@ -62,9 +62,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-from ..techniques.optimizer import rebind_scheduler
-from .board import Board, FrameworkRecord, UNSET
 from ..techniques.memory_format import memory_format_of
+from ..techniques.optimizer import rebind_scheduler
+from .board import UNSET, Board, FrameworkRecord
 from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_compiled, mark_plugin_owned,
                      mark_shared_switches, optimizer_impl, prove_loader, switch_cudnn_benchmark, switch_loader,
                      switch_models, switch_optimizer)

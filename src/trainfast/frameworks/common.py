@@ -151,7 +151,8 @@ def switch_optimizer(record: FrameworkRecord, optimizer: Any, impl: str, schedul
         return optimizer
 
 
-def switch_models(record: FrameworkRecord, model: torch.nn.Module, fields: dict[str, Any], adapter: str) -> torch.nn.Module:
+def switch_models(record: FrameworkRecord, model: torch.nn.Module, fields: dict[str, Any],
+                  adapter: str) -> torch.nn.Module:
     """The run's switches that act on the model object (techniques/: Switch.model, those `adapter` sets ON_MODEL),
     each on or off as the run asks (off undoes what the script did itself), recorded with the script's own
     state and read back from the model when the result is written. One that cannot act on this model (no

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from .board import Board, FrameworkRecord, UNSET
 from ..techniques.memory_format import memory_format_of
+from .board import UNSET, Board, FrameworkRecord
 from .common import (AUTO_WORKERS, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
                      switch_cudnn_benchmark, switch_models)
 from .hooks import when_imported

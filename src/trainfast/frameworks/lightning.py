@@ -37,9 +37,9 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader
 
-from ..techniques.optimizer import rebind_scheduler
-from .board import Board, FrameworkRecord, UNSET
 from ..techniques.memory_format import memory_format_of
+from ..techniques.optimizer import rebind_scheduler
+from .board import UNSET, Board, FrameworkRecord
 from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_compiled, mark_plugin_owned,
                      mark_shared_switches, optimizer_impl, prove_loader, switch_loader, switch_models, switch_optimizer)
 from .hooks import when_imported
@@ -120,7 +120,8 @@ def switch_trainer_arguments(kwargs: dict[str, Any], record: FrameworkRecord, fi
     """Set the run's switches among the Trainer's keyword arguments, before the Trainer builds its plugins."""
     plugin = sharded_strategy(kwargs.get("strategy"))
     if plugin is not None:
-        owned = mark_plugin_owned(record, fields, plugin, f"the script's Trainer(strategy={describe(kwargs['strategy'])})")
+        owned = mark_plugin_owned(record, fields, plugin,
+                                  f"the script's Trainer(strategy={describe(kwargs['strategy'])})")
         fields = {k: v for k, v in fields.items() if k not in owned}
     if "precision" in fields:
         switch_precision(kwargs, record, fields)

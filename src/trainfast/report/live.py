@@ -19,7 +19,7 @@ class Display:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.rungs, self.ceilings, self.env, self.show, self.settings = rungs, ceilings, env, show, settings or {}
-        self.metric: dict[str, Any] | None = None      # the judged metric, once the runs have shown it (the loop sets it)
+        self.metric: dict[str, Any] | None = None  # the judged metric, once the runs have shown it (the loop sets it)
         self.console = Console()
         if not self.console.is_terminal:
             # Piped or logged: no live redraws, and wide enough that the final table is not wrapped.
@@ -65,7 +65,8 @@ class Display:
         if self.task is not None:
             self.progress_bar.remove_task(self.task)
         # A command's first baseline run: whether a recipe reaches it (and so its precision) is known only after it.
-        label = "baseline" if rung.name == "baseline" and not rung.repeats and "command" in self.settings else rung_label(rung)
+        label = ("baseline" if rung.name == "baseline" and not rung.repeats and "command" in self.settings
+                 else rung_label(rung))
         what = f"{label} — seed {seed}, run {run} of {runs}"
         self.task = self.progress_bar.add_task(what, total=None, loss="…")
         if self.show and self.live is None:

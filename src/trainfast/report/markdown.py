@@ -131,9 +131,9 @@ def accuracy_note(result: AblationResult) -> str:
     if base.val_samples is None:         # a script's own metric: seed-to-seed noise only
         name = Columns.for_settings(result.settings, result.rungs, result.metric).metric_label
         judged = judged_line(result)
-        text = (f"{judged}. " if judged else "") + (f"{name} noise band: ±{band:.3g} around the baseline's mean over {len(accs)} seed(s) ({seeds}): two "
-                f"seed-to-seed standard deviations, scaled for comparing a rung's mean over its {runs} seed(s) with "
-                "that mean. Δ is measured from that mean. ")
+        text = (f"{judged}. " if judged else "") + (f"{name} noise band: ±{band:.3g} around the baseline's mean over "
+                f"{len(accs)} seed(s) ({seeds}): two seed-to-seed standard deviations, scaled for comparing a rung's "
+                f"mean over its {runs} seed(s) with that mean. Δ is measured from that mean. ")
         if band == 0:
             text += ("The seeds all gave the same value: if the script seeds its own random generators after "
                      "creating the Session, the ablation's seeds do not reach it and any change is flagged. ")

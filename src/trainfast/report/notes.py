@@ -19,7 +19,8 @@ def rung_notes(result: AblationResult) -> list[str]:
     items = framework_notes(result.settings)
     items += no_session_note([r for r in rungs if r.status == Status.NO_EFFECT and r.effect == Effect.NO_SESSION])
     items += [ruled_out_note(r) for r in rungs if r.status == Status.NO_EFFECT and r.effect != Effect.NO_SESSION]
-    items += [f"- **{rung_label(r)}**: {r.reason}" for r in rungs if r.status in (Status.DONE, Status.SKIPPED) and r.reason]
+    items += [f"- **{rung_label(r)}**: {r.reason}" for r in rungs
+              if r.status in (Status.DONE, Status.SKIPPED) and r.reason]
     items += [failure_note(r) for r in rungs if r.status == Status.FAILED]
     items += [f"- **{rung_label(r)}**: {text}" for r in rungs for text in caveats(r, result.settings)]
     above = above_ceiling_note(rungs)

@@ -7,8 +7,8 @@ import shlex
 
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
-from ..techniques import process_env
 from ..stats import FIRM, MIN_EFFECT
+from ..techniques import process_env
 from .format import rung_label
 
 
@@ -51,7 +51,8 @@ def best_line(result: AblationResult) -> str:
         return text
     if same >= FIRM:
         return text + f". A rerun would recommend the same about {100 * same:.0f}% of the time"
-    rest = ", ".join(f"{labels[n]} {100 * p:.0f}%" for n, p in result.odds.items() if n != result.best_name and p >= 0.05)
+    rest = ", ".join(f"{labels[n]} {100 * p:.0f}%" for n, p in result.odds.items()
+                     if n != result.best_name and p >= 0.05)
     return (text + f". A rerun would recommend the same only about {100 * same:.0f}% of the time ({rest}): these "
             "rungs are within the noise of each other here, so which of them is recommended is not a finding; "
             "more --repeats separate them")
@@ -96,9 +97,9 @@ def repeatability_line(result: AblationResult) -> str | None:
     if noise.get("paired"):
         between = noise.get("process_sigma_log")
         text = (f"Repeatability: each run was also timed against the baseline in alternating blocks inside its own "
-                f"process; the noise of those ratios is {100 * noise['sigma_log']:.1f}% per run (pooled over the rungs, "
-                f"{noise['df']} df)" + (f", where the runs' own rates moved {100 * between:.1f}% from process to "
-                                        "process" if between is not None else "") +
+                f"process; the noise of those ratios is {100 * noise['sigma_log']:.1f}% per run (pooled over "
+                f"the rungs, {noise['df']} df)" + (f", where the runs' own rates moved {100 * between:.1f}% from "
+                                                   "process to process" if between is not None else "") +
                 f"; with {result.settings.get('repeats')} repeats a speed-up below ")
     else:
         text = (f"Repeatability: the process-to-process noise is {100 * noise['sigma_log']:.1f}% per run (pooled over "
@@ -141,8 +142,8 @@ def machine_line(result: AblationResult) -> str | None:
     if noise and max(abs(drift), jitter) > max(2 * noise["sigma_log"], MACHINE_MOVED):
         text += (f": more than twice the runs' noise ({100 * noise['sigma_log']:.1f}%) and {MACHINE_MOVED:.0%}, so "
                  "the machine was busier "
-                 "or throttled during part of the ladder; the interleaved order shares that among the rungs, but a rerun on "
-                 "a quieter machine is the check")
+                 "or throttled during part of the ladder; the interleaved order shares that among the rungs, but a "
+                 "rerun on a quieter machine is the check")
     return text + "."
 
 

@@ -71,10 +71,10 @@ from ..data.device import build_device_batches
 from ..distributed import setup_distributed
 from ..observers import session_observers
 from ..recipe import RECIPE_ENV, Recipe, RecipeError, apply_env_recipe, resolve_device, validate_for_device
+from ..techniques import threads
 from ..techniques.background_save import checkpoint_writer
 from ..techniques.precision import build_precision
 from ..techniques.runtime import apply_runtime_flags
-from ..techniques import threads
 from .build import NoSchedule, build_state, refuse_rebuilt_step, seed_everything
 from .loaders import SessionLoader
 from .logs import LogBuffer

@@ -31,8 +31,8 @@ def build_state(model: nn.Module, recipe: Recipe, device: torch.device, dist: Di
                 scheduler: Any = None) -> TrainState:
     """The techniques, applied in the documented order (the package docstring, session/__init__.py). Without
     `optimizer`, the recipe's own (optimizer, lr, weight_decay, optimizer_impl) with its linear warm-up is built
-    on the final tensors: the built-in loop. `precision` overrides the one the recipe names (tests and benchmarks tune the loss
-    scaler with it)."""
+    on the final tensors: the built-in loop. `precision` overrides the one the recipe names (tests and benchmarks tune
+    the loss scaler with it)."""
     dist = dist or Dist(device, strategy=recipe.strategy)
     precision = precision or build_precision(dist.precision_name(recipe), device, recipe.precision_level)
     adopted = optimizer is not None

@@ -240,7 +240,7 @@ class SessionOptimizer(torch.optim.Optimizer):
     TrainState.zero_grad); the rest is the real optimizer's. A torch Optimizer (isinstance checks, schedulers
     built on it) without Optimizer.__init__: it holds no state of its own."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, state: TrainState) -> None:  # noqa: no super().__init__
+    def __init__(self, optimizer: torch.optim.Optimizer, state: TrainState) -> None:  # no super().__init__
         self.optimizer = optimizer
         self.train_state = state
 

@@ -18,8 +18,8 @@ from ..detection.batching import (DetectionDeviceBatches, build_detection_loader
 from ..detection.engine import predict_detection, warmup_scheduler
 from ..detection.metrics import compute_map
 from ..recipe import Recipe, RecipeError
-from .effects import field_effect
 from ..techniques.base import Effect
+from .effects import field_effect
 
 # Where `trainfast train --task detection` starts when no --recipe is given (flags still override it): the
 # settings the detection defaults were measured with (detection/models.py: AdamW lr 1e-3, batch 4), weight
@@ -142,9 +142,9 @@ class Detection:
                      for dataset, train in ((split.train, True), (split.val, False)))
 
     def apply_schedule(self, state, steps_per_epoch: int) -> None:
-        """The detection reference's first-epoch warm-up (detection/engine.py: LinearLR from lr/1000 over the first epoch, at most 1000
-        steps) unless the recipe asks for its own (warmup_steps > 0). A from-scratch detector's first gradients
-        are large enough to send the loss to NaN at the full learning rate."""
+        """The detection reference's first-epoch warm-up (detection/engine.py: LinearLR from lr/1000 over the first
+        epoch, at most 1000 steps) unless the recipe asks for its own (warmup_steps > 0). A from-scratch detector's
+        first gradients are large enough to send the loss to NaN at the full learning rate."""
         from ..session import SessionScheduler
 
         if state.recipe.warmup_steps == 0:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from ..techniques import field_effect as technique_effect, owners
+from ..techniques import field_effect as technique_effect
+from ..techniques import owners
 from ..techniques.base import ACTS, Effect
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import importlib
 import pkgutil
 from typing import TYPE_CHECKING, Any
 
-from . import memory_reuse, threads      # neither imports torch
+from . import memory_reuse, threads  # neither imports torch
 from .switch import ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, RungSpec, Switch
 
 if TYPE_CHECKING:

@@ -2,8 +2,8 @@
 
 A checkpoint's cost to the loop is serializing the state (torch.save), hashing it, writing it and waiting for
 the disk (fsync of the file and of its folder): 0.22-0.29 s for ResNet-18 with AdamW (134 MB) on a 2-core VM's
-disk, seconds on a network disk, for every save, during which a synchronous loop does nothing else. In the background only a
-copy of the state stays on the loop's path: tensors are cloned (on the host, a memory copy at memory bandwidth;
+disk, seconds on a network disk, for every save, during which a synchronous loop does nothing else. In the background
+only a copy of the state stays on the loop's path: tensors are cloned (on the host, a memory copy at memory bandwidth;
 a GPU's state is copied to host memory) so the next optimizer step cannot change what is being written, and
 the thread does the rest. What a checkpoint guarantees does not change: the same atomic write (temp file,
 fsync, rename, fsync of the folder), the same checksum, old checkpoints pruned only after the new one is
@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 from torch.utils._pytree import tree_map
+
 from .switch import RungSpec, Switch
 
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-
 NOT_APPLICABLE = "not-applicable"     # an Effect's label: the technique has nothing to act on in this task
 
 

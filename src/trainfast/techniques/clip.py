@@ -1,5 +1,5 @@
-"""Global grad-norm clipping (as torchvision's detection reference engine does, after unscaling). Under fp16 the gradients
-are unscaled first, so the threshold means the same thing at every loss scale; under O2 the clipped
+"""Global grad-norm clipping (as torchvision's detection reference engine does, after unscaling). Under fp16 the
+gradients are unscaled first, so the threshold means the same thing at every loss scale; under O2 the clipped
 tensors are the fp32 masters, the ones the optimizer steps."""
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Iterable
 
 import torch
 from torch import nn
+
 from .switch import setting
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from .switch import EVERY_ADAPTER, RungSpec, Switch
 
-
 SWITCHES = (
     Switch(("group_aspect_ratio",),
            rungs=(RungSpec("group_aspect_ratio", {"group_aspect_ratio": True}, place=25, tasks=("detection",),

@@ -5,10 +5,10 @@ mmap and hands it back with munmap when it is freed. A training step on the CPU 
 activations and gradients every step, many of them large (ResNet-18 at 128 px, batch 128: the first convolution's
 bf16 output alone is 64 MiB), so every step maps them anew and the kernel zero-fills each 4 KiB page on its first
 touch: about 130,000 page faults and a quarter of a second of kernel time a step on a 2-core VM, where the step
-takes 1.3 s (docs/benchmarks/host-switches.md). With mmap turned off for allocations (M_MMAP_MAX=0) and the free top of the heap
-kept (trimming off), a freed block is reused from the heap, already mapped and faulted in. That is what a caching
-allocator does (PyTorch's CUDA allocator; jemalloc or tcmalloc preloaded on a CPU); here it is glibc's own malloc,
-set with mallopt, with nothing to install.
+takes 1.3 s (docs/benchmarks/host-switches.md). With mmap turned off for allocations (M_MMAP_MAX=0) and the free top
+of the heap kept (trimming off), a freed block is reused from the heap, already mapped and faulted in. That is what
+a caching allocator does (PyTorch's CUDA allocator; jemalloc or tcmalloc preloaded on a CPU); here it is glibc's
+own malloc, set with mallopt, with nothing to install.
 
 What it costs: the process keeps the memory it has freed (its peak resident memory a little higher, which the
 ablation's memory column shows) until it exits. The arithmetic is unchanged (same kernels, same values).
@@ -26,8 +26,8 @@ import functools
 import platform
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .threads import started_env, switched_on
 from .switch import ADAPTERS, RungSpec, Switch
+from .threads import started_env, switched_on
 
 if TYPE_CHECKING:
     from .base import Effect

@@ -508,7 +508,8 @@ SWITCHES = (
                        "lightning": "Trainer(precision='bf16-mixed' / '16-mixed' / '32-true')",
                        "accelerate": "Accelerator(mixed_precision='bf16' / 'fp16' / 'no')"}),
     Switch(("precision_level",),
-           rungs=tuple(RungSpec(name, changes, place=11 + i / 10) for i, (name, changes) in enumerate(LEVEL_RUNGS.items())),
+           rungs=tuple(RungSpec(name, changes, place=11 + i / 10)
+                       for i, (name, changes) in enumerate(LEVEL_RUNGS.items())),
            served_value="autocast",
            unreachable={"transformers": "the Trainer's bf16/fp16 are autocast (O1) only",
                         "lightning": "the Trainer's *-mixed precisions are autocast (O1); master weights and pure "

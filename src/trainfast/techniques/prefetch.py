@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from .base import ACTS, Effect
-from .transfer import Prepare, no_arrival, tensors_in, to_device
 from .switch import EVERY_ADAPTER, RungSpec, Switch
+from .transfer import Prepare, no_arrival, tensors_in, to_device
 
 
 def effect(device: torch.device) -> Effect:

@@ -7,6 +7,7 @@ import os
 import torch
 
 from .base import Effect, cuda_only
+
 # By name, never `from . import memory_reuse`: that reads the package, whose __init__ imports this module's
 # siblings, and would make an import cycle through a package still being initialised.
 from .memory_reuse import apply as apply_reuse_memory

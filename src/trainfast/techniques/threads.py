@@ -20,6 +20,7 @@ import os
 import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
 from .switch import ADAPTERS, RungSpec, Switch
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from .base import Effect, cuda_only
-from .switch import EVERY_ADAPTER, RungSpec, Switch
+from .switch import RungSpec, Switch
 
 Prepare = Callable[[Any], Any]
 

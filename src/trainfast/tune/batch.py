@@ -32,5 +32,5 @@ def batch_finding(result: AblationResult) -> dict[str, Any]:
                       "accuracy": r.result.accuracy, "accuracy_worse": r.result.accuracy_worse,
                       "peak_memory_bytes": r.result.peak_memory_bytes} for r in rungs}
     failed = [r.recipe.batch_size for r in rungs if r.status == Status.FAILED]
-    return {"batch_size": result.best.batch_size if result.best else rungs[0].recipe.batch_size, "from": rungs[0].recipe.batch_size, "tie": result.tie,
-            "does_not_fit_or_failed": failed, "sizes": sizes}
+    return {"batch_size": result.best.batch_size if result.best else rungs[0].recipe.batch_size,
+            "from": rungs[0].recipe.batch_size, "tie": result.tie, "does_not_fit_or_failed": failed, "sizes": sizes}

@@ -76,7 +76,8 @@ def one_level(levels: list[Rung], singles: list[Rung], dropped: dict[str, str]) 
             level = r
     for r in levels:
         if r is not level:
-            dropped[r.name] = f"a precision level not firmly faster than {level.name} ({versus(r, level, MIN_EFFECT, noises).text})"
+            dropped[r.name] = (f"a precision level not firmly faster than {level.name} "
+                               f"({versus(r, level, MIN_EFFECT, noises).text})")
     return level
 
 

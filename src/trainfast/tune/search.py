@@ -18,8 +18,8 @@ from ..ablation.scoring import recipe_changes
 from ..ablation.store import default_out_dir
 from ..ablation.work import BuiltinSpec, Work, prepare_builtin, prepare_command
 from ..recipe import Recipe, RecipeError, resolve_device
-from ..results import AblationResult, Rung, Status
 from ..report.summary import judged_line, keep_line
+from ..results import AblationResult, Rung, Status
 from ..techniques.precision import auto_amp_dtype, slow_half_reason
 from .batch import batch_finding, batch_rungs
 from .budget import SearchBudget, singles_share
