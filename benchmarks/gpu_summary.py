@@ -2,12 +2,18 @@
 step alone, wait and copy on the device's timeline and share of the roof, each row checked for agreement
 (a wait that leaves its compute above the roof contradicts itself); the selfcheck's verdicts; the machine named.
 
-    python benchmarks/gpu_summary.py OUT.md ABLATION_DIR[:LABEL] ... [--selfcheck DIR] [--wall NAME=SECONDS ...]
+    python benchmarks/gpu_summary.py OUT.md ABLATION_DIR[:LABEL] ... [--selfcheck DIR] [--peers PEERS_JSON]
+                                     [--title TITLE] [--wall NAME=SECONDS ...]
+    python benchmarks/gpu_summary.py --best-recipe ABLATION_DIR BASE.yaml COMPILE OUT.yaml
+
+The second form writes the recipe gpu_quick.sh hands to the peers: BASE.yaml with device_decode where the
+ablation in ABLATION_DIR found it faster (a firm gain, not noise), and compile on or off (COMPILE: true/false).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -64,14 +70,58 @@ def selfcheck_table(folder: Path) -> list[str]:
     return lines + [""]
 
 
+def best_recipe(folder: Path, base: Path, compile_: bool, out: Path) -> str:
+    """BASE plus device_decode where the ablation's device_decode rung was faster than the baseline, plus
+    compile as asked; what was decided, in words."""
+    import yaml
+
+    recipe = yaml.safe_load(base.read_text()) or {}
+    try:
+        rungs = {r["name"]: r for r in json.loads((folder / "results.json").read_text())["rungs"]}
+        rung = rungs.get("device_decode", {})
+        faster = rung.get("status") == "done" and str(rung.get("verdict") or "").startswith("faster")
+        why = f"device_decode: {rung.get('verdict') or rung.get('status') or 'not run'}"
+    except (OSError, KeyError, ValueError) as exc:
+        faster, why = False, f"device_decode: no result ({exc})"
+    recipe["device_decode"] = faster
+    recipe["compile"] = compile_
+    out.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return f"best recipe: {why}, so device_decode={faster}; compile={compile_} -> {out}"
+
+
+def peers_table(path: Path) -> list[str]:
+    """The peers' run (peers.py): each tool's steady epochs and whole process, and trainfast's recipe against each
+    peer, per round."""
+    data = json.loads(path.read_text())
+    lines = [f"### trainfast's recipe beside the peers ({data.get('machine')}, {data.get('precision')})", "",
+             "| workload | tool | images/s, steady epochs | steady epoch | whole process |", "|---|---|---|---|---|"]
+    for name, w in data["workloads"].items():
+        for tool, seconds in w["median_per_epoch_s"].items():
+            whole = w.get("median_whole_process_s", {}).get(tool)
+            lines.append(f"| {name} | {tool} | {w['median_images_per_s'][tool]:,.0f} | {seconds:.2f} s | "
+                         + ("—" if whole is None else f"{whole:.1f} s") + " |")
+        for pair in w.get("recipe_against", []):
+            steady = ", ".join(f"{r:.2f}x" for r in pair["steady_epoch_speedup"]) or "—"
+            procs = ", ".join(f"{r:.2f}x" for r in pair["whole_process_speedup"]) or "—"
+            lines += ["", f"trainfast's recipe against {pair['peer']}: steady epochs {steady}, whole process {procs} "
+                          f"({pair['text']})"]
+    return lines + [""]
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--best-recipe"]:
+        folder, base, compile_, out = sys.argv[2:6]
+        print(best_recipe(Path(folder), Path(base), compile_ == "true", Path(out)))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("ablations", nargs="*")
     parser.add_argument("--selfcheck", default=None)
+    parser.add_argument("--peers", default=None, help="peers.json of a benchmarks/peers.py run")
+    parser.add_argument("--title", default="GPU check")
     parser.add_argument("--wall", action="append", default=[], help="NAME=SECONDS: a step's wall time")
     args = parser.parse_args()
-    lines = ["# GPU check", ""]
+    lines = [f"# {args.title}", ""]
     for item in args.wall:
         name, _, seconds = item.partition("=")
         lines.append(f"- {name}: {seconds} s wall")
@@ -82,6 +132,11 @@ def main() -> None:
             lines += ablation_table(Path(folder), label or folder)
         except (OSError, KeyError, ValueError) as exc:
             lines += [f"### {label or folder}", "", f"no results: {exc}", ""]
+    if args.peers:
+        try:
+            lines += peers_table(Path(args.peers))
+        except (OSError, KeyError, ValueError) as exc:
+            lines += ["### peers", "", f"no results: {exc}", ""]
     if args.selfcheck:
         try:
             lines += selfcheck_table(Path(args.selfcheck))

@@ -6,11 +6,12 @@ worker start and warm-up cancel. Every tool evaluates val/ once per epoch and wr
 (what timm's train.py and Lightning do by default). Runs are interleaved: in repeat r each tool runs its short and
 its long run back to back (short first in even repeats, long first in odd ones), each trainfast tool next to the
 peer it is compared with (so a pair's runs are minutes apart, not a round apart), the pairs in an order rotated
-from one repeat to the next and who goes first in a pair alternating. A machine drifts over minutes (seen on a shared VM: the same epoch of the same tool
-1.3x slower in a run minutes later); with every short run first and every long run after, a tool's two runs
-were minutes apart and the drift between them landed in its difference (trainfast + channels_last: 20.1 s an
-epoch that way, 17.9-18.2 s from runs back to back, with epochs of 18.4 s timed inside the process). The
-per-epoch costs are medians over repeats.
+from one repeat to the next and who goes first in a pair alternating. A machine drifts over minutes (seen on a
+shared VM: the same epoch of the same tool 1.3x slower in a run minutes later); with every short run first and
+every long run after, a tool's two runs were minutes apart and the drift between them landed in its difference
+(trainfast + channels_last: 20.1 s an epoch that way, 17.9-18.2 s from runs back to back, with epochs of 18.4 s
+timed inside the process). The per-epoch costs are medians over repeats. With one epoch count (--epochs N, the
+quick GPU mode) each tool runs once a round, and its per-epoch cost is its epochs after the first, inside the run.
 
 Beside the wall time, the CPU time of the whole process tree (the tool and its loader workers, user + system,
 from getrusage of the finished process) by the same difference: the core-seconds an epoch costs, and that over
@@ -96,10 +97,12 @@ WORKLOADS = {                       # name -> (timm model, image size, batch siz
     "r18-128": ("resnet18", 128, 128, 1596),
     # The GPU workload (--device cuda --jpeg-folder PATH): 320x256 JPEGs made by make_jpeg_folder.py, 10 classes.
     "r50-224": ("resnet50", 224, 256, 19200),
+    # gpu_quick.sh's CPU smoke mode: the same steps, small enough for a CPU in seconds.
+    "r18-64": ("resnet18", 64, 32, 96),
 }
 # timm-tc-cl: timm's best flags on a GPU, --torchcompile --channels-last (with bf16 AMP and --pin-mem there).
-TOOLS = ("timm", "timm-cl", "timm-tc-cl", "plain", "lightning", "lightning-cl", "trainfast", "trainfast-cl", "trainfast-pf",
-         "trainfast-pf-cl", "tuned")
+TOOLS = ("timm", "timm-cl", "timm-tc-cl", "plain", "lightning", "lightning-cl", "trainfast", "trainfast-cl",
+         "trainfast-pf", "trainfast-pf-cl", "tuned")
 LIGHTNING = ["lightning==2.6.*", "lightning-utilities", "fsspec", "tqdm"]
 
 
@@ -123,7 +126,8 @@ def env_for(tool: str) -> dict[str, str]:
 
 
 def command(tool: str, workload: str, data: Path, epochs: int, out: Path, tuned: Path | None,
-            precision: str = "bf16", timm_train: Path | None = None, device: str = "cpu", workers: int = 2) -> list[str]:
+            precision: str = "bf16", timm_train: Path | None = None, device: str = "cpu",
+            workers: int = 2) -> list[str]:
     model, size, batch, _ = WORKLOADS[workload]
     base, *flags = tool.split("-")
     channels_last = "cl" in flags
@@ -141,7 +145,8 @@ def command(tool: str, workload: str, data: Path, epochs: int, out: Path, tuned:
     if base in ("plain", "lightning"):
         script = HERE / "peers" / ("plain_timm_style.py" if base == "plain" else "lightning_trainer.py")
         return [sys.executable, str(script), "--data", str(data), "--model", model, "--image-size", str(size),
-                "--batch-size", str(batch), "--epochs", str(epochs), "--workers", str(workers), "--precision", precision,
+                "--batch-size", str(batch), "--epochs", str(epochs), "--workers", str(workers), "--precision",
+                precision,
                 "--out", str(out)] + (["--channels-last"] if channels_last else [])
     cmd = [sys.executable, "-m", "trainfast", "train", "--model", model, "--data", f"imagefolder:{data}",
            "--image-size", str(size), "--batch-size", str(batch), "--epochs", str(epochs), "--num-workers",
@@ -181,6 +186,7 @@ def resolve_precision(choice: str) -> str:
     if choice != "auto":
         return choice
     import torch
+
     from trainfast.techniques.precision import slow_half_reason
 
     reason = slow_half_reason(torch.device("cpu"), "bf16")
@@ -281,7 +287,10 @@ def main() -> None:
                         "for the timm columns")
     p.add_argument("--images", type=int, default=None,
                    help="training photos (default: the workload's, 320 for ViT and 1,596 for ResNet-18; val: a tenth)")
-    p.add_argument("--epochs", default="1,3", help="short,long epoch counts (default 1,3)")
+    p.add_argument("--epochs", default="1,3",
+                   help="short,long epoch counts (default 1,3); one count N: one run per tool and round, its whole "
+                        "process and its epochs after the first (the quick mode: half the runs, no per-epoch "
+                        "difference)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
                    help="the precision every tool runs in (default auto: bf16 where it is fast here, else fp32)")
@@ -302,9 +311,7 @@ def main() -> None:
         raise SystemExit(f"--tuned-recipe {args.tuned_recipe}: not a file (the `tuned` column needs one)")
     if any(t.startswith("timm") for t in tools) and (args.timm_train is None or not args.timm_train.is_file()):
         raise SystemExit(f"--timm-train {args.timm_train}: not a file (the timm columns run timm's own train.py)")
-    short, long = (int(e) for e in args.epochs.split(","))
-    if not 0 < short < long:
-        raise SystemExit(f"--epochs {args.epochs}: need short,long with 0 < short < long")
+    short, long = parse_epochs(args.epochs)
     if any(t.startswith("lightning") for t in tools):
         ensure_lightning()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -312,7 +319,12 @@ def main() -> None:
     from trainfast.envcheck import cpu_name
 
     precision = resolve_precision(args.precision) if args.device == "cpu" or args.precision != "auto" else "bf16"
-    results: dict = {"machine": cpu_name(), "cpus": os.cpu_count(), "precision": precision, "device": args.device,
+    machine = cpu_name()
+    if args.device.startswith("cuda"):
+        import torch
+
+        machine = f"{torch.cuda.get_device_name(torch.device(args.device))} with {machine}"
+    results: dict = {"machine": machine, "cpus": os.cpu_count(), "precision": precision, "device": args.device,
                      "epochs": [short, long], "workloads": {}}
     for workload in workloads:
         images = args.images or WORKLOADS[workload][3]
@@ -320,7 +332,7 @@ def main() -> None:
         per_epoch: dict[str, list[float]] = {t: [] for t in tools}
         last_epoch: dict[str, list[float]] = {t: [] for t in tools}
         accuracy: dict[str, list[float]] = {t: [] for t in tools}
-        if "tuned" in tools:
+        if "tuned" in tools and builds_cache(args.tuned_recipe):
             # Once, untimed: a recipe with the decode cache builds it on its first run over a folder (paid once
             # per folder and machine, not per run), which would otherwise land in round 1's short run only.
             warm = args.out / "runs" / f"{workload}-tuned-warm"
@@ -331,6 +343,7 @@ def main() -> None:
                      warm / "log.txt")
         cpu_per_epoch: dict[str, list[float]] = {t: [] for t in tools}
         in_run: dict[str, list[float]] = {t: [] for t in tools}
+        whole: dict[str, list[float]] = {t: [] for t in tools}      # the long run's wall, start-up included
         for r in range(args.repeats):
             order = round_order(tools, r)
             walls: dict[str, dict[int, float]] = {t: {} for t in tools}
@@ -338,7 +351,7 @@ def main() -> None:
             # A tool's two runs back to back (short first in even rounds, long first in odd ones): its difference
             # then spans about a minute of the machine, not the whole round's drift.
             for tool in order:
-                for epochs in ((short, long) if r % 2 == 0 else (long, short)):
+                for epochs in run_lengths(short, long, r):
                     run_dir = args.out / "runs" / f"{workload}-{tool}-e{epochs}-r{r}"
                     shutil.rmtree(run_dir, ignore_errors=True)
                     run_dir.mkdir(parents=True)
@@ -350,6 +363,7 @@ def main() -> None:
                           + ", ".join(f"{e:.1f}" for e in epoch_s) + " s, epoch ends at "
                           + ", ".join(f"{m:.1f}" for m in marks) + " s", flush=True)
                     if epochs == long:
+                        whole[tool].append(seconds)
                         if acc is not None:
                             accuracy[tool].append(acc)
                         if epoch_s:
@@ -358,14 +372,16 @@ def main() -> None:
                             raise SystemExit(f"{tool}: {len(marks)} epoch ends found in {run_dir / 'log.txt'}, "
                                              f"expected {long}")
                         in_run[tool].append(in_run_epoch(marks))
-            for tool in order:
+            for tool in order if short else ():
                 per_epoch[tool].append((walls[tool][long] - walls[tool][short]) / (long - short))
                 cpu_per_epoch[tool].append((cpus[tool][long] - cpus[tool][short]) / (long - short))
                 print(f"{workload} {tool:9s} r{r}: {walls[tool][short]:6.1f} s / {walls[tool][long]:6.1f} s -> "
                       f"{per_epoch[tool][-1]:6.2f} s per epoch, {cpu_per_epoch[tool][-1]:6.2f} CPU s "
                       f"({busy_fraction(cpu_per_epoch[tool][-1], per_epoch[tool][-1]):.0%} busy)", flush=True)
-        medians = {t: statistics.median(v) for t, v in per_epoch.items()}
         trained = images_per_epoch(workload, args.images or WORKLOADS[workload][3])
+        if not short:            # one run per tool: its epochs inside the run are its per-epoch cost
+            per_epoch = {t: [s for s in v if s] for t, v in in_run.items()}
+        medians = {t: statistics.median(v) for t, v in per_epoch.items()}
         rate = {t: [trained / s for s in v] for t, v in per_epoch.items()}
         median_rate = {t: statistics.median(v) for t, v in rate.items()}
         fastest_peer = max((median_rate[t] for t in median_rate if not t.startswith(("trainfast", "tuned"))),
@@ -375,19 +391,77 @@ def main() -> None:
             "images_per_epoch": trained,
             "images_per_s": rate, "median_images_per_s": median_rate,
             "last_epoch_s": last_epoch,
+            "per_epoch_from": "the long run's epochs after its first" if not short else "long run - short run",
+            "whole_process_s": whole, "median_whole_process_s": {t: statistics.median(v) for t, v in whole.items()},
             "cpu_per_epoch_s": cpu_per_epoch,
-            "median_cpu_per_epoch_s": {t: statistics.median(v) for t, v in cpu_per_epoch.items()},
-            "median_busy": {t: busy_fraction(statistics.median(cpu_per_epoch[t]), medians[t]) for t in tools},
+            "median_cpu_per_epoch_s": {t: statistics.median(v) for t, v in cpu_per_epoch.items() if v},
+            "median_busy": {t: busy_fraction(statistics.median(cpu_per_epoch[t]), medians[t]) for t in tools
+                            if cpu_per_epoch[t]},
             "median_last_epoch_s": {t: statistics.median(v) for t, v in last_epoch.items() if v},
             # the same cost inside the long run: its epoch ends, first to last (in_run_epoch)
             "in_run_per_epoch_s": in_run,
             "median_in_run_per_epoch_s": {t: statistics.median(v) for t, v in in_run.items()},
             "in_run_same_switches": same_switch_verdicts(in_run, trained),
+            "recipe_against": recipe_against(in_run, whole, trained),
             "val_accuracy": accuracy,
             "vs_fastest_peer": {t: m / fastest_peer for t, m in median_rate.items()} if fastest_peer else {},
             "same_switches": same_switch_verdicts(per_epoch, trained)}
     (args.out / "peers.json").write_text(json.dumps(results, indent=2))
     print_table(results, tools)
+
+
+def parse_epochs(text: str) -> tuple[int | None, int]:
+    """--epochs: "short,long" (0 < short < long), or one count: (None, N), one run per tool and round."""
+    try:
+        counts = [int(e) for e in text.split(",")]
+    except ValueError:
+        counts = []
+    if len(counts) == 1 and counts[0] >= 2:
+        return None, counts[0]
+    if len(counts) == 2 and 0 < counts[0] < counts[1]:
+        return counts[0], counts[1]
+    raise SystemExit(f"--epochs {text}: need short,long with 0 < short < long, or one count of 2 or more")
+
+
+def run_lengths(short: int | None, long: int, r: int) -> tuple[int, ...]:
+    """The epoch counts a tool runs in round r, back to back: short first in even rounds, long first in odd."""
+    if short is None:
+        return (long,)
+    return (short, long) if r % 2 == 0 else (long, short)
+
+
+def builds_cache(recipe: Path | None) -> bool:
+    """Whether a recipe file turns the decode cache on (its first run over a folder builds it: run once untimed)."""
+    if recipe is None:
+        return False
+    from trainfast.recipe import read_recipe_file
+
+    return bool(read_recipe_file(recipe).get("decode_cache"))
+
+
+def recipe_against(in_run: dict[str, list[float]], whole: dict[str, list[float]], images: int) -> list[dict]:
+    """The tuned recipe (trainfast's best) against every peer in the run, whatever switches each runs (what a user
+    would otherwise run, at its best flags): per round, the ratio of their steady epochs inside the long run and of
+    their whole processes (start-up and compile included); with 3 or more rounds, the verdict on the steady epochs
+    by the ablation's statistics. With fewer rounds the ratios are given as they are, said to carry no interval."""
+    from trainfast.stats import Repeat, compare, pooled_noise
+
+    if "tuned" not in in_run:
+        return []
+    out = []
+    for peer in (t for t in in_run if not t.startswith(("trainfast", "tuned"))):
+        steady = [b / a for a, b in zip(in_run["tuned"], in_run[peer]) if a and b]
+        procs = [b / a for a, b in zip(whole["tuned"], whole[peer])]
+        entry = {"tool": "tuned", "peer": peer, "steady_epoch_speedup": steady, "whole_process_speedup": procs}
+        if len(steady) >= 3:
+            repeats = {t: [Repeat(((images, s),)) for s in in_run[t] if s] for t in ("tuned", peer)}
+            c = compare("tuned", repeats["tuned"], peer, repeats[peer],
+                        noise=pooled_noise([[Repeat(((images, s),)) for s in v if s] for v in in_run.values()]))
+            entry["text"] = c.text
+        else:
+            entry["text"] = f"{len(steady)} round(s): ratios without an interval (3 or more rounds give one)"
+        out.append(entry)
+    return out
 
 
 def round_order(tools: list[str], r: int) -> list[str]:
@@ -445,9 +519,10 @@ def same_switch_verdicts(per_epoch: dict[str, list[float]], images: int) -> list
 
 
 def print_table(results: dict, tools: list[str]) -> None:
-    print(f"\nimages per second over the per-epoch cost (median of "
-          f"{len(next(iter(results['workloads'].values()))['per_epoch_s'][tools[0]])} repeats; x = this tool's rate / "
-          f"the fastest peer's), {results['precision']}, {results['cpus']} CPUs, {results['machine']}")
+    first = next(iter(results["workloads"].values()))
+    print(f"\nimages per second over the per-epoch cost ({first.get('per_epoch_from', 'long run - short run')}; "
+          f"median of {len(first['per_epoch_s'][tools[0]])} repeats; x = this tool's rate / the fastest peer's), "
+          f"{results['precision']}, {results['cpus']} CPUs, {results['machine']}")
     print("| workload | " + " | ".join(tools) + " |")
     print("|---|" + "---|" * len(tools))
     for name, w in results["workloads"].items():
@@ -461,8 +536,13 @@ def print_table(results: dict, tools: list[str]) -> None:
         if last:
             cells = [f"{last[t]:.1f} s" if t in last else "—" for t in tools]
             print(f"| {name}, the long run's last epoch timed inside the process | " + " | ".join(cells) + " |")
+        procs = w.get("median_whole_process_s", {})
+        if procs:
+            cells = [f"{procs[t]:.1f} s" for t in tools]
+            print(f"| {name}, the long run's whole process (start-up, compile, every epoch) | "
+                  + " | ".join(cells) + " |")
         cpu, busy = w.get("median_cpu_per_epoch_s", {}), w.get("median_busy", {})
-        if cpu:
+        if cpu and len(cpu) == len(tools):
             cells = [f"{cpu[t]:.1f} CPU s ({busy[t]:.0%} busy)" for t in tools]
             print(f"| {name}, CPU an epoch (tool + workers) | " + " | ".join(cells) + " |")
         inside = w.get("median_in_run_per_epoch_s", {})
@@ -475,6 +555,11 @@ def print_table(results: dict, tools: list[str]) -> None:
                 agree = f"; a rerun agrees {pair['agreement']:.0%}" if pair.get("agreement") is not None else ""
                 print(f"  same switches ({label}): {pair['tool']} vs {pair['peer']}: rounds {rounds}; "
                       f"{pair['text']}{agree}")
+        for pair in w.get("recipe_against", []):
+            steady = ", ".join(f"{r:.2f}x" for r in pair["steady_epoch_speedup"])
+            procs = ", ".join(f"{r:.2f}x" for r in pair["whole_process_speedup"])
+            print(f"  trainfast's recipe vs {pair['peer']}: steady epochs {steady}; whole process {procs}; "
+                  f"{pair['text']}")
 
 
 if __name__ == "__main__":

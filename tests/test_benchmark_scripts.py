@@ -50,7 +50,8 @@ def test_peers_calls_a_difference_inside_the_noise_that_and_a_clear_one_faster()
     import peers
 
     jitter = [1.00, 1.06, 0.95]                       # a shared VM's rounds: every tool moves together, plus noise
-    per_epoch = {"timm": [20.0 * j for j in jitter], "trainfast-pf": [19.6 * j * k for j, k in zip(jitter, (1.04, 0.97, 1.0))],
+    per_epoch = {"timm": [20.0 * j for j in jitter],
+                 "trainfast-pf": [19.6 * j * k for j, k in zip(jitter, (1.04, 0.97, 1.0))],
                  "timm-cl": [19.0 * j * k for j, k in zip(jitter, (1.0, 1.02, 0.97))],
                  "trainfast-pf-cl": [14.0 * j * k for j, k in zip(jitter, (0.99, 1.01, 1.0))]}
     verdicts = {(v["tool"], v["peer"]): v for v in peers.same_switch_verdicts(per_epoch, 1536)}
@@ -168,3 +169,69 @@ def test_process_spread_finds_the_state_that_follows_a_runs_speed(tmp_path, caps
     rho = float(re.search(r"page faults per step: rho ([-+0-9.]+)", out).group(1))
     assert rho < -0.9
     assert "huge pages KiB: no spread within the rungs" in out and "8 runs of 2 rungs" in out
+
+
+def test_peers_quick_mode_runs_once_per_tool_and_compares_the_recipe_with_every_peer(tmp_path):
+    """--epochs N: one run per tool and round (the quick GPU mode); trainfast's recipe is set against every peer,
+    whatever switches the peer runs, on its steady epochs and whole process; an interval only from 3 rounds."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import peers
+
+    assert peers.parse_epochs("3") == (None, 3) and peers.parse_epochs("1,3") == (1, 3)
+    for bad in ("1", "3,1", "x"):
+        with pytest.raises(SystemExit):
+            peers.parse_epochs(bad)
+    assert peers.run_lengths(None, 3, 1) == (3,) and peers.run_lengths(1, 3, 1) == (3, 1)
+    in_run = {"timm-tc-cl": [4.0], "tuned": [2.5]}
+    whole = {"timm-tc-cl": [130.0], "tuned": [100.0]}
+    [pair] = peers.recipe_against(in_run, whole, 7680)
+    assert pair["peer"] == "timm-tc-cl" and pair["steady_epoch_speedup"] == [pytest.approx(1.6)]
+    assert pair["whole_process_speedup"] == [pytest.approx(1.3)] and "without an interval" in pair["text"]
+    three = peers.recipe_against({"timm-tc-cl": [4.0, 4.2, 3.9], "tuned": [2.5, 2.6, 2.4]},
+                                 {"timm-tc-cl": [130.0] * 3, "tuned": [100.0] * 3}, 7680)[0]
+    assert "faster" in three["text"]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("precision: bf16\ndecode_cache: true\n")
+    assert peers.builds_cache(recipe) and not peers.builds_cache(None)
+
+
+def test_the_quick_scripts_best_recipe_takes_device_decoding_only_where_it_was_faster(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_summary
+    import yaml
+
+    base = tmp_path / "fast.yaml"
+    base.write_text("precision: bf16\nchannels_last: true\n")
+    for verdict, status, expected in (("faster by 31%", "done", True), ("no measurable difference", "done", False),
+                                      (None, "no-effect", False)):
+        (tmp_path / "results.json").write_text(json.dumps({"rungs": [
+            {"name": "baseline", "status": "done", "verdict": "reference"},
+            {"name": "device_decode", "status": status, "verdict": verdict}]}))
+        said = gpu_summary.best_recipe(tmp_path, base, True, tmp_path / "best.yaml")
+        best = yaml.safe_load((tmp_path / "best.yaml").read_text())
+        assert best == {"precision": "bf16", "channels_last": True, "device_decode": expected, "compile": True}, said
+    said = gpu_summary.best_recipe(tmp_path / "missing", base, False, tmp_path / "best.yaml")
+    assert "no result" in said and yaml.safe_load((tmp_path / "best.yaml").read_text())["device_decode"] is False
+
+
+@pytest.mark.slow
+def test_the_quick_gpu_script_runs_every_step_in_its_cpu_smoke_mode(tmp_path):
+    """SMOKE=1 benchmarks/gpu_quick.sh: the GPU call's every step (JPEGs, the decode pair, the peers, the compiled
+    pair, the table) on the CPU, small, so the script is known to work before a GPU is lent."""
+    out = tmp_path / "out"
+    env = {**os.environ, "SMOKE": "1", "PYTHON": sys.executable, "TRAINFAST_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_quick.sh"), "-", str(out)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = (out / "summary.md").read_text()
+    for step in ("jpegs", "decode", "peers", "decode-compiled"):
+        assert re.search(rf"^- {step}: \d+ \(exit 0\) s wall$", summary, re.MULTILINE), summary
+    assert "1. device decoding on the fast recipe" in summary and "with compile" in summary
+    assert "no effect on this device" in summary                  # device decoding on a CPU: said, not timed
+    assert "trainfast's recipe against plain" in summary
+    decode = json.loads((out / "decode-results.json").read_text())
+    baseline = next(r for r in decode["rungs"] if r["name"] == "baseline")
+    assert baseline["status"] == "done" and baseline["step_alone"] > 0 and baseline["epoch_of_step"] > 0
+    peers_run = json.loads((out / "peers.json").read_text())["workloads"]["r18-64"]
+    assert set(peers_run["median_whole_process_s"]) == {"plain", "tuned"}
+    assert peers_run["recipe_against"][0]["peer"] == "plain"
