@@ -48,6 +48,67 @@ def test_a_cpu_hog_beside_the_runs_is_left_out_and_its_runs_named(tmp_path, digi
     assert "The machine itself" in (tmp_path / "report.md").read_text()
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def assert_disturbed_runs_named(result) -> None:
+    runs = [run for rung in result.rungs for run in rung.repeats]
+    blocks = [b for run in runs for b in run["timing"]["blocks"]]
+    assert blocks and all(b["foreign_share"] is not None for b in blocks), blocks     # judged in every run
+    assert any(b["disturbed"] for b in blocks), blocks
+    for rung in result.rungs:
+        notes = " ".join(caveats(rung))
+        for run in rung.repeats:
+            if any(b["disturbed"] for b in run["timing"]["blocks"]):
+                assert f"seed {run['seed']}" in notes, notes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", [["examples/adopted_loop.py", "--epochs", "3"],
+                                    ["examples/lightning_module.py", "--train-size", "1024"]],
+                         ids=["session", "lightning"])
+def test_a_cpu_hog_beside_a_scripts_runs_is_seen_in_them_too(tmp_path, script):
+    """`ablate -- COMMAND`: a Session script and a Lightning script time their steps in blocks with the machine's
+    CPU as the built-in run does, the workers rung's two loader workers counted as the run's own (not as other
+    work); the hog's blocks are left out and their runs named."""
+    from trainfast.ablation import ablate_command
+
+    hog = subprocess.Popen([sys.executable, "-c", HOG])
+    try:
+        result = ablate_command([sys.executable, os.path.join(ROOT, script[0]), *script[1:]], device="cpu",
+                                out=tmp_path, rungs=["workers"], repeats=2, noise_seeds=1, show=False,
+                                settle_within_s=0)
+    finally:
+        hog.kill()
+    assert_disturbed_runs_named(result)
+
+
+def test_the_runs_own_processes_are_its_own_cpu():
+    """JobCPU counts a loader worker's CPU with the run's, while it runs and after it ends (its parent's reaped
+    children): a run with workers is judged on what other processes took, not on its own workers. A child that
+    does a fixed amount of work, then waits to be told to end: no clock in the test."""
+    import psutil
+
+    from trainfast.measure.clock import JobCPU
+
+    job = JobCPU()
+    before = job()
+    child = subprocess.Popen([sys.executable, "-c", "s = sum(i * i for i in range(3_000_000)); print(s, flush=True); "
+                                                    "input()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        child.stdout.readline()                   # its work is done
+        job.refresh()
+        spent = psutil.Process(child.pid).cpu_times()
+        live = job()
+        assert live - before >= spent.user + spent.system
+    finally:
+        child.communicate("\n")
+    assert job() >= live                          # ended and reaped: its CPU stays in the count
+    job.refresh()
+    assert job() >= live
+
+
 CORES = 2
 STEP_S, SAMPLES = 0.1, 32           # a steady step: two of them make a timing block (BLOCK_SECONDS)
 

@@ -134,6 +134,7 @@ class Probe:
 
             self.device = next((p.device for g in optimizer.param_groups for p in g["params"]), torch.device("cpu"))
             self.timer = StepTimer(self.device)
+            self.check_disturbance = self.device.type == "cpu"      # a framework's script, judged as any run
         self.timer.step()
         self.after_update()
 
@@ -143,12 +144,12 @@ class Probe:
 
     def watch(self, state, num_workers: int | None) -> None:
         """The Session's TrainState: its timer is the run's clock, its updates drive speed mode. Disturbance
-        (other processes using the CPU, see measure.Timing) can only be judged in one process on the CPU with
-        no loader workers; elsewhere nothing is left out."""
+        (other processes using the CPU, see measure.Timing) is judged on the CPU, the run's own loader workers and
+        ranks counted as its own (measure.JobCPU); on a GPU its timeline is the clock and nothing is left out."""
         self.timer = state.timer
         self.device = state.precision.device
         self.loader.num_workers = num_workers
-        self.check_disturbance = (self.device.type == "cpu" and self.world_size == 1 and num_workers == 0)
+        self.check_disturbance = self.device.type == "cpu"
         state.after_update = self.after_update
 
     # --- speed mode ----------------------------------------------------------------------------------
@@ -238,6 +239,7 @@ class Probe:
             # Ranks step in lockstep (gradient all-reduce), so the job's rate is world_size x one rank's.
             "throughput": timing.throughput * self.world_size,
             "rate_unit": "samples/s" if samples_known else "steps/s",
+            "seed": run_seed(session),            # the run's name in the report's notes
             "timing": timing.to_dict(),
             "steps_run": self.timer.updates,
             "steady_window": self.steady_steps,     # full mode: the steps the rate is from (None: every step)
@@ -342,3 +344,16 @@ def install() -> None:
 
         observe_sessions(probe)
         register_optimizer_step_post_hook(probe._global_step)
+
+
+def run_seed(session) -> int | None:
+    """The seed this run was started with: its Session's, else the one the ablation gave its command (the
+    run's recipe fields in its environment); None when neither says."""
+    if session is not None:
+        return session.recipe.seed
+    from .recipe import RecipeError, env_recipe_fields
+
+    try:
+        return env_recipe_fields().get("seed")
+    except RecipeError:
+        return None

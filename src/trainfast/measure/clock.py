@@ -19,8 +19,9 @@ def synchronize(device: torch.device) -> None:
 class StepTime:
     """One step as the clock saw it: seconds from the previous step's end to this one's (so the steps
     of a pass tile its wall time), samples in the step, the part spent waiting for its batch, and on CPU the
-    CPU seconds this process used and the whole machine used meanwhile (busy time of every core, the
-    hypervisor's steal included), from which `Timing` tells when other processes were competing.
+    CPU seconds the run's own processes used (JobCPU: this one, its loader workers, the other ranks of its job)
+    and the whole machine used meanwhile (busy time of every core, the hypervisor's steal included), from which
+    `Timing` tells when other processes were competing.
 
     On CUDA both the step and its wait are read on the device's timeline (InputSpan): `data_wait_s` is the time
     the device sat idle for lack of a batch, and `copy_s` the time it spent on the batch's own copy and
@@ -40,6 +41,58 @@ def machine_busy_seconds() -> float:
 
     t = psutil.cpu_times()
     return t.user + t.nice + t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0) + getattr(t, "steal", 0)
+
+
+class JobCPU:
+    """CPU seconds used so far by the run's own processes: this one, its descendants (DataLoader workers, live or
+    finished), and under torchrun every process the launcher started (the other ranks and their workers). What
+    the machine's cores spent beyond them was other work: the share that marks a block of steps as disturbed
+    (timing.step_block), whether the run has loader workers or ranks or neither.
+
+    The process list is refreshed every REFRESH_S (a scan of /proc, ~1-2 ms), the CPU of each read at every mark
+    (~20 us a process); a worker that ends moves from its own count into its parent's reaped children, so the
+    total runs on without a jump. A worker started since the last refresh is counted from the next one."""
+
+    REFRESH_S = 0.25
+
+    def __init__(self) -> None:
+        import os
+
+        import psutil
+
+        self.me = psutil.Process()
+        launcher = self.me.parent() if os.environ.get("TORCHELASTIC_RUN_ID") else None
+        self.root = launcher or self.me
+        self.others: list = []
+        self.refreshed = float("-inf")
+
+    def refresh(self) -> None:
+        import psutil
+
+        try:
+            tree = [self.root, *self.root.children(recursive=True)] if self.root is not self.me \
+                else self.me.children(recursive=True)
+        except psutil.Error:
+            tree = []
+        self.others = [p for p in tree if p.pid != self.me.pid]
+        self.refreshed = time.perf_counter()
+
+    def __call__(self) -> float:
+        import os
+
+        import psutil
+
+        if time.perf_counter() - self.refreshed > self.REFRESH_S:
+            self.refresh()
+        mine = os.times()
+        total = time.process_time() + mine.children_user + mine.children_system
+        for process in self.others:
+            try:
+                t = process.cpu_times()
+            except psutil.Error:          # ended since the refresh: its CPU is now its parent's reaped children's
+                continue
+            total += t.user + t.system + t.children_user + t.children_system    # and its ended, reaped children
+        return total
 
 
 class InputSpan:
@@ -106,6 +159,7 @@ class StepClock:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self.job_cpu = None if self.cuda else JobCPU()
         self._marks: list = []
         self._pending: list[tuple[int, list[InputSpan]]] = []
         self.steps: list[StepTime] = []
@@ -113,7 +167,7 @@ class StepClock:
     def _mark(self):
         if self.cuda:
             return _event()
-        return time.perf_counter(), time.process_time(), machine_busy_seconds()
+        return time.perf_counter(), self.job_cpu(), machine_busy_seconds()
 
     def span(self) -> InputSpan:
         """A batch is asked for now (InputSpan)."""

@@ -38,8 +38,8 @@ class Timing:
     """A run's steady state: the steps after warm-up, grouped in blocks of consecutive steps, and the rate
     they give. The rate is total samples over total seconds of the clean blocks, exactly what a clock around
     them reads (no median of ratios). A block is disturbed, and left out, when other processes used more
-    than DISTURBED_SHARE of the machine's cores during it (CPU runs in one process only: DataLoader workers
-    or other ranks would count as "other processes"; elsewhere nothing is left out)."""
+    than DISTURBED_SHARE of the machine's cores during it (CPU runs: the run's own loader workers and ranks are
+    its own, clock.JobCPU; on a GPU nothing is left out)."""
     warmup_steps: int
     step_seconds: list[float]
     step_samples: list[int]
