@@ -80,3 +80,24 @@ def roofs_text(ceilings: dict[str, float], settings: dict, sep: str = " ") -> st
     def label(key: str) -> str:
         return "fp32 (TF32 kernels)" if key == "fp32" and settings.get("fp32_roof") == "tf32" else key
     return ", ".join(f"{label(k)}{sep}{v / 1e9:,.0f} GFLOP/s" for k, v in ceilings.items())
+
+
+# An interval a reader can use: its half-width under the value (a rate), its ends within this factor of each other
+# (a speed-up: 0.5x-2x already spans "twice as slow" to "twice as fast"). Past either, the noise rests on too few
+# repeats to bound anything, and the table says so instead of printing the bound.
+READABLE_SPAN = 4.0
+TOO_FEW = "too few repeats to judge"
+
+
+def readable(r) -> bool:
+    """Whether a rung's rate and speed-up intervals bound anything (READABLE_SPAN)."""
+    if r.throughput and r.throughput_spread is not None and r.throughput_spread >= r.throughput:
+        return False
+    lo, hi = (r.speedup_interval or [None, None])[:2]
+    return not (lo is not None and hi is not None and (lo <= 0 or hi / lo > READABLE_SPAN))
+
+
+def repeats_needed(r) -> str:
+    """'; 5 repeats would do': the repeats that would detect a 10% difference at the noise measured, if known."""
+    wanted = ((r.noise or {}).get("repeats_for") or {})
+    return f"; --repeats {next(iter(wanted.values()))} would do" if wanted else ""

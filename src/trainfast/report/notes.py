@@ -2,6 +2,8 @@
 disturbed steps, skipped files, the loss scaler, a risky precision level), then a rate above the ceiling."""
 from __future__ import annotations
 
+import statistics
+
 from ..checks import INPUT_BOUND_SHARE
 from ..results import AblationResult, Effect, Rung, Status
 from ..stats import SLOWER
@@ -97,6 +99,7 @@ def caveats(rung: Rung, settings: dict | None = None) -> list[str]:
                    + (" — too few for a firm verdict: run it again on a quieter machine"
                       if min(r.timed_steps or [0]) < FEW_CLEAN_STEPS else ""))
     if done:
+        out += outlier_notes(rung)
         out += pairing_notes(rung)
     if done and r.skipped_files:
         out.append(f"{r.skipped_files} unreadable image(s) skipped (paths in the rung's log)")
@@ -116,6 +119,48 @@ def caveats(rung: Rung, settings: dict | None = None) -> list[str]:
     if done and threads.wanted(rung.changes) and own == SLOWER and isinstance(r.num_workers, int):
         out.append(threads.slower_note(r.num_workers))
     return out
+
+
+OUTLIER = 1.5   # a run this much slower than the median of its twins is named: far past any run-to-run noise (a few %)
+
+
+def outlier_notes(rung: Rung) -> list[str]:
+    """The runs of a rung far slower than their twins, each named with what its process saw: the machine took its
+    cores (a run is slowed by other work, never sped up), so the rung's interval and verdict rest on a disturbed
+    run, and the ablation is worth running again on a quiet machine."""
+    runs = [(i, run, rate) for i, run in enumerate(rung.repeats) if (rate := run_rate(run))]
+    out = []
+    for i, run, rate in runs:
+        others = [other for j, _, other in runs if j != i]
+        if not others:
+            continue
+        ratio = statistics.median(others) / rate
+        if ratio < OUTLIER:
+            continue
+        process, timing = run.get("process") or {}, run["timing"]
+        seen = []
+        if process.get("preempted") is not None:
+            seen.append(f"its process was preempted {process['preempted']:,} times")
+        blocks = timing.get("blocks") or []
+        shares = [b["foreign_share"] for b in blocks if b.get("foreign_share") is not None]
+        if shares:
+            seen.append(f"other processes used {100 * statistics.fmean(shares):.0f}% of the machine while it stepped "
+                        f"({sum(b['disturbed'] for b in blocks)} of {len(blocks)} blocks disturbed)")
+        twins = ", ".join(f"{rate:,.3g}" for rate in others)
+        out.append(f"the run of seed {run.get('seed', i)} measured {rate:,.3g}/s, {ratio:.1f}x "
+                   f"slower than its twin(s) ({twins})" + (f"; {'; '.join(seen)}" if seen else "")
+                   + ": far past the noise between runs, so the machine most likely took its cores; this rung's "
+                   "interval and verdict rest on it: run the ablation again on a quiet machine")
+    return out
+
+
+def run_rate(run: dict) -> float | None:
+    """A run's rate as the scoring counts it: samples over seconds of its clean blocks (all of them when every
+    block was disturbed), times its ranks."""
+    blocks = (run.get("timing") or {}).get("blocks") or []
+    kept = [b for b in blocks if not b.get("disturbed")] or blocks
+    seconds = sum(b["seconds"] for b in kept)
+    return sum(b["samples"] for b in kept) * run.get("world_size", 1) / seconds if seconds > 0 else None
 
 
 def pairing_notes(rung: Rung) -> list[str]:

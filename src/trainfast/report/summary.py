@@ -94,6 +94,13 @@ def repeatability_line(result: AblationResult) -> str | None:
     shaky = [rung_label(r) + ("" if r.result.is_firm else " (vs baseline)") for r in judged(result)
              if r.result.unsettled]
     (target, repeats), = noise["repeats_for"].items()
+    if noise["detectable_effect"] >= 1.0:
+        # A bound from too few degrees of freedom ("below ~851581%") means nothing: say so and what would do.
+        return (f"Repeatability: too few repeats to judge. The runs moved {100 * noise['sigma_log']:.1f}% from one "
+                f"to the next (pooled over the rungs, {noise['df']} df), and on so few degrees of freedom no "
+                "interval bounds a difference usefully: the verdicts here are not measurements. Named runs that "
+                "disagree with their twins are in the notes. " + settle_text(result)
+                + f"`--repeats {repeats}` would make a {100 * float(target):.0f}% difference detectable at this noise.")
     if noise.get("paired"):
         between = noise.get("process_sigma_log")
         text = (f"Repeatability: each run was also timed against the baseline in alternating blocks inside its own "

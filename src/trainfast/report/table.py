@@ -6,7 +6,8 @@ from typing import Any
 
 from ..results import Effect, Rung, RungResult, Status
 from ..techniques.precision import not_run_text
-from .format import fmt_bytes, fmt_rate, fmt_speedup, rung_label, short_verdict
+from .format import (TOO_FEW, fmt_bytes, fmt_rate, fmt_sig, fmt_speedup, readable, repeats_needed, rung_label,
+                     short_verdict)
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,12 @@ def measured_row(rung: Rung, columns: Columns) -> list[str]:
     mem = fmt_bytes(r.peak_memory_bytes)
     if r.memory_ratio and not baseline:
         mem += f" ({r.memory_ratio:.2f}x)"
-    row = [rung_label(rung), fmt_rate(r.throughput, r.throughput_spread), fmt_speedup(r.speedup, r.speedup_interval),
-           verdict]
+    if readable(r):
+        row = [rung_label(rung), fmt_rate(r.throughput, r.throughput_spread),
+               fmt_speedup(r.speedup, r.speedup_interval), verdict]
+    else:            # a bound from one degree of freedom (±12,357 around 120): not printed as if it meant something
+        row = [rung_label(rung), f"{fmt_sig(r.throughput)} ({TOO_FEW})",
+               "1.00x" if baseline else f"{r.speedup:.2f}x ({TOO_FEW}{repeats_needed(r)})", verdict]
     if columns.cumulative:
         row.append(above_verdict(r))
     if columns.step_alone:
@@ -115,12 +120,33 @@ def measured_row(rung: Rung, columns: Columns) -> list[str]:
 
 def step_alone_text(r: RungResult) -> str:
     """'2,150 (2.61x), epoch 41%': the step alone's rate, its speed-up over the baseline's step alone, and the
-    share of it the epoch reached (near 100%: the step holds the epoch; well under: the input does)."""
+    share of it the epoch reached (near 100%: the step holds the epoch; well under: the input does). An epoch
+    cannot outrun its own step: a share above 100% is the two timings' noise, said as such (epoch_share_text)."""
     if not r.step_alone:
         return "—"
     speedup = f" ({r.step_alone_speedup:.2f}x)" if r.step_alone_speedup else ""
-    share = f", epoch {100 * r.epoch_of_step:.0f}%" if r.epoch_of_step else ""
+    share = f", {epoch_share_text(r)}" if r.epoch_of_step else ""
     return fmt_rate(r.step_alone) + speedup + share
+
+
+EPOCH_ABOVE_STEP = 0.05   # with no noise estimate (one repeat), an epoch up to this far above its step alone is noise
+
+
+def epoch_share_text(r: RungResult) -> str:
+    """'epoch 41%', or for an epoch timed faster than its step alone, 'epoch at its step alone (within the noise)'
+    when the excess is inside the runs' noise, and 'epoch at its step alone (the two timings disagree: rerun)'
+    past it; never a share above 100%."""
+    import math
+
+    share = r.epoch_of_step
+    if share <= 1.0:
+        return f"epoch {100 * share:.0f}%"
+    sigma = (r.noise or {}).get("sigma_log")
+    # the epoch's rate and the step alone's are each a mean over the repeats, each with the runs' noise
+    allowed = 2 * math.sqrt(2 / max(1, r.repeats)) * sigma if sigma else math.log1p(EPOCH_ABOVE_STEP)
+    if math.log(share) <= allowed:
+        return "epoch at its step alone (within the noise)"
+    return "epoch at its step alone (the two timings disagree: rerun)"
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
