@@ -100,4 +100,14 @@ def readable(r) -> bool:
 def repeats_needed(r) -> str:
     """'; 5 repeats would do': the repeats that would detect a 10% difference at the noise measured, if known."""
     wanted = ((r.noise or {}).get("repeats_for") or {})
-    return f"; --repeats {next(iter(wanted.values()))} would do" if wanted else ""
+    return f"; {repeats_advice(next(iter(wanted.values())))}" if wanted else ""
+
+
+MANY_REPEATS = 20   # past this the noise, not the repeats, is the problem: the advice is a quieter machine
+
+
+def repeats_advice(repeats: int) -> str:
+    """'--repeats 5 would do', or, where the noise would need more than MANY_REPEATS, a quieter machine."""
+    if repeats > MANY_REPEATS:
+        return f"at this noise more than {MANY_REPEATS} repeats would be needed: rerun on a quieter machine"
+    return f"--repeats {repeats} would do"

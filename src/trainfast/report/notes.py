@@ -9,7 +9,7 @@ from ..results import AblationResult, Effect, Rung, Status
 from ..stats import SLOWER
 from ..techniques import threads
 from ..techniques.precision import level_note
-from .format import rung_label
+from .format import fmt_sig, rung_label
 
 FEW_CLEAN_STEPS = 8     # fewer clean steps than this in a run: too few for a firm verdict
 
@@ -146,8 +146,8 @@ def outlier_notes(rung: Rung) -> list[str]:
         if shares:
             seen.append(f"other processes used {100 * statistics.fmean(shares):.0f}% of the machine while it stepped "
                         f"({sum(b['disturbed'] for b in blocks)} of {len(blocks)} blocks disturbed)")
-        twins = ", ".join(f"{rate:,.3g}" for rate in others)
-        out.append(f"the run of seed {run.get('seed', i)} measured {rate:,.3g}/s, {ratio:.1f}x "
+        twins = ", ".join(fmt_sig(other) for other in others)
+        out.append(f"the run of seed {run.get('seed', i)} measured {fmt_sig(rate)}/s, {ratio:.1f}x "
                    f"slower than its twin(s) ({twins})" + (f"; {'; '.join(seen)}" if seen else "")
                    + ": far past the noise between runs, so the machine most likely took its cores; this rung's "
                    "interval and verdict rest on it: run the ablation again on a quiet machine")

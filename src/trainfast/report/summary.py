@@ -9,7 +9,7 @@ from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
 from ..stats import FIRM, MIN_EFFECT
 from ..techniques import process_env
-from .format import rung_label
+from .format import repeats_advice, rung_label
 
 
 def keep_line(settings: dict, best: Recipe | None) -> str | None:
@@ -100,7 +100,7 @@ def repeatability_line(result: AblationResult) -> str | None:
                 f"to the next (pooled over the rungs, {noise['df']} df), and on so few degrees of freedom no "
                 "interval bounds a difference usefully: the verdicts here are not measurements. Named runs that "
                 "disagree with their twins are in the notes. " + settle_text(result)
-                + f"`--repeats {repeats}` would make a {100 * float(target):.0f}% difference detectable at this noise.")
+                + f"For a {100 * float(target):.0f}% difference: {repeats_advice(repeats)}.")
     if noise.get("paired"):
         between = noise.get("process_sigma_log")
         text = (f"Repeatability: each run was also timed against the baseline in alternating blocks inside its own "
