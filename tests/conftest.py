@@ -112,6 +112,28 @@ def pytest_collection_modifyitems(config, items):
 
 # --- synthetic measurements (the truth is known) ---------------------------------------------------
 
+class VirtualTime:
+    """The `time` module as trainfast's clocks see it (measure.clock, the doctor's watches), its perf_counter moved
+    only by the test (`advance`, or `sleep`: a slow read or a step of known length, whatever the machine);
+    everything else is the real `time`. Patched in where a module reads `time`."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    sleep = advance
+
+    def __getattr__(self, name):
+        import time
+
+        return getattr(time, name)
+
+
 RNG = np.random.default_rng(0)
 
 

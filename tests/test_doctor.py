@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_resnet
+from conftest import VirtualTime, tiny_resnet
 from torch import nn
 
 from trainfast import envcheck
@@ -43,28 +43,7 @@ def finding(findings, name):
     return next(f for f in findings if f.name == name)
 
 
-# --- a virtual clock: the step clock's time, advanced by the test --------------------------------------------
-
-class VirtualTime:
-    """The `time` module as the doctor's clocks see it (measure.clock: the steps' ends and their waits for input;
-    stepwatch: an own loop's step ends; doctor.loop: a worker's handoff; watch: the wait for an evaluation), its
-    perf_counter advanced only by the test (`advance`, or `sleep`): a slow read or a step of known length,
-    whatever the machine. Everything else is the real `time`."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    sleep = advance
-
-    def __getattr__(self, name):
-        return getattr(time, name)
-
+# --- a virtual clock: the step clock's time, advanced by the test (conftest.VirtualTime) -------------------
 
 @contextlib.contextmanager
 def virtual_clock():

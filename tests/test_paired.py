@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from conftest import scored_rung
+from conftest import VirtualTime, scored_rung
 from torch import nn
 
 from trainfast.ablation.paired import PAIRED_BLOCKS, time_paired, unpaired_reason
@@ -93,22 +93,6 @@ def test_switches_that_set_the_whole_process_are_not_paired():
         assert why is not None and field in why
     assert "worker processes" in unpaired_reason(base.replace(num_workers=2), base.replace(num_workers=2))
     assert "multi-process" in unpaired_reason(base, base, nproc=2)
-
-
-class VirtualTime:
-    """`time` as the step clock (measure.clock) reads it: its perf_counter moves only when a step says so."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-    def __getattr__(self, name):
-        return getattr(time, name)
 
 
 class Sleepy(nn.Module):

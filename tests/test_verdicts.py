@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import noisy_repeat, scored_rung, tiny_resnet
+from conftest import VirtualTime, noisy_repeat, scored_rung, tiny_resnet
 
 from trainfast import Recipe
 from trainfast.ablation.scoring import pick_best, score_rungs
@@ -128,19 +128,6 @@ def test_rates_have_three_significant_figures():
 
 
 # --- the rate agrees with the clock -------------------------------------------------------------------
-
-class VirtualTime:
-    """`time` as the step clock (measure.clock) reads it: its perf_counter moves only when the test's loss says so."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def __getattr__(self, name):
-        return getattr(time, name)
-
 
 # The fast suite on a virtual clock that only the steps move (a slow first step, then steps of 4/128 to 6/128 s): the
 # Meter's rate must be the clock's exactly. The slow suite on the real clock, within 5%.
