@@ -16,12 +16,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${1:-runs/gpu-check-$(date +%Y%m%d-%H%M%S)}")
-PY=${PYTHON:-python3}
-WORK=$(mktemp -d)
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-LOG="$OUT/log.txt"
-source benchmarks/gpu_steps.sh       # step NAME SECONDS COMMAND..., keep SRC DEST
+source benchmarks/gpu_steps.sh       # PY, WORK, LOG; step NAME SECONDS COMMAND..., keep SRC DEST
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$PY" -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"

@@ -21,16 +21,10 @@ set -u
 cd "$(dirname "$0")/.."
 TIMM_TRAIN=${1:?usage: benchmarks/gpu_input.sh TIMM_TRAIN_PY [OUT_DIR]}
 OUT=$(realpath -m "${2:-runs/gpu-input-$(date +%Y%m%d-%H%M%S)}")
-PY=${PYTHON:-python3}
-WORK=$(mktemp -d)
 IMAGES=${IMAGES:-19200}
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-LOG="$OUT/log.txt"
+source benchmarks/gpu_steps.sh       # PY, WORK, LOG; step NAME SECONDS COMMAND..., keep SRC DEST
 COMMON=(--model resnet50 --data "imagefolder:$WORK/jpegs" --image-size 224 --batch-size 256 --num-workers 12
         --persistent-workers)
-
-source benchmarks/gpu_steps.sh       # step NAME SECONDS COMMAND..., keep SRC DEST
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$PY" -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"

@@ -23,12 +23,7 @@ set -u
 cd "$(dirname "$0")/.."
 TIMM_TRAIN=${1:-}
 OUT=$(realpath -m "${2:-runs/gpu-quick-$(date +%Y%m%d-%H%M%S)}")
-PY=${PYTHON:-python3}
-WORK=$(mktemp -d)
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-LOG="$OUT/log.txt"
-source benchmarks/gpu_steps.sh       # step NAME SECONDS COMMAND..., keep SRC DEST
+source benchmarks/gpu_steps.sh       # PY, WORK, LOG; step NAME SECONDS COMMAND..., keep SRC DEST
 
 if [ "${SMOKE:-0}" = 1 ]; then
     DEVICE=cpu; WORKLOAD=r18-64; IMAGES=96; VAL=32; HEIGHT=64; WORKERS=2; REPEATS=1; SLACK=3   # a shared CPU: the limits are the GPU's, tripled

@@ -1,6 +1,12 @@
-# Sourced by the GPU scripts (gpu_check.sh, gpu_input.sh): how each of their steps runs and what it keeps.
-# Expects OUT (the flat output folder) and LOG (its log file); fills WALLS with each step's seconds and exit code,
-# as gpu_summary.py's --wall arguments.
+# Sourced by the GPU scripts (gpu_check.sh, gpu_input.sh, gpu_quick.sh), from the checkout's root, with OUT (the
+# flat output folder) set: the interpreter (PY, PYTHON=... picks it), a scratch folder (WORK), the log (LOG), this
+# checkout's trainfast on the path (nothing is installed), how each step runs and what it keeps. Fills WALLS with
+# each step's seconds and exit code, as gpu_summary.py's --wall arguments.
+PY=${PYTHON:-python3}
+WORK=$(mktemp -d)
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+LOG="$OUT/log.txt"
 WALLS=()
 
 step() {                     # step NAME SECONDS COMMAND...: run it under a time limit (SIGINT first), log it
