@@ -2,6 +2,7 @@
 per run; StepClock, its marks; InputSpan, one batch's way into the loop), and the samples in a batch."""
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,10 +57,9 @@ class JobCPU:
     REFRESH_S = 0.25
 
     def __init__(self) -> None:
-        import os
-
         import psutil
 
+        self.error = psutil.Error          # read at every mark: kept here, not imported there
         self.me = psutil.Process()
         launcher = self.me.parent() if os.environ.get("TORCHELASTIC_RUN_ID") else None
         self.root = launcher or self.me
@@ -67,21 +67,15 @@ class JobCPU:
         self.refreshed = float("-inf")
 
     def refresh(self) -> None:
-        import psutil
-
         try:
             tree = [self.root, *self.root.children(recursive=True)] if self.root is not self.me \
                 else self.me.children(recursive=True)
-        except psutil.Error:
+        except self.error:
             tree = []
         self.others = [p for p in tree if p.pid != self.me.pid]
         self.refreshed = time.perf_counter()
 
     def __call__(self) -> float:
-        import os
-
-        import psutil
-
         if time.perf_counter() - self.refreshed > self.REFRESH_S:
             self.refresh()
         mine = os.times()
@@ -89,7 +83,7 @@ class JobCPU:
         for process in self.others:
             try:
                 t = process.cpu_times()
-            except psutil.Error:          # ended since the refresh: its CPU is now its parent's reaped children's
+            except self.error:            # ended since the refresh: its CPU is now its parent's reaped children's
                 continue
             total += t.user + t.system + t.children_user + t.children_system    # and its ended, reaped children
         return total
