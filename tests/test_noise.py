@@ -63,24 +63,42 @@ def assert_disturbed_runs_named(result) -> None:
                 assert f"seed {run['seed']}" in notes, notes
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("script", [["examples/adopted_loop.py", "--epochs", "3"],
-                                    ["examples/lightning_module.py", "--train-size", "1024"]],
-                         ids=["session", "lightning"])
-def test_a_cpu_hog_beside_a_scripts_runs_is_seen_in_them_too(tmp_path, script):
-    """`ablate -- COMMAND`: a Session script and a Lightning script time their steps in blocks with the machine's
-    CPU as the built-in run does, the workers rung's two loader workers counted as the run's own (not as other
-    work); the hog's blocks are left out and their runs named."""
+# Spins at 0.4 s on, 0.4 s off for 6 s (about one run), from the moment the script under test signals the run it is to load.
+PLANTED_HOG = ("import os, sys, time\nmark = os.path.join(sys.argv[1], 'hog-now')\n"
+               "while not os.path.exists(mark): time.sleep(0.05)\nend = time.time() + 6\n"
+               "while time.time() < end:\n    t = time.time() + 0.4\n    while time.time() < t: pass\n"
+               "    time.sleep(0.4)\n")
+
+
+def planted_ablation(framework: str, out, hog_dir=None):
     from trainfast.ablation import ablate_command
 
-    hog = subprocess.Popen([sys.executable, "-c", HOG])
+    hog = ["--hog-dir", str(hog_dir)] if hog_dir else []
+    return ablate_command([sys.executable, os.path.join(ROOT, "tests", "scripts", "planted_step.py"),
+                           "--framework", framework, *hog], device="cpu", out=out, rungs=["amp"], amp_dtype="bf16",
+                          repeats=3, noise_seeds=1, show=False, settle_within_s=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["session", "lightning"])
+def test_a_hog_beside_one_run_is_named_and_the_verdicts_stay(tmp_path, framework):
+    """A script whose amp rung is 2x faster by construction (tests/scripts/planted_step.py), as a Session loop and
+    under Lightning's Trainer, ablated twice: on the quiet machine, then with a CPU hog spinning beside one run
+    alone, the first run with half precision on, which the hog would make look as slow as the baseline. That run's
+    disturbed blocks are named and left out, and every rung's verdict is the quiet ablation's."""
+    quiet = planted_ablation(framework, tmp_path / "quiet")
+    hog = subprocess.Popen([sys.executable, "-c", PLANTED_HOG, str(tmp_path)])
     try:
-        result = ablate_command([sys.executable, os.path.join(ROOT, script[0]), *script[1:]], device="cpu",
-                                out=tmp_path, rungs=["workers"], repeats=2, noise_seeds=1, show=False,
-                                settle_within_s=0)
+        loaded = planted_ablation(framework, tmp_path / "loaded", hog_dir=tmp_path)
     finally:
         hog.kill()
-    assert_disturbed_runs_named(result)
+    assert (tmp_path / "claimed").exists()
+    amp = next(r for r in loaded.rungs if r.name != "baseline")
+    hit = [run for run in amp.repeats if any(b["disturbed"] for b in run["timing"]["blocks"])]
+    assert hit, [run["timing"]["blocks"] for run in amp.repeats]
+    assert_disturbed_runs_named(loaded)
+    assert [(r.name, r.result.verdict) for r in loaded.rungs] == [(r.name, r.result.verdict) for r in quiet.rungs]
+    assert next(r for r in quiet.rungs if r.name != "baseline").result.verdict == "faster"
 
 
 def test_the_runs_own_processes_are_its_own_cpu():
