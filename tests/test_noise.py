@@ -63,7 +63,7 @@ def assert_disturbed_runs_named(result) -> None:
                 assert f"seed {run['seed']}" in notes, notes
 
 
-# Spins at 0.4 s on, 0.4 s off for 6 s (about one run), from the moment the script under test signals the run it is to load.
+# Spins at 0.4 s on, 0.4 s off for 6 s (about one run), from when the script under test signals the run to load.
 PLANTED_HOG = ("import os, sys, time\nmark = os.path.join(sys.argv[1], 'hog-now')\n"
                "while not os.path.exists(mark): time.sleep(0.05)\nend = time.time() + 6\n"
                "while time.time() < end:\n    t = time.time() + 0.4\n    while time.time() < t: pass\n"
