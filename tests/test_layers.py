@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("techniques, data, distribution", ["trainfast.techniques", "trainfast.techniques.*", "trainfast.data",
                                         "trainfast.data.*", "trainfast.detection", "trainfast.detection.*",
                                         "trainfast.distributed", "trainfast.faults", "trainfast.checkpoint",
-                                        "trainfast.models"]),
+                                        "trainfast.models", "trainfast.text", "trainfast.text.*"]),
     ("foundations", ["trainfast.recipe", "trainfast.measure", "trainfast.measure.*", "trainfast.stats",
                      "trainfast.procs", "trainfast.results", "trainfast.observers", "trainfast.procstate"]),
 ]

@@ -21,9 +21,11 @@ OPTIMIZERS = ("sgd", "adamw")
 OPTIMIZER_IMPLS = ("default", "for-loop", "foreach", "fused")
 NONFINITE_POLICIES = ("stop", "skip")
 STRATEGIES = ("ddp", "fsdp", "dp")
+ATTENTION = ("model", "eager", "sdpa", "flex", "flash")   # the attention backends (techniques/attention.py)
 # The string fields that take one of a fixed set of values: validate_fields checks them, the CLI lists them.
 FIELD_CHOICES = {"precision": PRECISIONS, "precision_level": PRECISION_LEVELS, "optimizer": OPTIMIZERS,
-                 "optimizer_impl": OPTIMIZER_IMPLS, "nonfinite": NONFINITE_POLICIES, "strategy": STRATEGIES}
+                 "optimizer_impl": OPTIMIZER_IMPLS, "nonfinite": NONFINITE_POLICIES, "strategy": STRATEGIES,
+                 "attention": ATTENTION}
 
 
 def field_docs() -> dict[str, str]:
@@ -68,6 +70,9 @@ class Recipe:
     decode_cache: bool = False        # image folders: decode every file once to a uint8 cache on disk
     device_decode: bool = False       # CUDA image folders: nvJPEG decode, crop, normalize on device; workers read bytes
     group_aspect_ratio: bool = False  # detection: batch images of similar aspect ratio together (less padding)
+    padding_free: bool = False        # language models: pack each batch's documents into rows with no padding
+    group_by_length: bool = False     # language models: batches of documents of similar length (less padding)
+    attention: str = "model"          # transformers attention backend: "model" (its own) | eager | sdpa | flex | flash
     channels_last: bool = False       # NHWC memory format for model and inputs (conv nets)
     compile: bool = False             # torch.compile the model
     optimizer_impl: str = "default"   # "default" (torch picks) | "for-loop" | "foreach" | "fused"

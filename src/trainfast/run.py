@@ -29,6 +29,7 @@ from .recipe import Recipe
 from .session import Session, TrainState, sum_losses
 from .session.state import no_update_hook
 from .tasks import build_task, infer_task
+from .text.batching import TextSplit
 
 
 @dataclass
@@ -119,10 +120,11 @@ def check_steps(steps: int, samples: int, batch_size: int, dist: Dist | None) ->
                      f"batch size of at most {max(1, samples // ranks)}")
 
 
-def as_split(train_set, val_set=None, num_classes: int | None = None, mean=None, std=None) -> Split | DetectionSplit:
-    """Accept our Split (or DetectionSplit) or two plain datasets. With mean/std, datasets are expected to
-    yield uint8 images (normalized by trainfast); without, they yield model-ready tensors."""
-    if isinstance(train_set, (Split, DetectionSplit)):
+def as_split(train_set, val_set=None, num_classes: int | None = None, mean=None,
+             std=None) -> Split | DetectionSplit | TextSplit:
+    """Accept our Split (or DetectionSplit, TextSplit) or two plain datasets. With mean/std, datasets are expected
+    to yield uint8 images (normalized by trainfast); without, they yield model-ready tensors."""
+    if isinstance(train_set, (Split, DetectionSplit, TextSplit)):
         return train_set
     if val_set is None:
         raise ValueError("train(): val_set is required when train_set is a plain Dataset")

@@ -64,14 +64,22 @@ class Work(Protocol):
 
 def mark_effects(plan: list[Rung], dev: torch.device, model: torch.nn.Module | None = None, split=None,
                  effect_of: Callable = field_effect) -> None:
-    """Every rung after the baseline whose switches cannot act here is not run: its effect says why."""
+    """Every rung after the baseline whose switches cannot act here is not run: its effect says why. In a
+    cumulative ladder what a ruled-out rung switched is not passed on to the rungs below it (a backend that cannot
+    run here, carried into the next rung, would fail it)."""
+    base, dropped = plan[0].recipe if plan else None, {}
     for rung in plan[1:]:
+        inherited = {k: getattr(base, k) for k, v in dropped.items()
+                     if k not in rung.changes and getattr(rung.recipe, k) == v}
+        if inherited:
+            rung.recipe = rung.recipe.replace(**inherited)
         if rung.status == Status.NO_EFFECT:         # ruled out when planned (a slow half type)
             continue
         effect = changes_effect(rung.changes, dev, model, split, effect_of)
         rung.effect, rung.reason = Effect(effect.label), effect.reason
         if not effect.acts:
             rung.status = Status.NO_EFFECT
+            dropped.update({k: v for k, v in rung.changes.items() if getattr(base, k) != v})
 
 
 NO_SAVES_NOTE = ("a built-in rung saves no checkpoint unless --save-every N asks it to (then every rung saves "
@@ -103,7 +111,7 @@ class Builtin:
             with_decode_cache(self.split, self.base.replace(decode_cache=True))
         self.fresh = any(threads.wanted(r.recipe) and r.status != Status.NO_EFFECT for r in plan)
 
-    def field_effect(self, field: str, device: torch.device, model, split) -> TechniqueEffect:
+    def field_effect(self, field: str, device: torch.device, model, split, value=None) -> TechniqueEffect:
         """The task's judgement of a switch, and the built-in loop's own: its zero_grad() already frees the
         gradients (engine.ZERO_GRAD_NOTE), so set_to_none has nothing to change in it."""
         if field == "set_to_none":
@@ -112,7 +120,7 @@ class Builtin:
             return TechniqueEffect(False, NO_SAVES_NOTE, applies=False)
         if field == threads.FIELD and not self.base.num_workers:
             return TechniqueEffect(False, threads.NO_WORKERS_NOTE, applies=False)
-        return self.task.field_effect(field, device, model, split)
+        return self.task.field_effect(field, device, model, split, value)
 
     def pair_against(self, reference: Recipe) -> None:
         """Every timed run is also timed against `reference` (the baseline) inside its own process (paired.py)."""
@@ -120,8 +128,9 @@ class Builtin:
 
     def metric(self, measure: str = "speed") -> tuple[str, str]:
         """A built-in run is always trained to its end and evaluated (and timed on the way): its accuracy
-        (the task's judged metric, e.g. detection's mAP, under that name in the run's record)."""
-        return ("accuracy", "max")
+        (the task's judged metric, e.g. detection's mAP or a language model's validation loss, under that name in
+        the run's record), with the task's goal."""
+        return ("accuracy", getattr(self.task, "metric_goal", "max"))
 
     def after_run(self, plan: list[Rung]) -> None:
         """Nothing a run can reveal changes the plan: the model and data were checked in the parent."""
@@ -181,7 +190,8 @@ def prepare_builtin(spec: BuiltinSpec, recipe: Recipe | None = None, device: str
     settings = {"model": spec.model if isinstance(spec.model, str) else getattr(spec.model, "__qualname__",
                                                                                   repr(spec.model)),
                 "data": data if spec.train_set is None else split.name, "image_size": image_size,
-                "device": str(dev), "task": name, "metric_name": task.metric_name, "metric_label": task.metric_label}
+                "device": str(dev), "task": name, "metric_name": task.metric_name, "metric_label": task.metric_label,
+                "rate_unit": getattr(task, "rate_unit", "samples/s")}
     if runs_tf32(probe_model, dev):
         settings["fp32_roof"] = "tf32"      # an fp32 rung's kernels run in TF32 here: its roof is TF32's
     return Builtin(job, dev, base, split, probe_model, flops_per_sample, settings, task)

@@ -199,7 +199,11 @@ class StepClock:
 def batch_samples(batch) -> int:
     """Samples in a batch of any structure: a tensor's first dimension; in a tuple, list or dict, that of its
     first element (`(inputs, targets)`, `{"image": ...}`), where a list of per-sample items (detection's list of
-    images of different sizes) counts its items."""
+    images of different sizes) counts its items. A batch that says what its rate counts (`rate_count`: a
+    language-model batch's real tokens) is counted by it."""
+    counted = getattr(batch, "rate_count", None)
+    if counted is not None:
+        return counted
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
     if isinstance(batch, Mapping):

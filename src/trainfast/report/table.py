@@ -29,7 +29,8 @@ class Columns:
         the ablation's one choice), which names a script's metric column."""
         cumulative = settings.get("mode", "cumulative") == "cumulative"
         if not settings.get("command"):
-            return cls(cumulative, metric_label=settings.get("metric_label", cls.metric_label))   # detection: mAP
+            return cls(cumulative, settings.get("rate_unit", cls.unit),                       # lm: tokens/s
+                       metric_label=settings.get("metric_label", cls.metric_label))   # detection: mAP
         units = {run.get("rate_unit") for r in rungs or [] for run in r.repeats}
         metric = settings.get("metric") or {}
         name = (judged or {}).get("name") or metric.get("name")

@@ -11,7 +11,8 @@ never branches on the task:
   rung_metrics(metrics), metric_label, metric_name     what the ablation judges every rung on, and its name
 
 classification.py: stacked images, cross-entropy, accuracy. detection.py: lists of images of different sizes,
-the detector's own loss dict, COCO mAP.
+the detector's own loss dict, COCO mAP. lm.py: documents of token ids, the model's own next-token loss,
+validation loss per token (rate in tokens/s).
 """
 from __future__ import annotations
 
@@ -19,14 +20,17 @@ from typing import Any, Callable
 
 from ..recipe import RecipeError
 
-TASKS = ("classification", "detection")
+TASKS = ("classification", "detection", "lm")
 
 
 def infer_task(task: str | None, model: Any = None, data: Any = None) -> str:
     """The task a run is: `task` when given; else detection when the model is one of the detection models
-    (by name) or the data is a DetectionSplit; else classification."""
+    (by name) or the data is a DetectionSplit; lm for a language model trainfast defines (by name) or a
+    TextSplit; else classification."""
     from ..detection.data import DetectionSplit
     from ..detection.models import DETECTION_MODELS
+    from ..text.batching import TextSplit
+    from ..text.models import LM_MODELS
 
     if task is not None:
         if task not in TASKS:
@@ -34,6 +38,8 @@ def infer_task(task: str | None, model: Any = None, data: Any = None) -> str:
         return task
     if (isinstance(model, str) and model in DETECTION_MODELS) or isinstance(data, DetectionSplit):
         return "detection"
+    if (isinstance(model, str) and model in LM_MODELS) or isinstance(data, TextSplit):
+        return "lm"
     return "classification"
 
 
@@ -55,6 +61,12 @@ def build_task(name: str, loss_fn: Callable | None = None, dist=None):
             raise RecipeError("the detection task takes no loss_fn: a torchvision detector computes its own "
                               "losses in train mode (model(images, targets) -> dict of losses)")
         return Detection()
+    if name == "lm":
+        from .lm import LanguageModel
+
+        if loss_fn is not None:
+            raise RecipeError("the language-model task takes no loss_fn: the model computes its own next-token loss")
+        return LanguageModel()
     from .classification import Classification
 
     infer_task(name)                     # an unknown name is refused, naming the choices

@@ -127,10 +127,10 @@ class Classification:
     def apply_schedule(self, state, steps_per_epoch: int) -> None:
         """The recipe's warm-up (warmup_steps) is already the state's schedule (session.build_state)."""
 
-    def field_effect(self, field: str, device: torch.device, model: nn.Module | None, split):
+    def field_effect(self, field: str, device: torch.device, model: nn.Module | None, split, value=None):
         from .effects import field_effect
 
-        return field_effect(field, device, model, split)
+        return field_effect(field, device, model, split, value)
 
     def flops_per_sample(self, model: nn.Module, split, recipe) -> float | None:
         """Model FLOPs of one training sample (forward + backward), counted on a batch of two (FLOPs scale

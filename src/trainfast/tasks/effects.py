@@ -44,14 +44,29 @@ def padded_sizes(field: str, model, split) -> Effect:
     return ACTS
 
 
+def documents(field: str, model, split) -> Effect:
+    """Language-model documents of different lengths, padded per batch: packing and length grouping remove that
+    padding. Data of another kind, or documents all of one length, have none."""
+    lengths = getattr(getattr(split, "train", None), "lengths", None)
+    if split is None:
+        return ACTS
+    if lengths is None:
+        return Effect(False, f"{field} acts on a language model's batches of documents of different lengths; these "
+                             "batches are stacked samples of one shape", applies=False)
+    if len(set(lengths)) < 2:
+        return Effect(False, f"every training document is {lengths[0]} tokens long: no batch is padded, so {field} "
+                             "has nothing to remove", applies=False)
+    return ACTS
+
+
 DATA_JUDGES: dict[str, Callable[[str, object, object], Effect]] = {
-    "image_folder": image_folder, "padded_sizes": padded_sizes}
+    "image_folder": image_folder, "padded_sizes": padded_sizes, "documents": documents}
 
 
-def field_effect(field: str, device: torch.device, model: nn.Module | None, split=None) -> Effect:
-    """Whether the switch owning `field` can act here: on the device and the model (the technique's judgement),
-    then on the data (`split`; None: not known yet, counts as acting)."""
-    acts = technique_effect(field, device, model)
+def field_effect(field: str, device: torch.device, model: nn.Module | None, split=None, value=None) -> Effect:
+    """Whether the switch owning `field` (at `value`, for a switch of several values) can act here: on the device
+    and the model (the technique's judgement), then on the data (`split`; None: not known yet, counts as acting)."""
+    acts = technique_effect(field, device, model, value)
     switch = owners().get(field)
     if not acts.acts or switch is None or not switch.data:
         return acts
@@ -63,7 +78,7 @@ def changes_effect(changed: dict, device: torch.device, model: nn.Module | None,
                    effect_of: Callable[..., Effect] = field_effect) -> Effect:
     """A set of switched fields acts if any one of them acts; otherwise say why none does. `effect_of`: a task's
     own judgement of a field (tasks/detection.py), by default field_effect above."""
-    effects = [effect_of(name, device, model, split) for name in changed]
+    effects = [effect_of(name, device, model, split, value=value) for name, value in changed.items()]
     if not effects or any(e.acts for e in effects):
         reasons = [e.reason for e in effects if e.reason]
         return Effect(True, "; ".join(reasons))

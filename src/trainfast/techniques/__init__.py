@@ -151,7 +151,7 @@ def process_wide_in_effect() -> dict[str, bool]:
     return {m.FIELD: m.in_effect() for m in _PROCESS_MODULES}
 
 
-def field_effect(field: str, device: torch.device, model: nn.Module | None) -> Effect:
+def field_effect(field: str, device: torch.device, model: nn.Module | None, value: Any = None) -> Effect:
     """Whether the switch owning `field` can act on `device` and `model` (None: a user's script, whose model is
     not known before it runs, counts as acting). The data's part (decode_cache on an image folder, ...) is the
     task's (tasks/effects.py: data_effect)."""
@@ -167,4 +167,6 @@ def field_effect(field: str, device: torch.device, model: nn.Module | None) -> E
         on_model = switch.model_effect(model)
         if not on_model.acts:
             return on_model
+    if switch is not None and switch.value_effect is not None and value is not None:
+        return switch.value_effect(value, device, model)
     return on_device

@@ -128,7 +128,8 @@ def track_step_calls(optimizer: torch.optim.Optimizer) -> None:
 FREES = "frees the gradients already (torch's default set_to_none=True)"
 SWITCHES = (
     Switch(("optimizer_impl",),
-           rungs=(RungSpec("fused", {"optimizer_impl": "fused"}, place=70, default_in=("classification",), tune=5),),
+           rungs=(RungSpec("fused", {"optimizer_impl": "fused"}, place=70, default_in=("classification", "lm"),
+                           tune=5),),
            device_effect=effect,
            frameworks={"transformers": "TrainingArguments.optim (adamw_torch / adamw_torch_fused)",
                        "lightning": "each optimizer configure_optimizers() returns, rebuilt (schedulers rebound)",

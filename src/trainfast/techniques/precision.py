@@ -503,7 +503,7 @@ def auto_amp_dtype(device: torch.device) -> str:
 # replaces the previous one. The frameworks' bf16/fp16 settings are autocast (O1) only.
 SWITCHES = (
     Switch(("precision",),
-           rungs=(RungSpec("amp", {"precision": AMP}, place=10, default_in=("classification", "detection")),),
+           rungs=(RungSpec("amp", {"precision": AMP}, place=10, default_in=("classification", "detection", "lm")),),
            frameworks={"transformers": "TrainingArguments.bf16 / .fp16",
                        "lightning": "Trainer(precision='bf16-mixed' / '16-mixed' / '32-true')",
                        "accelerate": "Accelerator(mixed_precision='bf16' / 'fp16' / 'no')"}),

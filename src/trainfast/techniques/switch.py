@@ -89,8 +89,11 @@ class Switch:
                 precision is O1), which a run may ask for where the switch is otherwise unreachable.
     device_effect / model_effect: whether it can act on this device / this model (an Effect with the reason);
                 None: it acts everywhere. A model of None (a script's, not known before it runs) counts as acting.
+    value_effect: for a switch of several values (the attention backend), whether this value can act on this
+                device and model: value_effect(value, device, model).
     data:       the kind of data it acts on, judged by the task (tasks/effects.py): "" any data,
-                "image_folder" files decoded per sample, "padded_sizes" detection images of different sizes.
+                "image_folder" files decoded per sample, "padded_sizes" detection images of different sizes,
+                "documents" language-model documents of different lengths (padded per batch).
     model:      how it acts on the model object, for the switches that do (ModelSwitch).
     """
     fields: tuple[str, ...]
@@ -103,6 +106,7 @@ class Switch:
     served_value: Any = None
     device_effect: Callable[[torch.device], Effect] | None = None
     model_effect: Callable[[nn.Module], Effect] | None = None
+    value_effect: Callable[[Any, torch.device, nn.Module | None], Effect] | None = None
     data: str = ""
     model: ModelSwitch | None = None
 

@@ -43,10 +43,17 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
         mapped = {k: map_tensors(fn, v) for k, v in obj.items()}
         try:                      # dict subclasses (OrderedDict, a tokenizer's BatchEncoding) keep their type
             clone = copy.copy(obj)
-            clone.update(mapped)
-            return clone
         except (TypeError, AttributeError):
             return mapped
+        try:
+            clone.update(mapped)
+        except Exception:         # transformers' ModelOutput refuses update() (a plain Exception) but takes items
+            try:
+                for key, value in mapped.items():
+                    clone[key] = value
+            except Exception:
+                return mapped
+        return clone
     return obj
 
 

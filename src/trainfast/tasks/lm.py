@@ -1,0 +1,185 @@
+"""Causal language modelling: documents of token ids, the model's own next-token loss, validation loss per token.
+
+A batch is `(TokenBatch, labels)` (text/batching.py): the model's keyword arguments (padded: input_ids and
+attention_mask; packed: input_ids and position_ids) and the labels, IGNORE where no token is predicted. The loss
+is the model's own (transformers shifts the labels and averages over the predicted tokens), so the built-in step
+is the step of a plain transformers loop. The rate counts real tokens (tokens/s), never padding; the judged metric
+is validation loss in nats per token (lower is better), with its perplexity beside it."""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from ..recipe import Recipe, RecipeError
+from ..techniques.base import Effect
+
+# Where `trainfast train --task lm` starts when no --recipe is given: AdamW at 1e-3 with a short warm-up, batches
+# of 16 documents, one epoch over the training documents.
+DEFAULT_RECIPE = Recipe(epochs=1, batch_size=16, lr=1e-3, weight_decay=0.01, warmup_steps=20, log_every=10)
+INSTALL_HINT = "the language-model task needs transformers and tokenizers: pip install 'trainfast[hf]'"
+
+
+class LanguageModel:
+    name = "lm"
+    metric_label = "val loss"            # the ablation table's column of the judged metric
+    metric_name = "validation loss"      # ... and its name in the report's sentences
+    metric_goal = "min"
+    rate_unit = "tokens/s"
+    loss_terms = False
+    # The CLI's default: 512 of the standard library's documents (32 steps of 16), so the default ablation's
+    # every run is seconds on 2 cores; --data stdlib is all 13,000-odd of them.
+    default_data = "stdlib:512"
+    default_recipe = DEFAULT_RECIPE
+
+    @property
+    def default_model(self) -> str:
+        from ..text.models import DEFAULT_LM_MODEL
+
+        return DEFAULT_LM_MODEL
+
+    # --- the step -------------------------------------------------------------------------------------
+    def forward(self, model: Callable, inputs, labels: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """The model's own loss on the batch; `outputs` is the batch's real-token count (what score() counts)."""
+        return inputs.rate_count, model(**inputs, labels=labels).loss
+
+    def score(self, outputs: int, targets: torch.Tensor) -> tuple[None, int]:
+        return None, outputs
+
+    def probe_batch(self, samples: list, device: torch.device):
+        from ..techniques.transfer import to_device
+        from ..text.batching import PadCollate
+
+        return to_device(PadCollate(0)(samples), device)
+
+    # --- evaluation and the epoch record ----------------------------------------------------------------
+    def evaluate(self, model: nn.Module, batches: Iterable, precision, dist) -> dict[str, float]:
+        """Validation loss per predicted token over every rank's shard (sums on the device, read once)."""
+        import math
+
+        model.eval()
+        device = precision.device
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        predicted = torch.zeros((), dtype=torch.long, device=device)
+        documents = 0
+        with torch.inference_mode():
+            for inputs, labels in batches:
+                with precision.forward_context():
+                    logits = model(**inputs).logits
+                targets = labels[:, 1:]
+                loss_sum += nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(),
+                                                        ignore_index=-100, reduction="sum").double()
+                predicted += (targets != -100).sum()
+                documents += inputs.documents
+        model.train()
+        count = int(predicted)
+        reduced = dist.reduce_eval({"loss": float(loss_sum) / max(1, count), "tokens": count, "samples": documents})
+        reduced["perplexity"] = math.exp(min(reduced["loss"], 50.0))
+        return reduced
+
+    def train_metrics(self, stats, dist) -> dict[str, float]:
+        loss, _ = dist.reduce_train(stats.loss, 0, stats.samples)
+        return {"train_loss": loss, "train_tokens": stats.samples}
+
+    def val_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {"val_loss": metrics["loss"], "val_perplexity": metrics["perplexity"]}
+
+    def rung_metrics(self, metrics: dict[str, float]) -> dict[str, Any]:
+        """`accuracy` is the judged metric's slot: validation loss here (lower is better, metric_goal). No
+        held-out-sample band (it is no proportion): the baseline's seeds give its noise band."""
+        return {"accuracy": metrics["loss"], "loss": metrics["loss"], "perplexity": metrics["perplexity"],
+                "val_samples": None}
+
+    def summary(self, record: dict[str, Any]) -> str:
+        return f"val loss {record['val_loss']:.4f}  val ppl {record['val_perplexity']:.2f}"
+
+    # --- data, model, schedule --------------------------------------------------------------------------
+    def load_data(self, spec: str, image_size: int | None):
+        require_text_packages()
+        if image_size is not None:
+            raise RecipeError(f"--image-size {image_size}: the language-model task reads documents, not images")
+        from ..text.batching import load_text
+
+        return load_text(spec)
+
+    def check_model(self, name: str) -> None:
+        require_text_packages()
+        from ..text.models import check_lm_model_name
+
+        check_lm_model_name(name)
+
+    def build_model(self, name: str, split) -> nn.Module:
+        from ..text.models import build_lm
+
+        return build_lm(name, split.vocab_size, split.max_length, split.pad_id, split.eos_id)
+
+    def validate(self, recipe) -> None:
+        """What cannot work for a language model, refused before any work starts."""
+        for field, why in (("group_aspect_ratio", "groups detection images by aspect ratio"),
+                           ("prefetch", "copies stacked image batches into recycled buffers of one shape"),
+                           ("device_decode", "decodes image-folder JPEGs"), ("decode_cache", "caches image folders"),
+                           ("channels_last", "is the memory format of convolutional image models")):
+            if getattr(recipe, field):
+                raise RecipeError(f"{field}=True {why}; the language-model task's batches are token ids of "
+                                  "documents of different lengths")
+        if recipe.strategy == "dp":
+            raise RecipeError("strategy=dp computes a classification loss inside each replica; for a language model "
+                              "use strategy=ddp under torchrun")
+
+    def resolve_workers(self, recipe, split, device: torch.device):
+        from ..data.loader import choose_num_workers, make_loader, with_workers
+        from ..text.batching import collate_for
+
+        if recipe.num_workers != "auto":
+            return recipe
+
+        def build(workers: int, sampler):
+            probe = recipe.replace(num_workers=workers, persistent_workers=False, prefetch_factor=None)
+            return make_loader(split.train, probe, device, True, sampler, collate_fn=collate_for(recipe, split.pad_id))
+        return with_workers(recipe, choose_num_workers(split.train, recipe, device, build=build))
+
+    def build_loaders(self, split, recipe, device: torch.device, dist) -> tuple[Any, Any]:
+        """Training batches in the recipe's form (padded, packed, length-grouped); validation always padded, in
+        the documents' order (the metric does not depend on the switches' batching)."""
+        from ..data.loader import loader_generator, make_loader
+        from ..techniques.transfer import DeviceBatches
+        from ..text.batching import PadCollate, collate_for, length_sampler
+
+        sampler = (length_sampler(split.train, recipe, loader_generator(recipe.seed, dist.rank), dist)
+                   if recipe.group_by_length else dist.train_sampler(split.train, recipe.seed))
+        train = make_loader(split.train, recipe, device, True, sampler, rank=dist.rank,
+                            collate_fn=collate_for(recipe, split.pad_id))
+        val = make_loader(split.val, recipe, device, False, dist.val_sampler(split.val), rank=dist.rank,
+                          collate_fn=PadCollate(split.pad_id))
+        return tuple(DeviceBatches(loader, device, keep, recipe.non_blocking) for loader in (train, val))
+
+    def apply_schedule(self, state, steps_per_epoch: int) -> None:
+        """The recipe's warm-up (warmup_steps) is already the state's schedule (session.build_state)."""
+
+    def field_effect(self, field: str, device: torch.device, model: nn.Module | None, split, value=None) -> Effect:
+        from .effects import field_effect
+
+        return field_effect(field, device, model, split, value)
+
+    def flops_per_sample(self, model: nn.Module, split, recipe) -> float | None:
+        """Training FLOPs of one real token (the rate's unit): text.models.flops_per_token with the context a token
+        of the training documents sees on average (a document of n tokens gives each of its n tokens n)."""
+        from ..text.models import flops_per_token
+
+        lengths = split.train.lengths
+        context = sum(n * n for n in lengths) / max(1, sum(lengths))
+        return flops_per_token(model, context)
+
+
+def keep(batch):
+    """A language-model batch needs nothing done on the device once it is there."""
+    return batch
+
+
+def require_text_packages() -> None:
+    import importlib.util
+
+    missing = [name for name in ("transformers", "tokenizers") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise RecipeError(f"{INSTALL_HINT} (missing here: {', '.join(missing)})")
