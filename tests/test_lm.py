@@ -210,8 +210,9 @@ def test_what_cannot_act_is_said_before_a_run_and_not_passed_down_the_ladder():
 
 def test_the_task_refuses_what_cannot_work_and_is_inferred():
     task = build_task("lm")
-    with pytest.raises(RecipeError, match="channels_last"):
-        task.validate(Recipe(channels_last=True))
+    with pytest.raises(RecipeError, match="prefetch"):
+        task.validate(Recipe(prefetch=True))
+    assert "conv" in field_effect("channels_last", CPU, build_lm("llama-tiny", VOCAB, MAX, PAD, EOS), None).reason
     with pytest.raises(RecipeError, match="images"):
         task.load_data("stdlib", 32)
     assert infer_task(None, "gpt2-small") == "lm" and infer_task(None, None, text_split()) == "lm"
@@ -273,3 +274,27 @@ def test_the_standard_library_is_a_corpus_of_documents_of_many_lengths(tmp_path,
     lengths = split.train.lengths
     assert min(lengths) < 20 and max(lengths) == 128            # one-line aliases and long classes, cut at 128
     assert 0.3 < split.padding_share(16) < 0.9
+
+
+# --- the doctor on a language model ---------------------------------------------------------------------------
+def test_the_doctor_names_the_padding_of_a_padded_run_and_nothing_on_a_packed_one():
+    from trainfast.checks import run_checks
+    from trainfast.doctor import observe_builtin
+
+    split = text_split(train_docs=160)
+
+    def findings(recipe):
+        obs = observe_builtin(lambda: build_lm("llama-tiny", VOCAB, MAX, PAD, EOS), split, recipe=recipe,
+                              device="cpu", steps=6, flops=False)
+        return {f.name: f for f in run_checks(obs)}, obs
+
+    padded, obs = findings(Recipe(batch_size=16, log_every=4))
+    share = obs.text["padding"]["share"]
+    assert 0.2 < share < 0.8, share                       # documents of 3 to 48 tokens, padded to the longest
+    found = padded["padding in the batches"]
+    assert found.status in ("problem", "measured") and f"{round(share * 100)}%" in found.evidence
+    assert obs.text["padding"]["packed_s"] > 0 and obs.text["padding"]["padded_s"] > 0
+    assert padded["attention backend"].evidence.startswith("sdpa in use")
+    assert {"sdpa", "eager"} <= set(obs.text["attention"]["seconds"])
+    packed, obs = findings(Recipe(batch_size=16, log_every=4, padding_free=True))
+    assert "padding in the batches" not in packed and obs.text["padding"]["packed"]

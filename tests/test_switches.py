@@ -87,8 +87,10 @@ def test_the_derived_sets_are_the_ones_written_by_hand_before():
     assert RESUMABLE_CHANGES == {"epochs", "log_every", "save_every", "keep_checkpoints", "max_consecutive_skips",
                                  "nonfinite", "num_workers", "prefetch_factor", "async_checkpoint", "passive_threads",
                                  "reuse_memory"}
-    assert PRIORITY == ("channels_last", "decode_cache", "reuse_memory", "set_to_none", "fused", "prefetch",
-                        "passive_threads", "compile")
+    assert techniques.tune_priority("classification") == ("channels_last", "decode_cache", "reuse_memory",
+                                                          "set_to_none", "fused", "prefetch", "passive_threads",
+                                                          "compile")
+    assert PRIORITY == ("padding_free", "group_by_length", *techniques.tune_priority("classification"))
     assert INPUT_SWITCHES == ("device_decode", "decode_cache", "workers")
     environment = tuple(f for s in techniques.switches() if s.environment for f in s.fields)
     assert set(environment) == set(techniques.PROCESS_WIDE) == {"passive_threads", "reuse_memory"}

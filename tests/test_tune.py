@@ -371,8 +371,15 @@ def test_the_search_tries_first_what_gained_or_was_not_measured_and_cuts_the_res
 
     from trainfast.tune import PRIORITY, on_level_order, single_names
 
-    assert single_names("bf16", image_folder=True) == ["autocast-bf16", "master-bf16", *PRIORITY]
+    from trainfast.techniques import tune_priority
+
+    assert single_names("bf16", image_folder=True) == ["autocast-bf16", "master-bf16",
+                                                       *tune_priority("classification")]
+    assert set(tune_priority("classification")) < set(PRIORITY)        # PRIORITY: every task's
     assert "decode_cache" not in single_names("bf16", image_folder=False)
+    # a language model: packing and length grouping first, nothing its task refuses (the image prefetcher)
+    lm = single_names("bf16", image_folder=False, task="lm")
+    assert lm[2:4] == ["padding_free", "group_by_length"] and "prefetch" not in lm
     cpu = torch.device("cpu")
     stage1 = scored([rung("baseline", 100), rung("set_to_none", 130, set_to_none=True),
                      rung("fused", 104, optimizer_impl="fused"), rung("prefetch", 101, prefetch=True)])

@@ -385,7 +385,7 @@ def prepare_task(args: argparse.Namespace) -> Recipe:
 
     args.task, args.model, args.data = resolve_task(args.task, args.model, args.data)
     task = build_task(args.task)
-    if args.task != "classification" and args.command in ("tune", "doctor") and args.user_command is None:
+    if args.task == "detection" and args.command in ("tune", "doctor") and args.user_command is None:
         raise RecipeError(f"trainfast {args.command} runs the built-in classification run only; measure --task "
                           f"{args.task} with trainfast ablate (or {args.command} -- python your_script.py)")
     recipe = recipe_from_args(args, task.default_recipe if args.recipe is None else None)
@@ -473,13 +473,12 @@ def _doctor(args, recipe: Recipe) -> int:
             print(f"trainfast doctor: {exc}", file=sys.stderr)
             return 1
     else:
-        from .data.loading import load_data
-        from .models import build_model, check_model_name
+        from .tasks import build_task
 
-        check_model_name(args.model)
-        split = load_data(args.data, args.image_size)
-        obs = observe_builtin(lambda: build_model(args.model, split.num_classes, split.image_size), split,
-                              recipe=recipe, device=device, steps=steps)
+        task = build_task(args.task)
+        split = task.load_data(args.data, args.image_size)
+        obs = observe_builtin(lambda: task.build_model(args.model, split), split, recipe=recipe, device=device,
+                              steps=steps)
     doctor(obs, out)
     print(f"doctor.json: {out / 'doctor.json'}")
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import compute, environment, evaluation, loader, loop, syncs
+from . import compute, environment, evaluation, loader, loop, syncs, text
 from .compute import page_faults, untimed
 from .findings import INPUT_BOUND_SHARE, MATERIAL_SHARE, NOT_HERE, Finding, Observations
 from .loader import bound
@@ -22,17 +22,20 @@ __all__ = ["CHECKS", "INPUT_BOUND_SHARE", "MATERIAL_SHARE", "NOT_HERE", "Finding
 
 # Every check, in the order a report lists findings of equal rank: the machine, where the time goes, then the
 # mistakes in the loop.
-CHECKS: tuple[Callable[[Observations], Finding], ...] = (
+CHECKS: tuple[Callable[[Observations], Finding | None], ...] = (
     environment.environment, environment.other_processes,
     loader.data_wait, syncs.syncs, compute.compute, compute.memory, compute.page_faults, compute.launch_bound,
     compute.compile_graphs,
     evaluation.eval_dropout, evaluation.eval_graph, evaluation.eval_mode,
     loop.host_copies, loop.zero_grad, loop.data_parallel, loop.cudnn_shapes, loader.num_workers,
+    text.padding, text.attention,
 )
 
 
 def run_checks(obs: Observations) -> list[Finding]:
-    return rank([fn(obs) for fn in CHECKS])
+    """Every check's finding; a check with nothing to say about this kind of run (padding, where no batch is
+    padded) returns None and is left out."""
+    return rank([f for f in (fn(obs) for fn in CHECKS) if f is not None])
 
 
 def rank(findings: list[Finding]) -> list[Finding]:

@@ -94,6 +94,7 @@ class Observations:
     fault_source: str = ""                    # which steps those were ("the cached-batch replay", "the loop's")
     reuse_memory: dict[str, Any] = field(default_factory=dict)   # {"in_effect": bool, "unavailable": str | None}
     command: list[str] | None = None          # `doctor -- COMMAND`: the user's command, for fixes that name it
+    text: dict[str, Any] | None = None        # a language model's padding and attention (doctor/text.py)
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -32,6 +32,7 @@ from ..watch import Watch
 from .common import (DEFAULT_STEPS, add_evaluation, add_machine_load, add_page_faults, add_watch, capacity,
                      current_memory)
 from .peaks import half_ceiling, measure_flops
+from .text import observe_text
 
 
 def watch_steps(log_every: int) -> int:
@@ -78,6 +79,7 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
         add_machine_load(obs, load_start)
         recompiles = _compiled_frames() - compiled_before if compiled_before is not None else None
         obs.memory = {"peak_bytes": peak_memory_bytes(dev), "static_bytes": static, "capacity_bytes": capacity(dev)}
+        obs.text = observe_text(run, batch, lambda batches: run_steps(run, batches))
         obs.cuda_profile = (profile_cuda(lambda n: run_steps(run, [batch] * (n * recipe.grad_accum_steps)))
                             if dev.type == "cuda" else None)
         loss_fn = getattr(run.task, "loss_fn", None)

@@ -118,8 +118,7 @@ class LanguageModel:
         """What cannot work for a language model, refused before any work starts."""
         for field, why in (("group_aspect_ratio", "groups detection images by aspect ratio"),
                            ("prefetch", "copies stacked image batches into recycled buffers of one shape"),
-                           ("device_decode", "decodes image-folder JPEGs"), ("decode_cache", "caches image folders"),
-                           ("channels_last", "is the memory format of convolutional image models")):
+                           ("device_decode", "decodes image-folder JPEGs"), ("decode_cache", "caches image folders")):
             if getattr(recipe, field):
                 raise RecipeError(f"{field}=True {why}; the language-model task's batches are token ids of "
                                   "documents of different lengths")

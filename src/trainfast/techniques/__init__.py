@@ -98,9 +98,11 @@ def resumable_fields() -> frozenset[str]:
     return frozenset(f for s in switches() for f in s.resumable_fields)
 
 
-def tune_priority() -> tuple[str, ...]:
-    """The tune's first stage, after the precision levels, in its priority order (a tight budget cuts the last)."""
-    return tuple(r.name for r in sorted((r for r in _rungs() if r.tune is not None), key=lambda r: r.tune))
+def tune_priority(task: str | None = None) -> tuple[str, ...]:
+    """The tune's first stage, after the precision levels, in its priority order (a tight budget cuts the last);
+    with `task`, only the rungs that task can name."""
+    return tuple(r.name for r in sorted((r for r in _rungs() if r.tune is not None
+                                         and (task is None or r.named_in(task))), key=lambda r: r.tune))
 
 
 def input_switches() -> tuple[str, ...]:

@@ -14,11 +14,13 @@ NOT_YET = "not set through this framework yet: its collator and sampler are the 
 
 SWITCHES = (
     Switch(("padding_free",),
-           rungs=(RungSpec("padding_free", {"padding_free": True}, place=34, tasks=("lm",), default_in=("lm",)),),
+           rungs=(RungSpec("padding_free", {"padding_free": True}, place=34, tasks=("lm",), default_in=("lm",),
+                           tune=0.5),),
            data="documents",
            unreachable={"*": NOT_YET}),
     Switch(("group_by_length",),
-           rungs=(RungSpec("group_by_length", {"group_by_length": True}, place=35, tasks=("lm",), default_in=("lm",)),),
+           rungs=(RungSpec("group_by_length", {"group_by_length": True}, place=35, tasks=("lm",), default_in=("lm",),
+                           tune=0.6),),
            data="documents", resumable=False,
            unreachable={"*": NOT_YET}),
 )

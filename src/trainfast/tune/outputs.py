@@ -45,10 +45,11 @@ def tune_md(decision: Decision, singles: AblationResult, combined: AblationResul
             budget_s: float, planned_steps: int | None, on_level: AblationResult | None,
             batch: AblationResult | None, inputs: list[AblationResult]) -> list[str]:
     """tune.md's lines: the recommendation, each stage's table, what is not in the recipe and the notes."""
-    from ..report import Columns, headers, markdown_table, table_rows
+    from ..report import headers, markdown_table, table_rows
 
     interval = decision.speedup_interval
-    columns = Columns(cumulative=False)
+    # the work's own rate unit and metric (tokens/s and val loss for a language model, a script's metric)
+    columns = stage_columns(singles, "each")
     lines = ["# trainfast tune", "",
              f"Recommended: **{decision.name}**, {decision.speedup:.2f}x the baseline"
              + (f" (95% interval {interval[0]:.2f}–{interval[1]:.2f})" if interval else "") + ", written to "
@@ -81,17 +82,27 @@ def tune_md(decision: Decision, singles: AblationResult, combined: AblationResul
     return lines
 
 
+def stage_columns(result, mode: str):
+    """The table columns of a stage's result: its work's rate unit and judged metric (tokens/s and val loss for a
+    language model, a script's own metric), in `mode`."""
+    from ..report import Columns
+
+    return Columns.for_settings({**(getattr(result, "settings", None) or {}), "mode": mode}, result.rungs,
+                                getattr(result, "metric", None))
+
+
 def batch_section(found: dict[str, Any], batch: AblationResult) -> list[str]:
     """tune.md's section on --batch-size-search: the size found, the advice, the sizes' table."""
-    from ..report import Columns, headers, markdown_table, table_rows
+    from ..report import headers, markdown_table, table_rows
 
     advice = (f"batch size {found['batch_size']} is the largest that was still firmly faster and kept "
               f"accuracy: `trainfast train --recipe best.yaml --batch-size {found['batch_size']}` (a larger batch "
               "takes fewer steps an epoch and usually wants a larger learning rate: check the accuracy at "
               "your full length)" if found["batch_size"] != found["from"] else
               f"no larger batch was firmly faster with accuracy kept: batch size {found['from']} stays")
+    columns = stage_columns(batch, "cumulative")
     return ["## Larger batches (reported apart: not in best.yaml)", "",
             "The recommended recipe at larger batch sizes, each against the size above it (a cumulative "
             f"ladder); accuracy after the same epochs. {advice}.", "",
-            markdown_table(headers(Columns(cumulative=True)), table_rows(batch.rungs, Columns(cumulative=True))),
+            markdown_table(headers(columns), table_rows(batch.rungs, columns)),
             "", "Details: [batch/report.md](batch/report.md).", ""]

@@ -122,12 +122,13 @@ def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: 
 
         work = prepare_builtin(spec, recipe, device)
         base, dev, image_folder = work.base, work.dev, image_folder("decode_cache", None, work.split).acts
+        task = work.task.name
     else:
-        base, dev, image_folder = recipe or Recipe(), resolve_device(device), False
+        base, dev, image_folder, task = recipe or Recipe(), resolve_device(device), False, "classification"
     amp = auto_amp_dtype(dev) if opts.amp_dtype == "auto" else opts.amp_dtype
-    names = chosen_switches(single_names(amp, image_folder), opts.switches)
+    names = chosen_switches(single_names(amp, image_folder, task), opts.switches)
     slow = slow_half_reason(dev, amp) if opts.amp_dtype == "auto" else None
-    singles = plan_singles(base, names, amp, dev, slow)
+    singles = plan_singles(base, names, amp, dev, slow, task)
     if work is None:
         # Every candidate is a combination of the singles' fields: those are all a run may switch.
         work = prepare_command(opts.command, [r.changes for r in singles], recipe=base, device=device,
@@ -136,7 +137,7 @@ def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: 
     work.mark_effects(singles)
 
     def replan() -> list[Rung]:
-        rungs = plan_singles(base, names, amp, dev, slow)
+        rungs = plan_singles(base, names, amp, dev, slow, task)
         work.mark_effects(rungs)
         return rungs
     return Search(work, base, out_dir, opts, budget, replan), singles

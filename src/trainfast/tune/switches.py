@@ -19,18 +19,33 @@ PRECISION_FIELDS = ("precision", "precision_level")
 PRIORITY = tune_priority()
 
 
-def single_names(amp: str, image_folder: bool) -> list[str]:
-    """Stage 1's switches in the search's priority. The input switches that pay only once the step outruns its
-    input (more loader workers, decoding on the device) are stage 3's (inputs.py): the decode cache is tried
-    in both, as it also takes the decode off a CPU step that its workers share the cores with."""
-    return [f"autocast-{amp}", f"master-{amp}", *(n for n in PRIORITY if n != "decode_cache" or image_folder)]
+def single_names(amp: str, image_folder: bool, task: str = "classification") -> list[str]:
+    """Stage 1's switches in the search's priority, those the task can run (a language model has no use for an
+    image prefetcher: its task refuses it). The input switches that pay only once the step outruns its input
+    (more loader workers, decoding on the device) are stage 3's (inputs.py): the decode cache is tried in both, as
+    it also takes the decode off a CPU step that its workers share the cores with."""
+    from ..ablation.ladders import LADDERS
+    from ..recipe import RecipeError
+    from ..tasks import build_task
+
+    checker, table = build_task(task), LADDERS[task][1]
+
+    def runs(name: str) -> bool:
+        try:
+            checker.validate(Recipe().replace(**table[name]))
+        except RecipeError:
+            return False
+        return True
+    return [f"autocast-{amp}", f"master-{amp}", *(n for n in tune_priority(task)
+                                                 if (n != "decode_cache" or image_folder) and runs(n))]
 
 
-def plan_singles(base: Recipe, names: list[str], amp: str, dev: torch.device, slow: str | None) -> list[Rung]:
+def plan_singles(base: Recipe, names: list[str], amp: str, dev: torch.device, slow: str | None,
+                 task: str = "classification") -> list[Rung]:
     """Stage 1's rungs: the baseline, then every switch in `names` alone on it, in the search's priority.
     `slow`: why the device's half type is slower than fp32 here (a CPU without half-precision hardware),
     which rules the precision levels out (shown, not run)."""
-    rungs = [r for r in plan_rungs(base, names, "each", amp, dev) if r.name == "baseline" or r.name in names]
+    rungs = [r for r in plan_rungs(base, names, "each", amp, dev, task) if r.name == "baseline" or r.name in names]
     rungs = rungs[:1] + sorted(rungs[1:], key=lambda r: names.index(r.name))
     if slow:
         for rung in rungs:

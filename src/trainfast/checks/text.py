@@ -1,0 +1,46 @@
+"""A language model's batches and attention: the share of each batch that is padding, with what packing the
+documents would save on this run's own step (measured), and the attention backend against the others this device
+runs. Neither says anything on a run with no padded documents (an image model, a run that already packs)."""
+from __future__ import annotations
+
+from .findings import MATERIAL_SHARE, Finding, Observations, ms, pct
+
+
+def padding(obs: Observations) -> Finding | None:
+    seen = (obs.text or {}).get("padding")
+    if not seen or seen.get("packed"):
+        return None
+    name = "padding in the batches"
+    share = seen["share"]
+    padded, packed = seen.get("padded_s"), seen.get("packed_s")
+    text = (f"{pct(share)} of the positions the model computes are padding (over {seen['batches']} batches: each "
+            "is as long as its longest document)")
+    if not padded or not packed:
+        return Finding(name, "time", "measured", text)
+    saving = 1 - packed / padded
+    text += (f"; the same documents packed without padding took {ms(packed)} a step against {ms(padded)} padded "
+             f"(one batch replayed, the two alternating): {pct(saving)} of the step")
+    fix = ("--padding-free (packs each batch's documents, attention kept inside each; `trainfast ablate --switches "
+           "padding_free,group_by_length` measures it with the accuracy guard)")
+    if saving >= MATERIAL_SHARE:
+        cost = padded - packed
+        return Finding(name, "time", "problem", text, cost, cost / (obs.step_s or padded), fix)
+    return Finding(name, "time", "measured", text + ": below the share that makes packing pay here")
+
+
+def attention(obs: Observations) -> Finding | None:
+    seen = (obs.text or {}).get("attention")
+    if not seen or seen.get("in_use") is None:
+        return None
+    name = "attention backend"
+    current, seconds = seen["in_use"], seen.get("seconds") or {}
+    if not seconds:
+        return Finding(name, "time", "measured", f"{current}; no other backend runs here without compiling")
+    timings = ", ".join(f"{b} {ms(s)}" for b, s in sorted(seconds.items(), key=lambda kv: kv[1]))
+    best = min(seconds, key=seconds.get)
+    text = f"{current} in use; a step with each backend this device runs (one batch replayed): {timings}"
+    if best != current and 1 - seconds[best] / seconds[current] >= MATERIAL_SHARE:
+        cost = seconds[current] - seconds[best]
+        return Finding(name, "time", "problem", text, cost, cost / (obs.step_s or seconds[current]),
+                       f"--attention {best} (the model's attn_implementation)")
+    return Finding(name, "time", "fine", text)
