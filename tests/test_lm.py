@@ -298,3 +298,59 @@ def test_the_doctor_names_the_padding_of_a_padded_run_and_nothing_on_a_packed_on
     assert {"sdpa", "eager"} <= set(obs.text["attention"]["seconds"])
     packed, obs = findings(Recipe(batch_size=16, log_every=4, padding_free=True))
     assert "padding in the batches" not in packed and obs.text["padding"]["packed"]
+
+
+# --- a Trainer script's batches -----------------------------------------------------------------------------------
+def test_a_scripts_padded_batches_are_packed_after_its_own_collator():
+    """The packing collator takes what DataCollatorForLanguageModeling made (pads at the right, labels IGNORE
+    there) and gives the model the same tokens packed: the same loss, and no packing where there is no padding."""
+    from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
+
+    from trainfast.frameworks.board import FrameworkRecord
+    from trainfast.frameworks.packing import PackingCollator, prove_packing
+
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t1")),
+                                        pad_token="t0", eos_token="t1")
+    script = DataCollatorForLanguageModeling(tokenizer, mlm=False)
+    features = [{"input_ids": d.tolist()} for d in random_docs(8, seed=9)]
+    collator = PackingCollator(script, pack=True)
+    padded, packed = script(features), collator(features)
+    model = tiny_lm(attention="sdpa")
+    with torch.no_grad():
+        assert abs(model(**padded).loss.item() - model(**packed).loss.item()) < LOSS_TOL
+    assert "attention_mask" not in packed and collator.packed == 1 and 0 < collator.padding_share < 1
+    record = FrameworkRecord("transformers", "test")
+    record.set("padding_free", "data_collator packs", True)
+    prove_packing(record, collator, {"padding_free": True, "group_by_length": False})
+    assert record.switches["data_collator packs"].applied and not record.unsupported
+    # every batch full (a chunked dataset, as run_clm.py's): nothing to remove, said for both switches
+    full = PackingCollator(script, pack=False)
+    full([{"input_ids": list(range(2, 18))} for _ in range(4)])
+    record = FrameworkRecord("transformers", "test")
+    prove_packing(record, full, {"padding_free": False, "group_by_length": False})
+    assert "hold no padding" in record.unsupported["padding_free"] and "group_by_length" in record.unsupported
+
+
+@pytest.mark.slow
+def test_an_unmodified_trainer_script_takes_the_language_model_switches(tmp_path):
+    """examples/hf_causal_lm.py (a Trainer script that never imports trainfast): packing, length grouping and the
+    attention backend are each set through the Trainer and read back in every run."""
+    import os
+    import sys
+
+    from trainfast.ablation import ablate_command
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = ablate_command([sys.executable, os.path.join(root, "examples", "hf_causal_lm.py"), "--documents", "96",
+                             "--out", str(tmp_path / "trainer")], device="cpu", out=tmp_path / "ablation",
+                            rungs=["padding_free", "group_by_length", "eager"], repeats=1, noise_seeds=1, show=False,
+                            settle_within_s=0, mode="each")
+    rungs = {r.name: r for r in result.rungs}
+    assert all(r.status == Status.DONE for r in rungs.values()), {n: (r.status, r.reason) for n, r in rungs.items()}
+    for name, setting, wanted in (("padding_free", "data_collator packs", True),
+                                  ("group_by_length", "train_sampling_strategy", "group_by_length"),
+                                  ("eager", "attention backend", "eager")):
+        switches = rungs[name].repeats[0]["frameworks"]["transformers"]["switches"]
+        assert switches[setting]["applied"] and switches[setting]["read_back"] == wanted, switches

@@ -26,8 +26,12 @@ from ..techniques.precision import auto_amp_dtype, slow_half_reason
 # loader workers before channels_last, and compile last: in cumulative mode every later rung would inherit it, and
 # it is not run on a detector (tasks/detection.py says why). The rungs that cannot work on a detector stay
 # nameable, so --switches refuses them with the reason (Detection.validate) instead of calling them unknown.
+# A user's script (`ablate -- COMMAND`, SCRIPT) can name every rung, those of every task: what it is training is
+# not known before it runs, and a rung that cannot reach it is ruled out after its baseline, with the reason.
+SCRIPT = "script"
 LADDERS: dict[str, tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]] = {
-    task: (default_ladder(task), rung_table(task)) for task in TASKS}
+    **{task: (default_ladder(task), rung_table(task)) for task in TASKS},
+    SCRIPT: (default_ladder("classification"), rung_table(None))}
 LADDER, RUNGS = LADDERS["classification"]
 DETECTION_LADDER, DETECTION_RUNGS = LADDERS["detection"]
 LADDER_MODES = ("cumulative", "each")    # how a ladder's rungs build on each other (plan_rungs)
@@ -46,7 +50,7 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
     if amp_dtype not in ("bf16", "fp16"):
         raise RecipeError(f"--amp-dtype {amp!r} must be auto, bf16 or fp16")
     ladder, table = LADDERS[task]
-    checker = build_task(task)
+    checker = build_task(task) if task != SCRIPT else None       # a script's task is its own
     names = list(ladder) if not names else [RUNG_ALIASES.get(n, n) for n in names]
     unknown = [n for n in names if n not in table]
     if unknown:
@@ -63,7 +67,8 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
         try:
             recipe = start.replace(**changes)
             validate_for_device(recipe, device)
-            checker.validate(recipe)
+            if checker is not None:
+                checker.validate(recipe)
         except RecipeError as exc:
             raise RecipeError(f"rung {name!r}: {exc}") from exc
         rungs.append(Rung(name, changes, recipe))

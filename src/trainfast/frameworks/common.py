@@ -158,9 +158,9 @@ def switch_models(record: FrameworkRecord, model: torch.nn.Module, fields: dict[
     state and read back from the model when the result is written. One that cannot act on this model (no
     convolutions for channels_last, no checkpointing switch of its own) is recorded as not applicable, why."""
     for name, switch in model_switches(adapter):
-        if name not in fields:
-            continue
         how = switch.model
+        if name not in fields or fields[name] in how.idle:
+            continue
         target = how.target(model) if how.target is not None else model
         why = switch.model_effect(target) if switch.model_effect is not None else None
         if why is not None and not why.acts:

@@ -10,6 +10,9 @@ Trainer derives anything from them), and read back from what the Trainer ended u
 | num_workers, ...  | dataloader_num_workers, _pin_memory, ...           | the training DataLoader's own attributes |
 | channels_last     | (none: the model's memory format, at Trainer init) | the model's conv weights                 |
 | activation_checkpointing | activation_checkpointing (gradient_checkpointing) | the model's is_gradient_checkpointing |
+| group_by_length   | train_sampling_strategy (4.x: group_by_length)     | the training loader's sampler            |
+| padding_free      | (none: the training collator, wrapped to pack)     | every training batch packed              |
+| attention         | (none: the model's attn_implementation)            | the model's config                       |
 | seed              | seed                                               | args.seed                                |
 
 The Trainer's own evaluation is read where it keeps it: what evaluate() returns (the eval_* metrics, those of
@@ -32,6 +35,7 @@ from .board import UNSET, Board, FrameworkRecord
 from .common import (AUTO_WORKERS, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
                      switch_cudnn_benchmark, switch_models)
 from .hooks import when_imported
+from .packing import prove_packing
 
 NAME = "transformers"
 ADAMW = ("adamw_torch", "adamw_torch_fused")
@@ -100,6 +104,8 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
         put("seed", "seed", int(fields["seed"]))
     if "activation_checkpointing" in fields:
         switch_checkpointing_argument(args, record, bool(fields["activation_checkpointing"]))
+    if "group_by_length" in fields:
+        switch_length_groups(args, record, bool(fields["group_by_length"]))
     mark_shared_switches(record, fields)
     if "cudnn_benchmark" in fields:
         switch_cudnn_benchmark(record, bool(fields["cudnn_benchmark"]))
@@ -122,6 +128,20 @@ def switch_checkpointing_argument(args: Any, record: FrameworkRecord, enabled: b
     record.set("activation_checkpointing", names[0], enabled, UNSET if had is None else had)
     for name in names:
         setattr(args, name, enabled)
+
+
+def switch_length_groups(args: Any, record: FrameworkRecord, enabled: bool) -> None:
+    """transformers 5 names the sampler in train_sampling_strategy ("group_by_length" among its choices), 4 has
+    a group_by_length flag. Off leaves the script's own strategy unless it was length grouping."""
+    if hasattr(args, "train_sampling_strategy"):
+        had = args.train_sampling_strategy
+        wanted = "group_by_length" if enabled else ("random" if had == "group_by_length" else had)
+        record.set("group_by_length", "train_sampling_strategy", wanted, had)
+        args.train_sampling_strategy = wanted
+        return
+    had = getattr(args, "group_by_length", None)
+    record.set("group_by_length", "group_by_length", enabled, UNSET if had is None else had)
+    args.group_by_length = enabled
 
 
 def switch_optim(args: Any, record: FrameworkRecord, impl: str) -> None:
@@ -156,6 +176,8 @@ def patch_trainer(cls: type, board: Board) -> None:
         record = record_of(board)
         if self.model is not None:
             self.model = switch_models(record, self.model, board.fields, NAME)
+        if "padding_free" in board.fields:
+            self._trainfast_packing = packing_collator(self, record, board.fields)
         args = self.args
         board.samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         # The latest Trainer is the one read back. Held, not weakly: the proof is read when the result is
@@ -174,12 +196,39 @@ def patch_trainer(cls: type, board: Board) -> None:
 
     @functools.wraps(get_loader)
     def get_train_dataloader(self, *args: Any, **kwargs: Any):
-        loader = get_loader(self, *args, **kwargs)
+        # The training batches through the packing collator (padding_free; their padding counted in every run);
+        # evaluation keeps the script's collator and shapes.
+        script_collator = self.data_collator
+        packing = getattr(self, "_trainfast_packing", None)
+        if packing is not None and script_collator is not None:
+            packing.inner, self.data_collator = script_collator, packing
+        try:
+            loader = get_loader(self, *args, **kwargs)
+        finally:
+            self.data_collator = script_collator
         self._trainfast_loader = loader          # held for the read-back, as the Trainer is
         return loader
 
     setattr(__init__, PATCHED, True)
     cls.__init__, cls.get_train_dataloader, cls.evaluate = __init__, get_train_dataloader, evaluate_
+
+
+def packing_collator(trainer: Any, record: FrameworkRecord, fields: dict[str, Any]):
+    """The Trainer's training collator wrapped (frameworks/packing.py), or None with why when its model cannot
+    take packed rows. One row per batch where the model's attention skips across documents (flex, flash)."""
+    from ..techniques.attention import in_use
+    from ..text.batching import VARLEN_ATTENTION
+    from .packing import PackingCollator, takes_positions
+
+    wanted = bool(fields["padding_free"])
+    if wanted and not takes_positions(trainer.model):
+        record.unsupported["padding_free"] = (f"{type(trainer.model).__name__}.forward takes no position_ids: packed "
+                                              "rows need them to keep attention inside each document")
+        wanted = False
+    record.set("padding_free", "data_collator packs", wanted, False)
+    collator = PackingCollator(trainer.data_collator, wanted, one_row=in_use(trainer.model) in VARLEN_ATTENTION)
+    record.readers.append(lambda r: prove_packing(r, collator, fields))
+    return collator
 
 
 def declare_metric(board: Board, args: Any) -> None:
@@ -218,8 +267,28 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
     for name, setting in ARG_LOADER.items():
         if loader is not None:
             record.prove(setting, getattr(loader, name, None))
+    grouped = uses_length_groups(loader)
+    record.prove("group_by_length", grouped)
+    strategy = getattr(args, "train_sampling_strategy", None)
+    record.prove("train_sampling_strategy", "group_by_length" if grouped else
+                 (strategy if strategy != "group_by_length" else "not in the loader"))
     checkpointing = bool(getattr(trainer.model, "is_gradient_checkpointing", False))
     record.prove("activation_checkpointing", checkpointing)
     record.prove("gradient_checkpointing", checkpointing)
     if "memory format" in record.switches and trainer.model is not None:
         record.prove("memory format", memory_format_of(trainer.model))
+
+
+def uses_length_groups(loader: Any) -> bool:
+    """Whether the training loader draws its batches through transformers' length-grouped samplers (through
+    Accelerate's wrappers: their sampler or batch sampler, a few levels down)."""
+    seen, todo = 0, [loader]
+    while todo and seen < 16:
+        item = todo.pop()
+        seen += 1
+        if item is None:
+            continue
+        if "LengthGroupedSampler" in type(item).__name__:
+            return True
+        todo += [getattr(item, name, None) for name in ("sampler", "batch_sampler", "base_dataloader")]
+    return False

@@ -17,7 +17,7 @@ import pkgutil
 from typing import TYPE_CHECKING, Any
 
 from . import memory_reuse, threads  # neither imports torch
-from .switch import ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, RungSpec, Switch
+from .switch import ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, SESSION, RungSpec, Switch
 
 if TYPE_CHECKING:
     import torch
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "RungSpec", "Switch", "switches", "owner", "rung_table",
            "default_ladder", "process_fields", "resumable_fields", "tune_priority", "input_switches",
-           "unreachable", "model_switches", "apply_model_switches", "field_effect", "process_env",
-           "process_wide_in_effect", "PROCESS_WIDE"]
+           "unreachable", "session_unreachable", "model_switches", "apply_model_switches", "field_effect",
+           "process_env", "process_wide_in_effect", "PROCESS_WIDE"]
 
 # The switches that reach a process through the environment it starts with (the OpenMP wait policy, glibc's
 # malloc settings), whatever its code: the ablation starts a user's command with them, so they act on a script
@@ -75,10 +75,10 @@ def _rungs() -> list[RungSpec]:
     return [rung for switch in switches() for rung in switch.rungs]
 
 
-def rung_table(task: str = "classification") -> dict[str, dict[str, Any]]:
-    """Every rung `task` can name, in ladder order (baseline first): name -> the fields it changes ("{amp}" for
-    the device's half type). Ties in place keep declaration order."""
-    named = sorted((r for r in _rungs() if r.named_in(task)), key=lambda r: r.place_in(task))
+def rung_table(task: str | None = "classification") -> dict[str, dict[str, Any]]:
+    """Every rung `task` can name (None: a user's script, every rung), in ladder order (baseline first): name ->
+    the fields it changes ("{amp}" for the device's half type). Ties in place keep declaration order."""
+    named = sorted((r for r in _rungs() if r.named_in(task)), key=lambda r: r.place_in(task or ""))
     return {"baseline": {}, **{r.name: dict(r.changes) for r in named}}
 
 
@@ -86,6 +86,13 @@ def default_ladder(task: str = "classification") -> dict[str, dict[str, Any]]:
     """The rungs `task` runs when --switches names none, in ladder order."""
     keep = {r.name for r in _rungs() if task in r.default_in}
     return {name: changes for name, changes in rung_table(task).items() if name == "baseline" or name in keep}
+
+
+def session_unreachable(fields) -> dict[str, str]:
+    """Of `fields`, those a Session adopting a script's own loop cannot set, each with why (Switch.unreachable's
+    "session" entry: the script's collator and sampler, for instance)."""
+    return {f: s.unreachable[SESSION] for s in switches() if SESSION in s.unreachable
+            for f in s.fields if f in fields}
 
 
 def process_fields() -> tuple[str, ...]:

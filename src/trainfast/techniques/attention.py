@@ -70,11 +70,12 @@ def backend_effect(value: str, device: torch.device, model: Any) -> Effect:
 
 SWITCHES = (
     Switch(("attention",),
-           rungs=(RungSpec("sdpa", {"attention": "sdpa"}, place=36, tasks=("lm",), default_in=("lm",)),
+           rungs=(RungSpec("eager", {"attention": "eager"}, place=35.5, tasks=("lm",)),    # what sdpa buys, named
+                  RungSpec("sdpa", {"attention": "sdpa"}, place=36, tasks=("lm",), default_in=("lm",)),
                   RungSpec("flex", {"attention": "flex"}, place=37, tasks=("lm",)),
                   RungSpec("flash", {"attention": "flash"}, place=38, tasks=("lm",), default_in=("lm",))),
            value_effect=backend_effect,
            model=ModelSwitch("attention backend", set_attention, in_use, show=lambda v: v, default=None,
-                             target=holder),
+                             target=holder, idle=("model",)),
            frameworks={"transformers": ON_MODEL, "lightning": ON_MODEL, "accelerate": ON_MODEL}),
 )

@@ -8,19 +8,23 @@ draws each from documents of similar length (the Trainer's LengthGroupedSampler)
 compute; it changes which documents share a step, so its accuracy is judged, never assumed."""
 from __future__ import annotations
 
-from .switch import RungSpec, Switch
+from .switch import SESSION, RungSpec, Switch
 
 NOT_YET = "not set through this framework yet: its collator and sampler are the script's"
+NOT_YET_BY = {"lightning": NOT_YET, "accelerate": NOT_YET,
+             SESSION: "a Session adopts the script's own loader: its collator and sampler are the script's"}
 
 SWITCHES = (
     Switch(("padding_free",),
            rungs=(RungSpec("padding_free", {"padding_free": True}, place=34, tasks=("lm",), default_in=("lm",),
                            tune=0.5),),
            data="documents",
-           unreachable={"*": NOT_YET}),
+           frameworks={"transformers": "the Trainer's training collator, wrapped to pack its padded batches"},
+           unreachable=NOT_YET_BY),
     Switch(("group_by_length",),
            rungs=(RungSpec("group_by_length", {"group_by_length": True}, place=35, tasks=("lm",), default_in=("lm",),
                            tune=0.6),),
-           data="documents", resumable=False,
-           unreachable={"*": NOT_YET}),
+           data="documents",
+           frameworks={"transformers": "TrainingArguments.group_by_length"},
+           unreachable=NOT_YET_BY),
 )

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 ADAPTERS = ("transformers", "lightning", "accelerate")   # the framework adapters (frameworks/): each switch says
 EVERY_ADAPTER = "*"                                      # how each sets it, or why it cannot
+SESSION = "session"      # an `unreachable` key: why a Session adopting a script's own loop cannot set it
 ON_MODEL = "the model, before the framework wraps it (the switch's own apply_model, read back from the model)"
 AMP = "{amp}"            # a rung's value replaced by the half type chosen for the device (bf16 or fp16)
 
@@ -49,8 +50,9 @@ class RungSpec:
     def place_in(self, task: str) -> float:
         return self.places.get(task, self.place)
 
-    def named_in(self, task: str) -> bool:
-        return self.tasks is None or task in self.tasks
+    def named_in(self, task: str | None) -> bool:
+        """Whether `task` can name it; None (a user's script, whose task is not known): every rung."""
+        return self.tasks is None or task is None or task in self.tasks
 
 
 @dataclass(frozen=True)
@@ -62,13 +64,15 @@ class ModelSwitch:
     itself); state(model): the setting read back, the proof a run records under `label`; show(value): the state
     `value` asks for, as state() reads it; a state equal to `default` is the framework's own default (recorded as
     "not set" for the script); target(model): the module inside `model` that holds the switch (a wrapper or a
-    LightningModule around a timm/transformers model), `model` itself when None."""
+    LightningModule around a timm/transformers model), `model` itself when None. `idle`: values that ask for
+    nothing (the attention backend's "model": the script's own stands), neither set nor proven."""
     label: str
     apply: Callable[[Any, Any], Any]
     state: Callable[[Any], Any]
     show: Callable[[Any], Any] = bool
     default: Any = None
     target: Callable[[Any], Any] | None = None
+    idle: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,8 @@ class Switch:
     resumable:  it may change between a run and its resume without changing the trajectory (True: every
                 field it owns; a tuple: those fields).
     frameworks: how each framework adapter (ADAPTERS) sets it: the framework's own setting, or ON_MODEL.
-    unreachable: why an adapter cannot set it ({adapter or EVERY_ADAPTER: reason}), said before a run;
+    unreachable: why an adapter cannot set it ({adapter or EVERY_ADAPTER: reason}), said before a run; under
+                SESSION, why a Session adopting a script's loop cannot (said once the script's baseline shows one);
     served_value: the one value every framework gives it anyway (precision_level's "autocast": their mixed
                 precision is O1), which a run may ask for where the switch is otherwise unreachable.
     device_effect / model_effect: whether it can act on this device / this model (an Effect with the reason);

@@ -108,23 +108,30 @@ class PackCollate:
     one_row: bool = False
 
     def __call__(self, docs: list[torch.Tensor]):
-        lengths = [len(d) for d in docs]
-        tokens = sum(lengths)
-        rows = [list(range(len(docs)))] if self.one_row else pack_rows(lengths, max(lengths))
-        width = max(sum(lengths[i] for i in row) for row in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        positions = torch.zeros((len(rows), width), dtype=torch.long)
-        labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
-        for r, row in enumerate(rows):
-            at = 0
-            for i in row:
-                n = lengths[i]
-                ids[r, at: at + n] = docs[i]
-                positions[r, at: at + n] = torch.arange(n)
-                labels[r, at + 1: at + n] = docs[i][1:]
-                at += n
-            positions[r, at:] = torch.arange(width - at)
-        return token_batch({"input_ids": ids, "position_ids": positions}, tokens, len(docs), ids.numel()), labels
+        return pack(docs, docs, self.pad_id, self.one_row)
+
+
+def pack(docs: list[torch.Tensor], targets: list[torch.Tensor], pad_id: int, one_row: bool = False):
+    """PackCollate's packing of documents `docs` whose labels are `targets` (the same tokens for plain language
+    modelling; a fine-tuning script's labels may ignore a prompt): (TokenBatch, labels). Each document's first
+    label is IGNORE, so nothing is predicted across a document boundary."""
+    lengths = [len(d) for d in docs]
+    tokens = sum(lengths)
+    rows = [list(range(len(docs)))] if one_row else pack_rows(lengths, max(lengths))
+    width = max(sum(lengths[i] for i in row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
+    for r, row in enumerate(rows):
+        at = 0
+        for i in row:
+            n = lengths[i]
+            ids[r, at: at + n] = docs[i]
+            positions[r, at: at + n] = torch.arange(n)
+            labels[r, at + 1: at + n] = targets[i][1:]
+            at += n
+        positions[r, at:] = torch.arange(width - at)
+    return token_batch({"input_ids": ids, "position_ids": positions}, tokens, len(docs), ids.numel()), labels
 
 
 def collate_for(recipe, pad_id: int):
