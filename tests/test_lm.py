@@ -325,6 +325,9 @@ def test_a_scripts_padded_batches_are_packed_after_its_own_collator():
     record.set("padding_free", "data_collator packs", True)
     prove_packing(record, collator, {"padding_free": True, "group_by_length": False})
     assert record.switches["data_collator packs"].applied and not record.unsupported
+    # a classifier's batch (a label per sequence) is left as it is, and why is said
+    classify = PackingCollator(lambda f: {**script(f), "labels": torch.zeros(len(f), dtype=torch.long)}, pack=True)
+    assert "attention_mask" in classify(features) and "one per token" in classify.refused
     # every batch full (a chunked dataset, as run_clm.py's): nothing to remove, said for both switches
     full = PackingCollator(script, pack=False)
     full([{"input_ids": list(range(2, 18))} for _ in range(4)])
@@ -354,3 +357,29 @@ def test_an_unmodified_trainer_script_takes_the_language_model_switches(tmp_path
                                   ("eager", "attention backend", "eager")):
         switches = rungs[name].repeats[0]["frameworks"]["transformers"]["switches"]
         assert switches[setting]["applied"] and switches[setting]["read_back"] == wanted, switches
+
+
+def test_activation_checkpointing_reaches_the_model_through_its_own_switch():
+    """transformers' gradient_checkpointing_enable, through the same switch as timm's: the recomputed step gives the
+    same losses (recomputation is the same arithmetic) and the model says it checkpoints."""
+    split = text_split(train_docs=48)
+    recipe = Recipe(epochs=1, batch_size=8, lr=1e-3, log_every=2)
+    plain = train("llama-tiny", split, recipe=recipe, device="cpu", task="lm")
+    recomputed = train("llama-tiny", split, recipe=recipe.replace(activation_checkpointing=True), device="cpu",
+                       task="lm")
+    assert recomputed.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
+    a = [x for r in plain.history for x in r["train_losses"]]
+    b = [x for r in recomputed.history for x in r["train_losses"]]
+    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5
+
+
+def test_the_report_gives_documents_per_second_beside_tokens():
+    from trainfast.report.markdown import documents_line
+
+    rung = type("R", (), {"name": "baseline", "recipe": Recipe(), "repeats": [], "changes": {},
+                          "result": type("X", (), {"throughput": 5000.0})()})()
+    result = type("Result", (), {"settings": {"tokens_per_sample": 100.0}, "rungs": [rung]})()
+    line = documents_line(result)
+    assert "averages 100.0 tokens" in line and " 50.0" in line
+    result.settings = {}
+    assert documents_line(result) is None

@@ -192,6 +192,8 @@ def prepare_builtin(spec: BuiltinSpec, recipe: Recipe | None = None, device: str
                 "data": data if spec.train_set is None else split.name, "image_size": image_size,
                 "device": str(dev), "task": name, "metric_name": task.metric_name, "metric_label": task.metric_label,
                 "rate_unit": getattr(task, "rate_unit", "samples/s")}
+    if hasattr(task, "tokens_per_sample"):     # a language model: its rate in documents/s beside tokens/s
+        settings["tokens_per_sample"] = task.tokens_per_sample(split)
     if runs_tf32(probe_model, dev):
         settings["fp32_roof"] = "tf32"      # an fp32 rung's kernels run in TF32 here: its roof is TF32's
     return Builtin(job, dev, base, split, probe_model, flops_per_sample, settings, task)

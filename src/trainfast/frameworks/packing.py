@@ -53,8 +53,12 @@ class PackingCollator:
 
     @staticmethod
     def cannot_pack(batch: Any) -> str | None:
-        if not isinstance(batch.get("labels"), torch.Tensor):
+        labels = batch.get("labels")
+        if not isinstance(labels, torch.Tensor):
             return "the script's batches carry no labels to pack with them (the model computes no loss from them)"
+        if labels.shape != batch["input_ids"].shape:
+            return ("the script's labels are not one per token (a label per sequence: a classifier), so its "
+                    "documents cannot share a row")
         other = sorted(set(batch.keys()) - PACKED_KEYS)
         if other:
             return f"the script's batches carry {', '.join(other)} beside the token ids, which packing would not keep"

@@ -50,6 +50,7 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
         + roofs_text(result.ceilings, result.settings) + ".", "",
         markdown_table(headers(columns), table_rows(result.rungs, columns)), "",
         data_wait_line(result.rungs), "",
+        *([rate, ""] if (rate := documents_line(result)) else []),
         *([repeatability, ""] if repeatability else []),
         *([machine, ""] if (machine := machine_line(result)) else []),
         how_to_read(result), "",
@@ -95,6 +96,16 @@ def how_to_read(result: AblationResult) -> str:
         "repeats). `% of matmul peak` is the model's FLOP/s (torch.utils.flop_counter) over the best matmul "
         "FLOP/s measured in the rung's dtype on this machine before and after the ladder: a measured peak, "
         "not the hardware's limit.")
+
+
+def documents_line(result: AblationResult) -> str | None:
+    """A language model's rates in documents/s beside its tokens/s (real tokens only, padding never counted)."""
+    per = result.settings.get("tokens_per_sample")
+    if not per:
+        return None
+    rates = [f"{rung_label(r)} {r.result.throughput / per:,.1f}" for r in result.rungs if r.result.throughput]
+    return (f"tokens/s counts the real tokens only, never padding; a training document averages {per:.1f} tokens, so "
+            "in documents/s: " + (", ".join(rates) or "—") + ".")
 
 
 def data_wait_line(rungs: list[Rung]) -> str:

@@ -161,6 +161,11 @@ class LanguageModel:
 
         return field_effect(field, device, model, split, value)
 
+    def tokens_per_sample(self, split) -> float:
+        """The mean length of a training document (as cut), in tokens: the rate in documents/s is tokens/s over it."""
+        lengths = split.train.lengths
+        return sum(lengths) / max(1, len(lengths))
+
     def flops_per_sample(self, model: nn.Module, split, recipe) -> float | None:
         """Training FLOPs of one real token (the rate's unit): text.models.flops_per_token with the context a token
         of the training documents sees on average (a document of n tokens gives each of its n tokens n)."""
