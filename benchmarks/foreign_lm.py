@@ -1,6 +1,8 @@
 """Offline inputs for language-model training scripts that nobody here wrote, so they can be ablated unmodified:
-a tiny Llama-style model saved from a config (random weights) with a byte-level BPE tokenizer, and the standard
-library's documents as a JSON-lines dataset (train.jsonl, test.jsonl: one {"text": ...} a line).
+a tiny Llama-style model saved from a config (random weights) with a byte-level BPE tokenizer, the standard
+library's documents as a JSON-lines dataset (data/train.jsonl, data/test.jsonl: one {"text": ...} a line) and as
+text files (train.txt, validation.txt), and a local `accuracy` metric module for evaluate.load("accuracy"), which
+would otherwise fetch it from the Hub (transformers' run_clm.py loads it).
 
     python benchmarks/foreign_lm.py --work /tmp/foreign_lm
     cd /tmp/foreign_lm && trainfast ablate --device cpu --measure full --repeats 2 --noise-seeds 2 \\
@@ -8,7 +10,12 @@ library's documents as a JSON-lines dataset (train.jsonl, test.jsonl: one {"text
         --model_name_or_path model --dataset_name data --output_dir out --per_device_train_batch_size 16 \\
         --num_train_epochs 1 --max_length 256 --eval_strategy epoch --report_to none --save_strategy no
 
-($TRL: the installed trl package's folder; its scripts/sft.py is TRL's own SFT example.)"""
+    trainfast ablate ... -- python run_clm.py --model_name_or_path model --train_file train.txt \\
+        --validation_file validation.txt --do_train --do_eval --block_size 128 --per_device_train_batch_size 16 \\
+        --num_train_epochs 1 --output_dir out_clm --report_to none --save_strategy no --use_cpu
+
+($TRL: the installed trl package's folder; its scripts/sft.py is TRL's own SFT example. run_clm.py: transformers'
+examples/pytorch/language-modeling/run_clm.py.)"""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +27,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from trainfast.text.corpus import load_corpus  # noqa: E402
 from trainfast.text.tokenizer import train_tokenizer  # noqa: E402
+
+
+ACCURACY = '''"""Accuracy: the share of predictions equal to their references (what evaluate's hub metric computes)."""
+import datasets
+import evaluate
+import numpy as np
+
+
+class Accuracy(evaluate.Metric):
+    def _info(self):
+        return evaluate.MetricInfo(description=__doc__, citation="", inputs_description="predictions, references",
+                                   features=datasets.Features({"predictions": datasets.Value("int32"),
+                                                               "references": datasets.Value("int32")}))
+
+    def _compute(self, predictions, references):
+        return {"accuracy": float(np.mean(np.asarray(predictions) == np.asarray(references)))}
+'''
 
 
 def main() -> None:
@@ -37,6 +61,12 @@ def main() -> None:
     data.mkdir(parents=True, exist_ok=True)
     for name, docs in (("train", train), ("test", test)):
         (data / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    # run_clm.py's --train_file / --validation_file: plain text (one example a line: it concatenates them anyway)
+    (work / "train.txt").write_text("\n".join(train) + "\n")
+    (work / "validation.txt").write_text("\n".join(test) + "\n")
+    # run_clm.py calls evaluate.load("accuracy"), which reads a local folder of that name before the Hub
+    (work / "accuracy").mkdir(exist_ok=True)
+    (work / "accuracy" / "accuracy.py").write_text(ACCURACY)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(train, 2048), pad_token="<|pad|>",
                                         eos_token="<|endoftext|>", model_max_length=256)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=352,
