@@ -17,6 +17,8 @@ def test_a_run_three_times_slower_than_its_twin_is_named_and_no_unreadable_inter
     # The baseline's two runs measured 184 and 56 samples/s (the slow one's cores taken by other work).
     rungs = [scored_rung("baseline", [184, 56], 0.9), scored_rung("fused", [161, 165], 0.9, optimizer_impl="fused")]
     rungs[0].repeats[1]["process"] = {"preempted": 22224}
+    for block in rungs[0].repeats[1]["timing"]["blocks"]:
+        block["foreign_share"] = 0.2                       # other work on the machine, under the disturbed line
     score_rungs(rungs, {"fp32": 1e12}, [0.9, 0.9])
     named = " ".join(caveats(rungs[0]))
     assert re.search(r"the run of seed 1 measured 5\d\.?\d*/s, 3\.\dx slower than its twin\(s\) \(18\d\)", named), named
@@ -31,6 +33,18 @@ def test_a_run_three_times_slower_than_its_twin_is_named_and_no_unreadable_inter
     line = repeatability_line(result)
     assert line.startswith("Repeatability: too few repeats to judge") and "%" in line
     assert "below ~" not in line                          # no detectable difference of thousands of percent
+
+
+def test_a_slow_run_on_a_quiet_machine_is_said_to_be_its_own_doing():
+    """A run 2.3x slower than its twins while other processes used nothing: the machine is not blamed; its slowest
+    block is named, and on a compiled rung the likely cause (a compile for a new shape inside the timed steps)."""
+    rungs = [scored_rung("baseline", [100, 101, 99], 0.9), scored_rung("compile", [44, 101, 100], 0.9, compile=True)]
+    slow = rungs[1].repeats[0]["timing"]["blocks"]
+    slow[0]["seconds"] += 15.0                            # one block holds a 15 s compilation
+    score_rungs(rungs, {"fp32": 1e12}, [0.9, 0.9, 0.9])
+    named = " ".join(caveats(rungs[1]))
+    assert "the run of seed 0" in named and "the machine was quiet" in named and "compilation for a new input" in named
+    assert "took its cores" not in named
 
 
 def test_a_readable_interval_is_still_printed():

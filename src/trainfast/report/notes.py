@@ -147,11 +147,35 @@ def outlier_notes(rung: Rung) -> list[str]:
             seen.append(f"other processes used {100 * statistics.fmean(shares):.0f}% of the machine while it stepped "
                         f"({sum(b['disturbed'] for b in blocks)} of {len(blocks)} blocks disturbed)")
         twins = ", ".join(fmt_sig(other) for other in others)
-        out.append(f"the run of seed {run.get('seed', i)} measured {fmt_sig(rate)}/s, {ratio:.1f}x "
-                   f"slower than its twin(s) ({twins})" + (f"; {'; '.join(seen)}" if seen else "")
-                   + ": far past the noise between runs, so the machine most likely took its cores; this rung's "
-                   "interval and verdict rest on it: run the ablation again on a quiet machine")
+        head = (f"the run of seed {run.get('seed', i)} measured {fmt_sig(rate)}/s, {ratio:.1f}x slower than its "
+                f"twin(s) ({twins})" + (f"; {'; '.join(seen)}" if seen else ""))
+        own = own_slowdown(rung, blocks, shares)
+        out.append(head + (f": {own}; this rung's interval and verdict rest on it: more repeats, or a longer run, "
+                           "would outweigh it" if own else
+                           ": far past the noise between runs, so the machine most likely took its cores; this "
+                           "rung's interval and verdict rest on it: run the ablation again on a quiet machine"))
     return out
+
+
+QUIET_MACHINE = 0.05      # other processes' mean share of the machine below which a slow run is its own doing
+
+
+def own_slowdown(rung: Rung, blocks: list[dict], shares: list[float]) -> str | None:
+    """Why a slow run was slow by its own work, when the machine was measured quiet around it (no block disturbed,
+    other processes under QUIET_MACHINE): its slowest block of steps against its median, and for a compiled rung
+    the likely cause, a compilation for a new input shape inside the timed steps that its twins found in the
+    compile cache. None when the machine was not seen quiet (the machine is then the likely cause)."""
+    if not shares or any(b.get("disturbed") for b in blocks) or statistics.fmean(shares) >= QUIET_MACHINE:
+        return None
+    per_step = [b["seconds"] / b["steps"] for b in blocks if b.get("steps")]
+    if not per_step:
+        return None
+    why = (f"the machine was quiet, so the time is the run's own: its slowest block took {fmt_sig(max(per_step))} s a "
+           f"step against a median of {fmt_sig(statistics.median(per_step))} s")
+    if rung.recipe.compile:
+        why += (" (the rung compiles: most likely a compilation for a new input shape inside the timed steps, "
+                "which the runs after it found in the compile cache)")
+    return why
 
 
 def run_rate(run: dict) -> float | None:
