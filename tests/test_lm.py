@@ -383,3 +383,72 @@ def test_the_report_gives_documents_per_second_beside_tokens():
     assert "averages 100.0 tokens" in line and " 50.0" in line
     result.settings = {}
     assert documents_line(result) is None
+
+
+# --- a Session loop around a transformers model ------------------------------------------------------------------
+class TokenizedDocs(torch.utils.data.Dataset):
+    """What a user's tokenized dataset hands out: a dict with input_ids per document."""
+
+    def __init__(self, docs):
+        self.docs = docs
+
+    def __len__(self):
+        return len(self.docs)
+
+    def __getitem__(self, index):
+        return {"input_ids": self.docs[index].tolist()}
+
+
+def lm_collator():
+    from tokenizers import Tokenizer, models
+    from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t1")),
+                                        pad_token="t0", eos_token="t1")
+    return DataCollatorForLanguageModeling(tokenizer, mlm=False)
+
+
+def test_a_session_packs_and_groups_its_scripts_own_loader():
+    from trainfast import Session
+
+    loader = torch.utils.data.DataLoader(TokenizedDocs(random_docs(64, seed=4)), batch_size=8, shuffle=True,
+                                         collate_fn=lm_collator(), generator=torch.Generator().manual_seed(0))
+    tf = Session(Recipe(padding_free=True, group_by_length=True), device="cpu", env=False)
+    model = tiny_lm().train()
+    model, optimizer, adopted = tf.setup(model, torch.optim.AdamW(model.parameters()), loader)
+    first = next(iter(adopted))
+    assert "position_ids" in first and "attention_mask" not in first        # packed after the script's collator
+    assert "LengthGroupedSampler" in type(adopted.loader.sampler).__name__
+    assert tf.unsupported() == {}
+    # a loader with no padding and no token ids to group: both said, the ablation rules the rungs out
+    images = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4), torch.zeros(16)),
+                                         batch_size=4)
+    tf = Session(Recipe(padding_free=True, group_by_length=True), device="cpu", env=False)
+    _, _, adopted = tf.setup(torch.nn.Linear(4, 2), None, images)
+    list(adopted)
+    why = tf.unsupported()
+    assert "not token ids" in why["padding_free"] and "input_ids" in why["group_by_length"]
+
+
+def test_a_session_loop_with_packing_trains_as_the_padded_one():
+    """The same documents per step, padded or packed: the losses of a Session loop agree to 1e-4."""
+    from trainfast import Session
+
+    def losses(padding_free):
+        torch.manual_seed(0)
+        model = build_lm("llama-tiny", VOCAB, MAX, PAD, EOS)
+        loader = torch.utils.data.DataLoader(TokenizedDocs(random_docs(48, seed=6)), batch_size=8, shuffle=True,
+                                             collate_fn=lm_collator(), generator=torch.Generator().manual_seed(0))
+        tf = Session(Recipe(padding_free=padding_free), device="cpu", env=False)
+        model, optimizer, loader = tf.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-3), loader)
+        out = []
+        for batch in loader:
+            optimizer.zero_grad()
+            loss = model(**batch).loss
+            tf.backward(loss)
+            optimizer.step()
+            out.append(loss.item())
+        return out
+    padded, packed = losses(False), losses(True)
+    assert len(padded) == len(packed) == 6 and max(abs(a - b) for a, b in zip(padded, packed)) < 1e-4

@@ -19,7 +19,7 @@ from trainfast.recipe import Recipe
 from trainfast.tasks import TASKS
 from trainfast.tasks.effects import DATA_JUDGES, field_effect
 from trainfast.techniques import ADAPTERS, EVERY_ADAPTER, ON_MODEL
-from trainfast.techniques.switch import SESSION, RungSpec, Switch
+from trainfast.techniques.switch import RungSpec, Switch
 
 CPU = torch.device("cpu")
 
@@ -103,7 +103,7 @@ def test_every_switch_with_a_rung_says_how_each_framework_sets_it_or_why_it_cann
     assert not missing, f"switches with no framework setting and no reason: {missing}"
     for switch in techniques.switches():
         assert set(switch.frameworks) <= set(ADAPTERS), switch.name
-        assert set(switch.unreachable) <= {*ADAPTERS, EVERY_ADAPTER, SESSION}, switch.name
+        assert set(switch.unreachable) <= {*ADAPTERS, EVERY_ADAPTER}, switch.name
         if any(how == ON_MODEL for how in switch.frameworks.values()):
             assert switch.model is not None, f"{switch.name} is set on the model but declares no ModelSwitch"
         assert not switch.data or switch.data in DATA_JUDGES, switch.name

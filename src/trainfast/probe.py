@@ -264,6 +264,8 @@ class Probe:
                          **(session.reported if session is not None else {})},
             "declared_metric": next((s.declared for s in self.sections.values() if getattr(s, "declared", None)),
                                     None),
+            # a Session's switches that could not act on the script's own loader, each with why
+            "unsupported": session.unsupported() if session is not None else {},
             "overridden": {**({k: list(v) for k, v in session.overridden.items()} if session is not None else {}),
                            **{k: v for section in self.sections.values() for k, v in section.overridden().items()}},
             **{name: section.to_dict() for name, section in self.sections.items()},

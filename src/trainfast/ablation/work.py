@@ -26,7 +26,7 @@ from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import Effect, Rung, Status
 from ..run import as_split, build_module
 from ..tasks.effects import changes_effect, field_effect
-from ..techniques import session_unreachable, threads
+from ..techniques import threads
 from ..techniques.base import Effect as TechniqueEffect
 from .metric import SCRIPT_CHOICE
 from .proof import (framework_names, lacks_a_switch, needs_session, no_session_reason, not_applied, process_not_applied,
@@ -265,6 +265,11 @@ class CommandWork:
                 problem = process_not_applied(rung.changes, result.get(PROCESS_SWITCHES, {}))
                 if problem:
                     rung.rule_out(Effect.NOT_APPLIED, problem)
+            elif not sections and result.get("unsupported") and rung.status != Status.NO_EFFECT:
+                # A Session's switch that its script's own loader gave nothing to act on (no padding to remove)
+                why = {k: v for k, v in result["unsupported"].items() if k in rung.changes}
+                if why:
+                    rung.rule_out(Effect.NOT_APPLICABLE, "; ".join(dict.fromkeys(why.values())))
             elif sections and rung.status != Status.NO_EFFECT:
                 lacking = lacks_a_switch(rung.changes, sections)
                 problem = not_applied(rung.changes, sections)
@@ -286,13 +291,6 @@ class CommandWork:
                 why = unsupported(other.changes, sections) or lacks_a_switch(other.changes, sections)
                 if why and other.status != Status.NO_EFFECT:
                     other.rule_out(Effect.NOT_APPLICABLE, why)
-        elif result.get("session", True):
-            # A Session adopts the script's own loop: a switch set in the loop's own collator or sampler does not
-            # reach it.
-            for other in plan[1:]:
-                why = session_unreachable(other.changes)
-                if why and other.status != Status.NO_EFFECT:
-                    other.rule_out(Effect.NOT_APPLICABLE, "; ".join(dict.fromkeys(why.values())))
         elif not result.get("session", True):
             # Only the process-wide switches reach it (the environment its process starts with): a rung of
             # those alone is timed, every other rung has no effect.

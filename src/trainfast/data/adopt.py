@@ -32,17 +32,22 @@ from .datasets import HostNormalized
 from .loader import choose_num_workers, loader_generator, seed_worker, with_workers, worker_context
 
 
-def adopt_loader(loader: Iterable, recipe, device: torch.device, dist, mean=None, std=None) -> Iterable:
+def adopt_loader(loader: Iterable, recipe, device: torch.device, dist, mean=None, std=None,
+                 train: bool = False) -> Iterable:
+    """`train`: the training loader, which the padding switches act on."""
     if not isinstance(loader, DataLoader):
         return loader
-    changes = loader_changes(loader, recipe, device, dist, mean, std)
+    changes = loader_changes(loader, recipe, device, dist, mean, std, train)
     return rebuild_loader(loader, **changes) if changes else loader
 
 
-def loader_changes(loader: DataLoader, recipe, device: torch.device, dist, mean, std) -> dict[str, Any]:
+def loader_changes(loader: DataLoader, recipe, device: torch.device, dist, mean, std,
+                   train: bool = False) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     if dist.enabled:
         changes.update(shard(loader, recipe, dist))
+    if train and (recipe.padding_free or recipe.group_by_length):
+        changes.update(padding_changes(loader, recipe, dist, changes.get("sampler")))
     if recipe.num_workers not in (0, loader.num_workers):
         changes["num_workers"] = recipe.num_workers
     if recipe.persistent_workers and not loader.persistent_workers:
@@ -56,6 +61,36 @@ def loader_changes(loader: DataLoader, recipe, device: torch.device, dist, mean,
     if changes and loader.worker_init_fn is not seed_worker:
         # Rebuilt anyway: workers also re-seed python and numpy from their torch seed (data/loader.py).
         changes["worker_init_fn"] = functools.partial(seed_then, loader.worker_init_fn)
+    return changes
+
+
+def padding_changes(loader: DataLoader, recipe, dist, sharded: Sampler | None) -> dict[str, Any]:
+    """A language model's padding switches on a script's own training loader: its collate function wrapped to
+    count the padding of its batches and, with padding_free, pack them (text/packing.py); with group_by_length,
+    its order drawn by transformers' length-grouped sampler from the items' input_ids lengths. What cannot act is
+    recorded on the collator with why (the Session reports it: Session.unsupported)."""
+    from ..text.packing import PackingCollator, document_lengths
+
+    collator = PackingCollator(loader.collate_fn, pack=recipe.padding_free)
+    changes: dict[str, Any] = {"collate_fn": collator}
+    if not recipe.group_by_length:
+        return changes
+    lengths = document_lengths(loader.dataset)
+    if lengths is None:
+        collator.ungrouped = ("the script's training items are not mappings with input_ids, whose lengths length "
+                              "grouping reads")
+    elif own_sampler(loader) is None:
+        collator.ungrouped = (f"the script's loader draws its batches with its own batch_sampler "
+                              f"({type(loader.batch_sampler).__name__}), which trainfast does not replace")
+    else:
+        from transformers.trainer_pt_utils import DistributedLengthGroupedSampler, LengthGroupedSampler
+
+        if sharded is not None:
+            changes["sampler"] = DistributedLengthGroupedSampler(loader.batch_size, num_replicas=dist.world_size,
+                                                                 rank=dist.rank, seed=recipe.seed, drop_last=True,
+                                                                 lengths=lengths)
+        else:
+            changes["sampler"] = LengthGroupedSampler(loader.batch_size, lengths=lengths, generator=loader.generator)
     return changes
 
 

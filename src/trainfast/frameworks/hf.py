@@ -218,7 +218,7 @@ def packing_collator(trainer: Any, record: FrameworkRecord, fields: dict[str, An
     take packed rows. One row per batch where the model's attention skips across documents (flex, flash)."""
     from ..techniques.attention import in_use
     from ..text.batching import VARLEN_ATTENTION
-    from .packing import PackingCollator, takes_positions
+    from ..text.packing import PackingCollator, takes_positions
 
     wanted = bool(fields["padding_free"])
     if wanted and not takes_positions(trainer.model):

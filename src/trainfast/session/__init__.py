@@ -172,9 +172,18 @@ class Session:
         return returned + (self.state.scheduler,) if scheduler is not None else returned
 
     def adopt(self, loader: Iterable, marks_last: bool, mean=None, std=None) -> SessionLoader:
-        adopted = adopt_loader(loader, self.recipe, self.device, self.dist, mean, std)
+        adopted = adopt_loader(loader, self.recipe, self.device, self.dist, mean, std, train=marks_last)
         batches = build_device_batches(adopted, self.recipe, self.device, mean, std)
         return SessionLoader(adopted, batches, self.require_state(), marks_last)
+
+    def unsupported(self) -> dict[str, str]:
+        """The switches this run asked for that could not act on the script's own training loader, each with why
+        (a padding switch on batches that hold no padding or no token ids): the ablation rules their rung out."""
+        collator = getattr(getattr(self.loaders[0], "loader", None), "collate_fn", None) if self.loaders else None
+        if not hasattr(collator, "unsupported"):
+            return {}
+        asked = [name for name in ("padding_free", "group_by_length") if getattr(self.recipe, name)]
+        return collator.unsupported(asked, packing=self.recipe.padding_free)
 
     def require_state(self) -> TrainState:
         if self.state is None:

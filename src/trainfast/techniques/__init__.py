@@ -17,7 +17,7 @@ import pkgutil
 from typing import TYPE_CHECKING, Any
 
 from . import memory_reuse, threads  # neither imports torch
-from .switch import ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, SESSION, RungSpec, Switch
+from .switch import ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, RungSpec, Switch
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "RungSpec", "Switch", "switches", "owner", "rung_table",
            "default_ladder", "process_fields", "resumable_fields", "tune_priority", "input_switches",
-           "unreachable", "session_unreachable", "model_switches", "apply_model_switches", "field_effect",
+           "unreachable", "model_switches", "apply_model_switches", "field_effect",
            "process_env", "process_wide_in_effect", "PROCESS_WIDE"]
 
 # The switches that reach a process through the environment it starts with (the OpenMP wait policy, glibc's
@@ -86,13 +86,6 @@ def default_ladder(task: str = "classification") -> dict[str, dict[str, Any]]:
     """The rungs `task` runs when --switches names none, in ladder order."""
     keep = {r.name for r in _rungs() if task in r.default_in}
     return {name: changes for name, changes in rung_table(task).items() if name == "baseline" or name in keep}
-
-
-def session_unreachable(fields) -> dict[str, str]:
-    """Of `fields`, those a Session adopting a script's own loop cannot set, each with why (Switch.unreachable's
-    "session" entry: the script's collator and sampler, for instance)."""
-    return {f: s.unreachable[SESSION] for s in switches() if SESSION in s.unreachable
-            for f in s.fields if f in fields}
 
 
 def process_fields() -> tuple[str, ...]:

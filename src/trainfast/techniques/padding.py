@@ -8,11 +8,10 @@ draws each from documents of similar length (the Trainer's LengthGroupedSampler)
 compute; it changes which documents share a step, so its accuracy is judged, never assumed."""
 from __future__ import annotations
 
-from .switch import SESSION, RungSpec, Switch
+from .switch import RungSpec, Switch
 
 NOT_YET = "not set through this framework yet: its collator and sampler are the script's"
-NOT_YET_BY = {"lightning": NOT_YET, "accelerate": NOT_YET,
-             SESSION: "a Session adopts the script's own loader: its collator and sampler are the script's"}
+NOT_YET_BY = {"lightning": NOT_YET, "accelerate": NOT_YET}
 
 SWITCHES = (
     Switch(("padding_free",),

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 ADAPTERS = ("transformers", "lightning", "accelerate")   # the framework adapters (frameworks/): each switch says
 EVERY_ADAPTER = "*"                                      # how each sets it, or why it cannot
-SESSION = "session"      # an `unreachable` key: why a Session adopting a script's own loop cannot set it
 ON_MODEL = "the model, before the framework wraps it (the switch's own apply_model, read back from the model)"
 AMP = "{amp}"            # a rung's value replaced by the half type chosen for the device (bf16 or fp16)
 
@@ -88,8 +87,7 @@ class Switch:
     resumable:  it may change between a run and its resume without changing the trajectory (True: every
                 field it owns; a tuple: those fields).
     frameworks: how each framework adapter (ADAPTERS) sets it: the framework's own setting, or ON_MODEL.
-    unreachable: why an adapter cannot set it ({adapter or EVERY_ADAPTER: reason}), said before a run; under
-                SESSION, why a Session adopting a script's loop cannot (said once the script's baseline shows one);
+    unreachable: why an adapter cannot set it ({adapter or EVERY_ADAPTER: reason}), said before a run;
     served_value: the one value every framework gives it anyway (precision_level's "autocast": their mixed
                 precision is O1), which a run may ask for where the switch is otherwise unreachable.
     device_effect / model_effect: whether it can act on this device / this model (an Effect with the reason);
