@@ -174,7 +174,8 @@ def test_the_rate_counts_real_tokens_and_model_outputs_keep_their_type():
 def test_length_grouping_draws_batches_of_similar_length():
     split = text_split(train_docs=400)
     recipe = Recipe(batch_size=8)
-    sampler = length_sampler(split.train, recipe, torch.Generator().manual_seed(0), None)
+    sampler = length_sampler(split.train.lengths, recipe.batch_size, recipe.seed,
+                             torch.Generator().manual_seed(0), None)
     order = list(sampler)
     assert sorted(order) == list(range(400))
     lengths = split.train.lengths

@@ -47,7 +47,7 @@ def loader_changes(loader: DataLoader, recipe, device: torch.device, dist, mean,
     if dist.enabled:
         changes.update(shard(loader, recipe, dist))
     if train and (recipe.padding_free or recipe.group_by_length):
-        changes.update(padding_changes(loader, recipe, dist, changes.get("sampler")))
+        changes.update(padding_changes(loader, recipe, dist))
     if recipe.num_workers not in (0, loader.num_workers):
         changes["num_workers"] = recipe.num_workers
     if recipe.persistent_workers and not loader.persistent_workers:
@@ -64,7 +64,7 @@ def loader_changes(loader: DataLoader, recipe, device: torch.device, dist, mean,
     return changes
 
 
-def padding_changes(loader: DataLoader, recipe, dist, sharded: Sampler | None) -> dict[str, Any]:
+def padding_changes(loader: DataLoader, recipe, dist) -> dict[str, Any]:
     """A language model's padding switches on a script's own training loader: its collate function wrapped to
     count the padding of its batches and, with padding_free, pack them (text/packing.py); with group_by_length,
     its order drawn by transformers' length-grouped sampler from the items' input_ids lengths. What cannot act is
@@ -83,14 +83,9 @@ def padding_changes(loader: DataLoader, recipe, dist, sharded: Sampler | None) -
         collator.ungrouped = (f"the script's loader draws its batches with its own batch_sampler "
                               f"({type(loader.batch_sampler).__name__}), which trainfast does not replace")
     else:
-        from transformers.trainer_pt_utils import DistributedLengthGroupedSampler, LengthGroupedSampler
+        from ..text.batching import length_sampler
 
-        if sharded is not None:
-            changes["sampler"] = DistributedLengthGroupedSampler(loader.batch_size, num_replicas=dist.world_size,
-                                                                 rank=dist.rank, seed=recipe.seed, drop_last=True,
-                                                                 lengths=lengths)
-        else:
-            changes["sampler"] = LengthGroupedSampler(loader.batch_size, lengths=lengths, generator=loader.generator)
+        changes["sampler"] = length_sampler(lengths, loader.batch_size, recipe.seed, loader.generator, dist)
     return changes
 
 

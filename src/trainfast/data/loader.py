@@ -175,7 +175,7 @@ def count_samples(batch: Any) -> int:
 
 def choose_num_workers(dataset: Dataset, recipe, device: torch.device, candidates: list[int] | None = None,
                        budget_s: float = AUTO_BUDGET_S, build: Callable[[int, Sampler], Iterable] | None = None,
-                       batch_size: int | None = None) -> int:
+                       batch_size: int | None = None, collate_fn: Callable = collate_skipping) -> int:
     """Time a few batches of this dataset (same batch size, transforms and normalization as the run) at
     each candidate worker count and return the fastest; a larger count must win by AUTO_MIN_GAIN.
     Costs a few seconds: (n + 1 + AUTO_TIMED_BATCHES) batches per candidate n, larger counts skipped once
@@ -183,14 +183,15 @@ def choose_num_workers(dataset: Dataset, recipe, device: torch.device, candidate
     draws exactly what it would have drawn with the number written out.
     It times the loader alone: during training the step competes with the workers for the CPU, so on a
     machine with few cores the best count for training can be lower than the one measured here.
-    `build(n, sampler)` makes the loader timed with n workers (default: the run's own loader on `dataset`;
-    the Session passes a copy of a user's loader, with its batch size and collate function)."""
+    `build(n, sampler)` makes the loader timed with n workers (default: the run's own loader on `dataset`, with
+    the task's `collate_fn`; the Session passes a copy of a user's loader, with its batch size and collate
+    function)."""
     candidates = candidates or worker_candidates()
     batch_size = batch_size or recipe.batch_size
 
     def build_own(n: int, sampler: Sampler) -> DataLoader:
         probe = recipe.replace(num_workers=n, persistent_workers=False, prefetch_factor=None)
-        return make_loader(dataset, probe, device, True, sampler)
+        return make_loader(dataset, probe, device, True, sampler, collate_fn=collate_fn)
 
     build = build or build_own
     started = time.perf_counter()

@@ -16,6 +16,7 @@ REPLAYS = 6                     # timed replays of each form, after one warm-up 
 def observe_text(run, batch, replay_steps) -> dict[str, Any] | None:
     """{"padding": ..., "attention": ...} for a language-model run, None for any other. `replay_steps(batches)`:
     the run's own optimizer steps on those batches, their StepTimer entries (doctor/builtin.py: run_steps)."""
+    from ..techniques.transfer import to_device
     from ..text.batching import PackCollate, TokenBatch
 
     inputs, labels = batch
@@ -30,8 +31,7 @@ def observe_text(run, batch, replay_steps) -> dict[str, Any] | None:
         docs = documents_of(inputs)
         packed = to_device(PackCollate(run.split.pad_id)(docs), run.device)
         times = alternate(replay_steps, {"padded": batch, "packed": packed})
-        padding.update({"padded_s": times["padded"], "packed_s": times["packed"],
-                        "batch_share": inputs.padding_share})
+        padding.update({"padded_s": times["padded"], "packed_s": times["packed"]})
     return {"padding": padding, "attention": observe_attention(run, batch, replay_steps)}
 
 
@@ -39,12 +39,6 @@ def documents_of(inputs) -> list[torch.Tensor]:
     """The documents of a padded batch, on the host."""
     ids, mask = inputs["input_ids"].cpu(), inputs["attention_mask"].cpu()
     return [row[keep.bool()] for row, keep in zip(ids, mask)]
-
-
-def to_device(batch, device: torch.device):
-    from ..techniques.transfer import to_device as move
-
-    return move(batch, device)
 
 
 def alternate(replay_steps, forms: dict[str, Any], before=lambda name: None) -> dict[str, float]:

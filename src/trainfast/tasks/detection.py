@@ -126,15 +126,11 @@ class Detection:
 
     def resolve_workers(self, recipe, split, device: torch.device):
         """num_workers="auto": the fastest worker count for this data, measured once on the detection loader."""
-        from ..data.loader import choose_num_workers, make_loader, with_workers
+        from ..data.loader import choose_num_workers, with_workers
 
         if recipe.num_workers != "auto":
             return recipe
-
-        def build(workers: int, sampler):
-            probe = recipe.replace(num_workers=workers, persistent_workers=False, prefetch_factor=None)
-            return make_loader(split.train, probe, device, True, sampler, collate_fn=collate_detection)
-        return with_workers(recipe, choose_num_workers(split.train, recipe, device, build=build))
+        return with_workers(recipe, choose_num_workers(split.train, recipe, device, collate_fn=collate_detection))
 
     def build_loaders(self, split, recipe, device: torch.device, dist) -> tuple[Any, Any]:
         return tuple(DetectionDeviceBatches(build_detection_loader(dataset, split, recipe, device, dist, train),

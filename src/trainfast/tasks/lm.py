@@ -127,16 +127,14 @@ class LanguageModel:
                               "use strategy=ddp under torchrun")
 
     def resolve_workers(self, recipe, split, device: torch.device):
-        from ..data.loader import choose_num_workers, make_loader, with_workers
+        """num_workers="auto": the fastest worker count, measured once on the recipe's own batches."""
+        from ..data.loader import choose_num_workers, with_workers
         from ..text.batching import collate_for
 
         if recipe.num_workers != "auto":
             return recipe
-
-        def build(workers: int, sampler):
-            probe = recipe.replace(num_workers=workers, persistent_workers=False, prefetch_factor=None)
-            return make_loader(split.train, probe, device, True, sampler, collate_fn=collate_for(recipe, split.pad_id))
-        return with_workers(recipe, choose_num_workers(split.train, recipe, device, build=build))
+        collate = collate_for(recipe, split.pad_id)
+        return with_workers(recipe, choose_num_workers(split.train, recipe, device, collate_fn=collate))
 
     def build_loaders(self, split, recipe, device: torch.device, dist) -> tuple[Any, Any]:
         """Training batches in the recipe's form (padded, packed, length-grouped); validation always padded, in
@@ -145,7 +143,8 @@ class LanguageModel:
         from ..techniques.transfer import DeviceBatches
         from ..text.batching import PadCollate, collate_for, length_sampler
 
-        sampler = (length_sampler(split.train, recipe, loader_generator(recipe.seed, dist.rank), dist)
+        sampler = (length_sampler(split.train.lengths, recipe.batch_size, recipe.seed,
+                                  loader_generator(recipe.seed, dist.rank), dist)
                    if recipe.group_by_length else dist.train_sampler(split.train, recipe.seed))
         train = make_loader(split.train, recipe, device, True, sampler, rank=dist.rank,
                             collate_fn=collate_for(recipe, split.pad_id))

@@ -142,18 +142,19 @@ def collate_for(recipe, pad_id: int):
     return PadCollate(pad_id)
 
 
-def length_sampler(dataset: TokenDocs, recipe, generator, dist):
-    """group_by_length: batches drawn from documents of similar length, transformers' own samplers (shuffled
-    mega-batches of 50 batches, each sorted by length, as the Trainer's `group_by_length` does); under torchrun
-    each rank its share, reshuffled every epoch (seed + epoch)."""
+def length_sampler(lengths: list[int], batch_size: int, seed: int, generator, dist):
+    """group_by_length: batches of `batch_size` drawn from documents of similar `lengths`, transformers' own
+    samplers (shuffled mega-batches of 50 batches, each sorted by length, as the Trainer's `group_by_length` does),
+    the order drawn from `generator`; under torchrun each rank its share, reshuffled every epoch (seed + epoch).
+    The built-in run's loader and a Session's adopted loader both take it."""
     from transformers.trainer_pt_utils import DistributedLengthGroupedSampler, LengthGroupedSampler
 
     if dist is not None and dist.enabled:
-        sampler = DistributedLengthGroupedSampler(recipe.batch_size, num_replicas=dist.world_size, rank=dist.rank,
-                                                  seed=recipe.seed, drop_last=True, lengths=dataset.lengths)
+        sampler = DistributedLengthGroupedSampler(batch_size, num_replicas=dist.world_size, rank=dist.rank,
+                                                  seed=seed, drop_last=True, lengths=lengths)
         dist.samplers.append(sampler)
         return sampler
-    return LengthGroupedSampler(recipe.batch_size, lengths=dataset.lengths, generator=generator)
+    return LengthGroupedSampler(batch_size, lengths=lengths, generator=generator)
 
 
 @dataclass

@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from .batching import pack
+
 NO_PADDING = ("the script's training batches hold no padding (all {batches} seen were full, as a chunked or packed "
               "dataset's are): {field} has nothing to remove")
 PACKED_KEYS = {"input_ids", "attention_mask", "labels"}
@@ -45,8 +47,6 @@ class PackingCollator:
         if why:
             self.refused = self.refused or why
             return batch
-        from ..text.batching import pack
-
         labels = batch["labels"]
         docs = [row[keep] for row, keep in zip(ids, real)]
         targets = [row[keep] for row, keep in zip(labels, real)]
