@@ -60,7 +60,7 @@ class Step:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, fused=True)
         self.loss_fn = nn.CrossEntropyLoss()
         self.model.train()
-        self.malloc = {"reuse_memory": "reuse_memory" in variant}
+        self.malloc = "reuse_memory" in variant
 
     def __call__(self) -> float:
         memory_reuse.apply(self.malloc)          # this variant's malloc setting (the variants share one process)

@@ -265,11 +265,11 @@ def grown_ladder(tmp_path, session: bool, mode: str = "cumulative", resume: bool
 
     from trainfast.ablation.ladders import plan_rungs
     from trainfast.ablation.loop import LadderOptions, run_ladder
-    from trainfast.techniques import PROCESS_WIDE, memory_reuse
+    from trainfast.techniques import memory_reuse, process_wide
 
     base = command_work().base
     plan = plan_rungs(base, ["amp", "channels_last"], mode, "bf16", command_work().dev)
-    grown = plan_rungs(base, list(PROCESS_WIDE), mode, "bf16", command_work().dev)[1:]
+    grown = plan_rungs(base, list(process_wide()), mode, "bf16", command_work().dev)[1:]
     template = scored_rung("x", [500.0], 0.95).repeats[0]
     launched = []
 

@@ -219,9 +219,9 @@ def test_the_check_finds_a_cycle_inside_a_package(tmp_path):
 
     copy = tmp_path / "trainfast"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    with open(copy / "techniques" / "threads.py", "a") as f:
+    with open(copy / "techniques" / "switch.py", "a") as f:
         f.write("\ndef f():\n    from . import process_env\n")
-    assert any({"trainfast.techniques", "trainfast.techniques.threads"} <= set(c) for c in cycles(graph(copy)))
+    assert any({"trainfast.techniques", "trainfast.techniques.switch"} <= set(c) for c in cycles(graph(copy)))
 
 
 def test_the_check_finds_a_long_module(tmp_path):

@@ -15,7 +15,7 @@ from trainfast import Recipe
 from trainfast.launch import run_environment
 from trainfast.probe import MeasureSpec
 from trainfast.tasks.effects import field_effect
-from trainfast.techniques import threads
+from trainfast.techniques import process_env, starting_with, threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,10 +28,10 @@ def fresh_python(code: str, **env: str) -> dict:
 
 
 def test_a_recipe_asks_for_the_variable_only_when_switched_on():
-    assert threads.process_env(Recipe()) == {}
-    assert threads.process_env(Recipe(passive_threads=True)) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert threads.process_env({"passive_threads": True, "seed": 0}) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert threads.process_env({"seed": 0}) == {}
+    assert process_env(Recipe()) == {}
+    assert process_env(Recipe(passive_threads=True)) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert process_env({"passive_threads": True, "seed": 0}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert process_env({"seed": 0}) == {}
 
 
 def test_a_command_run_starts_with_it_and_its_baseline_without():
@@ -42,14 +42,14 @@ def test_a_command_run_starts_with_it_and_its_baseline_without():
 
 def test_starting_with_sets_the_variable_for_children_only_while_they_start(monkeypatch):
     monkeypatch.delenv(threads.ENV, raising=False)
-    with threads.starting_with(Recipe(passive_threads=True)):
+    with starting_with(Recipe(passive_threads=True)):
         assert os.environ[threads.ENV] == "PASSIVE"
         child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('OMP_WAIT_POLICY'))"],
                                capture_output=True, text=True).stdout.strip()
     assert child == "PASSIVE"
     assert threads.ENV not in os.environ                     # restored
     monkeypatch.setenv(threads.ENV, "ACTIVE")
-    with threads.starting_with(Recipe(passive_threads=True)):
+    with starting_with(Recipe(passive_threads=True)):
         pass
     assert os.environ[threads.ENV] == "ACTIVE"                # a value that was there comes back
 
@@ -67,7 +67,7 @@ def test_the_read_back_is_the_environment_the_process_started_with():
 
 def test_train_sets_it_before_torch_loads_and_only_when_asked():
     code = ("import json, sys; from trainfast import cli; "
-            "cli.start_thread_policy({argv}); import os; loaded = 'torch' in sys.modules; "
+            "cli.start_process_switches({argv}); import os; loaded = 'torch' in sys.modules; "
             "from trainfast.techniques import threads; "
             "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), threads.in_effect(), loaded]))")
     on = fresh_python(code.format(argv=["train", "--passive-threads"]))

@@ -92,8 +92,9 @@ def test_the_derived_sets_are_the_ones_written_by_hand_before():
                                                           "compile")
     assert PRIORITY == ("padding_free", "group_by_length", *techniques.tune_priority("classification"))
     assert INPUT_SWITCHES == ("device_decode", "decode_cache", "workers")
-    environment = tuple(f for s in techniques.switches() if s.environment for f in s.fields)
-    assert set(environment) == set(techniques.PROCESS_WIDE) == {"passive_threads", "reuse_memory"}
+    declared = tuple(f for s in techniques.switches() if s.process_hooks for f in s.fields)
+    assert set(declared) == set(techniques.process_wide())     # PROCESS_MODULES names every module that declares one
+    assert set(declared) >= {"passive_threads", "reuse_memory"}
 
 
 def test_every_switch_with_a_rung_says_how_each_framework_sets_it_or_why_it_cannot():

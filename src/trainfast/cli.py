@@ -290,7 +290,7 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    start_thread_policy(argv)                       # before torch loads (the parser's flags import it)
+    start_process_switches(argv)                    # before torch loads (the parser's flags import it)
     args = parse_command_line(argv)
     from .checkpoint import WriteError
     from .distributed import RankTimeoutError  # these import torch: only once a command runs, never for
@@ -331,18 +331,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def start_thread_policy(argv: list[str]) -> None:
-    """passive_threads for `trainfast train`: OMP_WAIT_POLICY=PASSIVE in this process's environment before torch
-    is imported (techniques/threads.py), so before the full parser, whose flags import it. Only the two places the
-    switch can come from are read here (--recipe FILE and --[no-]passive-threads); a recipe that cannot be read is
-    left to the full parse and prepare_task to report."""
-    from .techniques.threads import FIELD, set_before_torch
+def start_process_switches(argv: list[str]) -> None:
+    """`trainfast train`'s process switches that a runtime reads once as it loads (passive_threads: the OpenMP wait
+    policy), put in place before torch is imported, so before the full parser, whose flags import it. Only the
+    places such a switch can come from are read here (--recipe FILE and each one's --[no-]flag); a recipe that
+    cannot be read is left to the full parse and prepare_task to report."""
+    from .techniques import process_wide, set_before_torch
 
     if not argv or argv[0] != "train":
         return
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--recipe")
-    early.add_argument("--" + FIELD.replace("_", "-"), dest=FIELD, action=argparse.BooleanOptionalAction)
+    for name in process_wide():
+        early.add_argument("--" + name.replace("_", "-"), dest=name, action=argparse.BooleanOptionalAction)
     known, _ = early.parse_known_args(argv[1:])
     try:
         recipe = recipe_from_args(argparse.Namespace(recipe=known.recipe, **{

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from .procstate import process_state
-from .techniques import process_wide_in_effect
+from .techniques import apply_process_switches, process_wide_in_effect
 
 MEASURE_ENV = "TRAINFAST_MEASURE"
 PROCESS_SWITCHES = "process_switches"     # the result's key for the process-wide switches read back
@@ -346,6 +346,21 @@ def install() -> None:
 
         observe_sessions(probe)
         register_optimizer_step_post_hook(probe._global_step)
+        apply_command_switches()
+
+
+def apply_command_switches() -> None:
+    """The run's process switches, set in the command's process as soon as it starts (torch is loaded here): a
+    script with neither a Session nor a framework adapter gets them too, and a library-wide flag with no variable
+    to start with (fp32 matmuls in a reduced type) reaches it. A script that changes one back is caught by the
+    read-back at its end."""
+    from .recipe import RecipeError, env_recipe_fields
+
+    try:
+        fields = env_recipe_fields()
+    except RecipeError:
+        return                             # the Session, if there is one, says what is wrong with it
+    apply_process_switches(fields, warn=False)
 
 
 def run_seed(session) -> int | None:

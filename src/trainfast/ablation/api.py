@@ -8,7 +8,7 @@ import torch
 
 from ..recipe import Recipe, resolve_device
 from ..results import AblationResult, Status
-from ..techniques import PROCESS_WIDE
+from ..techniques import process_wide
 from .ladders import SCRIPT, plan_rungs
 from .loop import LadderOptions, check_positive_int, run_ladder
 from .work import BuiltinSpec, prepare_builtin, prepare_command
@@ -82,7 +82,7 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
     amp = plan_opts.get("amp_dtype", "auto")
     plan = plan_rungs(base, plan_opts.get("rungs"), opts.mode, amp, dev, SCRIPT)
     # The default ladder on a script without a Session: what can reach it is added once its baseline shows that.
-    grown = [] if plan_opts.get("rungs") else plan_rungs(base, list(PROCESS_WIDE), opts.mode, amp, dev, SCRIPT)[1:]
+    grown = [] if plan_opts.get("rungs") else plan_rungs(base, list(process_wide()), opts.mode, amp, dev, SCRIPT)[1:]
     work = prepare_command(command, [r.changes for r in plan], recipe=base, device=device, nproc=plan_opts["nproc"],
                            measure=measure, budget=opts.budget, metric=metric, goal=goal, if_no_session=grown)
     work.mark_effects(plan)

@@ -28,7 +28,7 @@ from ..measure import BLOCK_SECONDS, EpochStats, Timing
 from ..probe import MeasureSpec, Probe
 from ..recipe import Recipe
 from ..run import BuiltinRun, assemble_run
-from ..techniques import memory_reuse, threads
+from ..techniques import not_in_effect, process_wide_in_effect
 from .paired import time_paired, unpaired_reason
 
 
@@ -91,8 +91,9 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
     """The accuracy run (every epoch, then the evaluation), then more steps until the timing budget is met;
     the probe's record of it, with the evaluation's numbers. `checkpoints`: rung_checkpoints' saver."""
     recipe, state, task = run.recipe, run.state, run.task
-    if memory_reuse.wanted(recipe) and not memory_reuse.in_effect():   # never time the default under its name
-        raise RuntimeError(f"reuse_memory: not in effect in this rung's process ({memory_reuse.unavailable()})")
+    missing = not_in_effect(recipe)        # never time the default under a process switch's name
+    if missing:
+        raise RuntimeError("; ".join(missing))
     timed, budget = budget is not None, budget or TimingBudget()
     probe = Probe(MeasureSpec("", "full", **dataclasses.asdict(budget)))
     probe.attach(run.session)
@@ -128,8 +129,7 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
         "host_decoded_named": host_decoded_names(run.train_batches) + host_decoded_names(run.val_batches),
         "checkpoint_saves": checkpoints.saves,                 # --save-every: saves inside the steps, and
         "checkpoint_loop_s": checkpoints.loop_seconds,         # the seconds the loop spent in them
-        "passive_threads": threads.in_effect(),                # the OpenMP wait policy this process started with
-        "reuse_memory": memory_reuse.in_effect(),              # glibc's malloc keeping freed memory (mallopt)
+        **process_wide_in_effect(),                            # each process switch, read back in this process
         "step_alone": alone,                                   # the same step on a batch kept on the device
     }
     return probe.result("accuracy run ended" + (", then the timing budget" if extra_passes else ""))
@@ -215,8 +215,6 @@ def time_step_alone(run: BuiltinRun, probe: Probe, budget: TimingBudget) -> dict
 
 def rung_main(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> dict[str, Any]:
     """What a rung process runs (under procs.child_main: its own process group, its log, the parent watch)."""
-    if threads.wanted(recipe) and not threads.in_effect():     # never time spinning threads under its name
-        raise RuntimeError(f"passive_threads: this rung's process started without {threads.ENV}={threads.PASSIVE}")
     if job.nproc > 1:
         from ..distributed import launch_local
 

@@ -26,7 +26,7 @@ from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import Effect, Rung, Status
 from ..run import as_split, build_module
 from ..tasks.effects import changes_effect, field_effect
-from ..techniques import threads
+from ..techniques import needs_fresh_process, starting_with, threads
 from ..techniques.base import Effect as TechniqueEffect
 from .metric import SCRIPT_CHOICE
 from .proof import (framework_names, lacks_a_switch, needs_session, no_session_reason, not_applied, process_not_applied,
@@ -103,13 +103,14 @@ class Builtin:
 
     def mark_effects(self, plan: list[Rung]) -> None:
         """As Work's, judged on the model and data; the decode cache rung's cache is built once here and
-        opened by the rungs. A plan that runs passive_threads starts every run, the baseline's too, as a fresh
-        process: that rung needs one (threads.py), and a baseline forked from the warm server would then differ
-        from it by more than the switch (what is imported during the first epoch, the memory a process counts)."""
+        opened by the rungs. A plan with a switch read as a runtime loads (passive_threads) starts every run,
+        the baseline's too, as a fresh process: that rung needs one, and a baseline forked from the warm server
+        would then differ from it by more than the switch (what is imported during the first epoch, the memory a
+        process counts)."""
         mark_effects(plan, self.dev, self.probe_model, self.split, self.field_effect)
         if any(r.recipe.decode_cache and r.status != Status.NO_EFFECT for r in plan):
             with_decode_cache(self.split, self.base.replace(decode_cache=True))
-        self.fresh = any(threads.wanted(r.recipe) and r.status != Status.NO_EFFECT for r in plan)
+        self.fresh = any(needs_fresh_process(r.recipe) and r.status != Status.NO_EFFECT for r in plan)
 
     def field_effect(self, field: str, device: torch.device, model, split, value=None) -> TechniqueEffect:
         """The task's judgement of a switch, and the built-in loop's own: its zero_grad() already frees the
@@ -140,7 +141,7 @@ class Builtin:
         job = self.job
 
         def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
-            with threads.starting_with(recipe):          # passive_threads: in the spawned process's environment
+            with starting_with(recipe):                  # the process switches: in the spawned process's environment
                 return run_supervised(rung_context(self.fresh), rung_main, (job, recipe, run_budget),
                                       on_event=lambda e: display.progress(rung, e), log_path=run_dir / "log.txt",
                                       time_limit_s=limit)

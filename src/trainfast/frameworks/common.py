@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ..techniques import memory_reuse, model_switches, threads, unreachable
+from ..techniques import model_switches, process_switches, unreachable
 from ..techniques.optimizer import IMPL_FLAGS, rebuild_optimizer
 from .board import UNSET, FrameworkRecord
 
@@ -195,13 +195,13 @@ def mark_shared_switches(record: FrameworkRecord, fields: dict[str, Any]) -> Non
     """What every framework gets alike: the switches its adapter cannot set (trainfast's own pipeline's, which
     have nothing to act on in it, and those each switch declares unreachable for it) are said so; the
     thread policy (passive_threads) is the process's, started with it whatever the framework, proven here from
-    the environment the process started with; glibc's malloc keeps freed memory (reuse_memory) from the start
-    too (its environment), and is set here in case the process started without it."""
+    the environment the process started with; a process switch a running process can set (glibc's malloc keeping
+    freed memory, a library-wide flag) is set here too, in case the process started without it."""
     record.unsupported.update(unreachable(record.name, fields))
-    if threads.FIELD in fields:
-        record.set(threads.FIELD, threads.ENV, bool(fields[threads.FIELD]))
-        record.readers.append(lambda r: r.prove(threads.ENV, threads.in_effect()))
-    if memory_reuse.FIELD in fields:
-        record.set(memory_reuse.FIELD, memory_reuse.MMAP_ENV, bool(fields[memory_reuse.FIELD]))
-        memory_reuse.apply(fields)
-        record.readers.append(lambda r: r.prove(memory_reuse.MMAP_ENV, memory_reuse.in_effect()))
+    for name, hooks in process_switches():
+        if name not in fields:
+            continue
+        record.set(name, hooks.label, bool(fields[name]))
+        if hooks.apply is not None:
+            hooks.apply(bool(fields[name]))
+        record.readers.append(lambda r, hooks=hooks: r.prove(hooks.label, hooks.in_effect()))

@@ -8,22 +8,25 @@ import shlex
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
 from ..stats import FIRM, MIN_EFFECT
-from ..techniques import process_env
+from ..techniques import process_env, process_switches
 from .format import repeats_advice, rung_label
 
 
 def keep_line(settings: dict, best: Recipe | None) -> str | None:
     """For a script the recipe cannot reach (no Session, no framework adapter: `settings` of its ablation say
     so) whose recommended recipe `best` turns on a process-wide switch: how to keep it, the environment to start
-    the script with. None otherwise."""
+    the script with (and, for a switch no variable carries, the line its declaration gives). None otherwise."""
     if not settings.get("no_session") or best is None:
         return None
     env = process_env(best)
-    if not env:
+    by_hand = [hooks.keep for name, hooks in process_switches() if getattr(best, name, False) and not hooks.environ()]
+    if not env and not by_hand:
         return None
     command = shlex.join(settings.get("command") or ["COMMAND"])
-    return ("to keep it, start the script with that environment (it takes no recipe: no trainfast.Session, no "
-            f"framework adapter): `{' '.join(f'{k}={v}' for k, v in env.items())} {command}`")
+    text = "to keep it (the script takes no recipe: no trainfast.Session, no framework adapter)"
+    if env:
+        text += f", start the script with that environment: `{' '.join(f'{k}={v}' for k, v in env.items())} {command}`"
+    return text + "".join(f"; {keep}" for keep in by_hand)
 
 
 def best_line(result: AblationResult) -> str:

@@ -22,9 +22,9 @@ def _rungs(switch) -> str:
 
 
 def _scope(switch) -> str:
-    scope = ["process" if switch.process else "run"]
-    if switch.environment:
-        scope.append("start environment")
+    scope = ["process" if switch.process or switch.process_hooks else "run"]
+    if switch.process_hooks is not None:
+        scope.append("start environment" if switch.process_hooks.environ() else "set at torch's import")
     if switch.resumable_fields:
         scope.append("resumable" if switch.resumable_fields == switch.fields
                      else f"resumable: {', '.join(switch.resumable_fields)}")

@@ -71,7 +71,7 @@ from ..data.device import build_device_batches
 from ..distributed import setup_distributed
 from ..observers import session_observers
 from ..recipe import RECIPE_ENV, Recipe, RecipeError, apply_env_recipe, resolve_device, validate_for_device
-from ..techniques import threads
+from ..techniques import apply_process_switches
 from ..techniques.background_save import checkpoint_writer
 from ..techniques.precision import build_precision
 from ..techniques.runtime import apply_runtime_flags
@@ -105,7 +105,7 @@ class Session:
         self.dist = setup_distributed(self.recipe, device)
         self.device = self.dist.device
         apply_runtime_flags(self.recipe, self.device)
-        threads.warn_if_late(self.recipe)        # passive_threads belongs to the process's start: said if too late
+        apply_process_switches(self.recipe)      # one a process's start sets (passive_threads): said if too late
         seed_everything(self.recipe.seed)
         self.precision = build_precision(self.dist.precision_name(self.recipe), self.device,
                                          self.recipe.precision_level)

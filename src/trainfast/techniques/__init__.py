@@ -6,18 +6,25 @@ ablation's ladders (`rung_table`, `default_ladder`), the fields paired timing mu
 the fields a resume may change (`resumable_fields`), the tune's priorities, what the framework adapters cannot
 set (`unreachable`), and `field_effect`, which tells a real measurement from a switch that does nothing here.
 
-The package imports torch only when a function here is called: techniques/threads.py is read before torch loads,
-so the declarations are collected on first use, not at import.
+The process switches (ProcessSwitch: a thread policy, the allocator, a library-wide flag) are looped over here
+too: the environment a run starts with (`process_env`, `starting_with`), `trainfast train`'s start-up before torch
+loads (`set_before_torch`), a running process's setting (`apply_process_switches`), every run's read-back
+(`process_wide_in_effect`) and the guard that never times the default under a switch's name (`not_in_effect`).
+
+The package imports torch only when a function here is called: the process switches' modules are read before
+torch loads, so the declarations are collected on first use, not at import.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import os
 import pkgutil
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Iterator
 
-from . import memory_reuse, threads  # neither imports torch
-from .switch import ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, RungSpec, Switch
+from .switch import ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, ProcessSwitch, RungSpec, Switch
 
 if TYPE_CHECKING:
     import torch
@@ -25,19 +32,17 @@ if TYPE_CHECKING:
 
     from .base import Effect
 
-__all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "RungSpec", "Switch", "switches", "owner", "rung_table",
-           "default_ladder", "process_fields", "resumable_fields", "tune_priority", "input_switches",
-           "unreachable", "model_switches", "apply_model_switches", "field_effect",
-           "process_env", "process_wide_in_effect", "PROCESS_WIDE"]
+__all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "RungSpec", "Switch", "switches", "owner",
+           "rung_table", "default_ladder", "process_fields", "resumable_fields", "tune_priority", "input_switches",
+           "unreachable", "model_switches", "apply_model_switches", "field_effect", "process_switches",
+           "process_env", "process_wide_in_effect", "process_wide", "starting_with", "set_before_torch",
+           "apply_process_switches", "not_in_effect", "needs_fresh_process"]
 
-# The switches that reach a process through the environment it starts with (the OpenMP wait policy, glibc's
-# malloc settings), whatever its code: the ablation starts a user's command with them, so they act on a script
-# that the recipe cannot reach otherwise (no trainfast.Session, no framework adapter). Read before torch loads,
-# so named here from the two modules that do not import it; tests/test_switches.py checks it equals the
-# declarations' `environment` switches.
-_PROCESS_MODULES = (threads, memory_reuse)
-PROCESS_WIDE = tuple(m.FIELD for m in _PROCESS_MODULES)
-
+# The modules that declare a process switch (Switch.process_hooks): a process's start-up reads them before torch
+# loads (`trainfast train`'s early start, the environment the ablation spawns a run with), so they are named here
+# and imported by name, never by collecting every technique module (most import torch). None of them imports
+# torch at its top. tests/test_switches.py checks this list against the declarations.
+PROCESS_MODULES = ("threads", "memory_reuse")
 
 
 @functools.cache
@@ -90,7 +95,7 @@ def default_ladder(task: str = "classification") -> dict[str, dict[str, Any]]:
 
 def process_fields() -> tuple[str, ...]:
     """The fields whose setting belongs to the process, not to a run (never paired inside one process)."""
-    return tuple(f for s in switches() if s.process for f in s.fields)
+    return tuple(f for s in switches() if s.process or s.process_hooks for f in s.fields)
 
 
 def resumable_fields() -> frozenset[str]:
@@ -142,15 +147,89 @@ def apply_model_switches(model: nn.Module, recipe) -> nn.Module:
     return model
 
 
+@functools.cache
+def process_switches() -> tuple[tuple[str, ProcessSwitch], ...]:
+    """(field, hooks) of every process switch, in PROCESS_MODULES order; reads no module that imports torch."""
+    found = []
+    for name in PROCESS_MODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        found.extend((s.fields[0], s.process_hooks) for s in module.SWITCHES if s.process_hooks is not None)
+    return tuple(found)
+
+
+def process_wide() -> tuple[str, ...]:
+    """The process switches' fields: each reaches any process of a run (its start environment, or set as torch
+    is imported), so a script with neither a Session nor a framework adapter is measured with them too."""
+    return tuple(name for name, _ in process_switches())
+
+
+def _wanted(fields, name: str) -> bool:
+    """Whether a recipe (or a run's dict of switched fields) turns the process switch `name` on."""
+    return bool(fields.get(name) if isinstance(fields, Mapping) else getattr(fields, name, False))
+
+
 def process_env(fields) -> dict[str, str]:
-    """The variables a process must start with for the process-wide switches a recipe (or a run's dict of
-    switched fields) turns on: what the ablation adds to a command's environment, and what keeps them."""
-    return {k: v for m in _PROCESS_MODULES for k, v in m.process_env(fields).items()}
+    """The variables a process must start with for the process switches a recipe (or a run's dict of switched
+    fields) turns on: what the ablation adds to a run's environment, and what keeps them in a user's script."""
+    return {k: v for name, hooks in process_switches() if _wanted(fields, name) for k, v in hooks.environ().items()}
 
 
 def process_wide_in_effect() -> dict[str, bool]:
-    """Each process-wide switch read back in this process: whether it started with (or set) the setting."""
-    return {m.FIELD: m.in_effect() for m in _PROCESS_MODULES}
+    """Each process switch read back in this process: whether it has the setting."""
+    return {name: bool(hooks.in_effect()) for name, hooks in process_switches()}
+
+
+@contextlib.contextmanager
+def starting_with(fields) -> Iterator[None]:
+    """While the block runs, processes started from this one (spawned, not forked: a fork keeps the parent's
+    runtimes as they loaded) begin with the recipe's process switches in their environment; this process's
+    own environment is restored afterwards."""
+    added = process_env(fields)
+    saved = {k: os.environ.get(k) for k in added}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def set_before_torch(recipe) -> None:
+    """`trainfast train`'s start-up, before torch is imported: each process switch the recipe turns on that a
+    runtime reads once as it loads (ProcessSwitch.before_torch) is put in place."""
+    for name, hooks in process_switches():
+        if hooks.before_torch is not None and _wanted(recipe, name):
+            hooks.before_torch()
+
+
+def needs_fresh_process(fields) -> bool:
+    """Whether a run with these fields must start as a fresh process (a switch read as a runtime loads)."""
+    return any(hooks.before_torch is not None and _wanted(fields, name) for name, hooks in process_switches())
+
+
+def apply_process_switches(recipe, warn: bool = True) -> None:
+    """In a running process (a Session's start, a framework adapter's, a command's process once torch is
+    imported): each process switch set as the recipe says, where a running process can set it (and undone where
+    this process set it before and the recipe turns it off); one only a process's start can set is said once
+    if the process started without it."""
+    import warnings
+
+    for name, hooks in process_switches():
+        on = _wanted(recipe, name)
+        if hooks.apply is not None:
+            hooks.apply(on)
+        elif on and warn and hooks.late and not hooks.in_effect():
+            warnings.warn(hooks.late, RuntimeWarning, stacklevel=3)
+
+
+def not_in_effect(recipe) -> list[str]:
+    """The process switches the recipe turns on that this process does not have, each with its setting: a run
+    that would time the default under the switch's name (its guard refuses to)."""
+    return [f"{name}: {hooks.label} is not in effect in this process"
+            for name, hooks in process_switches() if _wanted(recipe, name) and not hooks.in_effect()]
 
 
 def field_effect(field: str, device: torch.device, model: nn.Module | None, value: Any = None) -> Effect:

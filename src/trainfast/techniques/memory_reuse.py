@@ -24,10 +24,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import platform
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING
 
-from .switch import ADAPTERS, RungSpec, Switch
-from .threads import started_env, switched_on
+from .switch import ADAPTERS, ProcessSwitch, RungSpec, Switch
+from .threads import started_env
 
 if TYPE_CHECKING:
     from .base import Effect
@@ -45,14 +45,9 @@ OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 _applied = False                   # mallopt set in this process by apply()
 
 
-def wanted(fields: Mapping[str, Any] | Any) -> bool:
-    """Whether a recipe (or a run's dict of switched fields) asks for it."""
-    return switched_on(fields, FIELD)
-
-
-def process_env(fields: Mapping[str, Any] | Any) -> dict[str, str]:
-    """The variables a command's process starts with for this recipe: {} unless it asks for reuse_memory."""
-    return dict(ENV) if wanted(fields) and unavailable() is None else {}
+def environ() -> dict[str, str]:
+    """The variables a process starts with to have it: {} where it cannot act (not glibc, another allocator)."""
+    return dict(ENV) if unavailable() is None else {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,11 +79,11 @@ def effect() -> Effect:
     return ACTS if reason is None else Effect(False, f"reuse_memory: {reason}")
 
 
-def apply(recipe) -> bool:
-    """Set glibc's malloc to keep and reuse freed memory if the recipe asks for it (and undo a setting this
-    module made before if it does not). True if the switch is in effect afterwards."""
+def apply(on: bool) -> bool:
+    """Set glibc's malloc to keep and reuse freed memory (on), or undo a setting this module made before (off).
+    True if the switch is in effect afterwards."""
     global _applied
-    if wanted(recipe):
+    if on:
         if unavailable() is None and not _applied:
             ok = libc().mallopt(M_MMAP_MAX, 0) == 1 and libc().mallopt(M_TRIM_THRESHOLD, NO_TRIM) == 1
             if not ok:
@@ -129,8 +124,11 @@ def in_effect() -> bool:
 SWITCHES = (
     Switch((FIELD,),
            rungs=(RungSpec(FIELD, {FIELD: True}, place=45, tune=3),),
-           process=True, environment=True, resumable=True,
+           process=True, resumable=True,
            device_effect=lambda device: effect(),
+           process_hooks=ProcessSwitch(MMAP_ENV, environ=environ, in_effect=in_effect, apply=apply,
+                                       keep="start the script with " + " ".join(f"{k}={v}" for k, v in ENV.items())
+                                            + " in its environment"),
            frameworks={name: f"{MMAP_ENV} and MALLOC_TRIM_THRESHOLD_ in the environment the process starts "
                              "with" for name in ADAPTERS}),
 )

@@ -1,5 +1,6 @@
-"""Process-wide switches: cudnn.benchmark (autotune conv algorithms, CUDA only), deterministic mode, and how
-freed host memory is kept (reuse_memory, memory_reuse.py)."""
+"""Process-wide flags of a run: cudnn.benchmark (autotune conv algorithms, CUDA only) and deterministic mode. (The
+process switches that reach any process, declared with a ProcessSwitch, are applied by the Session through
+techniques.apply_process_switches.)"""
 from __future__ import annotations
 
 import os
@@ -8,9 +9,6 @@ import torch
 
 from .base import Effect, cuda_only
 
-# By name, never `from . import memory_reuse`: that reads the package, whose __init__ imports this module's
-# siblings, and would make an import cycle through a package still being initialised.
-from .memory_reuse import apply as apply_reuse_memory
 from .switch import Switch, setting
 
 
@@ -20,7 +18,6 @@ def cudnn_effect(device: torch.device) -> Effect:
 
 def apply_runtime_flags(recipe, device: torch.device) -> None:
     torch.backends.cudnn.benchmark = bool(recipe.cudnn_benchmark) and device.type == "cuda"
-    apply_reuse_memory(recipe)
     if recipe.deterministic:
         # cuBLAS needs a fixed workspace to be deterministic; must be set before the first cuBLAS call.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

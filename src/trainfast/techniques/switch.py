@@ -75,6 +75,34 @@ class ModelSwitch:
 
 
 @dataclass(frozen=True)
+class ProcessSwitch:
+    """A switch that belongs to a whole process (a runtime's variable, the C library's allocator, a library-wide
+    flag): how every kind of run gets it, and how a running process proves it has it. The ablation's spawn
+    environment, a run's read-back and its guard, the framework adapters, a Session and `trainfast train`'s
+    start-up all loop over these declarations (techniques/__init__.py), so a new process switch is its module.
+
+    label:        the setting as a run's proof records it (the variable, the library flag).
+    environ():    the variables a process starts with to have it ({} where it cannot act here): the ablation adds
+                  them to every run's environment, a built-in rung's and a user's command's alike.
+    in_effect():  whether this process has it (what every run records, and what the guard checks before timing).
+    apply(on):    set it (or undo what this module set) in a running process; None where only a process's start
+                  can. A user's command gets it as soon as it imports torch, whatever its code (no Session needed).
+    before_torch(): what `trainfast train` does before it imports torch when the recipe asks for it (a variable a
+                  runtime reads once, as it loads); a switch with one is never timed in a process forked from one
+                  that already loaded torch, and a Session that starts too late says so (`late`).
+    keep:         how a user keeps it in a script trainfast cannot reach (no Session, no framework adapter).
+    late:         said when a Session asks for it in a process that started without it (before_torch switches).
+    """
+    label: str
+    environ: Callable[[], Mapping[str, str]]
+    in_effect: Callable[[], bool]
+    keep: str
+    apply: Callable[[bool], bool] | None = None
+    before_torch: Callable[[], bool] | None = None
+    late: str = ""
+
+
+@dataclass(frozen=True)
 class Switch:
     """One switch (or one group of settings), declared next to its code.
 
@@ -82,8 +110,6 @@ class Switch:
     rungs:      its rungs in the ablation ladders (none: a setting, not a measured switch).
     process:    the setting belongs to the whole process (a global flag, the allocator, worker processes,
                 saves, ranks): a rung that changes it is never timed in one process beside the baseline.
-    environment: it reaches any process through the environment the process starts with (a script without a
-                Session or a framework adapter is still reached), see `process_env`/`in_effect` in its module.
     resumable:  it may change between a run and its resume without changing the trajectory (True: every
                 field it owns; a tuple: those fields).
     frameworks: how each framework adapter (ADAPTERS) sets it: the framework's own setting, or ON_MODEL.
@@ -98,11 +124,12 @@ class Switch:
                 "image_folder" files decoded per sample, "padded_sizes" detection images of different sizes,
                 "documents" language-model documents of different lengths (padded per batch).
     model:      how it acts on the model object, for the switches that do (ModelSwitch).
+    process_hooks: how a process-wide switch reaches every process and is read back (ProcessSwitch); its module
+                is named in techniques/__init__.py's PROCESS_MODULES (read before torch loads).
     """
     fields: tuple[str, ...]
     rungs: tuple[RungSpec, ...] = ()
     process: bool = False
-    environment: bool = False
     resumable: bool | tuple[str, ...] = False
     frameworks: Mapping[str, str] = field(default_factory=dict)
     unreachable: Mapping[str, str] = field(default_factory=dict)
@@ -112,6 +139,7 @@ class Switch:
     value_effect: Callable[[Any, torch.device, nn.Module | None], Effect] | None = None
     data: str = ""
     model: ModelSwitch | None = None
+    process_hooks: ProcessSwitch | None = None
 
     @property
     def name(self) -> str:

@@ -15,13 +15,11 @@ was started with it. `in_effect()` is the read-back: the environment the process
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import warnings
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from .switch import ADAPTERS, RungSpec, Switch
+from .switch import ADAPTERS, ProcessSwitch, RungSpec, Switch
 
 if TYPE_CHECKING:
     from .base import Effect
@@ -38,28 +36,15 @@ NOT_AT_START = ("passive_threads: OMP_WAIT_POLICY is read once, when PyTorch loa
 _passive_at_load = False       # set_before_torch() saw OMP_WAIT_POLICY=PASSIVE in place before torch loaded
 
 
-def switched_on(fields: Mapping[str, Any] | Any, field: str) -> bool:
-    """Whether a recipe (or a run's dict of switched fields) turns the process-level switch `field` on."""
-    return bool(fields.get(field) if isinstance(fields, Mapping) else getattr(fields, field, False))
-
-
 def wanted(fields: Mapping[str, Any] | Any) -> bool:
     """Whether a recipe (or a run's dict of switched fields) asks for passive threads."""
-    return switched_on(fields, FIELD)
+    return bool(fields.get(FIELD) if isinstance(fields, Mapping) else getattr(fields, FIELD, False))
 
 
-def process_env(fields: Mapping[str, Any] | Any) -> dict[str, str]:
-    """The variables a process must start with for this recipe: {} unless it asks for passive threads."""
-    return {ENV: PASSIVE} if wanted(fields) else {}
-
-
-def set_before_torch(recipe) -> bool:
-    """Put OMP_WAIT_POLICY=PASSIVE in this process's environment if the recipe asks for it and torch is not
-    loaded yet (the variable would be read too late otherwise). A value the user set is left alone. True if the
-    policy will be passive."""
+def set_before_torch() -> bool:
+    """Put OMP_WAIT_POLICY=PASSIVE in this process's environment if torch is not loaded yet (the variable would
+    be read too late otherwise). A value the user set is left alone. True if the policy will be passive."""
     global _passive_at_load
-    if not wanted(recipe):
-        return False
     if "torch" in sys.modules:
         return in_effect()
     os.environ.setdefault(ENV, PASSIVE)
@@ -83,31 +68,6 @@ def in_effect() -> bool:
     """Whether this process's OpenMP threads sleep when idle: it started with OMP_WAIT_POLICY=PASSIVE, or
     set_before_torch() set it before torch loaded."""
     return _passive_at_load or started_env().get(ENV, "").upper() == PASSIVE
-
-
-def warn_if_late(recipe) -> None:
-    """A Session asked for passive threads in a process that started without them: say so once (the run goes
-    on with spinning threads; nothing else changes)."""
-    if wanted(recipe) and not in_effect():
-        warnings.warn(NOT_AT_START, RuntimeWarning, stacklevel=3)
-
-
-@contextlib.contextmanager
-def starting_with(fields: Mapping[str, Any] | Any) -> Iterator[None]:
-    """While the block runs, processes started from this one (spawned, not forked: a fork keeps the parent's
-    OpenMP runtime as it is) begin with the recipe's thread policy; this process's own is unchanged (read at
-    its start). The environment is restored afterwards."""
-    added = process_env(fields)
-    saved = {k: os.environ.get(k) for k in added}
-    os.environ.update(added)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def effect() -> Effect:
@@ -135,7 +95,10 @@ def slower_note(num_workers: int) -> str:
 SWITCHES = (
     Switch((FIELD,),
            rungs=(RungSpec(FIELD, {FIELD: True}, place=44, tune=7),),
-           process=True, environment=True, resumable=True,
+           process=True, resumable=True,
            device_effect=lambda device: effect(),
+           process_hooks=ProcessSwitch(ENV, environ=lambda: {ENV: PASSIVE}, in_effect=in_effect,
+                                       before_torch=set_before_torch, late=NOT_AT_START,
+                                       keep=f"start the script with {ENV}={PASSIVE} in its environment"),
            frameworks={name: f"{ENV} in the environment the process starts with" for name in ADAPTERS}),
 )
