@@ -62,7 +62,8 @@ def test_the_derived_ladders_are_the_ones_written_by_hand_before():
                       "fused": {"optimizer_impl": "fused"}}
     assert list(RUNGS) == ["baseline", "amp", "autocast-bf16", "master-bf16", "pure-bf16", "autocast-fp16",
                            "master-fp16", "pure-fp16", "set_to_none", "non_blocking", "prefetch", "decode_cache",
-                           "device_decode", "workers", "passive_threads", "reuse_memory", "channels_last", "compile",
+                           "device_decode", "workers", "passive_threads", "reuse_memory", "fast_fp32_matmul",
+                           "channels_last", "compile",
                            "fused", "checkpointing", "async_checkpoint"]
     assert RUNGS["master-bf16"] == {"precision": "bf16", "precision_level": "master"}
     assert RUNGS["workers"] == {"num_workers": 2} and RUNGS["checkpointing"] == {"activation_checkpointing": True}
@@ -81,15 +82,16 @@ def test_the_derived_sets_are_the_ones_written_by_hand_before():
     from trainfast.tune.inputs import INPUT_SWITCHES
     from trainfast.tune.switches import PRIORITY
 
-    assert set(PROCESS_FIELDS) == {"passive_threads", "reuse_memory", "cudnn_benchmark", "deterministic",
+    assert set(PROCESS_FIELDS) == {"passive_threads", "reuse_memory", "fast_fp32_matmul", "cudnn_benchmark",
+                                   "deterministic",
                                    "num_workers", "persistent_workers", "prefetch_factor", "async_checkpoint",
                                    "save_every", "strategy"}
     assert RESUMABLE_CHANGES == {"epochs", "log_every", "save_every", "keep_checkpoints", "max_consecutive_skips",
                                  "nonfinite", "num_workers", "prefetch_factor", "async_checkpoint", "passive_threads",
-                                 "reuse_memory"}
+                                 "reuse_memory", "fast_fp32_matmul"}
     assert techniques.tune_priority("classification") == ("channels_last", "decode_cache", "reuse_memory",
                                                           "set_to_none", "fused", "prefetch", "passive_threads",
-                                                          "compile")
+                                                          "fast_fp32_matmul", "compile")
     assert PRIORITY == ("padding_free", "group_by_length", *techniques.tune_priority("classification"))
     assert INPUT_SWITCHES == ("device_decode", "decode_cache", "workers")
     declared = tuple(f for s in techniques.switches() if s.process_hooks for f in s.fields)

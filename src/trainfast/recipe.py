@@ -94,6 +94,7 @@ class Recipe:
     async_checkpoint: bool = False    # write checkpoints in a background thread while training runs (same atomic files)
     passive_threads: bool = False     # OMP_WAIT_POLICY=PASSIVE at start: idle OpenMP threads sleep, cores go to workers
     reuse_memory: bool = False        # freed host memory stays mapped (glibc: no mmap/trim): no CPU page faults anew
+    fast_fp32_matmul: bool = False    # fp32 matmuls with bf16 (CPU with native bf16) or TF32 (GPU) inputs, fp32 out
 
     # --- distributed (under torchrun; a single process ignores strategy=ddp) -------------------------
     strategy: str = "ddp"             # "ddp" | "fsdp" (FSDP2 fully_shard) | "dp" (legacy DataParallel, CUDA)

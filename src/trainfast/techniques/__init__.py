@@ -42,7 +42,7 @@ __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "Run
 # loads (`trainfast train`'s early start, the environment the ablation spawns a run with), so they are named here
 # and imported by name, never by collecting every technique module (most import torch). None of them imports
 # torch at its top. tests/test_switches.py checks this list against the declarations.
-PROCESS_MODULES = ("threads", "memory_reuse")
+PROCESS_MODULES = ("threads", "memory_reuse", "matmul_precision")
 
 
 @functools.cache
