@@ -173,3 +173,18 @@ def test_the_docs_table_is_the_one_the_declarations_make():
     assert docs_block() in doc.read_text(), (
         "docs/techniques.md's switch table is out of date: run\n  python -c 'from trainfast.report.switches "
         "import update_docs; update_docs()'")
+
+
+def test_every_model_switch_has_its_place_in_the_written_order():
+    """The order the model switches are applied in is chosen and written (techniques.MODEL_ORDER), never an
+    accident of module names: each declared model switch is placed, and a new one that is not fails."""
+    from trainfast.techniques import MODEL_ORDER, model_switches, ordered_model_switches
+    from trainfast.techniques.switch import ModelSwitch
+
+    declared = {s.fields[0] for s in techniques.switches() if s.model is not None}
+    assert declared == {name for name, _ in MODEL_ORDER}
+    assert [name for name, _ in model_switches()] == [name for name, _ in MODEL_ORDER]
+    assert all(len(why) > 40 for _, why in MODEL_ORDER)          # each place says why
+    stray = Switch(("fused_kernels",), model=ModelSwitch("fused kernels", lambda m, v: m, lambda m: False))
+    with pytest.raises(LookupError, match="fused_kernels not placed in techniques.MODEL_ORDER"):
+        ordered_model_switches([*model_switches(), ("fused_kernels", stray)])

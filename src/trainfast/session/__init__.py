@@ -19,7 +19,8 @@ variable (recipe.py: inline JSON or a YAML/JSON file; how the ablation runs a sc
 The fields the variable changed are in `tf.overridden`.
 
 The order in which `setup` (build_state) applies the techniques; each needs the one before it:
-  1. activation checkpointing (the model's own switch), the model to the device, then channels_last, then
+  1. the model to the device, then the switches that act on the model object in their written order
+     (techniques.MODEL_ORDER, each with why: attention backend, activation checkpointing, channels_last), then
      the precision level's dtype (O2/O3: half weights, norms kept fp32, input/output casts as module hooks)
   2. DDP / FSDP2 wrap under torchrun (DDP broadcasts rank 0's weights; FSDP2 swaps parameters for shards)
   3. the optimizer's parameters: O2's fp32 masters are made now, from the broadcast weights, and a user's

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "RungSpec", "Switch", "switches", "owner",
            "rung_table", "default_ladder", "process_fields", "resumable_fields", "tune_priority", "input_switches",
-           "unreachable", "model_switches", "apply_model_switches", "field_effect", "process_switches",
+           "unreachable", "MODEL_ORDER", "model_switches", "apply_model_switches", "field_effect", "process_switches",
            "process_env", "process_wide_in_effect", "process_wide", "starting_with", "set_before_torch",
            "apply_process_switches", "not_in_effect", "needs_fresh_process"]
 
@@ -123,16 +123,43 @@ def unreachable(adapter: str, fields: dict[str, Any]) -> dict[str, str]:
             for f in s.fields if f in fields and not (s.served_value is not None and fields[f] == s.served_value)}
 
 
+# The order the switches that act on the model object are applied in, written once, with why each sits where it
+# does. The Session (so the built-in run), and every framework adapter apply them in this order, after the model
+# reaches its device and before the precision level casts its weights, the process group wraps it and compile
+# traces it (session/build.py); tests/test_switches.py fails when a model switch is missing here.
+MODEL_ORDER: tuple[tuple[str, str], ...] = (
+    ("attention", "first: it swaps the implementation inside every attention layer (transformers' "
+                  "set_attn_implementation), so the layers checkpointing wraps already hold the backend that runs"),
+    ("activation_checkpointing", "before the memory format, the precision cast, the wrap and compile: it changes "
+                                 "which blocks keep their activations, and compile must trace the checkpointed "
+                                 "blocks (compiling first would hide them from it)"),
+    ("channels_last", "last of the model switches: it converts the weights' layout in place once the model is on its "
+                      "device (the copy to the device would otherwise keep the old one), and the O2/O3 cast and "
+                      "compile that follow keep the layout it set"),
+)
+
+
+def ordered_model_switches(found: list[tuple[str, Switch]]) -> list[tuple[str, Switch]]:
+    """`found` (field, switch) pairs in MODEL_ORDER's order; a model switch the order does not place is an error
+    (its place would otherwise be an accident of module names)."""
+    place = {name: index for index, (name, _) in enumerate(MODEL_ORDER)}
+    missing = [name for name, _ in found if name not in place]
+    if missing:
+        raise LookupError(f"model switch(es) {', '.join(missing)} not placed in techniques.MODEL_ORDER: add each "
+                          "where it must run relative to the others, with why")
+    return sorted(found, key=lambda pair: place[pair[0]])
+
+
 def model_switches(adapter: str | None = None) -> list[tuple[str, Switch]]:
-    """(field, switch) of the switches that act on the model object; with `adapter`, those it sets on the model
-    (ON_MODEL) rather than through a setting of its own."""
-    return [(s.fields[0], s) for s in switches() if s.model is not None
-            and (adapter is None or s.frameworks.get(adapter) == ON_MODEL)]
+    """(field, switch) of the switches that act on the model object, in MODEL_ORDER; with `adapter`, those it
+    sets on the model (ON_MODEL) rather than through a setting of its own."""
+    return ordered_model_switches([(s.fields[0], s) for s in switches() if s.model is not None
+                                   and (adapter is None or s.frameworks.get(adapter) == ON_MODEL)])
 
 
 def apply_model_switches(model: nn.Module, recipe) -> nn.Module:
-    """The recipe's switches that act on the model object (Switch.model: checkpointing, memory format), those it
-    turns on, in declaration order. Off leaves the model as it is: a Session adopts the user's model as the user
+    """The recipe's switches that act on the model object (Switch.model: attention backend, checkpointing, memory
+    format), those it turns on, in MODEL_ORDER. Off leaves the model as it is: a Session adopts the user's model as the user
     made it. One that cannot act on this model is left alone: the ablation rules it out before a run, why said."""
     for name, switch in model_switches():
         value = getattr(recipe, name)
