@@ -159,8 +159,9 @@ def model_switches(adapter: str | None = None) -> list[tuple[str, Switch]]:
 
 def apply_model_switches(model: nn.Module, recipe) -> nn.Module:
     """The recipe's switches that act on the model object (Switch.model: attention backend, checkpointing, memory
-    format), those it turns on, in MODEL_ORDER. Off leaves the model as it is: a Session adopts the user's model as the user
-    made it. One that cannot act on this model is left alone: the ablation rules it out before a run, why said."""
+    format), those it turns on, in MODEL_ORDER. Off leaves the model as it is: a Session adopts the user's model as
+    the user made it. One that cannot act on this model is left alone: the ablation rules it out before a run, why
+    said."""
     for name, switch in model_switches():
         value = getattr(recipe, name)
         if not value:
