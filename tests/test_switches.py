@@ -188,3 +188,20 @@ def test_every_model_switch_has_its_place_in_the_written_order():
     stray = Switch(("fused_kernels",), model=ModelSwitch("fused kernels", lambda m, v: m, lambda m: False))
     with pytest.raises(LookupError, match="fused_kernels not placed in techniques.MODEL_ORDER"):
         ordered_model_switches([*model_switches(), ("fused_kernels", stray)])
+
+
+def test_the_tunes_input_stage_tries_every_declared_input_switch(monkeypatch):
+    """The input stage is built from the declarations: a new switch with `tune_inputs` is tried with the changes
+    it declares (its own by default, or its `tune_changes`), never listed and left out."""
+    from trainfast.tune import inputs
+
+    declared = techniques.input_rung_specs()
+    new = RungSpec("pinned", {"pin_memory": True}, place=1, tune_inputs=9)
+    monkeypatch.setattr(inputs, "input_rung_specs", lambda: (*declared, new))
+    names = [*techniques.input_switches(), "pinned"]
+    held = inputs.input_rungs(Recipe(num_workers=2, epochs=2), names, 4)
+    assert [r.name for r in held] == ["recommended", "device_decode", "decode_cache", "workers-4", "pinned"]
+    assert held[-1].recipe == Recipe(num_workers=2, epochs=2, pin_memory=True)
+    assert held[3].changes == {"num_workers": 4, "persistent_workers": True}
+    # a switch the recipe already has is not tried again
+    assert "pinned" not in [r.name for r in inputs.input_rungs(Recipe(pin_memory=True), names, 4)]

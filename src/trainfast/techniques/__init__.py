@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "RungSpec", "Switch", "switches", "owner",
            "rung_table", "default_ladder", "process_fields", "resumable_fields", "tune_priority", "input_switches",
+           "input_rung_specs",
            "unreachable", "MODEL_ORDER", "model_switches", "apply_model_switches", "field_effect", "process_switches",
            "process_env", "process_wide_in_effect", "process_wide", "starting_with", "set_before_torch",
            "apply_process_switches", "not_in_effect", "needs_fresh_process"]
@@ -110,10 +111,15 @@ def tune_priority(task: str | None = None) -> tuple[str, ...]:
                                          and (task is None or r.named_in(task))), key=lambda r: r.tune))
 
 
+def input_rung_specs() -> tuple[RungSpec, ...]:
+    """The rungs the tune's input stage tries once a recipe waits for its batches, in its order; each says the
+    recipe changes it tries (RungSpec.tune_steps)."""
+    return tuple(sorted((r for r in _rungs() if r.tune_inputs is not None), key=lambda r: r.tune_inputs))
+
+
 def input_switches() -> tuple[str, ...]:
-    """The rungs the tune's input stage tries once a recipe waits for its batches, in its order."""
-    return tuple(r.name for r in sorted((r for r in _rungs() if r.tune_inputs is not None),
-                                        key=lambda r: r.tune_inputs))
+    """The names of the input stage's rungs, in its order (what --switches takes for it)."""
+    return tuple(r.name for r in input_rung_specs())
 
 
 def unreachable(adapter: str, fields: dict[str, Any]) -> dict[str, str]:

@@ -36,7 +36,9 @@ class RungSpec:
     where it sits elsewhere. `tasks`: the tasks that can name it at all (None: every task; a task still refuses a
     rung that cannot work for it, with the reason, in its validate()). `tune`: its priority in the tune's first
     stage, where a tight budget cuts the last ones (None: not tried there); `tune_inputs`: tried in the tune's
-    input stage, once the recipe waits for its batches."""
+    input stage, once the recipe waits for its batches; `tune_changes(recipe, cpus)`: the rungs (name, changes)
+    that stage tries on top of `recipe` with `cpus` usable CPUs (None: this rung's own changes, where the recipe
+    does not have them yet)."""
     name: str
     changes: Mapping[str, Any]
     place: float
@@ -45,6 +47,15 @@ class RungSpec:
     tasks: tuple[str, ...] | None = None
     tune: float | None = None
     tune_inputs: float | None = None
+    tune_changes: Callable[[Any, int], list[tuple[str, dict[str, Any]]]] | None = None
+
+    def tune_steps(self, recipe, cpus: int) -> list[tuple[str, dict[str, Any]]]:
+        """The input stage's rungs for this switch on top of `recipe` (tune/inputs.py)."""
+        if self.tune_changes is not None:
+            return self.tune_changes(recipe, cpus)
+        if all(getattr(recipe, name) == value for name, value in self.changes.items()):
+            return []
+        return [(self.name, dict(self.changes))]
 
     def place_in(self, task: str) -> float:
         return self.places.get(task, self.place)

@@ -19,7 +19,7 @@ from ..checks.findings import INPUT_BOUND_SHARE
 from ..envcheck import usable_cpus
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
-from ..techniques import input_switches
+from ..techniques import input_rung_specs, input_switches
 from .combine import Decision
 from .switches import firm_gain
 
@@ -27,25 +27,14 @@ INPUT_SWITCHES = input_switches()    # the names --switches takes for this stage
 ROUNDS = 3
 
 
-def worker_counts(current: int, available: int) -> list[int]:
-    """More loader workers to try: twice the current count (two for none) and one a CPU, each above the current
-    count and within the CPUs. One worker a CPU is the most that decode in parallel; the doubling finds the
-    knee below it, where the workers' memory and fork cost is not yet spent for nothing."""
-    return sorted({n for n in (2 * current or 2, available) if current < n <= available})
-
-
 def input_rungs(recipe: Recipe, names: list[str], available: int) -> list[Rung]:
-    """The input switches not already in `recipe`, each on top of it, after `recipe` itself (the reference)."""
+    """The input switches not already in `recipe`, each on top of it, after `recipe` itself (the reference): the
+    changes each declares for this stage (techniques/: RungSpec.tune_steps), in the stage's order."""
     rungs = [Rung("recommended", {}, recipe)]
-    if "device_decode" in names and not recipe.device_decode:
-        rungs.append(Rung("device_decode", {"device_decode": True}, recipe.replace(device_decode=True)))
-    if "decode_cache" in names and not recipe.decode_cache:
-        rungs.append(Rung("decode_cache", {"decode_cache": True}, recipe.replace(decode_cache=True)))
-    if "workers" in names and isinstance(recipe.num_workers, int):
-        for n in worker_counts(recipe.num_workers, available):
-            # Across epochs a fresh pool of workers is forked and filled again at each epoch's start: kept.
-            changes = {"num_workers": n, **({"persistent_workers": True} if recipe.epochs > 1 else {})}
-            rungs.append(Rung(f"workers-{n}", changes, recipe.replace(**changes)))
+    for spec in input_rung_specs():
+        if spec.name in names:
+            rungs += [Rung(name, changes, recipe.replace(**changes)) for name, changes in
+                      spec.tune_steps(recipe, available)]
     return rungs
 
 
