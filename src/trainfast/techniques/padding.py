@@ -24,6 +24,7 @@ SWITCHES = (
            rungs=(RungSpec("group_by_length", {"group_by_length": True}, place=35, tasks=("lm",), default_in=("lm",),
                            tune=0.6),),
            data="documents",
-           frameworks={"transformers": "TrainingArguments.group_by_length"},
+           frameworks={"transformers": "TrainingArguments.train_sampling_strategy=\"group_by_length\" (4.x: "
+                                       "group_by_length=True)"},
            unreachable=NOT_YET_BY),
 )
