@@ -25,3 +25,17 @@ def test_ruff_finds_nothing():
     done = subprocess.run([*ruff(), "check", "--no-cache", "src", "tests", "benchmarks", "examples"], cwd=ROOT,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+README_MAX_LINES = 400      # a user's first ten minutes; the detail belongs in docs/
+
+
+def test_the_readme_is_a_users_guide_that_opens_with_the_two_commands():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines: move detail into docs/"
+    first_block = lines[lines.index("```") + 1:]
+    assert first_block[0].startswith("make ablate") and first_block[1].startswith("make test")
+    first_screen = "\n".join(lines[:40])
+    # both audiences find their way in on the first screen: a transformer script and the language-model task
+    assert "trainfast ablate -- python" in first_screen and "--task lm" in first_screen
+    assert "imagefolder:" in first_screen
