@@ -40,7 +40,8 @@ LAYERS: list[tuple[str, list[str]]] = [
                                         "trainfast.distributed", "trainfast.faults", "trainfast.checkpoint",
                                         "trainfast.models", "trainfast.text", "trainfast.text.*"]),
     ("foundations", ["trainfast.recipe", "trainfast.measure", "trainfast.measure.*", "trainfast.stats",
-                     "trainfast.procs", "trainfast.results", "trainfast.observers", "trainfast.procstate"]),
+                     "trainfast.procs", "trainfast.results", "trainfast.observers", "trainfast.procstate",
+                     "trainfast.errors"]),
 ]
 
 

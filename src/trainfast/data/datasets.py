@@ -15,12 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from ..errors import DataError  # re-exported: callers that import it from here keep working
+
 # torchvision's ImageFolder list (so a folder it reads, this reads) plus GIF; Pillow decodes what TorchCodec does not
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
-
-
-class DataError(ValueError):
-    """Bad data input; the message names the path or spec."""
 
 
 @dataclass(frozen=True)

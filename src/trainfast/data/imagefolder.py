@@ -41,7 +41,8 @@ import torch
 from PIL.Image import DecompressionBombError, Exif, Transpose
 from torch.utils.data import Dataset
 
-from .datasets import IMAGE_EXTENSIONS, DataError, Skipped, Split, _split_indices
+from ..errors import DataError
+from .datasets import IMAGE_EXTENSIONS, Skipped, Split, _split_indices
 
 JPEG_SUFFIXES = (".jpg", ".jpeg")
 DECODERS = ("torchcodec", "torchvision")

@@ -39,7 +39,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from ..data.datasets import DataError, Skipped, _split_indices
+from ..data.datasets import Skipped, _split_indices
+from ..errors import DataError
 from .data import DetectionSplit
 
 EDGE_TOLERANCE = 1.0             # pixels a box may pass its image's edge before it is an error
