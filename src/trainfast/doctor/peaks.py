@@ -10,7 +10,7 @@ from torch import nn
 
 from ..measure import measure_ceiling
 from ..techniques.precision import DTYPES, auto_amp_dtype, slow_half_reason
-from ..watch import Watch
+from ..instruments.watch import Watch
 
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}      # torch.bfloat16 -> "bf16"
 
@@ -54,7 +54,7 @@ def loop_flops(watch: Watch, device: torch.device) -> tuple[float | None, float 
 
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..evalcheck import _tensors
+    from ..instruments.evalcheck import _tensors
     from ..measure import batch_samples
 
     forwards = watch.forwards

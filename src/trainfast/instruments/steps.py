@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from .envcheck import cpu_seconds
+from ..envcheck import cpu_seconds
+from ..measure import InputSpan, read_spans
+from ..techniques.memory_reuse import kernel_counters
 from .evalcheck import _tensors
-from .measure import InputSpan, read_spans
-from .techniques.memory_reuse import kernel_counters
 
 
 class StepWatch:
@@ -34,7 +34,7 @@ class StepWatch:
         """Wraps DataLoader iterators' __next__; returns what restores it: (owner, name, original)."""
         from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-        from .measure import batch_samples
+        from ..measure import batch_samples
 
         original, watch, clock = _BaseDataLoaderIter.__next__, self.watch, self
         restore = (_BaseDataLoaderIter, "__next__", original)
