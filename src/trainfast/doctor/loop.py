@@ -94,9 +94,9 @@ def worker_handoff_s(batch: Any, repeats: int = 5) -> float | None:
 
     import torch.multiprocessing  # noqa: F401  (registers the tensor reductions workers use)
 
-    from ..instruments.evalcheck import _tensors
+    from ..instruments.tensors import tensors_of
 
-    tensors = [t for t in _tensors(batch) if t.device.type == "cpu"]
+    tensors = [t for t in tensors_of(batch) if t.device.type == "cpu"]
     if not tensors:
         return None
     seconds = []

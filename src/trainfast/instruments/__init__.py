@@ -7,6 +7,7 @@
   syncs.py       the sync counter: host reads of tensor values (and dropouts that still drop) by source line
   gradients.py   the gradients between two steps and the zero_grad calls that clear them
   evalcheck.py   the tests of a watched model: eval-mode dropout, modules that act differently in train()
+  tensors.py     the tensors in an input, an output or a batch, as the instruments read them (tensors_of)
 
 Nothing is imported here: each caller imports the module it needs (`from trainfast.instruments.watch import
 Watch`), so importing one instrument does not arm or load the others.

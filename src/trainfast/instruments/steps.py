@@ -12,7 +12,7 @@ import torch
 from ..envcheck import cpu_seconds
 from ..measure import InputSpan, read_spans
 from ..techniques.memory_reuse import kernel_counters
-from .evalcheck import _tensors
+from .tensors import tensors_of
 
 
 class StepWatch:
@@ -59,7 +59,7 @@ class StepWatch:
 
     def _keep_batch(self, batch) -> None:
         """What a worker would hand over (doctor.worker_handoff_s): the batch's tensors, copied (loaders recycle)."""
-        self.last_batch = [t.detach().clone() for t in _tensors(batch)]
+        self.last_batch = [t.detach().clone() for t in tensors_of(batch)]
 
     def step(self) -> None:
         """A step ended (the watch has counted it): its end, the kernel's counters and its batches."""

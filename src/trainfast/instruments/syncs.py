@@ -29,7 +29,7 @@ TRAINFAST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os
 # never the loop's.
 INSTRUMENT_FILES = frozenset(os.path.join(INSTRUMENTS_DIR, name)
                              for name in ("watch.py", "steps.py", "forwards.py", "syncs.py", "gradients.py",
-                                          "evalcheck.py"))
+                                          "evalcheck.py", "tensors.py"))
 # Frames between a Tensor method written in Python (__format__, __repr__) and its caller: the method itself.
 PASS_THROUGH = {*INSTRUMENT_FILES, os.path.join(TORCH_DIR, "overrides.py"), os.path.join(TORCH_DIR, "_tensor.py")}
 
