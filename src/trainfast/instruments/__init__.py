@@ -10,5 +10,5 @@
   tensors.py     the tensors in an input, an output or a batch, as the instruments read them (tensors_of)
 
 Nothing is imported here: each caller imports the module it needs (`from trainfast.instruments.watch import
-Watch`), so importing one instrument does not arm or load the others.
+Watch`), and the instruments read each other by module, never through this package, so no import goes round.
 """
