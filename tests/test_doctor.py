@@ -22,10 +22,10 @@ from trainfast.cli import main
 from trainfast.data.datasets import Split, TensorImages
 from trainfast.doctor import observe_builtin, observe_loop
 from trainfast.envcheck import collect_environment
-from trainfast.evalcheck import check_eval_dropout
+from trainfast.instruments.evalcheck import check_eval_dropout
+from trainfast.instruments.watch import EnoughSteps, SyncCounter, Watch
 from trainfast.models import resnet9
 from trainfast.recipe import Recipe
-from trainfast.watch import EnoughSteps, SyncCounter, Watch
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 LOAD_WINDOW_S = envcheck.LOAD_WINDOW_S
@@ -49,7 +49,8 @@ def finding(findings, name):
 def virtual_clock():
     clock = VirtualTime()
     with pytest.MonkeyPatch.context() as patch:
-        for module in ("trainfast.measure.clock", "trainfast.stepwatch", "trainfast.doctor.loop", "trainfast.watch"):
+        for module in ("trainfast.measure.clock", "trainfast.instruments.steps", "trainfast.doctor.loop",
+                       "trainfast.instruments.watch"):
             patch.setattr(importlib.import_module(module), "time", clock)
         yield clock
 
@@ -820,12 +821,12 @@ def test_device_failures_are_explained_in_words():
 
 
 def test_a_failing_hook_never_breaks_the_loop(monkeypatch):
-    import trainfast.watch
+    import trainfast.instruments.watch
 
     def fails(module):          # as inspecting a model split over devices might
         raise RuntimeError("expected all tensors to be on the same device")
 
-    monkeypatch.setattr(trainfast.watch, "grads_state", fails)
+    monkeypatch.setattr(trainfast.instruments.watch, "grads_state", fails)
     obs = observe_loop(lambda: run_loop(), steps=4, sync_steps=2)
     assert obs.steps_run == 7 and any("failed and was skipped" in note for note in obs.notes)
     assert obs.grads == []          # so that check says "not checked here", not "fine"

@@ -29,9 +29,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("output", ["trainfast.report", "trainfast.report.*"]),
     ("assembly and instruments", ["trainfast.run", "trainfast.launch", "trainfast.probe", "trainfast.checks",
                                   "trainfast.checks.*",
-                                  "trainfast.watch", "trainfast.stepwatch", "trainfast.forwardwatch",
-                                  "trainfast.syncs", "trainfast.gradwatch",
-                                  "trainfast.evalcheck", "trainfast.envcheck", "trainfast.frameworks",
+                                  "trainfast.instruments", "trainfast.instruments.*", "trainfast.envcheck",
+                                  "trainfast.frameworks",
                                   "trainfast.frameworks.*"]),
     ("loop and tasks", ["trainfast.engine", "trainfast.tasks", "trainfast.tasks.*"]),
     ("session", ["trainfast.session", "trainfast.session.*"]),
@@ -40,7 +39,8 @@ LAYERS: list[tuple[str, list[str]]] = [
                                         "trainfast.distributed", "trainfast.faults", "trainfast.checkpoint",
                                         "trainfast.models", "trainfast.text", "trainfast.text.*"]),
     ("foundations", ["trainfast.recipe", "trainfast.measure", "trainfast.measure.*", "trainfast.stats",
-                     "trainfast.procs", "trainfast.results", "trainfast.observers", "trainfast.procstate"]),
+                     "trainfast.procs", "trainfast.results", "trainfast.observers", "trainfast.procstate",
+                     "trainfast.errors"]),
 ]
 
 
@@ -53,19 +53,27 @@ def module_files(root: Path = PACKAGE) -> dict[str, Path]:
     return mods
 
 
+def package_of(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def imported_from(package: str, node: ast.ImportFrom) -> str:
+    """The absolute name of the module a `from X import ...` in `package` reads, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imports_of(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
     """Every trainfast module `name` imports, at any depth of its code (functions, TYPE_CHECKING blocks)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    package = package_of(name, path)
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
+            module = imported_from(package, node)
             targets = [module] + [f"{module}.{alias.name}" for alias in node.names]
         else:
             continue
@@ -181,6 +189,49 @@ def test_no_class_over_the_line_limit():
     long = long_classes()
     assert not long, (f"classes over {MAX_CLASS_LINES} lines (move a cohesive group of their methods into a helper "
                       f"object or module-level functions):\n" + "\n".join(long))
+
+
+def private_imports(root: Path = PACKAGE) -> list[str]:
+    """Every `from X import _name` inside trainfast that takes a private name (one leading underscore; dunders such as
+    __version__ are public) from another module: a name another module needs is part of its owner's interface, so
+    it gets a public name. A private submodule (`from . import _site`) is a module, not a name, and is allowed."""
+    mods = module_files(root)
+    found = []
+    for name, path in sorted(mods.items()):
+        package = package_of(name, path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            module = imported_from(package, node)
+            if not module.startswith("trainfast"):
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not (alias.name.startswith("__") and alias.name.endswith("__"))
+                if private and f"{module}.{alias.name}" not in mods:
+                    found.append(f"{name} (line {node.lineno}) imports {alias.name} from {module}")
+    return found
+
+
+def test_no_private_name_imported_across_modules():
+    found = private_imports()
+    assert not found, "private names imported from another module (give them a public name):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("code", ["from .datasets import _channel_stats\n",
+                                  "def f():\n    from .datasets import _channel_stats\n",
+                                  "from trainfast.data.datasets import IMAGE_EXTENSIONS, _channel_stats\n"])
+def test_the_check_finds_a_private_import(tmp_path, code):
+    """The check can fail: a private name imported from a sibling (at the top, inside a function, absolute) is
+    reported; a dunder beside it is not."""
+    import shutil
+
+    copy = tmp_path / "trainfast"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "data" / "sampler.py", "a") as f:
+        f.write("\n" + code + "from .. import __version__\n")
+    found = private_imports(copy)
+    assert len(found) == 1 and found[0].startswith("trainfast.data.sampler (line "), found
+    assert found[0].endswith(" imports _channel_stats from trainfast.data.datasets"), found
 
 
 @pytest.mark.parametrize("code, expect", [

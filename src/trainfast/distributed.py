@@ -112,99 +112,11 @@ def warn_unused(unused: list[str]) -> None:
         UnusedParametersWarning, stacklevel=3)
 
 
-@dataclass
-class Dist:
-    """Where this process stands in the job. The default (world of one) is the single-process no-op."""
-    device: torch.device
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    strategy: str = "ddp"
-    timeout_s: float = 300.0
-    find_unused_parameters: bool = False
-    monitor: Any = None                      # separate gloo group: monitored_barrier, scalar reductions
-    owns_group: bool = False                 # we opened the process group, so we close it
-    samplers: list = field(default_factory=list)
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        """Rank 0 alone logs and writes reports, metrics and checkpoints."""
-        return self.rank == 0
-
-    # --- data ---------------------------------------------------------------------------------------
-    def train_sampler(self, dataset: Dataset, seed: int) -> Sampler | None:
-        if not self.enabled:
-            return None
-        # drop_last: every rank gets the same number of samples, hence the same number of steps (a rank
-        # with one step more would wait forever in its gradient all-reduce).
-        sampler = DistributedSampler(dataset, self.world_size, self.rank, shuffle=True, seed=seed, drop_last=True)
-        self.samplers.append(sampler)
-        return sampler
-
-    def val_sampler(self, dataset: Dataset) -> Sampler | None:
-        if not self.enabled:
-            return None
-        if self.strategy == "fsdp":
-            # FSDP2's forward all-gathers parameters: every rank must run the same number of eval batches,
-            # so the shards are padded (up to world-1 samples counted twice; said in the docs).
-            return DistributedSampler(dataset, self.world_size, self.rank, shuffle=False)
-        return ShardSampler(dataset, self.rank, self.world_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        """A different shuffle every epoch, the same on every rank (seed + epoch)."""
-        for sampler in self.samplers:
-            sampler.set_epoch(epoch)
-
-    # --- model --------------------------------------------------------------------------------------
-    def probe_unused(self, model: nn.Module, loss_of: Callable[[nn.Module], torch.Tensor]) -> list[str]:
-        """One forward/backward on a copy of the model (`loss_of(copy)`: the run's summed loss on its first
-        samples): parameters that get no gradient are named in a warning, and DDP's find_unused_parameters (a
-        full autograd-graph traversal every step) is switched on only then. Costs one extra step on a copy,
-        once, under DDP only."""
-        if not (self.enabled and self.strategy == "ddp") or self.find_unused_parameters:
-            return []
-        unused = find_unused_parameters(model, loss_of, self.device)
-        if unused:
-            if self.is_main:
-                warn_unused(unused)
-            self.find_unused_parameters = True
-        return unused
-
-    def wrap(self, model: nn.Module, recipe) -> nn.Module:
-        """The module the training step calls. `model` keeps owning the parameters (eval, saving); the
-        optimizer is built after this call because FSDP2 replaces parameters with DTensor shards in place."""
-        if self.strategy == "dp" and torch.cuda.device_count() > 1:
-            return ReplicaForward(nn.DataParallel(ReplicaLoss(model)))
-        if not self.enabled:
-            return model
-        if self.strategy == "fsdp":
-            return apply_fsdp(model, recipe.precision)
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        return DDP(model, device_ids=ids, find_unused_parameters=self.find_unused_parameters)
-
-    def precision_name(self, recipe) -> str:
-        """Under FSDP2 the MixedPrecisionPolicy casts parameters, so autocast is not layered on top."""
-        return "fp32" if self.enabled and self.strategy == "fsdp" else recipe.precision
-
-    def criterion(self, loss_fn: Callable) -> Callable:
-        """dp computes the loss inside each replica; every other strategy uses the loss as given."""
-        return ParallelCriterion(loss_fn) if self.strategy == "dp" and torch.cuda.device_count() > 1 else loss_fn
-
-    grad_sync = staticmethod(grad_sync)     # it reads no state of the job: a module function, kept as dist.grad_sync
-
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Unsharded CPU weights (collective under FSDP2: every rank calls it; rank 0 writes them)."""
-        if self.enabled and self.strategy == "fsdp":
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+class Collectives:
+    """What the ranks of a job agree on and add up, over the separate gloo group (`monitor`, on the CPU: no device
+    sync): the collective decisions (every rank raises, skips or stops at the same step) and the reductions of the
+    numbers it logs. Dist's base: Dist holds where this process stands (`enabled`, `rank`, `world_size`,
+    `timeout_s`, `monitor`), which these read; in a world of one each is a no-op."""
 
     # --- collective decisions -------------------------------------------------------------------------
     def agree_nonfinite(self, first_bad: int | None) -> list[tuple[int, int]]:
@@ -301,6 +213,101 @@ class Dist:
         n = metrics["samples"]
         loss_sum, correct, n = self.sum([metrics["loss"] * n, metrics["accuracy"] * n, n])
         return {"loss": loss_sum / max(1, n), "accuracy": round(correct) / max(1, n), "samples": int(n)}
+
+
+@dataclass
+class Dist(Collectives):
+    """Where this process stands in the job. The default (world of one) is the single-process no-op."""
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    strategy: str = "ddp"
+    timeout_s: float = 300.0
+    find_unused_parameters: bool = False
+    monitor: Any = None                      # separate gloo group: monitored_barrier, scalar reductions
+    owns_group: bool = False                 # we opened the process group, so we close it
+    samplers: list = field(default_factory=list)
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone logs and writes reports, metrics and checkpoints."""
+        return self.rank == 0
+
+    # --- data ---------------------------------------------------------------------------------------
+    def train_sampler(self, dataset: Dataset, seed: int) -> Sampler | None:
+        if not self.enabled:
+            return None
+        # drop_last: every rank gets the same number of samples, hence the same number of steps (a rank
+        # with one step more would wait forever in its gradient all-reduce).
+        sampler = DistributedSampler(dataset, self.world_size, self.rank, shuffle=True, seed=seed, drop_last=True)
+        self.samplers.append(sampler)
+        return sampler
+
+    def val_sampler(self, dataset: Dataset) -> Sampler | None:
+        if not self.enabled:
+            return None
+        if self.strategy == "fsdp":
+            # FSDP2's forward all-gathers parameters: every rank must run the same number of eval batches,
+            # so the shards are padded (up to world-1 samples counted twice; said in the docs).
+            return DistributedSampler(dataset, self.world_size, self.rank, shuffle=False)
+        return ShardSampler(dataset, self.rank, self.world_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """A different shuffle every epoch, the same on every rank (seed + epoch)."""
+        for sampler in self.samplers:
+            sampler.set_epoch(epoch)
+
+    # --- model --------------------------------------------------------------------------------------
+    def probe_unused(self, model: nn.Module, loss_of: Callable[[nn.Module], torch.Tensor]) -> list[str]:
+        """One forward/backward on a copy of the model (`loss_of(copy)`: the run's summed loss on its first
+        samples): parameters that get no gradient are named in a warning, and DDP's find_unused_parameters (a
+        full autograd-graph traversal every step) is switched on only then. Costs one extra step on a copy,
+        once, under DDP only."""
+        if not (self.enabled and self.strategy == "ddp") or self.find_unused_parameters:
+            return []
+        unused = find_unused_parameters(model, loss_of, self.device)
+        if unused:
+            if self.is_main:
+                warn_unused(unused)
+            self.find_unused_parameters = True
+        return unused
+
+    def wrap(self, model: nn.Module, recipe) -> nn.Module:
+        """The module the training step calls. `model` keeps owning the parameters (eval, saving); the
+        optimizer is built after this call because FSDP2 replaces parameters with DTensor shards in place."""
+        if self.strategy == "dp" and torch.cuda.device_count() > 1:
+            return ReplicaForward(nn.DataParallel(ReplicaLoss(model)))
+        if not self.enabled:
+            return model
+        if self.strategy == "fsdp":
+            return apply_fsdp(model, recipe.precision)
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DDP(model, device_ids=ids, find_unused_parameters=self.find_unused_parameters)
+
+    def precision_name(self, recipe) -> str:
+        """Under FSDP2 the MixedPrecisionPolicy casts parameters, so autocast is not layered on top."""
+        return "fp32" if self.enabled and self.strategy == "fsdp" else recipe.precision
+
+    def criterion(self, loss_fn: Callable) -> Callable:
+        """dp computes the loss inside each replica; every other strategy uses the loss as given."""
+        return ParallelCriterion(loss_fn) if self.strategy == "dp" and torch.cuda.device_count() > 1 else loss_fn
+
+    grad_sync = staticmethod(grad_sync)     # it reads no state of the job: a module function, kept as dist.grad_sync
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Unsharded CPU weights (collective under FSDP2: every rank calls it; rank 0 writes them)."""
+        if self.enabled and self.strategy == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():

@@ -225,54 +225,8 @@ class Probe:
         return Timing.from_steps(steps, check_disturbance=self.check_disturbance)
 
     def result(self, stopped: str) -> dict[str, Any]:
-        """Every measured number of this run (the ablation's per-run record)."""
-        from .measure import peak_memory_bytes
-
-        timing = self.timing()
-        samples_known = any(s.samples for s in self.timer.steps) or bool(self.samples_per_step())
-        session = self.session
-        precision = session.state.precision.metrics() if session is not None and session.state else {}
-        return {
-            "session": session is not None,
-            "mode": self.spec.mode,
-            "stopped": stopped,
-            # Ranks step in lockstep (gradient all-reduce), so the job's rate is world_size x one rank's.
-            "throughput": timing.throughput * self.world_size,
-            "rate_unit": "samples/s" if samples_known else "steps/s",
-            "seed": run_seed(session),            # the run's name in the report's notes
-            "timing": timing.to_dict(),
-            "steps_run": self.timer.updates,
-            "steady_window": self.steady_steps,     # full mode: the steps the rate is from (None: every step)
-            "num_workers": self.loader.workers(),
-            # Only a Session's loader times the wait for each batch; the global hook sees optimizer steps alone.
-            "data_wait_fraction": (timing.data_wait_s / timing.seconds if timing.seconds else 0.0)
-            if session is not None else None,
-            # CUDA: the batches' copy and preparation on the compute stream, apart from the wait (measure.InputSpan)
-            "copy_fraction": (timing.copy_s / timing.seconds if timing.seconds else 0.0)
-            if session is not None and timing.copy_s is not None else None,
-            "peak_memory_bytes": peak_memory_bytes(self.device or torch.device("cpu")),
-            "world_size": self.world_size,
-            "precision_state": precision,
-            "scaler_skips": precision.get("skipped_steps"),
-            "compile": compile_counters(),
-            # passive_threads and reuse_memory as this process has them: the proof, for a script the recipe
-            # reaches only through the environment it started with (no Session, no framework adapter)
-            PROCESS_SWITCHES: process_wide_in_effect(),
-            # What the script reported: tf.report, and the evaluation its framework computed (frameworks/board.py)
-            "reported": {**self.reported, **{k: v for s in self.sections.values() for k, v in
-                                             getattr(s, "metrics", {}).items()},
-                         **(session.reported if session is not None else {})},
-            "declared_metric": next((s.declared for s in self.sections.values() if getattr(s, "declared", None)),
-                                    None),
-            # a Session's switches that could not act on the script's own loader, each with why
-            "unsupported": session.unsupported() if session is not None else {},
-            "overridden": {**({k: list(v) for k, v in session.overridden.items()} if session is not None else {}),
-                           **{k: v for section in self.sections.values() for k, v in section.overridden().items()}},
-            **{name: section.to_dict() for name, section in self.sections.items()},
-            "run_seconds": time.perf_counter() - self.started,
-            "process": process_state(),        # its cores, threads, preemptions, faults (procstate.py)
-            **self.extra,
-        }
+        """Every measured number of this run (the ablation's per-run record): run_record."""
+        return run_record(self, stopped)
 
     def write(self, stopped: str) -> None:
         if self.written or not self.is_main:
@@ -303,6 +257,57 @@ class Probe:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
+
+
+def run_record(probe: Probe, stopped: str) -> dict[str, Any]:
+    """Every measured number of a probe's run (the ablation's per-run record), read when the probe writes it."""
+    from .measure import peak_memory_bytes
+
+    timing = probe.timing()
+    samples_known = any(s.samples for s in probe.timer.steps) or bool(probe.samples_per_step())
+    session = probe.session
+    precision = session.state.precision.metrics() if session is not None and session.state else {}
+    return {
+        "session": session is not None,
+        "mode": probe.spec.mode,
+        "stopped": stopped,
+        # Ranks step in lockstep (gradient all-reduce), so the job's rate is world_size x one rank's.
+        "throughput": timing.throughput * probe.world_size,
+        "rate_unit": "samples/s" if samples_known else "steps/s",
+        "seed": run_seed(session),            # the run's name in the report's notes
+        "timing": timing.to_dict(),
+        "steps_run": probe.timer.updates,
+        "steady_window": probe.steady_steps,     # full mode: the steps the rate is from (None: every step)
+        "num_workers": probe.loader.workers(),
+        # Only a Session's loader times the wait for each batch; the global hook sees optimizer steps alone.
+        "data_wait_fraction": (timing.data_wait_s / timing.seconds if timing.seconds else 0.0)
+        if session is not None else None,
+        # CUDA: the batches' copy and preparation on the compute stream, apart from the wait (measure.InputSpan)
+        "copy_fraction": (timing.copy_s / timing.seconds if timing.seconds else 0.0)
+        if session is not None and timing.copy_s is not None else None,
+        "peak_memory_bytes": peak_memory_bytes(probe.device or torch.device("cpu")),
+        "world_size": probe.world_size,
+        "precision_state": precision,
+        "scaler_skips": precision.get("skipped_steps"),
+        "compile": compile_counters(),
+        # passive_threads and reuse_memory as this process has them: the proof, for a script the recipe
+        # reaches only through the environment it started with (no Session, no framework adapter)
+        PROCESS_SWITCHES: process_wide_in_effect(),
+        # What the script reported: tf.report, and the evaluation its framework computed (frameworks/board.py)
+        "reported": {**probe.reported, **{k: v for s in probe.sections.values() for k, v in
+                                          getattr(s, "metrics", {}).items()},
+                     **(session.reported if session is not None else {})},
+        "declared_metric": next((s.declared for s in probe.sections.values() if getattr(s, "declared", None)),
+                                None),
+        # a Session's switches that could not act on the script's own loader, each with why
+        "unsupported": session.unsupported() if session is not None else {},
+        "overridden": {**({k: list(v) for k, v in session.overridden.items()} if session is not None else {}),
+                       **{k: v for section in probe.sections.values() for k, v in section.overridden().items()}},
+        **{name: section.to_dict() for name, section in probe.sections.items()},
+        "run_seconds": time.perf_counter() - probe.started,
+        "process": process_state(),        # its cores, threads, preemptions, faults (procstate.py)
+        **probe.extra,
+    }
 
 
 def compile_counters() -> dict[str, Any] | None:

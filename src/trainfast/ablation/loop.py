@@ -239,7 +239,7 @@ class LadderRun:
             run_dir.mkdir(parents=True, exist_ok=True)
             write_json(run_dir / "recipe.json", recipe.to_dict())
             cpu, started = process_cpu_seconds(), time.monotonic()
-            result = self.launch(rung, recipe, budget, run_dir, display, self.time_limit())
+            result = self.launch(rung, recipe, budget, run_dir, display, rung_time_limit(self.opts, self.plan[0]))
             self.in_runs = (self.in_runs[0] + process_cpu_seconds() - cpu, self.in_runs[1] + time.monotonic() - started)
             if "error" not in result:
                 store.save(key, result)
@@ -267,22 +267,7 @@ class LadderRun:
         if not added:
             return
         self.measured += added
-        base = self.plan[0]
-        queued = {i for r, i, budget in self.queue if r is base and budget is not None}
-        runs = [(r, i, self.opts.budget) for i in range(self.repeats) if i not in queued for r in added]
-        for entry in self.queue:
-            runs.append(entry)
-            if entry[0] is base and entry[2] is not None:
-                runs += [(r, entry[1], entry[2]) for r in added]
-        self.queue = runs
-
-    def time_limit(self) -> float | None:
-        """--rung-timeout, or by default 10x the baseline's first run (at least 5 minutes: compilation alone
-        can take that); the first run itself is unlimited by default."""
-        if self.opts.rung_timeout is not None:
-            return self.opts.rung_timeout
-        walls = [r["wall_time_s"] for r in self.plan[0].repeats if r.get("wall_time_s")]
-        return max(300.0, 10 * walls[0]) if walls else None
+        self.queue = queue_with_added(self.queue, added, self.plan[0], self.repeats, self.opts.budget)
 
     def fit_budget(self, first: dict[str, Any]) -> None:
         """After the first run: the plan cut to the time budget, priced by that run (the baseline's, fp32:
@@ -337,22 +322,49 @@ class LadderRun:
         from ..report import write_report
 
         best, tie, odds = pick_best(self.plan, self.opts.min_effect)
-        # What the work learned from its runs (a framework script: the framework, the script's own settings)
-        # joins the settings it started with.
-        settings = {**self.settings, **self.work.learned}
-        if self.cut is not None:
-            settings = {**settings, "repeats": self.repeats, "noise_seeds": self.noise_seeds,
-                        "budget_cut": self.cut.to_dict()}
-        if self.added:
-            settings = {**settings, "repeats": self.repeats,
-                        "settle": {"within_s": self.opts.settle_within_s, "passes": self.added}}
-        if self.machine:
-            settings = {**settings, "machine_check": self.machine}
         result = AblationResult(self.plan, env, self.out_dir, best.recipe if best else None,
-                                best.name if best else None, self.ceilings, self.seed_runs, tie, settings, odds,
-                                self.metric.judged_metric())
+                                best.name if best else None, self.ceilings, self.seed_runs, tie, settings_as_run(self),
+                                odds, self.metric.judged_metric())
         write_report(result)
         return result
+
+
+def queue_with_added(queue: list[tuple[Rung, int, TimingBudget | None]], added: list[Rung], base: Rung,
+                     repeats: int, budget: TimingBudget) -> list[tuple[Rung, int, TimingBudget | None]]:
+    """The queue with the added rungs' runs: each pass's run of every added rung right after the baseline's run of
+    that pass, still queued; the passes whose baseline run is over get theirs first."""
+    queued = {i for r, i, b in queue if r is base and b is not None}
+    runs = [(r, i, budget) for i in range(repeats) if i not in queued for r in added]
+    for entry in queue:
+        runs.append(entry)
+        if entry[0] is base and entry[2] is not None:
+            runs += [(r, entry[1], entry[2]) for r in added]
+    return runs
+
+
+def rung_time_limit(options: LadderOptions, baseline: Rung) -> float | None:
+    """--rung-timeout, or by default 10x the baseline's first run (at least 5 minutes: compilation alone
+    can take that); the first run itself is unlimited by default."""
+    if options.rung_timeout is not None:
+        return options.rung_timeout
+    walls = [r["wall_time_s"] for r in baseline.repeats if r.get("wall_time_s")]
+    return max(300.0, 10 * walls[0]) if walls else None
+
+
+def settings_as_run(run: LadderRun) -> dict[str, Any]:
+    """The ladder's settings as it ran: what the work learned from its runs (a framework script: the framework,
+    the script's own settings) joins the settings it started with, and the repeats the time budget cut or
+    settling added, the passes added and the machine check are recorded beside them."""
+    settings = {**run.settings, **run.work.learned}
+    if run.cut is not None:
+        settings = {**settings, "repeats": run.repeats, "noise_seeds": run.noise_seeds,
+                    "budget_cut": run.cut.to_dict()}
+    if run.added:
+        settings = {**settings, "repeats": run.repeats,
+                    "settle": {"within_s": run.opts.settle_within_s, "passes": run.added}}
+    if run.machine:
+        settings = {**settings, "machine_check": run.machine}
+    return settings
 
 
 def run_ladder(plan: list[Rung], work: Work, settings: dict[str, Any], out: str | Path | None,

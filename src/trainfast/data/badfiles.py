@@ -38,7 +38,8 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch.utils.data import default_collate
 
-from .datasets import DataError, Skipped
+from ..errors import DataError
+from .datasets import Skipped
 from .encoded import EncodedImage, collate_encoded
 
 log = logging.getLogger("trainfast.data")

@@ -15,12 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from ..errors import DataError  # re-exported: callers that import it from here keep working
+
 # torchvision's ImageFolder list (so a folder it reads, this reads) plus GIF; Pillow decodes what TorchCodec does not
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
-
-
-class DataError(ValueError):
-    """Bad data input; the message names the path or spec."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +99,7 @@ def _channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float
     return tuple(round(float(v), 6) for v in mean), tuple(round(float(v), 6) for v in std)
 
 
-def _split_indices(n: int, val_fraction: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def split_indices(n: int, val_fraction: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     # A fixed split (its own generator, independent of the run's seed): every rung and every seed is
     # scored on the same held-out images.
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
@@ -110,7 +108,7 @@ def _split_indices(n: int, val_fraction: float, seed: int = 0) -> tuple[torch.Te
 
 
 def _in_memory_split(images: torch.Tensor, labels: torch.Tensor, num_classes: int, name: str) -> Split:
-    train_idx, val_idx = _split_indices(len(labels), 0.2)
+    train_idx, val_idx = split_indices(len(labels), 0.2)
     mean, std = _channel_stats(images[train_idx])
     return Split(TensorImages(images[train_idx], labels[train_idx]), TensorImages(images[val_idx], labels[val_idx]),
                  num_classes, mean, std, images.shape[-1], name)

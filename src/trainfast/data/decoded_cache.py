@@ -32,7 +32,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .datasets import DataError, Split
+from ..errors import DataError
+from .datasets import Split
 from .imagefolder import ImageFiles, decode_bytes, read_bytes, upright_size
 
 CACHE_FORMAT = 3     # 2: HWC pixel order; 3: upright (EXIF orientation applied by every decoder)

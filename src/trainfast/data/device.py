@@ -14,10 +14,11 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..errors import DataError
 from ..techniques.memory_format import memory_format
 from ..techniques.prefetch import HostBuffers, Prefetcher
 from ..techniques.transfer import DeviceBatches, Prepare, map_tensors
-from .datasets import DataError, normalize, stats_tensors
+from .datasets import normalize, stats_tensors
 from .device_decode import DeviceDecoder, is_encoded
 from .encoded import encodes
 

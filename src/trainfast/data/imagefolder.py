@@ -41,7 +41,8 @@ import torch
 from PIL.Image import DecompressionBombError, Exif, Transpose
 from torch.utils.data import Dataset
 
-from .datasets import IMAGE_EXTENSIONS, DataError, Skipped, Split, _split_indices
+from ..errors import DataError
+from .datasets import IMAGE_EXTENSIONS, Skipped, Split, split_indices
 
 JPEG_SUFFIXES = (".jpg", ".jpeg")
 DECODERS = ("torchcodec", "torchvision")
@@ -338,7 +339,7 @@ def load_imagefolder(path: str, image_size: int = 224) -> Split:
                         f"{root} (20% is then held out for validation)")
     else:
         samples, classes = scan_folder(root)
-        train_idx, val_idx = _split_indices(len(samples), 0.2)
+        train_idx, val_idx = split_indices(len(samples), 0.2)
         train_samples = [samples[i] for i in train_idx.tolist()]
         val_samples = [samples[i] for i in val_idx.tolist()]
     if len(classes) < 2:

@@ -1,7 +1,8 @@
 """`--data SPEC` -> a Split: the built-in datasets by name, an image folder or CIFAR-10 by path."""
 from __future__ import annotations
 
-from .datasets import DIGITS_SIZE, DataError, Split, load_cifar10, load_digits, load_synthetic
+from ..errors import DataError
+from .datasets import DIGITS_SIZE, Split, load_cifar10, load_digits, load_synthetic
 from .imagefolder import load_imagefolder
 
 

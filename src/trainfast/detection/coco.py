@@ -2,7 +2,7 @@
 
 Layout: PATH/instances_train*.json and PATH/instances_val*.json (or the same under PATH/annotations/) give
 the two splits; a single PATH/instances*.json is split 80/20 by image, with the fixed split of the
-classification data (datasets._split_indices), so every run is scored on the same images. An image's
+classification data (datasets.split_indices), so every run is scored on the same images. An image's
 `file_name` is looked up in PATH, PATH/images, PATH/<split> and PATH/images/<split>, <split> being what
 follows "instances_" in the json's name (train2017 for instances_train2017.json, COCO's own layout).
 
@@ -39,7 +39,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from ..data.datasets import DataError, Skipped, _split_indices
+from ..data.datasets import Skipped, split_indices
+from ..errors import DataError
 from .data import DetectionSplit
 
 EDGE_TOLERANCE = 1.0             # pixels a box may pass its image's edge before it is an error
@@ -283,7 +284,7 @@ def load_coco(path: str | Path) -> DetectionSplit:
     train_json, val_json = find_instances(root)
     records, categories, skipped = read_instances(train_json, root)
     if val_json is None:
-        train_idx, val_idx = _split_indices(len(records), 0.2)
+        train_idx, val_idx = split_indices(len(records), 0.2)
         train_records = [records[i] for i in train_idx.tolist()]
         val_records = [records[i] for i in val_idx.tolist()]
     else:

@@ -1,7 +1,7 @@
 """`--data SPEC` for detection -> a DetectionSplit: synthetic images of shapes or digits, or a COCO folder."""
 from __future__ import annotations
 
-from ..data.datasets import DataError
+from ..errors import DataError
 from .coco import load_coco
 from .data import DetectionSplit
 from .synthetic import load_synthetic_detection

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ..data.datasets import DataError
+from ..errors import DataError
 from .data import DetectionSplit
 
 SIZES = ((160, 320), (192, 256), (224, 224), (256, 192), (320, 160))   # (height, width): 1:2 ... 2:1

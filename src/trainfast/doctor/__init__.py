@@ -1,6 +1,6 @@
 """`trainfast doctor`: what holds this run back, and the mistakes in it, from a short, bounded run.
 
-Three observers run a loop under the Watch (watch.py) and return what they measured (Observations); checks/
+Three observers run a loop under the Watch (instruments/watch.py) and return what they measured (Observations); checks/
 turns those into ranked Findings. One module per observer, beside what they share:
   builtin.py   the built-in run (same model/data/recipe flags as `train`), in three short passes
   loop.py      a user's own loop, in this process (observe_loop)

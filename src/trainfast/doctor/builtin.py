@@ -1,6 +1,6 @@
 """The doctor on the built-in run (same model/data/recipe flags as `train`), driven through the same Session
 objects and the same engine as training, in three short passes:
-  1. watched: 1 + K steps (K = the recipe's log_every, 4 to 16) under the Watch (watch.py): syncs per step
+  1. watched: 1 + K steps (K = the recipe's log_every, 4 to 16) under the Watch (instruments/watch.py): syncs per step
      by source line (steps 1..K, never timed), input shapes, the gradients' state after each step; then the
      evaluation loop on two validation batches, and two eval forwards of one input (dropout in eval);
   2. timed: `steps` steps with nothing attached, timed by the Session's StepTimer (data wait per step);
@@ -28,7 +28,7 @@ from ..engine import train_one_epoch
 from ..envcheck import collect_environment, cpu_seconds
 from ..measure import detect_warmup
 from ..techniques import memory_reuse
-from ..watch import Watch
+from ..instruments.watch import Watch
 from .common import (DEFAULT_STEPS, add_evaluation, add_machine_load, add_page_faults, add_watch, capacity,
                      current_memory)
 from .peaks import half_ceiling, measure_flops

@@ -8,7 +8,7 @@ import torch
 from ..checks import Observations
 from ..envcheck import other_cores_since, usable_cpus
 from ..techniques import memory_reuse
-from ..watch import Watch
+from ..instruments.watch import Watch
 
 DEFAULT_STEPS = 10          # timed steps: a median over the steps after warm-up (the watched pass warms up)
 DEFAULT_EVAL_WITHIN = 120.0  # seconds an own loop is kept going for its first evaluation: a small epoch

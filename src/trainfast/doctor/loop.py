@@ -16,7 +16,7 @@ import torch
 from ..checks import Observations
 from ..envcheck import collect_environment
 from ..measure import detect_warmup
-from ..watch import EnoughSteps, Watch
+from ..instruments.watch import EnoughSteps, Watch
 from .common import (DEFAULT_EVAL_WITHIN, DEFAULT_STEPS, add_evaluation, add_machine_load, add_page_faults, add_watch,
                      capacity)
 from .peaks import DTYPE_NAMES, half_ceiling, loop_dtype, loop_flops
@@ -94,9 +94,9 @@ def worker_handoff_s(batch: Any, repeats: int = 5) -> float | None:
 
     import torch.multiprocessing  # noqa: F401  (registers the tensor reductions workers use)
 
-    from ..evalcheck import _tensors
+    from ..instruments.tensors import tensors_of
 
-    tensors = [t for t in _tensors(batch) if t.device.type == "cpu"]
+    tensors = [t for t in tensors_of(batch) if t.device.type == "cpu"]
     if not tensors:
         return None
     seconds = []

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..measure import measure_ceiling
 from ..techniques.precision import DTYPES, auto_amp_dtype, slow_half_reason
-from ..watch import Watch
+from ..instruments.watch import Watch
 
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}      # torch.bfloat16 -> "bf16"
 
@@ -54,7 +54,7 @@ def loop_flops(watch: Watch, device: torch.device) -> tuple[float | None, float 
 
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..evalcheck import _tensors
+    from ..instruments.tensors import tensors_of
     from ..measure import batch_samples
 
     forwards = watch.forwards
@@ -66,7 +66,7 @@ def loop_flops(watch: Watch, device: torch.device) -> tuple[float | None, float 
         shadow = copy.deepcopy(model).train()
         devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.enable_grad(), FlopCounterMode(display=False) as counter:
-            outputs = [t for t in _tensors(shadow(*forwards.last_input)) if t.requires_grad]
+            outputs = [t for t in tensors_of(shadow(*forwards.last_input)) if t.requires_grad]
             sum(t.float().sum() for t in outputs).backward()
         per_sample = counter.get_total_flops() / max(1, batch_samples(forwards.last_input[0]))
         return per_sample, measure_ceiling(device, loop_dtype(watch), repeats=3)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..checks import Observations
-from ..watch import Watch
+from ..instruments.watch import Watch
 from .common import DEFAULT_EVAL_WITHIN, DEFAULT_STEPS, add_evaluation
 from .loop import loop_observations
 

@@ -190,7 +190,7 @@ VAL_PER_TRAIN = 4                   # a subset keeps one validation document for
 
 def parse_text_spec(spec: str) -> tuple[str, int | None]:
     """`stdlib` (every document), `stdlib:N` (N training documents, a fixed sample of them), `text:PATH`."""
-    from ..data.datasets import DataError
+    from ..errors import DataError
 
     if spec.startswith("stdlib:"):
         count = spec[len("stdlib:"):]

@@ -18,7 +18,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data.datasets import DataError
+from ..errors import DataError
 
 SKIPPED_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "turtledemo", "tkinter",
                 "ensurepip", "__pycache__", "pydoc_data", "encodings"}

@@ -22,12 +22,14 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-TRAINFAST_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+INSTRUMENTS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# The package root, one folder up from the instruments: a line in any trainfast file is trainfast's, not the loop's.
+TRAINFAST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # The instruments' own files (named, not imported: they import this one): their frames are the watch's,
 # never the loop's.
-INSTRUMENT_FILES = frozenset(os.path.join(TRAINFAST_DIR, name)
-                             for name in ("watch.py", "stepwatch.py", "forwardwatch.py", "syncs.py", "gradwatch.py",
-                                          "evalcheck.py"))
+INSTRUMENT_FILES = frozenset(os.path.join(INSTRUMENTS_DIR, name)
+                             for name in ("watch.py", "steps.py", "forwards.py", "syncs.py", "gradients.py",
+                                          "evalcheck.py", "tensors.py"))
 # Frames between a Tensor method written in Python (__format__, __repr__) and its caller: the method itself.
 PASS_THROUGH = {*INSTRUMENT_FILES, os.path.join(TORCH_DIR, "overrides.py"), os.path.join(TORCH_DIR, "_tensor.py")}
 

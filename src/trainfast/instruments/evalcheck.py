@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .syncs import SyncCounter, describe
+from .tensors import tensors_of
 
 
 def mode_dependent(model: nn.Module) -> dict[str, int]:
@@ -36,7 +37,7 @@ def check_eval_dropout(model: nn.Module, *inputs: Any, training: bool = False) -
     training=True: the same test in the mode a loop evaluated in without model.eval() (its buffers, batch
     norm's running statistics, are put back afterwards)."""
     was_training = model.training
-    device = next((t.device for t in _tensors(inputs)), torch.device("cpu"))
+    device = next((t.device for t in tensors_of(inputs)), torch.device("cpu"))
     counter = SyncCounter(device.type)
     buffers = [(b, b.detach().clone()) for b in model.buffers()] if training else []
     model.train(training)
@@ -50,19 +51,9 @@ def check_eval_dropout(model: nn.Module, *inputs: Any, training: bool = False) -
         with torch.no_grad():
             for buffer, saved in buffers:
                 buffer.copy_(saved)
-    pairs = list(zip(_tensors(first), _tensors(second)))
+    pairs = list(zip(tensors_of(first), tensors_of(second)))
     diff = max((float((a.float() - b.float()).abs().max()) for a, b in pairs if a.numel()), default=0.0)
     scale = max((float(a.float().abs().max()) for a, _ in pairs if a.numel()), default=0.0)
     return {"max_diff": diff, "relative_diff": diff / scale if scale else diff,
             "calls": [describe(w) for w in counter.dropouts],
             "random_calls": [f"{call}() at {describe(where)}" for call, *where in counter.randoms]}
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .evalcheck import _tensors, check_eval_dropout, mode_dependent
+from .evalcheck import check_eval_dropout, mode_dependent
+from .tensors import tensors_of
 
 
 class ForwardWatch:
@@ -110,7 +111,7 @@ class ForwardWatch:
         else:
             self.eval_forwards += 1
             watch.counter.in_eval = True
-            if torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(output)):
+            if torch.is_grad_enabled() and any(t.requires_grad for t in tensors_of(output)):
                 self.eval_graph[type(module).__name__] += 1
         if watch.wait_started is not None and self.eval_seen >= watch.EVAL_FORWARDS:
             watch.finish("reached")
@@ -157,7 +158,7 @@ class ForwardWatch:
 
 
 def shape_of(args: tuple) -> list:
-    return [list(t.shape) for t in _tensors(args[:1])]
+    return [list(t.shape) for t in tensors_of(args[:1])]
 
 
 def _detached(value: Any) -> Any:

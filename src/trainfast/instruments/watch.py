@@ -8,16 +8,16 @@ Four instruments, all off the hot path except where said:
     the host is counted with the source line that made it. A mode costs a Python call per torch call, so it
     is switched on for a window of steps that is never timed.
   - Forward hooks on the model (or, for a script whose model is unknown, global module hooks that keep only
-    the outermost module of each call; forwardwatch.py, `Watch.forwards`): the input shape of every training
+    the outermost module of each call; forwards.py, `Watch.forwards`): the input shape of every training
     forward, nn.DataParallel, and the evaluation forwards: those in eval mode that still build an autograd
     graph (no torch.no_grad()), and the grad-free ones of the trained model left in training mode (no
     model.eval(): dropout drops, batch norm uses and updates batch statistics). At the end the model is tested
     on an input it trained and one it evaluated on (evalcheck.py).
-  - The gradients between two steps (gradwatch.py; `GradientWatch` below, `Watch.gradients`): a hook on one
+  - The gradients between two steps (gradients.py; `GradientWatch` below, `Watch.gradients`): a hook on one
     parameter of each stepped optimizer sees what zero_grad left in .grad each time a gradient arrives;
     `Optimizer.zero_grad` and `nn.Module.zero_grad` are wrapped while the watch is on, so a finding can name
     the call, its set_to_none and its line.
-  - torch's global optimizer-step hook: counts and times the steps (stepwatch.py, `Watch.clock`) and drives
+  - torch's global optimizer-step hook: counts and times the steps (steps.py, `Watch.clock`) and drives
     the windows above; and, for a loop that iterates a torch DataLoader, the time each `next(batch)` took and
     the samples it brought (its iterator's __next__ is wrapped while the watch is on), summed per step. After
     the watched steps, a loop that has not evaluated yet may be kept running, untimed, until its first
@@ -35,9 +35,9 @@ import torch
 from torch import nn
 
 # SyncCounter and grads_state are re-exported: other code imports them from here.
-from .forwardwatch import ForwardWatch
-from .gradwatch import call_site, graded_param, grads_state, interval_state, time_memset, wrap_zero_grad, zero_grad_rows
-from .stepwatch import StepWatch
+from .forwards import ForwardWatch
+from .gradients import call_site, graded_param, grads_state, interval_state, time_memset, wrap_zero_grad, zero_grad_rows
+from .steps import StepWatch
 from .syncs import SyncCounter
 
 
@@ -225,7 +225,7 @@ class GradientWatch:
         return not set_to_none and self.watch.counting and len(self.zero_grad_times) < self.ZERO_GRAD_TIMINGS
 
     def _time_memset(self, obj) -> None:
-        """Times the memset an in-place zero_grad is about to make (gradwatch.time_memset)."""
+        """Times the memset an in-place zero_grad is about to make (gradients.time_memset)."""
         seconds = time_memset(obj)
         if seconds is not None:
             self.zero_grad_times.append(seconds)

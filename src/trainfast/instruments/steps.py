@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from .envcheck import cpu_seconds
-from .evalcheck import _tensors
-from .measure import InputSpan, read_spans
-from .techniques.memory_reuse import kernel_counters
+from ..envcheck import cpu_seconds
+from ..measure import InputSpan, read_spans
+from ..techniques.memory_reuse import kernel_counters
+from .tensors import tensors_of
 
 
 class StepWatch:
@@ -34,7 +34,7 @@ class StepWatch:
         """Wraps DataLoader iterators' __next__; returns what restores it: (owner, name, original)."""
         from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-        from .measure import batch_samples
+        from ..measure import batch_samples
 
         original, watch, clock = _BaseDataLoaderIter.__next__, self.watch, self
         restore = (_BaseDataLoaderIter, "__next__", original)
@@ -59,7 +59,7 @@ class StepWatch:
 
     def _keep_batch(self, batch) -> None:
         """What a worker would hand over (doctor.worker_handoff_s): the batch's tensors, copied (loaders recycle)."""
-        self.last_batch = [t.detach().clone() for t in _tensors(batch)]
+        self.last_batch = [t.detach().clone() for t in tensors_of(batch)]
 
     def step(self) -> None:
         """A step ended (the watch has counted it): its end, the kernel's counters and its batches."""
