@@ -1,7 +1,7 @@
 """`trainfast ablate|tune|doctor|train|bench-data|selfcheck`. Every Recipe field is one flag (`--set-to-none`,
 `--num-workers 2`, ...), generated from the dataclass so the two can never drift (cliflags.py). Unknown flags, bad
 values, bad config keys, missing folders and unknown model names are refused before torch loads; what needs
-torch to be judged (a timm name, the device) before any data is loaded or any model is built."""
+torch to be judged (a timm name, the device) is refused before any data is loaded or any model is built."""
 from __future__ import annotations
 
 import argparse
