@@ -22,7 +22,8 @@ MAX_CLASS_LINES = 200
 # Top to bottom. A name matches a module or, with ".*", every module of a package.
 LAYERS: list[tuple[str, list[str]]] = [
     ("entry points", ["trainfast", "trainfast.__main__", "trainfast.cli", "trainfast.cliargs", "trainfast._site",
-                      "trainfast._site.*"]),
+                      "trainfast._site.*",
+                      "trainfast.cliflags"]),
     ("search", ["trainfast.tune", "trainfast.tune.*"]),
     ("applications", ["trainfast.ablation", "trainfast.ablation.*", "trainfast.doctor", "trainfast.doctor.*",
                       "trainfast.bench_data", "trainfast.trainer", "trainfast.selfcheck", "trainfast.selfcheck.*"]),
@@ -40,7 +41,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                                         "trainfast.models", "trainfast.text", "trainfast.text.*"]),
     ("foundations", ["trainfast.recipe", "trainfast.measure", "trainfast.measure.*", "trainfast.stats",
                      "trainfast.procs", "trainfast.results", "trainfast.observers", "trainfast.procstate",
-                     "trainfast.errors"]),
+                     "trainfast.errors", "trainfast.modelnames", "trainfast.defaults"]),
 ]
 
 

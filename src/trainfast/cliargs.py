@@ -1,6 +1,7 @@
 """The CLI's value types and naming rules, shared by every subcommand so one concept reads and parses the same
-way everywhere (docs/cli.md has the table). Nothing imports torch at import time: `trainfast --help` stays
-light (the flag adders import what names their choices when a subcommand's flags are first needed).
+way everywhere (docs/cli.md has the table). Nothing here imports torch, not even when a flag is added: a bad
+flag is refused before torch loads (help words that must come from a module that imports it are made only when
+the help is shown: help_when_shown).
 
 - Durations: every flag that takes a time parses it with `parse_duration` (through `Duration`): `90`, `90s`,
   `10m`, `1.5h`. Their names follow one rule: `--<what>-timeout` stops something and reports it failed,
@@ -14,7 +15,9 @@ import argparse
 import copy
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from .defaults import MIN_EFFECT, TIMING_FLOOR, TIMING_SECONDS, TIMING_STEPS
 
 # --- numbers --------------------------------------------------------------------------------------------
 
@@ -130,10 +133,29 @@ class Duration:
 def add_aliased(parser, canonical: str, *aliases: str, help: str = "", **kwargs: Any) -> argparse.Action:
     """A flag with other accepted spellings: they parse to the same dest; the help lists the canonical name
     only (AliasHelpFormatter) and ends with "(alias: --old)"."""
-    note = f"(alias: {', '.join(aliases)})" if aliases else ""
-    action = parser.add_argument(canonical, *aliases, help=f"{help} {note}".strip(), **kwargs)
+    action = parser.add_argument(canonical, *aliases, help=with_aliases(help, aliases), **kwargs)
     action.aliases = aliases
     return action
+
+
+def with_aliases(help: str, aliases: tuple[str, ...]) -> str:
+    note = f"(alias: {', '.join(aliases)})" if aliases else ""
+    return f"{help} {note}".strip()
+
+
+def help_when_shown(action: argparse.Action, text: Callable[[], str]) -> None:
+    """Help whose words come from a module that imports torch (the rungs, which the switches' declarations
+    name): `text()` is called only when the help is shown (fill_help_later, from the subcommand's format_help),
+    so building the flags to parse a command line, and refusing one, stays torch-free. Until then the flag keeps
+    the help it was added with."""
+    action.help_later = text
+
+
+def fill_help_later(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        text = getattr(action, "help_later", None)
+        if text is not None:
+            action.help, action.help_later = with_aliases(text(), getattr(action, "aliases", ())), None
 
 
 class AliasHelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -165,29 +187,28 @@ def add_resume(parser, text: str, metavar: str = "DIR") -> None:
                         help=f"{text}; bare (or `auto`): the folder given with --out")
 
 
-def add_switches(parser, names: str, default: str) -> None:
-    add_aliased(parser, "--switches", "--rungs", dest="switches", default=None, metavar="NAMES",
-                help=f"comma-separated switches to try, each one rung: {names} (default: {default})")
+def add_switches(parser, names: Callable[[], str], default: str) -> None:
+    """--switches NAMES; `names()` lists them in the help (help_when_shown: they come from the switches'
+    declarations, whose modules import torch)."""
+    action = add_aliased(parser, "--switches", "--rungs", dest="switches", default=None, metavar="NAMES",
+                         help=f"comma-separated switches to try, each one rung (default: {default})")
+    help_when_shown(action, lambda: f"comma-separated switches to try, each one rung: {names()} (default: {default})")
 
 
-def add_timing(parser, steps: int | None = 16, steps_help: str = "", budget: bool = True,
+def add_timing(parser, steps: int | None = TIMING_STEPS, steps_help: str = "", budget: bool = True,
                aliases: tuple[str, ...] = ()) -> None:
-    from .ablation import TimingBudget
-
     add_aliased(parser, "--timing-steps", *aliases, type=positive_int, default=steps, metavar="N",
                 help=steps_help or "steady steps (after warm-up) each run is timed over; short epochs are continued "
                                    "(default %(default)s)")
     if budget:
         add_aliased(parser, "--timing-budget", "--timing-seconds", dest="timing_budget", type=Duration(),
-                    default=TimingBudget.seconds, metavar="DURATION",
-                    help=f"...or at least {TimingBudget.floor} steady steps once they take this long (slow models; "
-                         f"default {format_duration(TimingBudget.seconds)})")
+                    default=TIMING_SECONDS, metavar="DURATION",
+                    help=f"...or at least {TIMING_FLOOR} steady steps once they take this long (slow models; "
+                         f"default {format_duration(TIMING_SECONDS)})")
 
 
 def add_comparison(parser, what: str) -> None:
     """--repeats, --min-effect, --amp-dtype: how a ladder of runs is compared, the same in ablate and tune."""
-    from .stats import MIN_EFFECT
-
     parser.add_argument("--repeats", type=positive_int, default=3, metavar="N",
                         help=f"fresh processes per {what}, run in interleaved order; each speed-up's interval comes "
                              "from them (default %(default)s; more: tighter intervals, proportionally longer)")

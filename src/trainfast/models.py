@@ -12,11 +12,9 @@ import sys
 import torch
 from torch import nn
 
+from .modelnames import ModelError  # it lives where nothing imports torch: the CLI raises it before torch loads
+
 DEFAULT_MODEL = "resnet9"
-
-
-class ModelError(ValueError):
-    """An unknown model name or bad model arguments; the message names the model."""
 
 
 def _conv_bn(c_in: int, c_out: int) -> nn.Sequential:

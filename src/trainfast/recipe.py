@@ -212,52 +212,59 @@ def apply_env_recipe(recipe: Recipe, environ: Mapping[str, str] | None = None) -
     return merged, overridden
 
 
+POSITIVE_INTS = ("epochs", "batch_size", "log_every", "max_consecutive_skips", "keep_checkpoints", "grad_accum_steps",
+                 "dist_timeout_s")
+NON_NEGATIVE_INTS = ("warmup_steps", "seed", "save_every")
+
+
+def field_problem(name: str, value: Any) -> str | None:
+    """What is wrong with one field's value on its own ("must be a positive integer"), or None. validate_fields
+    names the field with it; the CLI names the flag, refusing it while it parses, before torch loads."""
+    declared = FIELD_TYPES[name]
+    kind = declared.removesuffix(" | None")
+    if value is None and kind != declared:              # an optional field left unset
+        return None
+    if kind == "bool" and not isinstance(value, bool):
+        # a string "false" is truthy: taken as given it would switch the technique on
+        return "must be true or false"
+    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        return "must be a number"
+    if declared == "int | None" and (isinstance(value, bool) or not isinstance(value, int)):
+        return "must be an integer (or unset)"
+    if name in FIELD_CHOICES and value not in FIELD_CHOICES[name]:
+        return f"is not one of {', '.join(FIELD_CHOICES[name])}"
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if name in POSITIVE_INTS and not (whole and value >= 1):
+        return "must be a positive integer"
+    if name in NON_NEGATIVE_INTS and not (whole and value >= 0):
+        return "must be a non-negative integer"
+    if name == "num_workers" and value != "auto" and not (whole and value >= 0):
+        return "must be a non-negative integer or 'auto'"
+    if (name == "lr" and not value > 0) or (name == "grad_clip" and not value > 0):
+        return "must be positive" + (" (or unset)" if name == "grad_clip" else "")
+    if name == "weight_decay" and value < 0:
+        return "must be >= 0"
+    if name == "max_bad_fraction" and not 0 <= value < 1:
+        return "must be in [0, 1)"
+    if name == "prefetch_factor" and value < 1:
+        return "must be >= 1"
+    return None
+
+
 def validate_fields(r: Recipe) -> None:
-    """Checks that need no device: types, ranges, and switches that need another switch."""
+    """Checks that need no device: each field's type and range (field_problem), then the switches that need
+    another switch."""
     for f in fields(r):
-        value, kind = getattr(r, f.name), f.type.removesuffix(" | None")
-        if value is None and kind != f.type:            # an optional field left unset
-            continue
-        if kind == "bool" and not isinstance(value, bool):
-            # a string "false" is truthy: taken as given it would switch the technique on
-            raise RecipeError(f"{f.name}={value!r} must be true or false")
-        if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise RecipeError(f"{f.name}={value!r} must be a number")
-        if f.type == "int | None" and (isinstance(value, bool) or not isinstance(value, int)):
-            raise RecipeError(f"{f.name}={value!r} must be an integer (or unset)")
-    for name, choices in FIELD_CHOICES.items():
-        if getattr(r, name) not in choices:
-            raise RecipeError(f"{name}={getattr(r, name)!r} is not one of {', '.join(choices)}")
+        problem = field_problem(f.name, getattr(r, f.name))
+        if problem is not None:
+            raise RecipeError(f"{f.name}={getattr(r, f.name)!r} {problem}")
     if r.precision == "fp32" and r.precision_level != "autocast":
         raise RecipeError(f"precision_level={r.precision_level!r} needs precision=bf16 or fp16 "
                           "(fp32 is O0, it has no levels)")
-    for name in ("epochs", "batch_size", "log_every", "max_consecutive_skips", "keep_checkpoints",
-                 "grad_accum_steps", "dist_timeout_s"):
-        value = getattr(r, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise RecipeError(f"{name}={value!r} must be a positive integer")
-    w = r.num_workers
-    if w != "auto" and (not isinstance(w, int) or isinstance(w, bool) or w < 0):
-        raise RecipeError(f"num_workers={w!r} must be a non-negative integer or 'auto'")
-    for name in ("warmup_steps", "seed", "save_every"):
-        value = getattr(r, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise RecipeError(f"{name}={value!r} must be a non-negative integer")
-    if not r.lr > 0:
-        raise RecipeError(f"lr={r.lr!r} must be positive")
-    if r.weight_decay < 0:
-        raise RecipeError(f"weight_decay={r.weight_decay!r} must be >= 0")
-    if r.grad_clip is not None and not r.grad_clip > 0:
-        raise RecipeError(f"grad_clip={r.grad_clip!r} must be positive (or unset)")
-    if not isinstance(r.max_bad_fraction, (int, float)) or not 0 <= r.max_bad_fraction < 1:
-        raise RecipeError(f"max_bad_fraction={r.max_bad_fraction!r} must be in [0, 1)")
     if r.num_workers == 0 and r.persistent_workers:
         raise RecipeError("persistent_workers=True needs num_workers > 0 (there are no workers to keep)")
-    if r.prefetch_factor is not None:
-        if r.num_workers == 0:
-            raise RecipeError("prefetch_factor needs num_workers > 0 (the main process does not prefetch)")
-        if r.prefetch_factor < 1:
-            raise RecipeError(f"prefetch_factor={r.prefetch_factor!r} must be >= 1")
+    if r.prefetch_factor is not None and r.num_workers == 0:
+        raise RecipeError("prefetch_factor needs num_workers > 0 (the main process does not prefetch)")
     if r.non_blocking and not r.pin_memory and not r.prefetch:
         # An async copy from pageable memory is silently synchronous on CUDA: refuse the illusion.
         raise RecipeError("non_blocking=True needs pin_memory=True (copies from pageable memory are synchronous)")
@@ -338,3 +345,4 @@ def preset(name: str) -> Recipe:
 
 
 RECIPE_FIELDS = tuple(f.name for f in fields(Recipe))
+FIELD_TYPES = {f.name: f.type for f in fields(Recipe)}   # as written (annotations are strings here)

@@ -37,8 +37,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as scipy_stats
 
+from .defaults import MIN_EFFECT  # the smallest speed difference called a gain or a loss (--min-effect)
+
 FASTER, SLOWER, SAME = "faster", "slower", "no measurable difference"
-MIN_EFFECT = 0.05
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 POWER = 0.8             # "detectable": found in 80% of runs (Noise.detectable)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..defaults import LADDER_MODES  # how a ladder's rungs build on each other (the CLI's --mode)
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import Effect, Rung
 from ..tasks import TASKS, build_task
@@ -34,7 +35,6 @@ LADDERS: dict[str, tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]] 
     SCRIPT: (default_ladder("classification"), rung_table(None))}
 LADDER, RUNGS = LADDERS["classification"]
 DETECTION_LADDER, DETECTION_RUNGS = LADDERS["detection"]
-LADDER_MODES = ("cumulative", "each")    # how a ladder's rungs build on each other (plan_rungs)
 RUNG_ALIASES = {"fp32": "baseline"}
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..defaults import MAX_REPEATS, SETTLE_WITHIN_S  # the CLI shows them before torch loads
 from ..measure import measure_ceiling
 from ..procstate import process_cpu_seconds, reference_check
 from ..recipe import RecipeError
@@ -29,8 +30,6 @@ from .server import wait_rung_server
 from .store import RunStore, write_json
 from .work import Work
 
-MAX_REPEATS = 8                 # settling adds passes up to this many repeats of every rung
-SETTLE_WITHIN_S = 150.0         # the built-in ablation's default: what keeps `make ablate` under 3 minutes
 
 
 @dataclass(frozen=True)

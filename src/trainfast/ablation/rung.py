@@ -23,6 +23,7 @@ import torch
 from ..checkpoint import NoCheckpoints, build_checkpointer
 from ..data.badfiles import skipped_last_pass
 from ..data.device_decode import host_decoded_last_pass, host_decoded_names
+from ..defaults import TIMING_FLOOR, TIMING_SECONDS, TIMING_STEPS
 from ..engine import train_one_epoch
 from ..measure import BLOCK_SECONDS, EpochStats, Timing
 from ..probe import MeasureSpec, Probe
@@ -37,9 +38,9 @@ class TimingBudget:
     """How long a rung is timed, in steps after warm-up, whatever the epoch length: at least `steps`
     steady steps, or at least `floor` of them once they take `seconds` (slow models: fewer, longer steps).
     Short epochs are continued past the accuracy run (the data cycled) until the budget is met."""
-    steps: int = 16
-    seconds: float = 60.0
-    floor: int = 8
+    steps: int = TIMING_STEPS            # the numbers live in defaults.py: the CLI shows them before torch loads
+    seconds: float = TIMING_SECONDS
+    floor: int = TIMING_FLOOR
     min_seconds: float = 2.0    # millisecond steps are timed over at least this long: enough blocks for a spread
 
 

@@ -24,8 +24,11 @@ from typing import Any, Callable
 
 from torch import nn
 
-from ..models import ModelError
+# The names live where nothing imports torch, so the CLI can check one before torch loads
+from ..modelnames import (DEFAULT_DETECTION_MODEL, DETECTION_MODELS, ModelError,  # noqa: F401  (re-exported)
+                          check_detection_model_name)
 
+# One per name in DETECTION_MODELS (tests/test_cli_early.py checks the two agree)
 CPU_DEFAULTS: dict[str, dict[str, Any]] = {
     "fasterrcnn_mobilenet_v3_large_320_fpn": {
         "min_size": 320, "max_size": 480,
@@ -45,21 +48,6 @@ def _builders() -> dict[str, Callable[..., nn.Module]]:
     from torchvision.models import detection
 
     return {name: getattr(detection, name) for name in CPU_DEFAULTS}
-
-
-DETECTION_MODELS = tuple(CPU_DEFAULTS)
-# The default, measured on the built-in data (192 training images, AdamW lr 1e-3, batch 4, 1 CPU thread on
-# the shared 2-core machine): Faster R-CNN's held-out mAP@0.5 went 0.0003 (untrained) -> 0.22 -> 0.38 after
-# its 2nd and 3rd epochs (mAP@[.5:.95] 0.16), about 100 s per epoch; SSDlite (batch 8) stayed under 0.003
-# for 8 epochs while its loss fell from 9.8 to 1.4: from scratch it needs far more steps than minutes give.
-DEFAULT_DETECTION_MODEL = "fasterrcnn_mobilenet_v3_large_320_fpn"
-
-
-def check_detection_model_name(name: str) -> None:
-    """Refuse an unknown name before any work starts, listing the supported ones."""
-    if name not in CPU_DEFAULTS:
-        raise ModelError(f"--model {name!r} is not a supported detection model; choose one of "
-                         f"{', '.join(DETECTION_MODELS)}")
 
 
 def build_detection_model(name: str, num_classes: int, cpu_sized: bool = True, **overrides: Any) -> nn.Module:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import torch
 
 from ..checks import Observations
+# Every observer's timed steps, and how long an own loop is kept going for its first evaluation (defaults.py says
+# why each: the CLI shows them before torch loads)
+from ..defaults import DOCTOR_EVAL_WITHIN as DEFAULT_EVAL_WITHIN  # noqa: F401
+from ..defaults import DOCTOR_STEPS as DEFAULT_STEPS  # noqa: F401
 from ..envcheck import other_cores_since, usable_cpus
 from ..techniques import memory_reuse
 from ..instruments.watch import Watch
 
-DEFAULT_STEPS = 10          # timed steps: a median over the steps after warm-up (the watched pass warms up)
-DEFAULT_EVAL_WITHIN = 120.0  # seconds an own loop is kept going for its first evaluation: a small epoch
 
 
 def add_page_faults(obs: Observations, counters: list, source: str) -> None:

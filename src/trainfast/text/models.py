@@ -9,25 +9,11 @@ small (about 20M) and 125m / 350m (the usual GPU sizes, as GPT-2 small and mediu
 data's (its tokenizer's), the context length the run's --seq-len."""
 from __future__ import annotations
 
-import difflib
+# The names and sizes live where nothing imports torch, so the CLI can check a name before torch loads
+from ..modelnames import DEFAULT_LM_MODEL, LM_MODELS, ModelError, check_lm_model_name  # noqa: F401  (re-exported)
+from ..modelnames import LM_SIZES as SIZES
 
-from ..models import ModelError
-
-# name -> (hidden size, layers, heads, MLP size); llama's MLP is SwiGLU (three matrices), hence its smaller width
-SIZES = {"tiny": (128, 4, 4, 512), "small": (384, 6, 6, 1536), "125m": (768, 12, 12, 3072),
-         "350m": (1024, 24, 16, 4096)}
 LLAMA_MLP = {"tiny": 352, "small": 1024, "125m": 2048, "350m": 2816}
-FAMILIES = ("llama", "gpt2")
-LM_MODELS = tuple(f"{family}-{size}" for family in FAMILIES for size in SIZES)
-DEFAULT_LM_MODEL = "llama-tiny"
-
-
-def check_lm_model_name(name: str) -> None:
-    if name in LM_MODELS:
-        return
-    close = difflib.get_close_matches(name, LM_MODELS, n=3, cutoff=0.5)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise ModelError(f"--model {name!r} is not a language model trainfast defines ({', '.join(LM_MODELS)}){hint}")
 
 
 def lm_config(name: str, vocab_size: int, max_positions: int, pad_id: int | None = None, eos_id: int | None = None):

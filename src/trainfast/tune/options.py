@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 from ..ablation import LadderOptions, TimingBudget
 from ..ablation.work import check_measure
+from ..defaults import TUNE_BUDGET_S
 from ..recipe import RecipeError
 from ..stats import MIN_EFFECT
 
@@ -24,7 +25,7 @@ class TuneOptions:
     out: str | Path | None = None
     amp_dtype: str = "auto"
     repeats: int = 3
-    budget_s: float = 900.0
+    budget_s: float = TUNE_BUDGET_S          # defaults.py: the CLI shows it before torch loads
     planned_steps: int | None = None
     timing: TimingBudget = field(default_factory=TimingBudget)
     min_effect: float = MIN_EFFECT
