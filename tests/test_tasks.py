@@ -1,4 +1,9 @@
-"""The Task base: every task's declarations, and the rule that rules out a switch on data a task does not offer."""
+"""The Task base: every task's declarations, the rule that rules out a switch on data a task does not offer, and the
+neutral metric and unit every run record and results.json carry (an older run folder still resumes)."""
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -12,6 +17,9 @@ from trainfast.techniques import owners, rung_table
 from trainfast.techniques.switch import DATA_KINDS
 
 CPU = torch.device("cpu")
+# An ablation folder's plan.json and the baseline's record in its runs/, as `ablate --task lm --switches amp` wrote
+# them before `metric` and `unit` (kept out of a folder named runs/, which git ignores)
+OLD_LM_RUN = Path(__file__).parent / "data" / "old_lm_run"
 
 
 def test_every_task_declares_what_the_rest_reads():
@@ -83,3 +91,78 @@ def test_the_tasks_count_a_batch_in_their_rate_unit():
     documents = [torch.arange(2, 7), torch.arange(2, 5)]          # 5 and 3 tokens, padded to 5
     batch = PadCollate(0)(documents)
     assert build_task("lm").count_batch(batch) == 8                # real tokens, never padding
+
+
+# --- an older run folder: its records say `accuracy` and still resume ---------------------------------------------
+class ResumedWork:
+    """The built-in work's protocol around a fake launch: the run folder holds the baseline's old record; the amp
+    rung's run is "launched" here and returns a record of today's shape."""
+    dev, base, learned, flops_per_sample = CPU, Recipe(), {}, None
+
+    def __init__(self, settings, record) -> None:
+        self.settings, self.record, self.launched = settings, record, []
+
+    def mark_effects(self, plan) -> None:
+        return None
+
+    def launcher(self, measure):
+        def launch(rung, recipe, budget, run_dir, display, limit):
+            self.launched.append(rung.name)
+            return self.record
+        return launch
+
+    def metric(self, measure):
+        from trainfast.ablation.metric import TASK_METRIC
+
+        return TASK_METRIC, build_task("lm").metric.goal
+
+    def after_run(self, plan):
+        return None
+
+
+def test_an_old_run_folder_whose_records_say_accuracy_resumes(tmp_path):
+    from trainfast.ablation.loop import LadderOptions, run_ladder
+    from trainfast.ablation.rung import TimingBudget
+    from trainfast.results import Rung
+
+    out = tmp_path / "old"
+    (out / "runs").mkdir(parents=True)
+    shutil.copy(OLD_LM_RUN / "plan.json", out)
+    shutil.copy(OLD_LM_RUN / "baseline-r0.json", out / "runs")
+    plan_json = json.loads((out / "plan.json").read_text())
+    old = json.loads((out / "runs" / "baseline-r0.json").read_text())
+    assert "metric" not in old and old["accuracy"] == old["loss"] and old["rate_unit"] == "samples/s"
+    # Today's planning of the same command (ablate --task lm --switches amp on bf16) gives the plan in the folder.
+    lm = build_task("lm")
+    plan = plan_rungs(lm.default_recipe, ["amp"], "cumulative", "bf16", CPU, "lm")
+    assert {r.name: json.loads(json.dumps(r.recipe.to_dict())) for r in plan} == plan_json["rungs"]
+    new = {k: v for k, v in old.items() if k != "accuracy"} | {
+        "metric": lm.metric.value(old["loss"] + 0.01), "unit": "tokens", "rate_unit": "tokens/s", "seed": 0}
+    settings = dict(plan_json, rate_unit="tokens/s")
+    work = ResumedWork(settings, new)
+    budget = TimingBudget(**plan_json["budget"])
+    options = LadderOptions(repeats=1, noise_seeds=1, budget=budget, resume=True, show=False, settle_within_s=0)
+    result = run_ladder([Rung(r.name, r.changes, r.recipe) for r in plan], work, settings, out, options)
+    base, amp = result.rungs
+    assert work.launched == ["amp"] and base.repeats[0]["reused"]            # the old record read back, not rerun
+    assert base.result.accuracy == old["accuracy"] and amp.result.accuracy == old["loss"] + 0.01
+    assert amp.result.unit == "tokens" and base.result.unit is None          # an old record never said its unit
+    data = json.loads((out / "results.json").read_text())
+    assert data["metric"]["name"] == "validation loss" and "lower is better" in data["metric"]["why"]
+    rungs = {r["name"]: r for r in data["rungs"]}
+    assert rungs["baseline"]["metric"] == {"name": "validation loss", "goal": "min", "value": old["accuracy"]}
+    assert rungs["amp"]["metric"]["value"] == old["loss"] + 0.01 and rungs["amp"]["runs"][0]["unit"] == "tokens"
+    report = (out / "report.md").read_text()
+    assert "val loss" in report and "tokens/s" in report
+
+
+def test_a_folder_whose_only_differences_name_the_metric_or_unit_resumes(tmp_path):
+    """Detection's rate was once said in samples/s, now images/s: the same runs, so the folder resumes; a setting
+    that changes what runs is still refused."""
+    from trainfast.ablation.store import RunStore
+
+    settings = {"task": "detection", "rate_unit": "samples/s", "metric_name": "mAP", "repeats": 3}
+    RunStore(tmp_path, settings, resume=False)
+    RunStore(tmp_path, dict(settings, rate_unit="images/s"), resume=True)
+    with pytest.raises(RecipeError, match="repeats"):
+        RunStore(tmp_path, dict(settings, repeats=4), resume=True)

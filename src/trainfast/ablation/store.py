@@ -15,6 +15,11 @@ from ..checkpoint import atomic_write_text
 from ..recipe import RecipeError
 
 
+# Settings that name what is measured without changing what runs (the metric's name and column, the rate's unit): a
+# folder written before one of them was renamed (detection's rate in images/s, once samples/s) still resumes.
+DESCRIPTIVE = frozenset({"metric_name", "metric_label", "rate_unit"})
+
+
 def default_out_dir(kind: str = "ablate") -> Path:
     return Path("runs") / datetime.now().strftime(f"{kind}-%Y%m%d-%H%M%S")
 
@@ -38,7 +43,8 @@ class RunStore:
                 raise RecipeError(f"{out_dir} already holds an ablation: pass --resume to continue it, or "
                                   "choose another --out")
             old = json.loads(plan_path.read_text())
-            diff = [k for k in sorted(set(old) | set(settings)) if old.get(k) != jsonable(settings.get(k))]
+            diff = [k for k in sorted((set(old) | set(settings)) - DESCRIPTIVE)
+                    if old.get(k) != jsonable(settings.get(k))]
             if diff:
                 raise RecipeError(f"--resume: the plan in {plan_path} differs from this command in "
                                   + "; ".join(f"{k}: {old.get(k)!r} there, {jsonable(settings.get(k))!r} here"
