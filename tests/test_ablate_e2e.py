@@ -118,6 +118,11 @@ def test_python_api_with_own_model_and_datasets(tmp_path, digits16):
         assert rung["step_alone"] == alone["throughput"]
         assert rung["epoch_of_step"] > 0 and rung["copy_fraction"] is None
     assert first["rungs"][0]["step_alone_speedup"] == 1.0
+    # every run says its judged metric by name and goal, and what its rate counts; the rung's metric is their mean
+    for rung in first["rungs"]:
+        run = rung["runs"][0]
+        assert run["metric"]["name"] == "accuracy" and run["metric"]["goal"] == "max" and run["unit"] == "samples"
+        assert rung["metric"] == {"name": "accuracy", "goal": "max", "value": run["metric"]["value"]}
 
     # The same folder again is refused without --resume (nothing is overwritten) ...
     with pytest.raises(RecipeError, match="already holds an ablation"):
@@ -128,6 +133,14 @@ def test_python_api_with_own_model_and_datasets(tmp_path, digits16):
     second = json.loads((tmp_path / "results.json").read_text())
     for a, b in zip(first["rungs"], second["rungs"]):
         assert a["throughput"] == b["throughput"] and a["accuracy"] == b["accuracy"] and a["verdict"] == b["verdict"]
+    # ... and so are records written before `metric` and `unit`, whose `accuracy` held the judged metric.
+    for path in (tmp_path / "runs").glob("*.json"):
+        record = json.loads(path.read_text())
+        metric = record.pop("metric")
+        del record["unit"]
+        path.write_text(json.dumps({**record, "accuracy": metric["value"]}))
+    third = ablate(tiny_resnet, digits16.train, digits16.val, **kwargs, resume=True)
+    assert [r.result.accuracy for r in third.rungs] == [r["accuracy"] for r in first["rungs"]]
     # ... and a different plan is refused with the difference named, never mixed.
     changed = dict(kwargs, rungs=["channels_last"])
     with pytest.raises(RecipeError, match="differs from this command in rungs"):

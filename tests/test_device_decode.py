@@ -272,7 +272,7 @@ def test_detection_refuses_it_with_the_reason():
     from trainfast.recipe import RecipeError
     from trainfast.tasks import build_task
 
-    with pytest.raises(RecipeError, match="device_decode=True decodes image-folder JPEGs"):
+    with pytest.raises(RecipeError, match="device_decode=True: device_decode acts on image-folder files"):
         build_task("detection").validate(Recipe(device_decode=True))
 
 

@@ -491,5 +491,7 @@ def test_results_json_names_the_metric_beside_its_value(tmp_path):
     data = json.loads((result.out_dir / "results.json").read_text())
     assert data["metric"] == {"name": "accuracy", "goal": "max",
                               "why": "the task's metric on held-out data, higher is better"}
-    keys = list(data["rungs"][1])
-    assert keys[keys.index("accuracy") + 1] == "metric_name" and data["rungs"][1]["metric_name"] == "accuracy"
+    keys, fused = list(data["rungs"][2]), data["rungs"][2]
+    assert keys[keys.index("accuracy") + 1] == "metric"
+    assert fused["metric"] == {"name": "accuracy", "goal": "max", "value": fused["accuracy"]}
+    assert fused["accuracy"] is not None and data["schema_version"] == 4

@@ -117,8 +117,7 @@ class Probe:
         self.stopped_ranks = False               # speed mode stopped every rank of a torchrun job (StopRun)
         self.cap: int | None = None
         self.started = time.perf_counter()
-        self.extra: dict[str, Any] = {}          # more numbers for the result (the built-in run's evaluation)
-        self.reported: dict[str, Any] = {}       # metrics of a run without a Session (the built-in run's)
+        self.extra: dict[str, Any] = {}          # more numbers for the result (the built-in run's evaluation, metric)
         # More parts of the result, read when it is written: name -> (its value, the script settings it replaced)
         self.sections: dict[str, Any] = {}
         self.loader = LoaderWorkers()            # loader worker processes beside the step
@@ -273,6 +272,9 @@ def run_record(probe: Probe, stopped: str) -> dict[str, Any]:
         "stopped": stopped,
         # Ranks step in lockstep (gradient all-reduce), so the job's rate is world_size x one rank's.
         "throughput": timing.throughput * probe.world_size,
+        # What the rate counts: a step's samples where they are known, else steps (a script without a Session
+        # whose framework does not say its batch); the built-in run's record says its task's (extra).
+        "unit": "samples" if samples_known else "steps",
         "rate_unit": "samples/s" if samples_known else "steps/s",
         "seed": run_seed(session),            # the run's name in the report's notes
         "timing": timing.to_dict(),
@@ -294,8 +296,7 @@ def run_record(probe: Probe, stopped: str) -> dict[str, Any]:
         # reaches only through the environment it started with (no Session, no framework adapter)
         PROCESS_SWITCHES: process_wide_in_effect(),
         # What the script reported: tf.report, and the evaluation its framework computed (frameworks/board.py)
-        "reported": {**probe.reported, **{k: v for s in probe.sections.values() for k, v in
-                                          getattr(s, "metrics", {}).items()},
+        "reported": {**{k: v for s in probe.sections.values() for k, v in getattr(s, "metrics", {}).items()},
                      **(session.reported if session is not None else {})},
         "declared_metric": next((s.declared for s in probe.sections.values() if getattr(s, "declared", None)),
                                 None),

@@ -15,7 +15,9 @@ from typing import Any
 
 from .recipe import Recipe
 
-SCHEMA_VERSION = 3      # 3: every rung carries every result key (null when not measured); status/effect enumerated
+# 3: every rung carries every result key (null when not measured); status/effect enumerated. 4: each rung's judged
+# metric as `metric` ({"name", "goal", "value"}; `accuracy` still holds its value) and the unit its rate counts.
+SCHEMA_VERSION = 4
 
 
 class Status(str, Enum):
@@ -54,7 +56,8 @@ class RungResult:
     num_workers: int | None = None
     precision_state: dict[str, Any] | None = None
     train_losses: list[float] | None = None
-    rate_unit: str | None = None
+    rate_unit: str | None = None             # "samples/s", "tokens/s", "images/s", "steps/s"
+    unit: str | None = None                  # what the rate counts: "samples", "tokens", "images", "steps"
     session: bool | None = None              # a script's runs: whether it created a trainfast.Session
     compile: dict[str, Any] | None = None    # torch.compile's counters in the run
     overridden: dict[str, Any] | None = None  # script settings the rung's recipe replaced: field -> [old, new]
@@ -63,7 +66,9 @@ class RungResult:
     throughput: float | None = None
     throughput_interval: list[float] | None = None
     throughput_spread: float | None = None
-    accuracy: float | None = None            # the judged metric (classification accuracy, detection mAP, a script's)
+    # The judged metric's value (classification accuracy, detection mAP, a language model's validation loss, a
+    # script's): its name and goal are the ladder's (AblationResult.metric); every `accuracy_*` below is about it.
+    accuracy: float | None = None
     accuracies: list[float] = field(default_factory=list)
     loss: float | None = None
     train_loss: float | None = None
@@ -162,7 +167,7 @@ class AblationResult:
     tie: list[str] = field(default_factory=list)        # rungs not measurably different from the recommendation
     settings: dict[str, Any] = field(default_factory=dict)
     odds: dict[str, float] = field(default_factory=dict)    # how often a rerun would recommend each rung
-    metric: dict[str, Any] | None = None     # what `accuracy` holds: {"name", "goal"}; None when runs are only timed
+    metric: dict[str, Any] | None = None     # the judged metric: {"name", "goal", "why"}; None when only timed
 
     @property
     def failed(self) -> bool:

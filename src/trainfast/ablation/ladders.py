@@ -2,8 +2,9 @@
 
 A cumulative ladder adds each rung's switches to the rung above it (the classic walk through the speed-ups:
 mixed precision, then set_to_none, then non_blocking copies, ...); "each" tries every rung's switches alone on
-the baseline. A rung whose switches cannot work for the task is refused with the reason when the ladder is
-planned; one that cannot act on the device is kept in the plan and ruled out before it runs (work.py).
+the baseline. A rung whose switches act on data the task does not offer (Task.rules_out) is ruled out "not
+applicable" with the reason when the ladder is planned, one that cannot work for it otherwise is refused with the
+reason; one that cannot act on the device is kept in the plan and ruled out before it runs (work.py).
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from ..techniques.precision import auto_amp_dtype, slow_half_reason
 # opt-in rungs (decode_cache, device_decode, workers, passive_threads, reuse_memory, checkpointing,
 # async_checkpoint) are run when --switches names them. Detection's default ladder runs aspect-ratio grouping and
 # loader workers before channels_last, and compile last: in cumulative mode every later rung would inherit it, and
-# it is not run on a detector (tasks/detection.py says why). The rungs that cannot work on a detector stay
-# nameable, so --switches refuses them with the reason (Detection.validate) instead of calling them unknown.
+# it is not run on a detector (tasks/detection.py says why). The rungs whose data a task does not offer stay
+# nameable, so --switches shows them ruled out with the reason (Task.rules_out) instead of calling them unknown.
 # A user's script (`ablate -- COMMAND`, SCRIPT) can name every rung, those of every task: what it is training is
 # not known before it runs, and a rung that cannot reach it is ruled out after its baseline, with the reason.
 SCRIPT = "script"
@@ -41,8 +42,9 @@ RUNG_ALIASES = {"fp32": "baseline"}
 def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumulative", amp: str = "auto",
                device: torch.device | None = None, task: str = "classification") -> list[Rung]:
     """Rung recipes. cumulative: each rung adds its switches to the previous one (the classic walk);
-    each: the baseline plus one rung's switches at a time. `task` picks the ladder (LADDERS) and refuses
-    the rungs that cannot work for it, with the reason."""
+    each: the baseline plus one rung's switches at a time. `task` picks the ladder (LADDERS), rules out the rungs
+    whose data it does not offer (not applicable, not carried down a cumulative ladder) and refuses those that
+    cannot work for it otherwise, each with the reason."""
     if mode not in LADDER_MODES:
         raise RecipeError(f"--mode {mode!r} is not one of {', '.join(LADDER_MODES)}")
     device = device or resolve_device("auto")
@@ -64,6 +66,11 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
     for name in ordered:
         changes = {k: (amp_dtype if v == AMP else v) for k, v in table[name].items()}
         start = current if mode == "cumulative" else base
+        offered = checker.rules_out(changes) if checker is not None else None
+        if offered is not None:
+            rungs.append(Rung(name, changes, start.replace(**changes)))
+            rungs[-1].rule_out(Effect.NOT_APPLICABLE, offered)
+            continue
         try:
             recipe = start.replace(**changes)
             validate_for_device(recipe, device)

@@ -23,7 +23,7 @@ from ..recipe import RecipeError
 from ..results import AblationResult, Rung, Status
 from ..stats import MIN_EFFECT
 from ..techniques.precision import DTYPES
-from .metric import SCRIPT_CHOICE, MetricChoice, choose_metric, metric_goal
+from .metric import SCRIPT_CHOICE, MetricChoice, better, choose_metric, metric_goal
 from .rung import TimingBudget
 from .scoring import pick_best, score_rungs, seed_summary, unresolved
 from .server import wait_rung_server
@@ -141,11 +141,12 @@ class LadderMetric:
             return choose_metric(None, goal, runs[0] if runs else None)
         if self.settings.get("command"):
             return choose_metric(key, goal, None)
-        return MetricChoice(key, goal or metric_goal(key), "the task's metric on held-out data, higher is better")
+        goal = goal or metric_goal(key)
+        return MetricChoice(key, goal, f"the task's metric on held-out data, {better(goal)}")
 
     def judged_metric(self) -> dict[str, Any] | None:
-        """What a rung's `accuracy` holds, by name, and why that metric: the task's (accuracy, mAP), or a
-        script's (metric.py); None when runs are only timed."""
+        """The metric every rung is judged on, by name, with its goal and why that metric: the task's (accuracy, mAP,
+        validation loss: settings' metric_name), or a script's (metric.py); None when runs are only timed."""
         choice = self.choice()
         if choice is None:
             return None

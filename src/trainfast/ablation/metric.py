@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SCRIPT_CHOICE = "<the script's choice>"     # --measure full without --metric: chosen here from the runs
+TASK_METRIC = "<the task's metric>"         # the built-in run: its task's metric, in its record's `metric`
 # The names frameworks and scripts give the validation loss: eval_loss (Trainer), val_loss, val/loss,
 # validation_loss, and Lightning's val_loss_epoch when logged with on_epoch.
 VAL_LOSS = re.compile(r"^(eval|val|valid|validation)[_/.\-]?loss(_epoch)?$", re.IGNORECASE)
@@ -67,6 +68,13 @@ def choose_metric(asked: str | None, goal: str | None, run: dict[str, Any] | Non
                             "of its own), lower is better")
     return MetricChoice(None, None, f"{missing}the script declares no metric, reports none with tf.report and "
                         "logs no validation loss: the rungs are compared on speed alone")
+
+
+def task_metric_value(run: dict[str, Any]) -> Any:
+    """The built-in run's judged value: its record's `metric` ({"name", "goal", "value"}), or in a record written
+    before that field (a run folder resumed) its `accuracy`, the slot that held every task's metric."""
+    judged = run.get("metric")
+    return judged.get("value") if isinstance(judged, dict) else run.get("accuracy")
 
 
 def is_number(value: Any) -> bool:

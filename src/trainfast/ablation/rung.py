@@ -113,13 +113,17 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
     updates = state.step            # the accuracy run's optimizer steps (the timing steps below add more)
     extra_passes = time_the_rest(run, probe, budget, progress, checkpoints) if timed else 0
     alone = time_step_alone(run, probe, budget) if timed else None
-    judged = task.rung_metrics(metrics)    # "accuracy": the metric every rung is judged on (detection: mAP)
-    probe.reported = {"accuracy": judged["accuracy"], "loss": judged["loss"]}
+    numbers = task.rung_metrics(metrics)
     probe.extra = {
         "seed": recipe.seed,
+        # The metric every rung is judged on, by name and goal (accuracy, mAP, a language model's validation
+        # loss), and what the rate counts: the record says both, whatever task wrote it.
+        "metric": task.metric.value(task.judged(metrics)),
+        "unit": task.rate_unit,
+        "rate_unit": f"{task.rate_unit}/s",
         "epoch_time_s": sum(epoch_times) / len(epoch_times),
         "epoch_times_s": epoch_times,
-        **judged,
+        **numbers,
         **train_metrics,
         "train_losses": trained.losses,     # rank 0's
         "steps": updates,

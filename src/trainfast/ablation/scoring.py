@@ -17,7 +17,7 @@ from ..results import Rung, RungResult, Status
 from ..stats import (MIN_EFFECT, SAME, Candidate, Comparison, Noise, Noises, Repeat, compare_candidates, pooled_noise,
                      rate_estimate, recommend, recommendation_odds)
 from ..techniques.precision import level_note
-from .metric import SCRIPT_CHOICE, choose_metric, metric_goal
+from .metric import SCRIPT_CHOICE, TASK_METRIC, choose_metric, metric_goal, task_metric_value
 
 
 def accuracy_band(accuracy: float, n: int | None, seed_accuracies: list[float] | None = None,
@@ -104,7 +104,7 @@ def aggregate(rung: Rung, noise: Noise | None, metric: str | None = "accuracy") 
 
     rung.result = RungResult(
         **{k: first.get(k) for k in ("val_samples", "world_size", "num_workers", "precision_state", "train_losses",
-                                     "rate_unit", "session", "compile", "overridden")},
+                                     "rate_unit", "unit", "session", "compile", "overridden")},
         repeats=len(reps),
         throughput=rate.value if rate else 0.0,
         throughput_interval=rate.interval if rate else None,
@@ -270,13 +270,17 @@ def seed_summary(result: dict[str, Any], metric: str | None) -> dict[str, Any]:
 
 
 def run_metric(result: dict[str, Any], metric: str | None) -> float | None:
-    """The number a run is judged on for accuracy: the built-in run's held-out accuracy, or what a user's
-    script reported under `metric` (SCRIPT_CHOICE: the script's own choice in this run, metric.py); None for no
-    metric (speed mode: its runs stop at different points, so what they reported is not comparable)."""
+    """The number a run is judged on: the built-in run's task metric (TASK_METRIC: accuracy, mAP, a language
+    model's validation loss), or what a user's script reported under `metric` (SCRIPT_CHOICE: the script's own
+    choice in this run, metric.py); None for no metric (speed mode: its runs stop at different points, so what
+    they reported is not comparable)."""
     reported = result.get("reported") or {}
     if metric is None:
         return None
-    if metric == SCRIPT_CHOICE:
-        metric = choose_metric(None, None, result).name
-    value = reported.get(metric, result.get(metric)) if metric is not None else None
+    if metric == TASK_METRIC:
+        value = task_metric_value(result)
+    else:
+        if metric == SCRIPT_CHOICE:
+            metric = choose_metric(None, None, result).name
+        value = reported.get(metric, result.get(metric)) if metric is not None else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

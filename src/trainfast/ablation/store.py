@@ -12,7 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import atomic_write_text
-from ..recipe import RecipeError
+from ..recipe import Recipe, RecipeError
+
+
+# Settings that name what is measured without changing what runs (the metric's name and column, the rate's unit): a
+# folder written before one of them was renamed (detection's rate in images/s, once samples/s) still resumes.
+DESCRIPTIVE = frozenset({"metric_name", "metric_label", "rate_unit"})
 
 
 def default_out_dir(kind: str = "ablate") -> Path:
@@ -29,6 +34,23 @@ def jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+def comparable_plan(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`new` (this command's plan, as JSON) as the folder's plan `old` would have written it: a Recipe field added
+    since the folder was written, at its default in every rung, changes nothing that runs, so it is left out of
+    the comparison (each new switch would otherwise make every older folder unresumable)."""
+    old_rungs, new_rungs = old.get("rungs"), new.get("rungs")
+    if not isinstance(old_rungs, dict) or not isinstance(new_rungs, dict):
+        return new
+    defaults = jsonable(Recipe().to_dict())
+    trimmed = {}
+    for name, recipe in new_rungs.items():
+        before = old_rungs.get(name)
+        if isinstance(before, dict) and isinstance(recipe, dict):
+            recipe = {k: v for k, v in recipe.items() if k in before or k not in defaults or v != defaults[k]}
+        trimmed[name] = recipe
+    return {**new, "rungs": trimmed}
+
+
 class RunStore:
     def __init__(self, out_dir: Path, settings: dict[str, Any], resume: bool) -> None:
         self.dir = out_dir / "runs"
@@ -38,11 +60,11 @@ class RunStore:
                 raise RecipeError(f"{out_dir} already holds an ablation: pass --resume to continue it, or "
                                   "choose another --out")
             old = json.loads(plan_path.read_text())
-            diff = [k for k in sorted(set(old) | set(settings)) if old.get(k) != jsonable(settings.get(k))]
+            new = comparable_plan(old, jsonable(settings))
+            diff = [k for k in sorted((set(old) | set(new)) - DESCRIPTIVE) if old.get(k) != new.get(k)]
             if diff:
                 raise RecipeError(f"--resume: the plan in {plan_path} differs from this command in "
-                                  + "; ".join(f"{k}: {old.get(k)!r} there, {jsonable(settings.get(k))!r} here"
-                                              for k in diff))
+                                  + "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} here" for k in diff))
         self.dir.mkdir(parents=True, exist_ok=True)
         write_json(plan_path, settings)
         self.resume = resume

@@ -25,10 +25,11 @@ from ..procs import run_supervised
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import Effect, Rung, Status
 from ..run import as_split, build_module
+from ..tasks import Task
 from ..tasks.effects import changes_effect, field_effect
 from ..techniques import needs_fresh_process, starting_with, threads
 from ..techniques.base import Effect as TechniqueEffect
-from .metric import SCRIPT_CHOICE
+from .metric import SCRIPT_CHOICE, TASK_METRIC
 from .proof import (framework_names, lacks_a_switch, needs_session, no_session_reason, not_applied, process_not_applied,
                     script_settings, unreached, unsupported)
 from .rung import Job, TimingBudget, rung_main
@@ -97,7 +98,7 @@ class Builtin:
     probe_model: torch.nn.Module         # a copy built here: what the switches would act on, and its FLOPs
     flops_per_sample: float | None
     settings: dict[str, Any]
-    task: Any                            # tasks/: judges which switches can act on its model and data
+    task: Task                           # tasks/: judges which switches can act on its model and data
     learned: dict[str, Any] = dataclasses.field(default_factory=dict)    # nothing: checked before the runs
     fresh: bool = False                  # every run spawned, none forked from the server (a switch read at start)
 
@@ -128,10 +129,10 @@ class Builtin:
         self.job = dataclasses.replace(self.job, reference=reference)
 
     def metric(self, measure: str = "speed") -> tuple[str, str]:
-        """A built-in run is always trained to its end and evaluated (and timed on the way): its accuracy
-        (the task's judged metric, e.g. detection's mAP or a language model's validation loss, under that name in
-        the run's record), with the task's goal."""
-        return ("accuracy", getattr(self.task, "metric_goal", "max"))
+        """A built-in run is always trained to its end and evaluated (and timed on the way): its task's metric
+        (Task.metric: accuracy, detection's mAP, a language model's validation loss; the run's record holds it as
+        `metric`), with the task's goal."""
+        return (TASK_METRIC, self.task.metric.goal)
 
     def after_run(self, plan: list[Rung]) -> None:
         """Nothing a run can reveal changes the plan: the model and data were checked in the parent."""
@@ -191,10 +192,11 @@ def prepare_builtin(spec: BuiltinSpec, recipe: Recipe | None = None, device: str
     settings = {"model": spec.model if isinstance(spec.model, str) else getattr(spec.model, "__qualname__",
                                                                                   repr(spec.model)),
                 "data": data if spec.train_set is None else split.name, "image_size": image_size,
-                "device": str(dev), "task": name, "metric_name": task.metric_name, "metric_label": task.metric_label,
-                "rate_unit": getattr(task, "rate_unit", "samples/s")}
-    if hasattr(task, "tokens_per_sample"):     # a language model: its rate in documents/s beside tokens/s
-        settings["tokens_per_sample"] = task.tokens_per_sample(split)
+                "device": str(dev), "task": name, "metric_name": task.metric.name, "metric_label": task.metric.label,
+                "rate_unit": f"{task.rate_unit}/s"}
+    per_sample = task.tokens_per_sample(split)
+    if per_sample is not None:     # a language model: its rate in documents/s beside tokens/s
+        settings["tokens_per_sample"] = per_sample
     if runs_tf32(probe_model, dev):
         settings["fp32_roof"] = "tf32"      # an fp32 rung's kernels run in TF32 here: its roof is TF32's
     return Builtin(job, dev, base, split, probe_model, flops_per_sample, settings, task)

@@ -82,7 +82,7 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
         obs.text = observe_text(run, batch, lambda batches: run_steps(run, batches))
         obs.cuda_profile = (profile_cuda(lambda n: run_steps(run, [batch] * (n * recipe.grad_accum_steps)))
                             if dev.type == "cuda" else None)
-        loss_fn = getattr(run.task, "loss_fn", None)
+        loss_fn = run.task.loss_fn
         obs.flops_per_sample, obs.ceiling_flops = (measure_flops(state.model, loss_fn, batch, recipe, dev)
                                                    if flops and loss_fn is not None else (None, None))
     finally:

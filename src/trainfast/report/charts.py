@@ -7,7 +7,7 @@ from typing import Any
 
 from ..results import AblationResult, Rung, Status
 from .format import fmt_sig, rung_label, short_verdict
-from .table import Columns
+from .table import Columns, judged_name
 
 
 def chart_specs(result: AblationResult, done: list[Rung]) -> list[tuple[str, str, list[float], Any]]:
@@ -21,7 +21,7 @@ def chart_specs(result: AblationResult, done: list[Rung]) -> list[tuple[str, str
         ("peak_memory", "peak memory (MiB)", [r.result.peak_memory_bytes / 2**20 for r in done], None),
     ]
     if all(r.result.accuracy is not None for r in done):
-        held_out = "held-out " + result.settings.get("metric_name", "accuracy")
+        held_out = "held-out " + judged_name(result)
         specs.append(("accuracy", held_out if not result.settings.get("command") else columns.metric_label,
                       [r.result.accuracy for r in done], None))
     return specs

@@ -17,11 +17,12 @@ from .format import roofs_text, rung_label
 from .notes import rung_notes
 from .results_json import write_results_json
 from .summary import best_line, judged_line, keep_line, machine_line, repeatability_line
-from .table import Columns, headers, markdown_table, table_rows
+from .table import Columns, headers, judged_name, markdown_table, table_rows
 
 RECOMMENDATION_RULE = (
-    "Candidates are the baseline and the measured rungs whose accuracy is not below the baseline's noise "
-    "band (risky O3 rungs are measured, never recommended). A rung is recommended over a simpler one only "
+    "Candidates are the baseline and the measured rungs whose judged metric is not outside the baseline's noise "
+    "band on the wrong side (below it for a metric to maximize, above it for a loss; risky O3 rungs are measured, "
+    "never recommended). A rung is recommended over a simpler one only "
     "when it is measurably faster than it, with a firm verdict (a `?` verdict, one a rerun would not "
     "repeat at least 80% of the time, is within the noise and never changes the recommendation): the "
     "fastest rung, when it is measurably faster than the baseline, or the simplest of the rungs that are "
@@ -149,7 +150,7 @@ def accuracy_note(result: AblationResult) -> str:
             text += ("The seeds all gave the same value: if the script seeds its own random generators after "
                      "creating the Session, the ablation's seeds do not reach it and any change is flagged. ")
         return text + outside
-    name = result.settings.get("metric_name", "accuracy")     # detection: mAP
+    name = judged_name(result)     # accuracy, detection's mAP
     title = name if name[1:2].isupper() else name[0].upper() + name[1:]       # "mAP" stays "mAP"
     proxy = "" if name == "accuracy" else (f" (for {name}, those of a proportion of that size: a proxy, as {name} "
                                            "is not a share of images)")

@@ -26,10 +26,11 @@ def rung_verdict(rung: Rung) -> str | None:
     return rung.result.verdict
 
 
-def rung_dict(rung: Rung, metric_name: str | None = None) -> dict[str, Any]:
+def rung_dict(rung: Rung, metric: dict[str, Any] | None = None) -> dict[str, Any]:
     """One rung's entry: what it changed and its recipe, its status, its verdict, then every RungResult field
     (null when not measured), the headline numbers first, then every process's own record (step times
-    included)."""
+    included). `metric`: the ladder's judged metric (AblationResult.metric), whose name and goal the rung's
+    `metric` carries beside its value (None when the runs were only timed)."""
     numbers = rung.result.to_dict()
     del numbers["verdict"]
     item: dict[str, Any] = {
@@ -44,7 +45,10 @@ def rung_dict(rung: Rung, metric_name: str | None = None) -> dict[str, Any]:
     for key in HEADLINE:
         item[key] = numbers.pop(key)
         if key == "accuracy":
-            item["metric_name"] = metric_name   # what `accuracy` holds: accuracy, mAP, or a script's metric
+            # The judged metric, named: accuracy, mAP, a language model's validation loss (lower is better), a
+            # script's own. `accuracy` holds the same value, kept for readers of results.json before `metric`.
+            item["metric"] = ({"name": metric.get("name"), "goal": metric.get("goal"), "value": rung.result.accuracy}
+                              if metric else None)
     item.update(numbers)
     item["runs"] = rung.repeats
     return item
@@ -60,7 +64,7 @@ def results_dict(result: AblationResult) -> dict[str, Any]:
         "best": {"name": result.best_name, "recipe": result.best.to_dict() if result.best else None, "tie": result.tie,
                  "rerun_odds": result.odds, "none_because": result.no_recommendation},
         "baseline_seeds": result.seed_runs,
-        "rungs": [rung_dict(rung, (result.metric or {}).get("name")) for rung in result.rungs],
+        "rungs": [rung_dict(rung, result.metric) for rung in result.rungs],
     }
 
 

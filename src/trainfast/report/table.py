@@ -29,13 +29,20 @@ class Columns:
         the ablation's one choice), which names a script's metric column."""
         cumulative = settings.get("mode", "cumulative") == "cumulative"
         if not settings.get("command"):
-            return cls(cumulative, settings.get("rate_unit", cls.unit),                       # lm: tokens/s
-                       metric_label=settings.get("metric_label", cls.metric_label))   # detection: mAP
+            # The task's rate unit (lm: tokens/s) and its metric's column (detection: mAP), else the judged name
+            label = settings.get("metric_label") or (judged or {}).get("name") or cls.metric_label
+            return cls(cumulative, settings.get("rate_unit", cls.unit), metric_label=label)
         units = {run.get("rate_unit") for r in rungs or [] for run in r.repeats}
         metric = settings.get("metric") or {}
         name = (judged or {}).get("name") or metric.get("name")
         return cls(cumulative, "steps/s" if "steps/s" in units else "samples/s", "run s", "wall_s",
                    name if settings.get("measure") == "full" and name else "metric", step_alone=False)
+
+
+def judged_name(result) -> str:
+    """The judged metric's name as the result records it (AblationResult.metric, results.json's `metric`): accuracy,
+    mAP, validation loss, a script's own; the task's (settings) for a result that recorded none."""
+    return (result.metric or {}).get("name") or result.settings.get("metric_name") or "accuracy"
 
 
 def headers(columns: Columns = Columns()) -> list[str]:

@@ -1,14 +1,22 @@
 """Tasks: what a batch, a loss and a metric mean. The loop (engine.py) is one loop for every task.
 
-A task is a small object the built-in run calls at the few points where tasks differ, so the training step
-never branches on the task:
+Every task is a `Task` (base.py), whose declarations the rest of trainfast reads instead of probing the object:
+  name, ladder                           its name, and its default ladder's (ablation/ladders.py: LADDERS)
+  metric: Metric(name, label, goal)      what every rung is judged on: its name in sentences and results.json, its
+                                         table column, "max" or "min"
+  rate_unit, count_batch(batch)          what its rate counts per second (samples, images, tokens), per batch
+  offers, batches                        the kinds of data it offers (techniques/switch.py: DATA_KINDS) and its
+                                         batches in words: a switch on another kind is ruled out, with the reason
+  default_model, default_data, default_recipe, loss_terms, loss_fn
+and the few points where tasks differ, so the training step never branches on the task:
   forward(model, inputs, targets) -> (outputs, loss)   loss: a tensor, or a dict of named terms (detection)
-  score(outputs, targets) -> (correct or None, samples) what the Meter counts per step, on the device
+  score(outputs, targets) -> (correct or None, count)  what the Meter counts per step, on the device
   evaluate(model, batches, precision, dist)            held-out metrics, over every rank's shard
+  judged(metrics), rung_metrics(metrics)               the metric's value, and the ablation run's other numbers
   train_metrics(stats, dist), val_metrics(metrics)     the task's fields of the epoch record
   build_loaders / resolve_workers / apply_schedule     its batches on the device, its warm-up
   load_data / check_model / build_model / validate     names and flags, refused before any work starts
-  rung_metrics(metrics), metric_label, metric_name     what the ablation judges every rung on, and its name
+  field_effect / data_reason / rules_out               whether a switch can act on its model and data, and why not
 
 classification.py: stacked images, cross-entropy, accuracy. detection.py: lists of images of different sizes,
 the detector's own loss dict, COCO mAP. lm.py: documents of token ids, the model's own next-token loss,
@@ -19,8 +27,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..recipe import RecipeError
+from .base import Metric, Task
 
 TASKS = ("classification", "detection", "lm")
+__all__ = ["TASKS", "Metric", "Task", "infer_task", "resolve_task", "build_task", "as_task"]
 
 
 def infer_task(task: str | None, model: Any = None, data: Any = None) -> str:
@@ -51,7 +61,7 @@ def resolve_task(task: str | None, model: str | None, data: str | None) -> tuple
     return name, model or defaults.default_model, data or defaults.default_data
 
 
-def build_task(name: str, loss_fn: Callable | None = None, dist=None):
+def build_task(name: str, loss_fn: Callable | None = None, dist=None) -> Task:
     """The task object. `dist`: the run's Dist, whose criterion wraps the training loss (strategy=dp computes
     it inside each replica); evaluation always uses `loss_fn` as given."""
     if name == "detection":
@@ -73,10 +83,10 @@ def build_task(name: str, loss_fn: Callable | None = None, dist=None):
     return Classification(loss_fn, dist)
 
 
-def as_task(task_or_loss_fn):
-    """A task object as it is; a bare loss function (the loop's callers from before tasks, benchmarks and
-    tests of the classification step) as the classification task with that loss."""
-    if hasattr(task_or_loss_fn, "forward") and hasattr(task_or_loss_fn, "score"):
+def as_task(task_or_loss_fn: Task | Callable | None) -> Task:
+    """A task as it is; a bare loss function (the loop's callers from before tasks, benchmarks and tests of the
+    classification step) as the classification task with that loss."""
+    if isinstance(task_or_loss_fn, Task):
         return task_or_loss_fn
     from .classification import Classification
 

@@ -7,17 +7,19 @@ import torch
 from torch import nn
 
 from ..measure import count_correct, count_train_flops
-from ..recipe import Recipe, RecipeError
+from .base import Metric, Task
 
 
-class Classification:
+class Classification(Task):
     name = "classification"
-    metric_label = "val acc"             # the ablation table's column of the judged metric
-    metric_name = "accuracy"             # ... and its name in the report's sentences
-    loss_terms = False                   # the loss is one tensor: no per-term logging, no key check across ranks
+    metric = Metric("accuracy", "val acc", "max")
+    rate_unit = "samples"
+    # Stacked batches of one shape, image batches as the built-in data has them (a user's own tensors too: the
+    # model's judge says whether channels_last has convolutions to act on), image folders as --data gives them.
+    offers = frozenset({"", "images", "stacked", "image_folder"})
+    batches = "samples stacked at one shape"
     default_model = "resnet9"
     default_data = "digits"
-    default_recipe = Recipe()            # where the CLI starts when no --recipe is given
     # On a GPU the default above is a launch-bound toy (resnet9's 16-px kernels take microseconds: the host's
     # launches set the pace, and the switches' effects on the arithmetic never show). `trainfast ablate` with no
     # flags on a GPU runs this instead: the same built-in digits at 160 px through ResNet-50, batch 256, whose
@@ -74,9 +76,11 @@ class Classification:
     def val_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         return {"val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"]}
 
+    def judged(self, metrics: dict[str, float]) -> float:
+        return metrics["accuracy"]
+
     def rung_metrics(self, metrics: dict[str, float]) -> dict[str, Any]:
-        """The ablation's numbers of one run: `accuracy` is the metric every rung is judged on."""
-        return {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "val_samples": metrics["samples"]}
+        return {"loss": metrics["loss"], "val_samples": metrics["samples"]}
 
     def summary(self, record: dict[str, Any]) -> str:
         return f"val loss {record['val_loss']:.4f}  val acc {record['val_accuracy']:.4f}"
@@ -109,11 +113,6 @@ class Classification:
         check_input_size(model, name, tuple(first_readable(split.train).shape))
         return model
 
-    def validate(self, recipe) -> None:
-        if recipe.group_aspect_ratio:
-            raise RecipeError("group_aspect_ratio=True (--group-aspect-ratio) is for --task detection, whose batches "
-                              "are lists of images of different sizes; classification batches are stacked at one size")
-
     def resolve_workers(self, recipe, split, device: torch.device):
         from ..data.loader import resolve_num_workers
 
@@ -123,14 +122,6 @@ class Classification:
         from ..data.pipeline import build_loaders
 
         return build_loaders(split, recipe, device, dist)
-
-    def apply_schedule(self, state, steps_per_epoch: int) -> None:
-        """The recipe's warm-up (warmup_steps) is already the state's schedule (session.build_state)."""
-
-    def field_effect(self, field: str, device: torch.device, model: nn.Module | None, split, value=None):
-        from .effects import field_effect
-
-        return field_effect(field, device, model, split, value)
 
     def flops_per_sample(self, model: nn.Module, split, recipe) -> float | None:
         """Model FLOPs of one training sample (forward + backward), counted on a batch of two (FLOPs scale

@@ -19,7 +19,7 @@ from ..detection.engine import predict_detection, warmup_scheduler
 from ..detection.metrics import compute_map
 from ..recipe import Recipe, RecipeError
 from ..techniques.base import Effect
-from .effects import field_effect
+from .base import Metric, Task
 
 # Where `trainfast train --task detection` starts when no --recipe is given (flags still override it): the
 # settings the detection defaults were measured with (detection/models.py: AdamW lr 1e-3, batch 4), weight
@@ -28,10 +28,14 @@ from .effects import field_effect
 DEFAULT_RECIPE = Recipe(epochs=3, batch_size=4, lr=1e-3, weight_decay=1e-4, log_every=8)
 
 
-class Detection:
+class Detection(Task):
     name = "detection"
-    metric_label = "mAP"                 # the ablation table's column of the judged metric
-    metric_name = "mAP"                  # ... and its name in the report's sentences
+    metric = Metric("mAP", "mAP", "max")
+    rate_unit = "images"
+    # Lists of images of different sizes (not stacked), padded per batch by the model: no image-folder decoding
+    # (its data is synthetic or a coco:PATH folder, decoded by its own dataset).
+    offers = frozenset({"", "images", "padded_sizes"})
+    batches = "lists of images of different sizes (each copied as uint8 and converted on the device)"
     loss_terms = True                    # per-term logging, key sets compared across ranks
     default_data = "synthetic"
     default_recipe = DEFAULT_RECIPE
@@ -74,10 +78,12 @@ class Detection:
         return {"val_map": metrics["map"], "val_map_50": metrics["map_50"], "val_map_75": metrics["map_75"],
                 "val_images": metrics["images"], "val_detections": metrics["detections"]}
 
+    def judged(self, metrics: dict[str, Any]) -> float:
+        return metrics["map"]
+
     def rung_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """`accuracy` is the metric every rung is judged on: mAP here (the report names it mAP); its noise band
-        treats the held-out images as the samples, as accuracy's does."""
-        return {"accuracy": metrics["map"], "map": metrics["map"], "map_50": metrics["map_50"], "loss": None,
+        """Its noise band treats the held-out images as the samples, as accuracy's does (val_samples)."""
+        return {"map": metrics["map"], "map_50": metrics["map_50"], "loss": None,
                 "val_samples": metrics["images"]}
 
     def summary(self, record: dict[str, Any]) -> str:
@@ -104,7 +110,9 @@ class Detection:
         return build_detection_model(name, split.num_classes)
 
     def validate(self, recipe) -> None:
-        """What cannot work for a torchvision detector, refused before any work starts."""
+        """What cannot work for a torchvision detector, refused before any work starts (the switches on data it
+        does not offer are refused by Task.validate)."""
+        super().validate(recipe)
         if recipe.precision != "fp32" and recipe.precision_level != "autocast":
             raise RecipeError(
                 f"precision_level={recipe.precision_level!r} casts the whole detector to {recipe.precision}; its "
@@ -113,16 +121,6 @@ class Detection:
         if recipe.strategy == "dp":
             raise RecipeError("strategy=dp computes a classification loss inside each replica; for detection use "
                               "strategy=ddp under torchrun")
-        if recipe.prefetch:
-            raise RecipeError("prefetch=True copies stacked batches into recycled buffers of one shape; detection "
-                              "batches are lists of images of different sizes (each image is copied as uint8 and "
-                              "converted on the device without it)")
-        if recipe.device_decode:
-            raise RecipeError("device_decode=True decodes image-folder JPEGs (--data imagefolder:PATH); detection "
-                              "data is synthetic or a coco:PATH folder")
-        if recipe.decode_cache:
-            raise RecipeError("decode_cache=True caches image folders (--data imagefolder:PATH); detection data "
-                              "is synthetic or a coco:PATH folder")
 
     def resolve_workers(self, recipe, split, device: torch.device):
         """num_workers="auto": the fastest worker count for this data, measured once on the detection loader."""
@@ -147,7 +145,7 @@ class Detection:
             state.scheduler = SessionScheduler(warmup_scheduler(state.optimizer.optimizer, steps_per_epoch), state)
 
     def field_effect(self, field: str, device: torch.device, model: nn.Module | None, split, value=None) -> Effect:
-        """Whether a switch can act on a detector; the techniques' own judgement except for compile."""
+        """Whether a switch can act on a detector: Task's judgement, except for compile."""
         if field == "compile":
             # Why, at more length: Faster R-CNN pads every batch to a new canvas (a recompile per shape), and every
             # torchvision detector's anchor matching, proposal sampling and NMS have data-dependent sizes (graph
@@ -155,7 +153,7 @@ class Detection:
             return Effect(False, "torch.compile is not run on a detector: new shapes every batch (recompiles) and "
                                  "data-dependent sizes in matching and NMS (graph breaks)",
                           applies=False)
-        return field_effect(field, device, model, split, value)
+        return super().field_effect(field, device, model, split, value)
 
     def flops_per_sample(self, model: nn.Module, split, recipe) -> float | None:
         """Model FLOPs of one training image (forward + backward, the losses included), counted on a copy on the

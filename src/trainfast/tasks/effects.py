@@ -1,6 +1,7 @@
 """What a switch can act on in a task's data: the part of a switch's effect that depends on the data, judged here
 (the techniques judge the device and the model, techniques/__init__.py: field_effect). A switch declares the kind
-of data it acts on (techniques/switch.py: Switch.data); each kind has one judge below."""
+of data it acts on (techniques/switch.py: Switch.data); a task that does not offer that kind rules it out first
+(tasks/base.py: Task.data_reason), and each kind has one judge below for the data a task does offer."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
@@ -59,8 +60,16 @@ def documents(field: str, model, split) -> Effect:
     return ACTS
 
 
+def offered(field: str, model, split) -> Effect:
+    """Image batches, or batches of one shape: whether the task's data is of that kind is the task's declaration
+    (tasks/base.py: Task.offers), and nothing in the data itself decides more (the model's judge does: a
+    channels_last on a model without convolutions)."""
+    return ACTS
+
+
 DATA_JUDGES: dict[str, Callable[[str, object, object], Effect]] = {
-    "image_folder": image_folder, "padded_sizes": padded_sizes, "documents": documents}
+    "images": offered, "stacked": offered, "image_folder": image_folder, "padded_sizes": padded_sizes,
+    "documents": documents}
 
 
 def field_effect(field: str, device: torch.device, model: nn.Module | None, split=None, value=None) -> Effect:

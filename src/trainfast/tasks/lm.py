@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..recipe import Recipe, RecipeError
-from ..techniques.base import Effect
+from .base import Metric, Task
 
 # Where `trainfast train --task lm` starts when no --recipe is given: AdamW at 1e-3 with a short warm-up, batches
 # of 16 documents, one epoch over the training documents.
@@ -21,13 +21,13 @@ DEFAULT_RECIPE = Recipe(epochs=1, batch_size=16, lr=1e-3, weight_decay=0.01, war
 INSTALL_HINT = "the language-model task needs transformers and tokenizers: pip install 'trainfast[hf]'"
 
 
-class LanguageModel:
+class LanguageModel(Task):
     name = "lm"
-    metric_label = "val loss"            # the ablation table's column of the judged metric
-    metric_name = "validation loss"      # ... and its name in the report's sentences
-    metric_goal = "min"
-    rate_unit = "tokens/s"
-    loss_terms = False
+    # Validation loss in nats per predicted token: lower is better (its perplexity is recorded beside it).
+    metric = Metric("validation loss", "val loss", "min")
+    rate_unit = "tokens"                 # real tokens, never padding (TokenBatch.rate_count)
+    offers = frozenset({"", "documents"})
+    batches = "token ids of documents of different lengths"
     # The CLI's default: 512 of the standard library's documents (32 steps of 16), so the default ablation's
     # every run is seconds on 2 cores; --data stdlib is all 13,000-odd of them.
     default_data = "stdlib:512"
@@ -85,11 +85,12 @@ class LanguageModel:
     def val_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         return {"val_loss": metrics["loss"], "val_perplexity": metrics["perplexity"]}
 
+    def judged(self, metrics: dict[str, float]) -> float:
+        return metrics["loss"]
+
     def rung_metrics(self, metrics: dict[str, float]) -> dict[str, Any]:
-        """`accuracy` is the judged metric's slot: validation loss here (lower is better, metric_goal). No
-        held-out-sample band (it is no proportion): the baseline's seeds give its noise band."""
-        return {"accuracy": metrics["loss"], "loss": metrics["loss"], "perplexity": metrics["perplexity"],
-                "val_samples": None}
+        """No held-out-sample band (validation loss is no proportion): the baseline's seeds give its noise band."""
+        return {"loss": metrics["loss"], "perplexity": metrics["perplexity"], "val_samples": None}
 
     def summary(self, record: dict[str, Any]) -> str:
         return f"val loss {record['val_loss']:.4f}  val ppl {record['val_perplexity']:.2f}"
@@ -115,13 +116,9 @@ class LanguageModel:
         return build_lm(name, split.vocab_size, split.max_length, split.pad_id, split.eos_id)
 
     def validate(self, recipe) -> None:
-        """What cannot work for a language model, refused before any work starts."""
-        for field, why in (("group_aspect_ratio", "groups detection images by aspect ratio"),
-                           ("prefetch", "copies stacked image batches into recycled buffers of one shape"),
-                           ("device_decode", "decodes image-folder JPEGs"), ("decode_cache", "caches image folders")):
-            if getattr(recipe, field):
-                raise RecipeError(f"{field}=True {why}; the language-model task's batches are token ids of "
-                                  "documents of different lengths")
+        """What cannot work for a language model, refused before any work starts (the switches on data it does
+        not offer are refused by Task.validate)."""
+        super().validate(recipe)
         if recipe.strategy == "dp":
             raise RecipeError("strategy=dp computes a classification loss inside each replica; for a language model "
                               "use strategy=ddp under torchrun")
@@ -151,14 +148,6 @@ class LanguageModel:
         val = make_loader(split.val, recipe, device, False, dist.val_sampler(split.val), rank=dist.rank,
                           collate_fn=PadCollate(split.pad_id))
         return tuple(DeviceBatches(loader, device, keep, recipe.non_blocking) for loader in (train, val))
-
-    def apply_schedule(self, state, steps_per_epoch: int) -> None:
-        """The recipe's warm-up (warmup_steps) is already the state's schedule (session.build_state)."""
-
-    def field_effect(self, field: str, device: torch.device, model: nn.Module | None, split, value=None) -> Effect:
-        from .effects import field_effect
-
-        return field_effect(field, device, model, split, value)
 
     def tokens_per_sample(self, split) -> float:
         """The mean length of a training document (as cut), in tokens: the rate in documents/s is tokens/s over it."""

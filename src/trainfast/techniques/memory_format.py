@@ -41,7 +41,7 @@ SWITCHES = (
     Switch(("channels_last",),
            rungs=(RungSpec("channels_last", {"channels_last": True}, place=50,
                            default_in=("classification", "detection"), tune=1),),
-           model_effect=effect,
+           model_effect=effect, data="images",       # NHWC is a layout of 4-D image batches and conv weights
            model=ModelSwitch("memory format", switch_memory_format, memory_format_of,
                              show=lambda on: "channels_last" if on else "contiguous", default="contiguous"),
            frameworks={name: ON_MODEL for name in ADAPTERS}),

@@ -109,7 +109,7 @@ class HostBuffers:
 SWITCHES = (
     Switch(("prefetch",),
            rungs=(RungSpec("prefetch", {"prefetch": True}, place=40, default_in=("classification",), tune=6),),
-           device_effect=effect,
+           device_effect=effect, data="stacked",      # its buffers are recycled at one batch shape
            unreachable={EVERY_ADAPTER: "trainfast's device-side prefetcher works on trainfast's own loaders; the "
                                        "script's loader is the framework's"}),
 )

@@ -25,6 +25,16 @@ ADAPTERS = ("transformers", "lightning", "accelerate")   # the framework adapter
 EVERY_ADAPTER = "*"                                      # how each sets it, or why it cannot
 ON_MODEL = "the model, before the framework wraps it (the switch's own apply_model, read back from the model)"
 AMP = "{amp}"            # a rung's value replaced by the half type chosen for the device (bf16 or fp16)
+# The kinds of data a switch can act on (Switch.data), each with what it is: a task offers some of them
+# (tasks/base.py: Task.offers) and rules out, with this text as the reason, a switch on a kind it does not offer.
+DATA_KINDS = {
+    "": "any data",
+    "images": "image batches (NCHW tensors a conv net reads)",
+    "stacked": "batches stacked at one shape (copied into recycled buffers of that shape)",
+    "image_folder": "image-folder files decoded per sample (--data imagefolder:PATH)",
+    "padded_sizes": "detection images of different sizes, padded per batch by the model (--task detection)",
+    "documents": "a language model's documents of different lengths, padded per batch (--task lm)",
+}
 
 
 @dataclass(frozen=True)
@@ -33,12 +43,12 @@ class RungSpec:
 
     `place` orders every ladder (the lower, the earlier; in a cumulative ladder a rung inherits every rung above
     it). `default_in`: the tasks whose default ladder runs it (others name it with --switches). `places`: a task
-    where it sits elsewhere. `tasks`: the tasks that can name it at all (None: every task; a task still refuses a
-    rung that cannot work for it, with the reason, in its validate()). `tune`: its priority in the tune's first
-    stage, where a tight budget cuts the last ones (None: not tried there); `tune_inputs`: tried in the tune's
-    input stage, once the recipe waits for its batches; `tune_changes(recipe, cpus)`: the rungs (name, changes)
-    that stage tries on top of `recipe` with `cpus` usable CPUs (None: this rung's own changes, where the recipe
-    does not have them yet)."""
+    where it sits elsewhere. `tasks`: the tasks that can name it at all (None: every task; a task still rules out a
+    rung on data it does not offer, and refuses one that cannot work for it, each with the reason). `tune`: its
+    priority in the tune's first stage, where a tight budget cuts the last ones (None: not tried there);
+    `tune_inputs`: tried in the tune's input stage, once the recipe waits for its batches; `tune_changes(recipe,
+    cpus)`: the rungs (name, changes) that stage tries on top of `recipe` with `cpus` usable CPUs (None: this
+    rung's own changes, where the recipe does not have them yet)."""
     name: str
     changes: Mapping[str, Any]
     place: float
@@ -131,9 +141,10 @@ class Switch:
                 None: it acts everywhere. A model of None (a script's, not known before it runs) counts as acting.
     value_effect: for a switch of several values (the attention backend), whether this value can act on this
                 device and model: value_effect(value, device, model).
-    data:       the kind of data it acts on, judged by the task (tasks/effects.py): "" any data,
-                "image_folder" files decoded per sample, "padded_sizes" detection images of different sizes,
-                "documents" language-model documents of different lengths (padded per batch).
+    data:       the kind of data it acts on (DATA_KINDS): a task that does not offer it rules the switch out
+                (tasks/base.py), one that does judges its data (tasks/effects.py): "" any data, "images" image
+                batches, "stacked" batches of one shape, "image_folder" files decoded per sample, "padded_sizes"
+                detection images of different sizes, "documents" language-model documents of different lengths.
     model:      how it acts on the model object, for the switches that do (ModelSwitch).
     process_hooks: how a process-wide switch reaches every process and is read back (ProcessSwitch); its module
                 is named in techniques/__init__.py's PROCESS_MODULES (read before torch loads).

@@ -21,9 +21,9 @@ PRIORITY = tune_priority()
 
 def single_names(amp: str, image_folder: bool, task: str = "classification") -> list[str]:
     """Stage 1's switches in the search's priority, those the task can run (a language model has no use for an
-    image prefetcher: its task refuses it). The input switches that pay only once the step outruns its input
-    (more loader workers, decoding on the device) are stage 3's (inputs.py): the decode cache is tried in both, as
-    it also takes the decode off a CPU step that its workers share the cores with."""
+    image prefetcher: its data is not what prefetch acts on, Task.rules_out). The input switches that pay only once
+    the step outruns its input (more loader workers, decoding on the device) are stage 3's (inputs.py): the decode
+    cache is tried in both, as it also takes the decode off a CPU step that its workers share the cores with."""
     from ..ablation.ladders import LADDERS
     from ..recipe import RecipeError
     from ..tasks import build_task
@@ -31,6 +31,8 @@ def single_names(amp: str, image_folder: bool, task: str = "classification") -> 
     checker, table = build_task(task), LADDERS[task][1]
 
     def runs(name: str) -> bool:
+        if checker.rules_out(table[name]) is not None:
+            return False
         try:
             checker.validate(Recipe().replace(**table[name]))
         except RecipeError:
