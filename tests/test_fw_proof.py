@@ -133,7 +133,7 @@ def test_a_script_with_neither_session_nor_framework_has_every_rung_ruled_out_an
     plan = [Rung("baseline", {}, Recipe()), Rung("amp", {"precision": "bf16"}, Recipe())]
     command_work().after_run(plan)(plan[0], {"session": False})
     assert plan[1].effect == Effect.NO_SESSION and "does not use trainfast.Session, nor a framework" in plan[1].reason
-    assert "`--switches passive_threads,reuse_memory`" in plan[1].reason
+    assert "`--switches passive_threads,reuse_memory,fast_fp32_matmul`" in plan[1].reason
 
 
 def no_session_plan():
@@ -278,7 +278,8 @@ def grown_ladder(tmp_path, session: bool, mode: str = "cumulative", resume: bool
             def launch(rung, recipe, budget, run_dir, display, limit):
                 launched.append((rung.name, recipe.seed))
                 env = memory_reuse.unavailable() is None
-                switches = {"passive_threads": recipe.passive_threads, "reuse_memory": recipe.reuse_memory and env}
+                switches = {"passive_threads": recipe.passive_threads, "reuse_memory": recipe.reuse_memory and env,
+                            "fast_fp32_matmul": recipe.fast_fp32_matmul}
                 return {**template, "seed": recipe.seed, "session": session, "process_switches": switches}
             return launch
 
@@ -292,21 +293,25 @@ def grown_ladder(tmp_path, session: bool, mode: str = "cumulative", resume: bool
 
 def test_the_default_ladder_gains_the_process_wide_rungs_once_the_baseline_shows_no_session(tmp_path):
     from trainfast.results import Effect, Status
-    from trainfast.techniques import memory_reuse
+    import torch
+
+    from trainfast.techniques import matmul_precision, memory_reuse
 
     result, launched = grown_ladder(tmp_path, session=False)
     by_name = {r.name: r for r in result.rungs}
-    assert [r.name for r in result.rungs] == ["baseline", "amp", "channels_last", "passive_threads", "reuse_memory"]
+    assert [r.name for r in result.rungs] == ["baseline", "amp", "channels_last", "passive_threads", "reuse_memory",
+                                              "fast_fp32_matmul"]
     for name in ("amp", "channels_last"):
         assert by_name[name].effect == Effect.NO_SESSION and "--switches" not in by_name[name].reason
-    grown = ["passive_threads"] + (["reuse_memory"] if memory_reuse.unavailable() is None else [])
+    grown = ["passive_threads"] + (["reuse_memory"] if memory_reuse.unavailable() is None else []) \
+        + (["fast_fp32_matmul"] if matmul_precision.effect(torch.device("cpu")).acts else [])
     # interleaved with the baseline, pass by pass, every added rung timed as often as it
     assert launched == [(name, seed) for seed in (0, 1) for name in ["baseline", *grown]]
     for name in grown:
         assert by_name[name].status == Status.DONE and len(by_name[name].repeats) == 2
         assert "added to the default ladder: the script has no trainfast.Session" in by_name[name].reason
     assert by_name["reuse_memory"].recipe.passive_threads           # cumulative: it builds on the rung above
-    assert result.settings["added_rungs"] == ["passive_threads", "reuse_memory"]
+    assert result.settings["added_rungs"] == ["passive_threads", "reuse_memory", "fast_fp32_matmul"]
     assert "added to the default ladder" in (result.out_dir / "report.md").read_text()
     # resumed: the baseline read back grows the plan the same way, and every run is read back, none launched
     again, launched = grown_ladder(tmp_path, session=False, resume=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
-from ..measure.clock import batch_samples
 from ..recipe import Recipe, RecipeError
 from ..techniques import owners
 from ..techniques.base import Effect
@@ -62,7 +61,10 @@ class Task:
 
     def count_batch(self, batch: Any) -> int:
         """How many `rate_unit` a training batch holds (its samples; a batch that says what its rate counts, a
-        language model's real tokens, by that)."""
+        language model's real tokens, by that). (measure imports torch: read here, not at the top, so the CLI can
+        name the tasks before torch loads.)"""
+        from ..measure.clock import batch_samples
+
         return batch_samples(batch)
 
     # --- which switches its data offers something to ----------------------------------------------------

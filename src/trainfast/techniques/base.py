@@ -6,9 +6,11 @@ device" with the reason, never timed and presented as a gain or loss that is rea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:      # imports no torch: a task's declarations (and so the CLI) read Effect before torch loads
+    import torch
+    from torch import nn
 
 NOT_APPLICABLE = "not-applicable"     # an Effect's label: the technique has nothing to act on in this task
 
@@ -34,4 +36,6 @@ def cuda_only(device: torch.device, what: str) -> Effect:
 
 
 def has_conv(model: nn.Module) -> bool:
+    from torch import nn
+
     return any(isinstance(m, (nn.Conv2d, nn.Conv3d, nn.BatchNorm2d)) for m in model.modules())
