@@ -84,6 +84,9 @@ def test_killed_ablation_leaves_no_process_and_resumes(tmp_path):
         and "batch_size" in changed.stderr
 
 
+# Slow: a whole ablation waits out a 10 s limit. Fast: the supervisor's limit on a hung child and its whole
+# process group, tests/test_procs.py::test_a_hung_child_is_stopped_at_its_time_limit_with_its_whole_group.
+@pytest.mark.slow
 def test_a_hanging_rung_is_stopped_at_its_limit_and_the_others_finish(tmp_path, digits16):
     from trainfast.ablation.rung import TimingBudget
 
