@@ -134,10 +134,10 @@ def test_full_mode_compares_the_reported_metric_with_the_baselines_band(tmp_path
 @pytest.mark.slow
 def test_full_mode_runs_the_adopted_example_to_its_end_in_each_rung(tmp_path):
     # amp and compile: the two rungs whose full runs differ most from a speed run (autocast through the whole
-    # evaluation, compilation inside the script's own epochs); test_speed_mode_... covers every rung.
+    # evaluation, compilation inside the script's own epoch); test_speed_mode_... covers every rung.
     out = tmp_path / "full-ladder"
     proc, results = ablate(out, "--measure", "full", "--repeats", "1", "--noise-seeds", "1", "--rungs", "amp,compile",
-                           command=[sys.executable, ADOPTED, "--epochs", "2"])
+                           command=[sys.executable, ADOPTED, "--epochs", "1"])
     measured = [r for r in results["rungs"] if r["status"] == "done"]
     assert [r["name"] for r in measured] == ["baseline", "amp", "compile"]
     for rung in measured:
