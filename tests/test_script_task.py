@@ -219,3 +219,29 @@ def test_a_token_scripts_steps_are_counted_in_tokens_on_the_device_and_read_once
     # the first forward told the kind (counting began after it): its step has one micro-batch counted
     assert kind.kind == "tokens" and kind.step_tokens(3) == [2 * 3, 2 * 2 * 4, 2 * 2 * 5]
     assert kind.step_tokens(5) == [0, 0, 6, 16, 20]
+
+
+def test_tune_on_a_script_plans_each_tasks_stage_1_and_follows_the_batches(tmp_path):
+    """`tune -- COMMAND` with no --task: stage 1 is planned for the default task and for each other one; the
+    first run's batches (token ids) swap in the language model's switches (packing and grouping first), and a
+    re-plan of stage 1 keeps to that task."""
+    import sys
+
+    from trainfast.ablation.work import BuiltinSpec
+    from trainfast.tune.budget import SearchBudget
+    from trainfast.tune.options import tune_options
+    from trainfast.tune.search import prepare_search
+
+    opts = tune_options({"command": [sys.executable, "-c", "pass"], "out": tmp_path / "tune", "amp_dtype": "bf16",
+                         "show": False})
+    search, singles = prepare_search(BuiltinSpec(), None, "cpu", opts, SearchBudget(600))
+    assert "channels_last" in [r.name for r in singles] and "padding_free" not in [r.name for r in singles]
+    lm = [r.name for r in search.work.by_task["lm"]]
+    assert lm[0] == "baseline" and lm.index("padding_free") < lm.index("group_by_length") < lm.index("fused")
+    search.work.follow_task(singles, {"batches": LM_SEEN})
+    assert [r.name for r in singles] == lm and search.work.learned["script_task"]["name"] == "lm"
+    assert [r.name for r in search.replan()] == lm
+    given, _ = prepare_search(BuiltinSpec(task="lm"), None, "cpu", tune_options(
+        {"command": [sys.executable, "-c", "pass"], "out": tmp_path / "given", "amp_dtype": "bf16", "show": False}),
+        SearchBudget(600))
+    assert given.work.by_task == {} and given.work.task == "lm"
