@@ -125,6 +125,7 @@ def prepare_task(args: argparse.Namespace) -> Recipe:
     with the explicit flags on top, checked against the task before any data is loaded."""
     from .tasks import build_task, resolve_task
 
+    args.task_given = args.task          # a script's task: given, or read from its batches (ablate -- COMMAND)
     args.task, args.model, args.data = resolve_task(args.task, args.model, args.data)
     task = build_task(args.task)
     if args.task == "detection" and args.command in ("tune", "doctor") and args.user_command is None:
@@ -154,7 +155,7 @@ def _ablate(args, recipe: Recipe) -> int:
     try:
         if args.user_command is not None:
             result = ablate_command(args.user_command, recipe=recipe, device=args.device, measure=args.measure,
-                                    metric=args.metric, goal=args.metric_goal, **options)
+                                    metric=args.metric, goal=args.metric_goal, task=args.task_given, **options)
         else:
             result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe,
                             device=args.device, task=args.task, **options)
@@ -178,7 +179,7 @@ def _tune(args, recipe: Recipe) -> int:
              timing=TimingBudget(steps=args.timing_steps, seconds=args.timing_budget), min_effect=args.min_effect,
              resume=resume, command=args.user_command, nproc=args.nproc, metric=args.metric, goal=args.metric_goal,
              batch_size_search=args.batch_size_search, settle=args.settle, switches=split_names(args.switches),
-             paired=args.paired)
+             paired=args.paired, task=args.task_given if args.user_command is not None else args.task)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -83,8 +83,9 @@ def recipe_from_args(args: argparse.Namespace, base: Recipe | None = None) -> Re
 
 def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=TASKS, default=None,
-                        help="classification (default) or detection; inferred as detection when --model is a "
-                             "detection model")
+                        help="classification (default), detection or lm; inferred from --model (a detection or "
+                             "language model's name); for a script (-- COMMAND) the ladder of its task, which is "
+                             "otherwise read from its batches")
     parser.add_argument("--model", default=None,
                         help="classification: built-in resnet9 (default) or any timm model name; detection: "
                              f"{' | '.join(DETECTION_MODELS)} (default {DEFAULT_DETECTION_MODEL})")

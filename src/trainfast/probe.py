@@ -122,6 +122,7 @@ class Probe:
         self.sections: dict[str, Any] = {}
         self.loader = LoaderWorkers()            # loader worker processes beside the step
         self.steady_steps: int | None = None     # full mode, steady_window: the steps speed mode would have timed
+        self.batches = None                      # a command's run: what its batches are (instruments/batches.py)
 
     # --- where steps come from ------------------------------------------------------------------------
 
@@ -154,6 +155,8 @@ class Probe:
     # --- speed mode ----------------------------------------------------------------------------------
 
     def after_update(self) -> None:
+        if self.batches is not None:
+            self.batches.step()                  # a token script's tokens of this step (instruments/batches.py)
         if self.timer.updates % CHECK_EVERY:
             return
         self.loader.count_children()
@@ -218,7 +221,11 @@ class Probe:
         from .measure import Timing
 
         self.timer.read()
-        steps = self.timer.steps[:self.steady_steps] if self.steady_steps else self.timer.steps
+        steps = self.timer.steps
+        tokens = self.batches.step_tokens(len(steps)) if self.batches is not None else None
+        if tokens is not None:                                # token ids: the rate in tokens, whatever a row holds
+            steps = [dataclasses.replace(s, samples=n) for s, n in zip(steps, tokens)]
+        steps = steps[:self.steady_steps] if self.steady_steps else steps
         if steps and not any(s.samples for s in steps):      # samples unknown: one "sample" per step
             steps = [dataclasses.replace(s, samples=self.samples_per_step() or 1) for s in steps]
         return Timing.from_steps(steps, check_disturbance=self.check_disturbance)
@@ -264,6 +271,8 @@ def run_record(probe: Probe, stopped: str) -> dict[str, Any]:
 
     timing = probe.timing()
     samples_known = any(s.samples for s in probe.timer.steps) or bool(probe.samples_per_step())
+    tokens = probe.batches is not None and probe.batches.tokens is not None
+    unit = "tokens" if tokens else "samples" if samples_known else "steps"
     session = probe.session
     precision = session.state.precision.metrics() if session is not None and session.state else {}
     return {
@@ -272,10 +281,11 @@ def run_record(probe: Probe, stopped: str) -> dict[str, Any]:
         "stopped": stopped,
         # Ranks step in lockstep (gradient all-reduce), so the job's rate is world_size x one rank's.
         "throughput": timing.throughput * probe.world_size,
-        # What the rate counts: a step's samples where they are known, else steps (a script without a Session
-        # whose framework does not say its batch); the built-in run's record says its task's (extra).
-        "unit": "samples" if samples_known else "steps",
-        "rate_unit": "samples/s" if samples_known else "steps/s",
+        # What the rate counts: a token script's tokens (instruments/batches.py), else a step's samples where they
+        # are known, else steps (a script without a Session whose framework does not say its batch); the built-in
+        # run's record says its task's (extra).
+        "unit": unit,
+        "rate_unit": f"{unit}/s",
         "seed": run_seed(session),            # the run's name in the report's notes
         "timing": timing.to_dict(),
         "steps_run": probe.timer.updates,
@@ -305,6 +315,7 @@ def run_record(probe: Probe, stopped: str) -> dict[str, Any]:
         "overridden": {**({k: list(v) for k, v in session.overridden.items()} if session is not None else {}),
                        **{k: v for section in probe.sections.values() for k, v in section.overridden().items()}},
         **{name: section.to_dict() for name, section in probe.sections.items()},
+        "batches": probe.batches.to_dict() if probe.batches is not None else None,
         "run_seconds": time.perf_counter() - probe.started,
         "process": process_state(),        # its cores, threads, preemptions, faults (procstate.py)
         **probe.extra,
@@ -350,8 +361,11 @@ def install() -> None:
 
         from .observers import observe_sessions
 
+        from .instruments.batches import BatchKind
+
         observe_sessions(probe)
         register_optimizer_step_post_hook(probe._global_step)
+        probe.batches = BatchKind()          # the task the script's batches are: its ladder (ablation/work.py)
         apply_command_switches()
 
 

@@ -8,6 +8,7 @@ import torch
 
 from ..recipe import Recipe, resolve_device
 from ..results import AblationResult, Status
+from ..tasks import TASKS
 from ..techniques import process_wide
 from .ladders import SCRIPT, plan_rungs
 from .loop import LadderOptions, check_positive_int, run_ladder
@@ -64,7 +65,7 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
 
 def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, device: str = "auto",
                    measure: str = "speed", metric: str | None = None, goal: str | None = None,
-                   **options) -> AblationResult:
+                   task: str | None = None, **options) -> AblationResult:
     """`trainfast ablate -- COMMAND`: the ladder on a user's own training command (work.CommandWork). Every run
     starts the command with the rung's switches in TRAINFAST_RECIPE; the probe in it (probe.py) times its
     steps and writes the result. `measure="speed"`: each run stops once warm-up plus the timing budget is
@@ -73,18 +74,25 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
     is compared with the baseline's noise band, as the built-in ablation compares accuracy. A command that
     never creates a trainfast.Session is measured too (steps/s from the global optimizer hook): the rungs of
     process-wide switches are timed on it (the default ladder gains them once its baseline shows no Session),
-    every other rung is reported as having no effect on it. `options`: as ablate()'s."""
+    every other rung is reported as having no effect on it. `task`: the script's task (its ladder); None: the
+    task its batches show in the baseline's first run (instruments/batches.py), whose ladder then replaces the
+    default one unless `rungs` named the rungs. `options`: as ablate()'s."""
     plan_opts, opts = split_options(options)
     if measure != "full":           # speed mode: nothing to judge accuracy on, so no extra baseline seeds
         opts = dataclasses.replace(opts, noise_seeds=opts.repeats)
     base = recipe or Recipe()
     dev = resolve_device(device)
     amp = plan_opts.get("amp_dtype", "auto")
-    plan = plan_rungs(base, plan_opts.get("rungs"), opts.mode, amp, dev, SCRIPT)
-    # The default ladder on a script without a Session: what can reach it is added once its baseline shows that.
-    grown = [] if plan_opts.get("rungs") else plan_rungs(base, list(process_wide()), opts.mode, amp, dev, SCRIPT)[1:]
+    named = plan_opts.get("rungs")
+    plan = plan_rungs(base, named, opts.mode, amp, dev, task if task and not named else SCRIPT)
+    # The default ladder on a script without a Session: what can reach it is added once its baseline shows that;
+    # on a script whose task was not given, its batches pick the ladder (each task's, planned here, checked now).
+    grown = [] if named else plan_rungs(base, list(process_wide()), opts.mode, amp, dev, SCRIPT)[1:]
+    by_task = {} if named or task else {name: plan_rungs(base, None, opts.mode, amp, dev, name)
+                                        for name in TASKS if name != "classification"}
     work = prepare_command(command, [r.changes for r in plan], recipe=base, device=device, nproc=plan_opts["nproc"],
-                           measure=measure, budget=opts.budget, metric=metric, goal=goal, if_no_session=grown)
+                           measure=measure, budget=opts.budget, metric=metric, goal=goal, if_no_session=grown,
+                           by_task=by_task, task=task if not named else None)
     work.mark_effects(plan)
     settings = {**work.settings, "measure": measure, "metric": {"name": metric, "goal": goal}, "mode": opts.mode,
                 "repeats": opts.repeats, "noise_seeds": opts.noise_seeds, "device": str(dev),

@@ -169,7 +169,6 @@ class LadderRun:
         self.after_run = work.after_run(plan)
         self.repeats, self.noise_seeds = options.repeats, options.noise_seeds
         self.measured = [r for r in plan if r.status != Status.NO_EFFECT]
-        self.planned = len(plan)                    # rungs past this many are ones a run made the work append
         # Interleaved: repeat 0 of every rung, then repeat 1 of every rung, ...; the baseline's extra seeds last.
         self.queue = [(rung, i, options.budget) for i in range(self.repeats) for rung in self.measured]
         self.queue += [(plan[0], i, None) for i in range(self.repeats, self.noise_seeds)]
@@ -259,11 +258,14 @@ class LadderRun:
             self.fit_budget(result)
 
     def take_added_rungs(self) -> None:
-        """Rungs the work appended to the plan after a run (work.py: a script's default ladder, grown by what
-        can reach it) join every pass not yet over, each run queued right after the baseline's run of its pass, so
-        they stay interleaved with it like the planned rungs."""
-        added = [r for r in self.plan[self.planned:] if r.status != Status.NO_EFFECT]
-        self.planned = len(self.plan)
+        """Rungs the work put in the plan after a run (work.py: a script's default ladder, grown by what can reach
+        it or replaced by its task's) join every pass not yet over, each run queued right after the baseline's run
+        of its pass, so they stay interleaved with it like the planned rungs; rungs it took out leave the queue."""
+        kept = {id(r) for r in self.plan}
+        self.queue = [entry for entry in self.queue if id(entry[0]) in kept]
+        self.measured = [r for r in self.measured if id(r) in kept]
+        known = {id(r) for r in self.measured}
+        added = [r for r in self.plan if id(r) not in known and r.status != Status.NO_EFFECT]
         if not added:
             return
         self.measured += added

@@ -221,6 +221,10 @@ class CommandWork:
     # The default ladder's rungs for a script no recipe reaches: added to the plan once its baseline shows it
     # has neither a Session nor a framework adapter (the process-wide switches, the only ones that can act).
     if_no_session: list[Rung] = dataclasses.field(default_factory=list)
+    # Each task's default ladder, for a script whose task was not given: its baseline's batches pick one
+    # (follow_task), which replaces the default ladder before any other rung runs. `task`: the one given.
+    by_task: dict[str, list[Rung]] = dataclasses.field(default_factory=dict)
+    task: str | None = None
 
     def fields(self, recipe: Recipe) -> dict[str, Any]:
         """What reaches the script: only the switched fields, so its own settings (grad_accum_steps,
@@ -285,6 +289,7 @@ class CommandWork:
         return after
 
     def baseline_seen(self, plan: list[Rung], result: dict[str, Any], sections: dict[str, Any]) -> None:
+        self.follow_task(plan, result)
         if sections:
             self.learned["framework"] = framework_names(sections)
             self.learned["script_settings"] = script_settings(sections)
@@ -310,6 +315,27 @@ class CommandWork:
                     other.reason = (f"its runs had the process-wide switches only: {', '.join(carried)}, carried "
                                     "from the rungs above, cannot reach a script without a Session")
 
+
+    def follow_task(self, plan: list[Rung], result: dict[str, Any]) -> None:
+        """The task the script's batches showed in its baseline's first run (the probe's `batches`): recorded for
+        the report, and where its task was not given and its rungs not named, that task's default ladder replaces
+        the default one (only the baseline has run: its runs stand, every other rung is the new ladder's)."""
+        if "script_task" in self.learned:  # every baseline run comes here; the first one decided
+            return
+        seen = result.get("batches") or {}
+        by_task, self.by_task = self.by_task, {}
+        if self.task is not None:
+            self.learned["script_task"] = {"name": self.task, "from": "--task"}
+            return
+        if not seen.get("task"):
+            return
+        self.learned["script_task"] = {"name": seen["task"], "from": seen["seen"],
+                                      "ladder": seen["task"] in by_task}
+        ladder = by_task.get(seen["task"])
+        if ladder is None:                 # classification (the default ladder already), or the rungs were named
+            return
+        mark_effects(ladder, self.dev)
+        plan[1:] = ladder[1:]
 
     def grow(self, plan: list[Rung]) -> None:
         """Once, on a script without a Session: the default ladder's process-wide rungs join the plan (the loop
@@ -341,21 +367,25 @@ def note_carried(rung: Rung, sections: dict[str, Any]) -> None:
 
 def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], *, recipe: Recipe | None,
                     device: str, nproc: int, measure: str, budget: TimingBudget, metric: str | None = None,
-                    goal: str | None = None, if_no_session: Sequence[Rung] = ()) -> CommandWork:
+                    goal: str | None = None, if_no_session: Sequence[Rung] = (),
+                    by_task: dict[str, list[Rung]] | None = None, task: str | None = None) -> CommandWork:
     """The command checked before any run (empty, not on PATH, a missing script, a Python that cannot import
     trainfast), and the fields its runs may switch: every field some candidate changes, those of the rungs
-    added for a script without a Session (`if_no_session`) included."""
+    added for a script without a Session (`if_no_session`) and those of each task's ladder its batches may pick
+    (`by_task`) included."""
     from ..launch import Command, check_command
 
     check_measure(measure, goal)
     start_rung_server()
     cmd = Command(tuple(command), nproc, measure)
     check_command(cmd)
-    switched = sorted({k for changes in [*plan_changes, *(r.changes for r in if_no_session)] for k in changes}
-                      | {"seed"})
+    by_task = by_task or {}
+    candidates = [*plan_changes, *(r.changes for r in if_no_session),
+                  *(r.changes for ladder in by_task.values() for r in ladder)]
+    switched = sorted({k for changes in candidates for k in changes} | {"seed"})
     settings = {"command": list(cmd.argv), "nproc": nproc, "cwd": os.getcwd()}
     return CommandWork(cmd, resolve_device(device), recipe or Recipe(), switched, budget, settings, metric, goal,
-                       if_no_session=list(if_no_session))
+                       if_no_session=list(if_no_session), by_task=by_task, task=task)
 
 
 def check_measure(measure: str, goal: str | None) -> None:

@@ -18,7 +18,7 @@ def rung_notes(result: AblationResult) -> list[str]:
     """The Notes section's items: the rungs ruled out, the reasons given for the others, the failures with
     their log tails, then each rung's caveats and a rate above the measured ceiling."""
     rungs = result.rungs
-    items = framework_notes(result.settings)
+    items = task_note(result.settings) + framework_notes(result.settings)
     items += no_session_note([r for r in rungs if r.status == Status.NO_EFFECT and r.effect == Effect.NO_SESSION])
     items += [ruled_out_note(r) for r in rungs if r.status == Status.NO_EFFECT and r.effect != Effect.NO_SESSION]
     items += [f"- **{rung_label(r)}**: {r.reason}" for r in rungs
@@ -29,6 +29,23 @@ def rung_notes(result: AblationResult) -> list[str]:
     if above:
         items.append(f"- {above}")
     return items
+
+
+TASK_WORDS = {"lm": "a language model (token ids in its batches)", "classification": "an image model",
+              "detection": "a detector (images and targets with boxes)"}
+
+
+def task_note(settings: dict) -> list[str]:
+    """A script's task: given with --task, or read from its first training forward, and whether its ladder
+    replaced the default one."""
+    task = settings.get("script_task")
+    if not task:
+        return []
+    what = TASK_WORDS.get(task["name"], task["name"])
+    if task["from"] == "--task":
+        return [f"- **task**: {what}, as --task {task['name']} said: its ladder"]
+    ladder = "; its own ladder replaced the default one" if task.get("ladder") else ""
+    return [f"- **task**: {what} (`{task['name']}`), read from its first training forward: {task['from']}{ladder}"]
 
 
 def framework_notes(settings: dict) -> list[str]:

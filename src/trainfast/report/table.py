@@ -35,7 +35,8 @@ class Columns:
         units = {run.get("rate_unit") for r in rungs or [] for run in r.repeats}
         metric = settings.get("metric") or {}
         name = (judged or {}).get("name") or metric.get("name")
-        return cls(cumulative, "steps/s" if "steps/s" in units else "samples/s", "run s", "wall_s",
+        unit = "steps/s" if "steps/s" in units else "tokens/s" if units == {"tokens/s"} else "samples/s"
+        return cls(cumulative, unit, "run s", "wall_s",
                    name if settings.get("measure") == "full" and name else "metric", step_alone=False)
 
 

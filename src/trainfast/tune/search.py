@@ -20,6 +20,7 @@ from ..ablation.work import BuiltinSpec, Work, prepare_builtin, prepare_command
 from ..recipe import Recipe, RecipeError, resolve_device
 from ..report.summary import judged_line, keep_line
 from ..results import AblationResult, Rung, Status
+from ..tasks import TASKS
 from ..techniques.precision import auto_amp_dtype, slow_half_reason
 from .batch import batch_finding, batch_rungs
 from .budget import SearchBudget, singles_share
@@ -123,21 +124,28 @@ def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: 
         work = prepare_builtin(spec, recipe, device)
         base, dev, image_folder = work.base, work.dev, image_folder("decode_cache", None, work.split).acts
         task = work.task.name
-    else:
-        base, dev, image_folder, task = recipe or Recipe(), resolve_device(device), False, "classification"
+    else:          # a script: the task given, else the one its batches show in stage 1's first run
+        base, dev, image_folder, task = recipe or Recipe(), resolve_device(device), False, spec.task or "classification"
     amp = auto_amp_dtype(dev) if opts.amp_dtype == "auto" else opts.amp_dtype
-    names = chosen_switches(single_names(amp, image_folder, task), opts.switches)
     slow = slow_half_reason(dev, amp) if opts.amp_dtype == "auto" else None
+    names = chosen_switches(single_names(amp, image_folder, task), opts.switches)
     singles = plan_singles(base, names, amp, dev, slow, task)
+    # A script whose task was not given, its switches not named: each other task's stage 1, one of which its
+    # batches may pick (ablation/work.py: CommandWork.follow_task). Detection has no search (its precision levels
+    # past O1 are refused, so stage 1b has nothing to try): a detector's script keeps the default stages.
+    others = {} if work is not None or spec.task or opts.switches else {
+        name: single_names(amp, False, name) for name in TASKS if name not in (task, "detection")}
     if work is None:
+        by_task = {name: plan_singles(base, switches, amp, dev, slow, name) for name, switches in others.items()}
         # Every candidate is a combination of the singles' fields: those are all a run may switch.
         work = prepare_command(opts.command, [r.changes for r in singles], recipe=base, device=device,
                                nproc=opts.nproc, measure="speed", budget=opts.timing, metric=opts.metric,
-                               goal=opts.goal)
+                               goal=opts.goal, by_task=by_task, task=spec.task)
     work.mark_effects(singles)
 
     def replan() -> list[Rung]:
-        rungs = plan_singles(base, names, amp, dev, slow, task)
+        name = getattr(work, "learned", {}).get("script_task", {}).get("name", task)
+        rungs = plan_singles(base, others.get(name, names), amp, dev, slow, name)
         work.mark_effects(rungs)
         return rungs
     return Search(work, base, out_dir, opts, budget, replan), singles
@@ -325,7 +333,7 @@ def run_batch_search(search: Search, decision: Decision, per_run: float) -> Abla
 
 def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None, val_set=None, loss_fn=None, *,
          data: str = "digits", image_size: int | None = None, recipe: Recipe | None = None, device: str = "auto",
-         mean=None, std=None, **options) -> Decision:
+         mean=None, std=None, task: str | None = None, **options) -> Decision:
     """Search for the fastest recipe that keeps accuracy (the package's docstring); best.yaml, tune.md and
     tune.json in the search's folder. The work: a built-in model and data as `ablate()` takes them, or
     `command`. `options`: TuneOptions' fields.
@@ -339,7 +347,8 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
     python train.py ...`; the ablation's CommandWork): stages 1 and 1b time each run in speed mode; stage 2
     runs every candidate to its end, so the accuracy guard compares the metric the script reports with
     `tf.report` (`metric`, `goal` as in ablate_command) with the baseline's band. `planned_steps` then
-    decides compile (the script's run length is not known before it ends).
+    decides compile (the script's run length is not known before it ends). `task` names the script's task (its
+    stages' switches); without it, stage 1's first run reads it from the script's batches and plans its switches.
 
     `batch_size_search`: afterwards, the recommended recipe at 2x, 4x, 8x its batch size (stage batch/, a
     cumulative ladder): the largest that fits and is still firmly faster with accuracy kept is reported
@@ -351,7 +360,7 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
     every stage."""
     opts = tune_options(options)
     budget = SearchBudget(opts.budget_s)
-    spec = BuiltinSpec(model, train_set, val_set, loss_fn, data, image_size, mean, std)
+    spec = BuiltinSpec(model, train_set, val_set, loss_fn, data, image_size, mean, std, task)
     search, singles = prepare_search(spec, recipe, device, opts, budget)
     found = run_singles(search, singles)
     run_on_level(search, found)

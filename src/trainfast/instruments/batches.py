@@ -1,0 +1,140 @@
+"""What a script trains on, read from its first training forward: token ids, images or a detector's images and
+targets. The ablation of a user's script plans the ladder of the task its batches are (a language model's
+padding and attention switches, an image model's memory format) without being told, whatever built the loop: a
+Session, transformers' Trainer, TRL, Lightning, Accelerate or a plain loop.
+
+The first modules a forward enters say it: an embedding given a 2-D integer tensor is fed token ids (a language
+model, or a text classifier: both get the language-model ladder, and packing rules itself out on one label a
+sequence); a convolution given a 4-D floating tensor, images (a ViT's patch embedding is one); a module given a
+list of 3-D images and a list of targets with boxes, a detector (torchvision's call). The hook is one global
+forward pre-hook, removed at the first answer: nothing is left on the step after it.
+
+Token ids also set the run's unit: tokens/s instead of rows/s, since a row holds one document when padded and
+many when packed. The tokens counted are those the loss predicts (labels other than IGNORE past each row's first
+position), which packing leaves exactly as they were: a padded row's first token is never predicted (the model
+shifts its labels by one), and a packed document's first token is labelled IGNORE (it would be predicted across
+a document boundary), so the same documents give the same count either way, prompt-masked fine-tuning labels
+included. A forward without labels counts its attention mask, else its token ids. The counts stay on the device
+(one tensor a step, no sync in the step) and are read once, when the run's record is written.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+IGNORE = -100            # the label no loss is computed on (torch's cross_entropy ignore_index, transformers')
+# What each kind of batch makes a script's task (tasks/: TASKS), and the batches in words for the report.
+TASK_OF = {"tokens": "lm", "images": "classification", "detection": "detection"}
+
+
+def kind_of(module: nn.Module, args: tuple) -> tuple[str, str] | None:
+    """(kind, what was seen) when this call tells what the batches are, else None."""
+    first = args[0] if args else None
+    if isinstance(first, (list, tuple)) and len(args) > 1 and isinstance(args[1], (list, tuple)) and first \
+            and args[1] and all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in first) \
+            and isinstance(args[1][0], dict) and "boxes" in args[1][0]:
+        return "detection", f"{type(module).__name__} given {len(first)} images and their targets with boxes"
+    if not isinstance(first, torch.Tensor):
+        return None
+    shape = "x".join(map(str, first.shape))
+    if isinstance(module, nn.Embedding) and first.dim() == 2 and not first.is_floating_point():
+        return "tokens", f"an embedding ({type(module).__name__}) given {shape} {str(first.dtype)[6:]} token ids"
+    if isinstance(module, nn.Conv2d) and first.dim() == 4 and first.is_floating_point():
+        return "images", f"a convolution ({type(module).__name__}) given {shape} {str(first.dtype)[6:]} images"
+    return None
+
+
+def tokens_in(args: tuple, kwargs: dict) -> torch.Tensor | int | None:
+    """The tokens a training forward's batch holds, in the unit above (a 0-dim tensor on the batch's device, or
+    None when the call carries no token ids)."""
+    batch: dict[str, Any] = {}
+    if args and isinstance(args[0], Mapping):
+        batch.update(args[0])
+    elif args and isinstance(args[0], torch.Tensor):
+        batch["input_ids"] = args[0]
+    batch.update(kwargs)
+    ids, labels, mask = batch.get("input_ids"), batch.get("labels"), batch.get("attention_mask")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+        return None
+    if isinstance(labels, torch.Tensor) and labels.shape == ids.shape:
+        return (labels[:, 1:] != IGNORE).sum()
+    if isinstance(mask, torch.Tensor) and mask.shape == ids.shape:
+        return mask.sum()
+    return ids.numel()
+
+
+class TokenCount:
+    """The tokens of every training forward of `module` (the outermost module a step calls), summed per optimizer
+    step on the device: `step()` closes one step, `read()` gives them all (one read of the device)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.pending: torch.Tensor | int = 0
+        self.per_step: list[torch.Tensor | int] = []
+        self.handle = module.register_forward_pre_hook(self.count, with_kwargs=True)
+
+    def count(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if module.training and torch.is_grad_enabled():
+            tokens = tokens_in(args, kwargs)
+            if tokens is not None:
+                self.pending = self.pending + tokens
+
+    def step(self) -> None:
+        self.per_step.append(self.pending)
+        self.pending = 0
+
+    def read(self) -> list[int]:
+        """Every step's count so far, read from the device at once (and kept read: the next read is the new
+        steps' only)."""
+        tensors = [t for t in self.per_step if isinstance(t, torch.Tensor)]
+        values = iter(torch.stack([t.to("cpu", torch.long) for t in tensors]).tolist()) if tensors else iter(())
+        self.per_step = [next(values) if isinstance(t, torch.Tensor) else int(t) for t in self.per_step]
+        return list(self.per_step)
+
+
+class BatchKind:
+    """Watches training forwards until one says what the batches are (`kind`, `seen`); then stops watching, and
+    for token ids counts the tokens of every later step (`tokens`, on the outermost module a step calls)."""
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.seen = ""
+        self.outer: nn.Module | None = None      # the first module this forward entered: the model the step calls
+        self.tokens: TokenCount | None = None
+        self.handle = nn.modules.module.register_module_forward_pre_hook(self.hook)
+
+    def hook(self, module: nn.Module, args: tuple) -> None:
+        # Training forwards only: a script's evaluation, or a model built and probed before it trains, may differ.
+        if self.kind is not None or not module.training or not torch.is_grad_enabled():
+            return
+        if self.outer is None:
+            self.outer = module
+        found = kind_of(module, args)
+        if found is not None:
+            self.kind, self.seen = found
+            self.close()
+            if self.kind == "tokens":
+                self.tokens = TokenCount(self.outer)
+
+    def step(self) -> None:
+        """An optimizer step ended: the tokens since the last one are that step's."""
+        if self.tokens is not None:
+            self.tokens.step()
+
+    def step_tokens(self, steps: int) -> list[int] | None:
+        """Tokens of each of the run's last `steps` steps (0 for a step before counting began), None when the
+        batches are not token ids."""
+        if self.tokens is None:
+            return None
+        counted = self.tokens.read()[-steps:] if steps else []
+        return [0] * (steps - len(counted)) + counted
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "seen": self.seen, "task": TASK_OF.get(self.kind or "")}
