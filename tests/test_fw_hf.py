@@ -139,9 +139,12 @@ def test_the_example_under_the_probe_is_switched_and_timed_by_its_optimizer_step
     timed = timing["timed_steps"]
     wall = ends[-1] - ends[-1 - timed]       # the callback's clock around the same timed steps
     assert abs(timing["timed_seconds"] - wall) / wall < 0.05, (timing["timed_seconds"], wall)
-    # samples/s from the Trainer's own batch size (32 a step, no accumulation), not steps/s
-    assert result["rate_unit"] == "samples/s"
-    assert result["throughput"] == pytest.approx(32 * timed / timing["timed_seconds"], rel=1e-6)
+    # tokens/s: its batches are token ids (instruments/batches.py), each step's predicted tokens counted on the
+    # device, more than the Trainer's 32 rows a step; the rate is their sum over the timed seconds
+    assert result["rate_unit"] == "tokens/s" and result["unit"] == "tokens" and result["batches"]["task"] == "lm"
+    assert all(n > 32 for n in timing["step_samples"])
+    clean = [b for b in timing["blocks"] if not b["disturbed"]] or timing["blocks"]
+    assert result["throughput"] == pytest.approx(sum(b["samples"] for b in clean) / timing["timed_seconds"], rel=1e-6)
 
 
 def test_activation_checkpointing_reaches_the_model_and_the_baseline_turns_it_off(tmp_path):

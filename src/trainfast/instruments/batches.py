@@ -75,6 +75,9 @@ class TokenCount:
         self.per_step: list[torch.Tensor | int] = []
         self.handle = module.register_forward_pre_hook(self.count, with_kwargs=True)
 
+    # Never traced by torch.compile: the count runs eagerly beside a compiled model (a graph break at the hook,
+    # outside the model's own graph), so compiling the script's model neither changes nor fails because of it.
+    @torch.compiler.disable
     def count(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if module.training and torch.is_grad_enabled():
             tokens = tokens_in(args, kwargs)
@@ -105,6 +108,7 @@ class BatchKind:
         self.tokens: TokenCount | None = None
         self.handle = nn.modules.module.register_module_forward_pre_hook(self.hook)
 
+    @torch.compiler.disable        # as TokenCount.count: eager beside a compiled model, never in its graph
     def hook(self, module: nn.Module, args: tuple) -> None:
         # Training forwards only: a script's evaluation, or a model built and probed before it trains, may differ.
         if self.kind is not None or not module.training or not torch.is_grad_enabled():
