@@ -62,6 +62,10 @@ def test_evaluation_and_no_grad_forwards_say_nothing_and_the_hook_goes_once_answ
     TinyLM().train()(torch.randint(0, 50, (2, 3)))
     assert kind.kind == "tokens" and kind.handle is None            # removed: no hook left on later steps
     assert kind_of(nn.Linear(3, 3), (torch.randn(2, 3),)) is None     # a linear layer's input tells nothing
+    silent = BatchKind()                           # a model that never tells: watched for its first step only
+    nn.Linear(3, 3).train()(torch.randn(2, 3))
+    silent.step()
+    assert silent.kind is None and silent.handle is None
 
 
 def faked_ladder(tmp_path, batches: dict | None, task: str | None = None, named: list[str] | None = None):

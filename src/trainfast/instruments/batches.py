@@ -123,9 +123,13 @@ class BatchKind:
                 self.tokens = TokenCount(self.outer)
 
     def step(self) -> None:
-        """An optimizer step ended: the tokens since the last one are that step's."""
+        """An optimizer step ended: the tokens since the last one are that step's. A first step that said nothing
+        (a model with neither an embedding nor a convolution) ends the watch: no hook stays on every module call
+        of the steps after it."""
         if self.tokens is not None:
             self.tokens.step()
+        elif self.kind is None and self.outer is not None:
+            self.close()
 
     def step_tokens(self, steps: int) -> list[int] | None:
         """Tokens of each of the run's last `steps` steps (0 for a step before counting began), None when the
