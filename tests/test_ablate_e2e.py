@@ -97,6 +97,7 @@ def test_no_effect_rung_is_reported_not_measured(cli_report):
     assert "+non_blocking**: no effect on this device" in report
 
 
+@pytest.mark.slow
 def test_python_api_with_own_model_and_datasets(tmp_path, digits16):
     from trainfast.ablation.rung import TimingBudget
 

@@ -135,6 +135,7 @@ def test_host_copy_copies_tensors_and_keeps_the_structure():
     assert torch.equal(copied["c"]["d"], torch.ones(3)) and isinstance(copied["a"][1], tuple)
 
 
+@pytest.mark.slow
 def test_the_ablation_times_saves_only_when_asked_and_rules_the_rung_out_otherwise(tmp_path, digits16):
     from conftest import ablate_one_switch
 

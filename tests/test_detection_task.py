@@ -73,6 +73,7 @@ def rank_reports(launch, scenario: str) -> list[dict]:
     return [json.loads((out / scenario / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.slow
 def test_train_cli_detection_end_to_end(coco, tmp_path, two_ranks, capsys):
     out = tmp_path / "run"
     # No --task: a detection model's name makes it a detection run; no --lr: detection's own defaults.

@@ -932,6 +932,7 @@ def loop_statuses(data: dict) -> dict[str, str]:
     return {name: status for name, status in statuses(data).items() if name != MACHINE}
 
 
+@pytest.mark.slow
 def test_doctor_script_kept_going_until_its_epoch_end_evaluation(tmp_path):
     """`doctor -- python engine_loop.py`: the evaluation at the end of the epoch (24 steps) comes after the
     1 + 4 + 4 watched steps; the script is kept going until it, then stopped."""
@@ -1005,6 +1006,7 @@ def test_eval_within_limit_then_not_checked_with_the_reason(tmp_path):
     assert off["observations"]["steps_run"] == 9
 
 
+@pytest.mark.slow
 def test_a_script_that_stalls_while_waiting_is_stopped_from_outside(tmp_path, monkeypatch):
     import trainfast.doctor.script
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
@@ -56,6 +58,7 @@ def test_the_adopted_loop_changes_three_lines_and_the_import():
                      "# optional: what `trainfast ablate --measure full` compares"]
 
 
+@pytest.mark.slow
 def test_the_adopted_loop_gives_the_plain_loops_result_in_fp32_and_takes_a_recipe_from_the_environment():
     # The three runs at once, one thread each (OMP_NUM_THREADS=1): each one's numbers are its own.
     procs = [start("plain_loop.py", "--epochs", "1"), start("adopted_loop.py", "--epochs", "1"),

@@ -76,6 +76,7 @@ def test_a_users_own_setting_is_never_undone():
     assert matmul_precision.in_effect()
 
 
+@pytest.mark.slow
 def test_a_command_gets_it_as_soon_as_it_imports_torch(tmp_path):
     """A script with no Session and no framework (it only imports torch): the ablation's start-up in its process
     (sitecustomize -> probe) sets it; its baseline run does not."""

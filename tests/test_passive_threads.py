@@ -90,6 +90,7 @@ def test_a_session_in_a_process_started_without_it_says_so(monkeypatch):
         Session(Recipe(), env=False, device="cpu")
 
 
+@pytest.mark.slow
 def test_training_is_bit_identical_with_it(tmp_path):
     """Same kernels, same results: `trainfast train` with the policy in effect (set before torch loaded) ends
     with exactly the weights of the run without it. The digits at their own 8 px: identity shows at any size."""

@@ -110,6 +110,7 @@ def test_a_child_that_ends_without_a_result_is_an_error(how, said, tmp_path):
     assert result["error"].startswith(said) and events == [{"event": "progress", "step": 0}]
 
 
+@pytest.mark.slow
 def test_a_hung_child_is_stopped_at_its_time_limit_with_its_whole_group(tmp_path):
     events = []
     pid_file = tmp_path / "pids.json"

@@ -47,6 +47,7 @@ def fresh_python(code: str, **env: str) -> list:
     return run(code, drop=tuple(memory_reuse.ENV), **env)
 
 
+@pytest.mark.slow
 @glibc
 def test_freed_memory_is_reused_instead_of_faulted_in_again():
     default, off = fresh_python(FAULTS.format(on=False))
