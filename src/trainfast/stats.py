@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import stats as scipy_stats
@@ -135,6 +135,53 @@ def pooled_noise(table: list[list[Repeat]]) -> Noise | None:
     residual = y - y.mean(axis=1, keepdims=True) - y.mean(axis=0, keepdims=True) + y.mean()
     df = (len(rows) - 1) * (passes - 1)
     return Noise(float((residual ** 2).sum() / df), df)
+
+
+WIDE_P = 0.01           # a rung's spread this unlikely under the others' noise (Bonferroni over the rungs) is its own
+
+
+def split_noise(table: dict[str, list[Repeat]]) -> tuple[Noise | None, dict[str, Noise]]:
+    """The pooled noise over the rungs whose repeats scatter alike, and the rungs whose repeats disagree far more
+    than the others' (heteroscedastic noise: a rung whose timed window depends on which batches it held, a rung
+    that is the only one to stall), each with its own noise. Pooling such a rung would widen every other rung's
+    interval by its spread: one rung's 20% would turn the others' firm 3% verdicts into "within the noise".
+
+    One rung at a time, the one least likely under the others: its own residuals around its mean and the others'
+    pass effects (passes - 1 df) against the others' two-way residual variance, an F test at WIDE_P divided by the
+    rungs tested; the pool is refitted without it and the test repeated, while at least two rungs remain to pool.
+    A rung set apart gets Noise(its variance, passes - 1)."""
+    passes = max((len(row) for row in table.values()), default=0)
+    rows = {name: row for name, row in table.items() if len(row) == passes}
+    wide: dict[str, Noise] = {}
+    while passes >= 2 and len(rows) >= 3:
+        y = {name: np.log([r.rate for r in row]) for name, row in rows.items()}
+        worst, worst_p, worst_noise = None, 1.0, None
+        for name in rows:
+            others = np.array([v for k, v in y.items() if k != name])
+            pool = pooled_noise([row for k, row in rows.items() if k != name])
+            if pool is None or pool.variance <= 0:
+                continue
+            effects = others.mean(axis=0) - others.mean()
+            own = y[name] - y[name].mean() - effects
+            variance = float((own ** 2).sum() / (passes - 1))
+            p = float(scipy_stats.f.sf(variance / pool.variance, passes - 1, pool.df))
+            if p < worst_p:
+                worst, worst_p, worst_noise = name, p, Noise(variance, passes - 1)
+        if worst is None or worst_p >= WIDE_P / len(rows):
+            break
+        wide[worst] = worst_noise
+        del rows[worst]
+    return pooled_noise(list(rows.values())), wide
+
+
+def combined(a: Noise, b: Noise) -> Noise:
+    """The noise of a comparison between two rungs with noises `a` and `b`: Noise.standard_error takes twice its
+    variance, so the mean of the two, with Welch-Satterthwaite's degrees of freedom."""
+    if a == b:
+        return a
+    total = a.variance + b.variance
+    parts = a.variance ** 2 / a.df + b.variance ** 2 / b.df
+    return Noise(total / 2, max(1, int(total ** 2 / parts)) if parts > 0 else min(a.df, b.df))
 
 
 @dataclass(frozen=True)
@@ -274,14 +321,34 @@ class Noises:
     """The two noise pools of one ablation. `process`: between fresh processes, over every rung's own runs (the
     two-way model above). `paired`: of the in-process ratios, over the rungs timed against the baseline inside
     their own processes (ablation/paired.py), where process-level state cancels. A comparison of two paired rungs
-    uses their ratios and the paired pool; any other, their own runs and the process pool."""
+    uses their ratios and the paired pool; any other, their own runs and the process pool. `wide` and
+    `paired_wide`: the rungs split_noise set apart from each pool, with their own noise; a comparison that
+    involves one uses both rungs' noises (combined)."""
     process: Noise | None
     paired: Noise | None = None
+    wide: dict[str, Noise] = field(default_factory=dict)
+    paired_wide: dict[str, Noise] = field(default_factory=dict)
 
     def basis(self, *paired: bool) -> tuple[bool, Noise | None]:
         """(whether the comparison of rungs with these `paired` flags uses the ratios, the noise it uses)."""
         both = self.paired is not None and all(paired)
         return both, self.paired if both else self.process
+
+    def own(self, name: str, paired: bool = False) -> Noise | None:
+        """The noise of one rung's runs (or ratios): its own where it was set apart, else the pool's."""
+        pool, wide = (self.paired, self.paired_wide) if paired else (self.process, self.wide)
+        return wide.get(name, pool)
+
+    def between(self, a: str, b: str, paired: bool = False) -> Noise | None:
+        """The noise of a comparison of rung `a` with rung `b`."""
+        mine, theirs = self.own(a, paired), self.own(b, paired)
+        return None if mine is None or theirs is None else combined(mine, theirs)
+
+    def only(self, paired: bool) -> "Noises":
+        """These noises on one basis, as the process pool (a simulated rerun's candidates carry plain repeats)."""
+        if paired:
+            return Noises(self.paired, wide=dict(self.paired_wide))
+        return Noises(self.process, wide=dict(self.wide))
 
 
 @dataclass(frozen=True)
@@ -302,7 +369,10 @@ def as_noises(noise: Noise | Noises | None) -> Noises:
 def compare_candidates(a: Candidate, b: Candidate, min_effect: float = MIN_EFFECT,
                        noise: Noise | Noises | None = None) -> Comparison:
     """`a` against `b` on the basis both share (Noises.basis)."""
-    paired, chosen = as_noises(noise).basis(a.ratios is not None, b.ratios is not None)
+    noises = as_noises(noise)
+    paired, chosen = noises.basis(a.ratios is not None, b.ratios is not None)
+    if chosen is not None:
+        chosen = noises.between(a.name, b.name, paired)
     if paired:
         return compare(a.name, a.ratios, b.name, b.ratios, min_effect, chosen)
     return compare(a.name, a.repeats, b.name, b.repeats, min_effect, chosen)
@@ -353,17 +423,21 @@ def recommendation_odds(candidates: list[Candidate], min_effect: float = MIN_EFF
     there is nothing to draw from: the recommendation alone, at 1.0. Drawn on the in-process ratios when every
     candidate has them (Noises), else on the runs' own rates."""
     best, _ = recommend(candidates, min_effect, noise)
-    paired, chosen = as_noises(noise).basis(*(c.ratios is not None for c in candidates))
-    if chosen is None or chosen.variance == 0:
+    noises = as_noises(noise)
+    paired, chosen = noises.basis(*(c.ratios is not None for c in candidates))
+    own = [noises.own(c.name, paired) for c in candidates]
+    if chosen is None or None in own or all(n.variance == 0 for n in own):
         return {best: 1.0}
     rows = [c.ratios if paired else c.repeats for c in candidates]
     passes = min(len(r) for r in rows)
     means = np.array([statistics.fmean(math.log(r.rate) for r in row[:passes]) for row in rows])
-    shifts = _rng().normal(0.0, math.sqrt(2 * chosen.variance / passes), size=(reruns, len(candidates)))
+    sigmas = np.sqrt([2 * n.variance / passes for n in own])
+    shifts = _rng().normal(0.0, 1.0, size=(reruns, len(candidates))) * sigmas
+    rerun = noises.only(paired)
     counts: dict[str, int] = {}
     for row in means + shifts:
         drawn = [Candidate(c.name, c.switches, [Repeat(((math.exp(m), 1.0),))] * passes)
                  for c, m in zip(candidates, row)]
-        name, _ = recommend(drawn, min_effect, chosen)
+        name, _ = recommend(drawn, min_effect, rerun)
         counts[name] = counts.get(name, 0) + 1
     return {name: counts[name] / reruns for name in sorted(counts, key=counts.get, reverse=True)}

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..recipe import Recipe
 from ..results import Rung, RungResult, Status
-from ..stats import (MIN_EFFECT, SAME, Candidate, Comparison, Noise, Noises, Repeat, compare_candidates, pooled_noise,
+from ..stats import (MIN_EFFECT, SAME, Candidate, Comparison, Noise, Noises, Repeat, compare_candidates, split_noise,
                      rate_estimate, recommend, recommendation_odds)
 from ..techniques.precision import level_note
 from .metric import SCRIPT_CHOICE, TASK_METRIC, choose_metric, metric_goal, task_metric_value
@@ -74,10 +74,13 @@ def candidate(rung: Rung, switches: float = 0.0) -> Candidate:
 
 def ladder_noises(rungs: list[Rung]) -> Noises:
     """The noise pools behind every interval of this ablation (stats.Noises): between processes over the measured
-    rungs' own runs, and of the in-process ratios over the rungs that have them."""
+    rungs' own runs, and of the in-process ratios over the rungs that have them; a rung whose repeats disagree far
+    more than the others' is judged on its own spread and kept out of the pool (stats.split_noise)."""
     measured = [r for r in rungs if r.measured]
-    ratios = [p for p in map(paired_repeats, measured) if p is not None]
-    return Noises(pooled_noise([rung_repeats(r) for r in measured]), pooled_noise(ratios))
+    process, wide = split_noise({r.name: rung_repeats(r) for r in measured})
+    ratios = {r.name: p for r in measured if (p := paired_repeats(r)) is not None}
+    paired, paired_wide = split_noise(ratios)
+    return Noises(process, paired, wide, paired_wide)
 
 
 def versus(a: Rung, b: Rung, min_effect: float, noises: Noises) -> Comparison:
@@ -148,7 +151,7 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
     sign = -1.0 if (goal or metric_goal(name)) == "min" else 1.0
     noises = ladder_noises(rungs)
     for rung in rungs:
-        aggregate(rung, noises.process, name)
+        aggregate(rung, noises.own(rung.name), name)
     base = rungs[0] if rungs and rungs[0].status == Status.DONE and rungs[0].result.repeats else None
     reference, seeds = None, []
     if base:
@@ -185,7 +188,10 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
                 r.accuracy_band = accuracy_band(reference, r.val_samples, seeds, runs=r.repeats)
         paired, noise = noises.basis(paired_repeats(rung) is not None, base is not None and
                                      paired_repeats(base) is not None)
-        r.noise = noise_summary(noise, r.repeats, min_effect, paired, noises.process)
+        r.noise = noise_summary(noises.own(rung.name, paired) if noise is not None else None, r.repeats,
+                                min_effect, paired, noises.own(rung.name))
+        if r.noise is not None and rung.name in (noises.paired_wide if paired else noises.wide):
+            r.noise["own"] = True          # its repeats disagreed far more than the others': judged on their spread
         previous = rung
 
 

@@ -87,11 +87,25 @@ def judged(result: AblationResult) -> list[Rung]:
     return [r for r in result.rungs if r.status == Status.DONE and r.name != "baseline"]
 
 
+def own_noise_text(result: AblationResult, pooled: dict) -> str:
+    """The rungs whose repeats disagreed far more than the others' (stats.split_noise), named with their spread:
+    each is judged on its own, and the pool, and so every other rung's interval, leaves it out."""
+    own = [(rung_label(r), r.result.noise["sigma_log"]) for r in result.rungs
+           if r.status == Status.DONE and r.result.noise and r.result.noise.get("own")]
+    if not own:
+        return ""
+    named = ", ".join(f"{name} ({100 * sigma:.1f}%)" for name, sigma in own)
+    return (f"The repeats of {named} disagreed far more than the others' ({100 * pooled['sigma_log']:.1f}%): "
+            f"{'each is' if len(own) > 1 else 'it is'} judged on its own spread, which the other rungs' intervals "
+            "leave out. ")
+
+
 def repeatability_line(result: AblationResult) -> str | None:
     """How repeatable these verdicts are, from the measured process-to-process noise: the smallest difference
     found in 80% of runs, the verdicts a rerun may not repeat (marked ?), and the repeats that would make 10%
     (or --min-effect, if larger) detectable. None without a pooled noise estimate (one repeat)."""
-    noise = next((r.result.noise for r in result.rungs if r.status == Status.DONE and r.result.noise), None)
+    noises = [r.result.noise for r in result.rungs if r.status == Status.DONE and r.result.noise]
+    noise = next((n for n in noises if not n.get("own")), noises[0] if noises else None)
     if not noise:
         return None
     shaky = [rung_label(r) + ("" if r.result.is_firm else " (vs baseline)") for r in judged(result)
@@ -115,6 +129,7 @@ def repeatability_line(result: AblationResult) -> str | None:
         text = (f"Repeatability: the process-to-process noise is {100 * noise['sigma_log']:.1f}% per run (pooled over "
                 f"the rungs, {noise['df']} df); with {result.settings.get('repeats')} repeats a speed-up below ")
     text += f"~{100 * noise['detectable_effect']:.0f}% between two rungs is found in fewer than 80% of runs. "
+    text += own_noise_text(result, noise)
     text += settle_text(result)
     if shaky:
         text += (f"Verdicts marked ? ({', '.join(shaky)}) would be repeated by a rerun less than 80% of the time: "
