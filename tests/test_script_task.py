@@ -249,3 +249,56 @@ def test_tune_on_a_script_plans_each_tasks_stage_1_and_follows_the_batches(tmp_p
         {"command": [sys.executable, "-c", "pass"], "out": tmp_path / "given", "amp_dtype": "bf16", "show": False}),
         SearchBudget(600))
     assert given.work.by_task == {} and given.work.task == "lm"
+
+
+def test_a_token_run_is_timed_whole_and_its_warm_up_found_per_token():
+    # A grouped run: its longest batches first (as transformers' length-grouped sampler puts them), then the short
+    # ones, each step at 10 ms a token after a first step that compiles. On the seconds alone the long steps read as
+    # warm-up (4x the later median) and would be left out; per token, only the first step is.
+    from trainfast.measure import StepTime, Timing
+
+    tokens = [100] + [400] * 6 + [100] * 10
+    seconds = [5.0] + [0.01 * n for n in tokens[1:]]
+    steps = [StepTime(s, n, 0.0) for s, n in zip(seconds, tokens)]
+    per_token = Timing.from_steps(steps, per_sample=True)
+    assert per_token.warmup_steps == 1
+    assert per_token.throughput == pytest.approx(sum(tokens[1:]) / sum(seconds[1:]))
+    assert Timing.from_steps(steps).warmup_steps == 7           # what timing on the seconds alone would drop
+
+
+@pytest.mark.parametrize("batches", ["tokens", "images"])
+def test_speed_mode_times_a_token_script_to_its_end_and_stops_any_other(tmp_path, batches):
+    from trainfast.probe import MeasureSpec, Probe, StopRun
+
+    spec = MeasureSpec(str(tmp_path / "result.json"), "speed", steps=8, seconds=60.0, floor=4, min_seconds=0.0)
+    probe = Probe(spec)
+    probe.batches = BatchKind()
+    torch.manual_seed(0)
+    if batches == "tokens":
+        model = LabelledLM()
+        data = [(torch.randint(1, 50, (4, 4 + 4 * (i % 3))),) for i in range(48)]
+    else:
+        model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(2))
+        data = [(torch.randn(4, 3, 8, 8),) for _ in range(48)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    stopped_at = None
+    try:
+        for i, (x,) in enumerate(data):
+            out = model(input_ids=x, labels=x) if batches == "tokens" else model(x).sum()
+            out.backward()
+            opt.step()
+            opt.zero_grad()
+            try:
+                probe._global_step(opt, (), {})
+            except StopRun:
+                stopped_at = i + 1
+                break
+    finally:
+        probe.batches.close()
+    record = probe.result("script ended")
+    if batches == "tokens":
+        assert stopped_at is None and record["whole_run"] and record["unit"] == "tokens"
+        timing = record["timing"]
+        assert timing["warmup_steps"] + timing["timed_steps"] == len(data)
+    else:
+        assert stopped_at is not None and stopped_at < len(data) and not record["whole_run"]

@@ -154,12 +154,24 @@ class Probe:
 
     # --- speed mode ----------------------------------------------------------------------------------
 
+    @property
+    def whole_run(self) -> bool:
+        """A script fed token ids is timed over its whole run, every step after warm-up to its end, in either mode.
+        Its steps' work varies with the lengths of the documents they hold, and length grouping or packing changes
+        which steps hold which: a window of steady steps would time whichever batches it happened to hold (a
+        grouped rung's rate moved 105-215 tokens/s between repeats of the same command). The whole run is the same
+        documents in every rung and every repeat, so its rate depends on the switch alone. Its warm-up is found on
+        the seconds per token (Timing: per_sample)."""
+        return self.batches is not None and self.batches.tokens is not None
+
     def after_update(self) -> None:
         if self.batches is not None:
             self.batches.step()                  # a token script's tokens of this step (instruments/batches.py)
         if self.timer.updates % CHECK_EVERY:
             return
         self.loader.count_children()
+        if self.whole_run:
+            return
         if self.spec.mode != "speed":
             if self.spec.steady_window and self.steady_steps is None and self.steps_needed(collective=False) == 0:
                 self.steady_steps = len(self.timer.steps)
@@ -225,10 +237,10 @@ class Probe:
         tokens = self.batches.step_tokens(len(steps)) if self.batches is not None else None
         if tokens is not None:                                # token ids: the rate in tokens, whatever a row holds
             steps = [dataclasses.replace(s, samples=n) for s, n in zip(steps, tokens)]
-        steps = steps[:self.steady_steps] if self.steady_steps else steps
+        steps = steps[:self.steady_steps] if self.steady_steps and not self.whole_run else steps
         if steps and not any(s.samples for s in steps):      # samples unknown: one "sample" per step
             steps = [dataclasses.replace(s, samples=self.samples_per_step() or 1) for s in steps]
-        return Timing.from_steps(steps, check_disturbance=self.check_disturbance)
+        return Timing.from_steps(steps, check_disturbance=self.check_disturbance, per_sample=self.whole_run)
 
     def result(self, stopped: str) -> dict[str, Any]:
         """Every measured number of this run (the ablation's per-run record): run_record."""
@@ -289,7 +301,8 @@ def run_record(probe: Probe, stopped: str) -> dict[str, Any]:
         "seed": run_seed(session),            # the run's name in the report's notes
         "timing": timing.to_dict(),
         "steps_run": probe.timer.updates,
-        "steady_window": probe.steady_steps,     # full mode: the steps the rate is from (None: every step)
+        "steady_window": None if probe.whole_run else probe.steady_steps,  # full mode: the steps timed (None: all)
+        "whole_run": probe.whole_run,            # timed over every step after warm-up (Probe.whole_run)
         "num_workers": probe.loader.workers(),
         # Only a Session's loader times the wait for each batch; the global hook sees optimizer steps alone.
         "data_wait_fraction": (timing.data_wait_s / timing.seconds if timing.seconds else 0.0)

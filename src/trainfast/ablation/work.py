@@ -322,6 +322,8 @@ class CommandWork:
         the default one (only the baseline has run: its runs stand, every other rung is the new ladder's)."""
         if "script_task" in self.learned:  # every baseline run comes here; the first one decided
             return
+        if result.get("whole_run"):
+            self.learned["whole_run"] = True      # its runs were timed whole (probe.Probe.whole_run): the report says
         seen = result.get("batches") or {}
         by_task, self.by_task = self.by_task, {}
         if self.task is not None:

@@ -49,10 +49,14 @@ class Timing:
     copy_s: float | None = None   # CUDA: the batches' copy and preparation on the compute stream (StepTime)
 
     @classmethod
-    def from_steps(cls, steps: list[StepTime], min_skip: int = 1, check_disturbance: bool = False) -> "Timing":
+    def from_steps(cls, steps: list[StepTime], min_skip: int = 1, check_disturbance: bool = False,
+                   per_sample: bool = False) -> "Timing":
+        """`per_sample`: warm-up is found on each step's seconds per sample, for steps whose work varies (a token
+        script's: a step of long documents is not a warm-up step, however long it takes)."""
         import os
 
-        warmup = detect_warmup([s.seconds for s in steps], min_skip=min_skip)
+        warmup = detect_warmup([(s.seconds / s.samples if s.samples else math.inf) if per_sample else s.seconds
+                                for s in steps], min_skip=min_skip)
         timed = steps[warmup:]
         cores = os.cpu_count() or 1
         blocks, current = [], []

@@ -42,10 +42,19 @@ def task_note(settings: dict) -> list[str]:
     if not task:
         return []
     what = TASK_WORDS.get(task["name"], task["name"])
+    whole = ([WHOLE_RUN] if settings.get("whole_run") else [])
     if task["from"] == "--task":
-        return [f"- **task**: {what}, as --task {task['name']} said: its ladder"]
+        return [f"- **task**: {what}, as --task {task['name']} said: its ladder", *whole]
     ladder = "; its own ladder replaced the default one" if task.get("ladder") else ""
-    return [f"- **task**: {what} (`{task['name']}`), read from its first training forward: {task['from']}{ladder}"]
+    return [f"- **task**: {what} (`{task['name']}`), read from its first training forward: {task['from']}{ladder}",
+            *whole]
+
+
+WHOLE_RUN = ("- **timed whole**: the script's batches are token ids, so each run was timed over every step after "
+             "its warm-up to its end, in tokens: a step's work varies with its documents' lengths, and a window of "
+             "steps would time whichever batches it held (length grouping and packing change which). Every rung's "
+             "runs trained on the same documents. A shorter run of the script (its own max_steps or epochs) "
+             "shortens every rung")
 
 
 def framework_notes(settings: dict) -> list[str]:
