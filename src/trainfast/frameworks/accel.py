@@ -16,6 +16,10 @@ before Accelerate wraps them; each is read back from what the Accelerator ended 
 | channels_last    | the model, before prepare()                          | the prepared model's conv weights         |
 | activation_      | the timm/transformers model in the script's model,   | its own checkpointing flag                |
 | checkpointing    | through its own switch, before prepare()             |                                           |
+| padding_free     | the training DataLoader's collate_fn, wrapped to     | every training batch packed               |
+|                  | pack its padded batches, before prepare()            |                                           |
+| group_by_length  | the training DataLoader's shuffling sampler, length- | the prepared loader draws from a length-  |
+|                  | grouped from the same generator, before prepare()    | grouped sampler                           |
 | set_to_none      | the prepared optimizer's zero_grad(set_to_none=...)  | what zero_grad last passed on             |
 | cudnn_benchmark  | torch.backends.cudnn.benchmark, at Accelerator()     | the flag                                  |
 
@@ -41,8 +45,10 @@ through Accelerate's set_seed: the script's call seeds with the run's seed (read
 Not applicable, said before a rung runs: the switches a DeepSpeed or FSDP plugin owns (common.PLUGIN_OWNS: a
 deepspeed_plugin / fsdp_plugin argument, or ACCELERATE_USE_DEEPSPEED / ACCELERATE_USE_FSDP from `accelerate
 config`), the compile switch on a model with a submodule the script compiled itself, and the loader switches
-when no training loader passed through prepare() (the script iterates its own DataLoader, which Accelerate
-never sees).
+(the padding switches too) when no training loader passed through prepare() (the script iterates its own
+DataLoader, which Accelerate never sees). After the baseline: padding_free on a model with no module that takes
+position_ids (the model of the loader's prepare() call, else one prepared before), both padding switches on
+batches with no padding, group_by_length on a loader that keeps an order of its own.
 
 transformers' Trainer builds an Accelerator of its own: that one is left alone (the transformers adapter
 switches the Trainer through its arguments, and a second switch would report the same setting twice).

@@ -16,6 +16,10 @@ DataLoader. Each is read back from what the Trainer ended up with while it train
 |                  | DataModule's, or fit(train_dataloaders=...))            |                                         |
 | activation_      | the timm/transformers model inside the LightningModule, | its own checkpointing flag              |
 | checkpointing    | through its own switch                                  |                                         |
+| padding_free     | the training DataLoader's collate_fn, wrapped to pack   | every training batch packed             |
+|                  | the script's padded batches (frameworks/packing.py)     |                                         |
+| group_by_length  | the training DataLoader's shuffling sampler, replaced   | the loader the fit loop iterates draws  |
+|                  | by a length-grouped one from the same generator         | from a length-grouped sampler           |
 
 Lightning on a CPU turns "16-mixed" into "bf16-mixed" by itself; the read-back shows it, and the rung is
 reported as not applied rather than timed as fp16. The seed goes through Lightning's own seed_everything: the
@@ -26,7 +30,10 @@ Lightning's own evaluation is read where it keeps it: the Trainer's callback_met
 logged, validation metrics included) when fit() or validate() returns join the run's reported metrics, and the
 monitor and mode of the script's ModelCheckpoint (else its EarlyStopping) are its declared metric. A DeepSpeed
 or FSDP strategy owns the switches it decides (common.PLUGIN_OWNS), and a LightningModule with a submodule the
-script compiled itself has no compile switch: both are said not applicable, and left as the script has them."""
+script compiled itself has no compile switch: both are said not applicable, and left as the script has them. So
+are the padding switches where they cannot act: padding_free on a LightningModule with no module inside that takes
+position_ids (packed rows need them to keep attention inside each document), both on batches with no padding,
+group_by_length on a loader that keeps an order of its own (no shuffle, a sampler or batch sampler of its own)."""
 from __future__ import annotations
 
 import functools
