@@ -65,6 +65,26 @@ def patched_accelerator(board) -> type:
     return Acc
 
 
+def patched_lightning_trainer(monkeypatch, board, package: str = "lightning.pytorch") -> type:
+    """A patched subclass of Lightning's Trainer, and Lightning's optimizer and loader parsing patched for this
+    test only (restored after it): the real classes stay untouched in this process."""
+    import functools
+    import importlib
+
+    from trainfast.frameworks import lightning
+
+    core = importlib.import_module(f"{package}.core.optimizer")
+    source = importlib.import_module(f"{package}.trainer.connectors.data_connector")._DataLoaderSource
+    monkeypatch.setattr(core, "_configure_optimizers", core._configure_optimizers)
+    monkeypatch.setattr(source, "dataloader", source.dataloader)
+    Trainer = type("Trainer", (importlib.import_module(package).Trainer,), {})
+    record, fitting = functools.partial(lightning.record_of, board, package), {}
+    lightning.patch_trainer(Trainer, board, package, record, fitting)
+    lightning.patch_optimizer_conf(core, board, record)
+    lightning.patch_loader_source(source, board, record, fitting)
+    return Trainer
+
+
 @contextmanager
 def fresh_accelerate_state(monkeypatch):
     """Accelerate keeps one process-wide state (the first Accelerator's precision and compile settings): inside,

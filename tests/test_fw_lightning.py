@@ -5,7 +5,6 @@ whose own settings differ is overridden and reported; without Lightning the adap
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import textwrap
 from pathlib import Path
@@ -18,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 L = pytest.importorskip("lightning")
 
+import fwkit  # noqa: E402
 from fwkit import ROOT, measured_run, switches  # noqa: E402
 
 from trainfast.ablation.proof import not_applied, script_settings, unsupported  # noqa: E402
@@ -255,18 +255,7 @@ def test_the_proof_says_not_applied_when_lightning_ended_up_elsewhere():
 def patched(monkeypatch):
     """A patched subclass of Lightning's Trainer, and Lightning's optimizer and loader parsing patched for this
     test only (restored after it): the real classes stay untouched in this process."""
-    def patch(board: Board, package: str = "lightning.pytorch"):
-        core = importlib.import_module(f"{package}.core.optimizer")
-        source = importlib.import_module(f"{package}.trainer.connectors.data_connector")._DataLoaderSource
-        monkeypatch.setattr(core, "_configure_optimizers", core._configure_optimizers)
-        monkeypatch.setattr(source, "dataloader", source.dataloader)
-        Trainer = type("Trainer", (importlib.import_module(package).Trainer,), {})
-        record, fitting = functools.partial(adapter.record_of, board, package), {}
-        adapter.patch_trainer(Trainer, board, package, record, fitting)
-        adapter.patch_optimizer_conf(core, board, record)
-        adapter.patch_loader_source(source, board, record, fitting)
-        return Trainer
-    return patch
+    return functools.partial(fwkit.patched_lightning_trainer, monkeypatch)
 
 
 class Tiny(L.LightningModule):

@@ -67,26 +67,44 @@ def loader_changes(loader: DataLoader, recipe, device: torch.device, dist, mean,
 def padding_changes(loader: DataLoader, recipe, dist) -> dict[str, Any]:
     """A language model's padding switches on a script's own training loader: its collate function wrapped to
     count the padding of its batches and, with padding_free, pack them (text/packing.py); with group_by_length,
-    its order drawn by transformers' length-grouped sampler from the items' input_ids lengths. What cannot act is
-    recorded on the collator with why (the Session reports it: Session.unsupported)."""
-    from ..text.packing import PackingCollator, document_lengths
+    its order drawn by a length-grouped sampler (grouped_sampler). What cannot act is recorded on the collator with
+    why (the Session reports it: Session.unsupported)."""
+    from ..text.packing import PackingCollator
 
     collator = PackingCollator(loader.collate_fn, pack=recipe.padding_free)
     changes: dict[str, Any] = {"collate_fn": collator}
-    if not recipe.group_by_length:
-        return changes
+    sampler = grouped_sampler(loader, collator, recipe.seed, dist) if recipe.group_by_length else None
+    if sampler is not None:
+        changes["sampler"] = sampler
+    return changes
+
+
+def grouped_sampler(loader: DataLoader, collator, seed: int, dist) -> Sampler | None:
+    """group_by_length on a script's own training loader: a length-grouped sampler in place of its shuffling one,
+    reading the items' token counts (text/packing.py: document_lengths), its order drawn from the generator the
+    script's shuffle drew from (its sampler's, else the loader's; none: the global RNG the script seeds), so a
+    seeded script stays reproducible. None where it cannot act, why recorded on `collator` (the PackingCollator that
+    wraps the loader's collate function): items without token ids, a batch sampler of the script's own, or an
+    order the script chose (no shuffle, a sampler of its own) that a shuffled grouping would replace."""
+    from ..text.batching import length_sampler
+    from ..text.packing import document_lengths
+
     lengths = document_lengths(loader.dataset)
     if lengths is None:
-        collator.ungrouped = ("the script's training items are not mappings with input_ids, whose lengths length "
-                              "grouping reads")
-    elif own_sampler(loader) is None:
+        collator.ungrouped = ("the script's training items are neither mappings with input_ids nor token ids "
+                              "themselves, whose lengths length grouping reads")
+        return None
+    sampler = own_sampler(loader)
+    if sampler is None or loader.batch_size is None:
         collator.ungrouped = (f"the script's loader draws its batches with its own batch_sampler "
                               f"({type(loader.batch_sampler).__name__}), which trainfast does not replace")
-    else:
-        from ..text.batching import length_sampler
-
-        changes["sampler"] = length_sampler(lengths, loader.batch_size, recipe.seed, loader.generator, dist)
-    return changes
+        return None
+    if not isinstance(sampler, (RandomSampler, DistributedSampler)):
+        collator.ungrouped = (f"the script's training loader keeps an order of its own ({type(sampler).__name__}, "
+                              "not shuffle=True), which a shuffled length-grouped order would replace")
+        return None
+    generator = getattr(sampler, "generator", None) or loader.generator
+    return length_sampler(lengths, loader.batch_size, seed, generator, dist)
 
 
 def seed_then(user_init: Callable[[int], None] | None, worker_id: int) -> None:

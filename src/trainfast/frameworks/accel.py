@@ -16,6 +16,10 @@ before Accelerate wraps them; each is read back from what the Accelerator ended 
 | channels_last    | the model, before prepare()                          | the prepared model's conv weights         |
 | activation_      | the timm/transformers model in the script's model,   | its own checkpointing flag                |
 | checkpointing    | through its own switch, before prepare()             |                                           |
+| padding_free     | the training DataLoader's collate_fn, wrapped to     | every training batch packed               |
+|                  | pack its padded batches, before prepare()            |                                           |
+| group_by_length  | the training DataLoader's shuffling sampler, length- | the prepared loader draws from a length-  |
+|                  | grouped from the same generator, before prepare()    | grouped sampler                           |
 | set_to_none      | the prepared optimizer's zero_grad(set_to_none=...)  | what zero_grad last passed on             |
 | cudnn_benchmark  | torch.backends.cudnn.benchmark, at Accelerator()     | the flag                                  |
 
@@ -41,8 +45,10 @@ through Accelerate's set_seed: the script's call seeds with the run's seed (read
 Not applicable, said before a rung runs: the switches a DeepSpeed or FSDP plugin owns (common.PLUGIN_OWNS: a
 deepspeed_plugin / fsdp_plugin argument, or ACCELERATE_USE_DEEPSPEED / ACCELERATE_USE_FSDP from `accelerate
 config`), the compile switch on a model with a submodule the script compiled itself, and the loader switches
-when no training loader passed through prepare() (the script iterates its own DataLoader, which Accelerate
-never sees).
+(the padding switches too) when no training loader passed through prepare() (the script iterates its own
+DataLoader, which Accelerate never sees). After the baseline: padding_free on a model with no module that takes
+position_ids (the model of the loader's prepare() call, else one prepared before), both padding switches on
+batches with no padding, group_by_length on a loader that keeps an order of its own.
 
 transformers' Trainer builds an Accelerator of its own: that one is left alone (the transformers adapter
 switches the Trainer through its arguments, and a second switch would report the same setting twice).
@@ -64,11 +70,13 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from ..techniques.memory_format import memory_format_of
 from ..techniques.optimizer import rebind_scheduler
+from ..text.packing import PADDING_FIELDS
 from .board import UNSET, Board, FrameworkRecord
 from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_compiled, mark_plugin_owned,
                      mark_shared_switches, optimizer_impl, prove_loader, switch_cudnn_benchmark, switch_loader,
                      switch_models, switch_optimizer)
 from .hooks import when_imported
+from .packing import asks_padding, prove_padding, switch_padding
 
 NAME = "accelerate"
 PATCHED = "_trainfast_patched"
@@ -90,6 +98,7 @@ class Run:
     replaced: dict = field(default_factory=dict)        # id(script's optimizer) -> (it, its rebuilt twin)
     set_to_none: Any = None                             # what zero_grad last passed on
     fields: dict = field(default_factory=dict)          # the run's switches less those a plugin owns
+    packing: Any = None                                 # the training loader's packing collator (padding switches)
 
 
 NOT_PREPARED = ("no training loader passed through accelerator.prepare(): the script iterates its own DataLoader, "
@@ -286,6 +295,11 @@ def switch_prepared(accelerator: Any, run: Run, record: FrameworkRecord, fields:
                 args[i] = rebuilt
         elif i == train_at:
             args[i] = switch_loader(record, obj, fields)
+    if train_at is not None and asks_padding(fields):
+        # After the model's switches (its attention backend decides how packed rows are laid out): the model of
+        # this call, else one prepared before, is the one the batches go to.
+        models = [a for a in args if isinstance(a, torch.nn.Module)] + run.models
+        args[train_at], run.packing = switch_padding(record, args[train_at], fields, (models or [None])[0])
     rebind_schedulers(accelerator, run, args)
     return tuple(args), train_at
 
@@ -411,7 +425,7 @@ def read_back(record: FrameworkRecord, run: Run) -> None:
     """Each switch as the Accelerator and the objects it prepared ended up with (the run's proof)."""
     accelerator = run.accelerator
     if run.loader is None:
-        for name in [*LOADER_FIELDS, "non_blocking"]:
+        for name in [*LOADER_FIELDS, *PADDING_FIELDS, "non_blocking"]:
             if name in run.fields:
                 record.unsupported[name] = NOT_PREPARED
         record.switches.pop("non_blocking", None)
@@ -429,6 +443,7 @@ def read_back(record: FrameworkRecord, run: Run) -> None:
         impls = sorted({optimizer_impl(getattr(o, "optimizer", o)) for o in run.optimizers})
         record.prove("optimizer implementation", impls[0] if len(impls) == 1 else impls)
     prove_loader(record, run.loader)
+    prove_padding(record, run.packing, run.loader, run.fields)
     loader_copies = getattr(run.loader, "_non_blocking", None)
     record.prove("non_blocking", accelerator.non_blocking if loader_copies is None else loader_copies)
     if run.set_to_none is not None:

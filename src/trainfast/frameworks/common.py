@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader
 
 from ..techniques import model_switches, process_switches, unreachable
 from ..techniques.optimizer import IMPL_FLAGS, rebuild_optimizer
@@ -70,8 +70,9 @@ def loader_settings(fields: dict[str, Any], current: DataLoader | None = None) -
 
 
 def rebuild_loader(loader: DataLoader, settings: dict[str, Any]) -> DataLoader:
-    """The same loader (dataset, batches, order, collate) with other worker settings; `loader` itself when
-    nothing changes. Only a plain torch DataLoader is rebuilt: a subclass may keep state its constructor needs."""
+    """The same loader (dataset, batches, order, collate) with other `settings` (its workers; a collate_fn or a
+    sampler for the padding switches); `loader` itself when nothing changes. Only a plain torch DataLoader is
+    rebuilt: a subclass may keep state its constructor needs."""
     if not settings or all(getattr(loader, k, None) == v for k, v in settings.items()):
         return loader
     if type(loader) is not DataLoader:
@@ -84,9 +85,12 @@ def rebuild_loader(loader: DataLoader, settings: dict[str, Any]) -> DataLoader:
         in_order=getattr(loader, "in_order", True))
     if loader.num_workers:
         kwargs["prefetch_factor"] = loader.prefetch_factor
-    if loader.batch_sampler is not None:          # map-style: its batches (and their order) as they are
-        kwargs["batch_sampler"] = loader.batch_sampler
-    else:                                         # iterable dataset, or batch_size=None
+    batches = loader.batch_sampler
+    if type(batches) is BatchSampler:      # torch's own batching: its sampler kept, so the loader still names it
+        kwargs.update(batch_size=batches.batch_size, drop_last=batches.drop_last, sampler=batches.sampler)
+    elif batches is not None:              # a batch sampler of the script's own: its batches as they are
+        kwargs["batch_sampler"] = batches
+    else:                                  # iterable dataset, or batch_size=None
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=loader.sampler)
     kwargs.update(settings)
     if not kwargs["num_workers"]:

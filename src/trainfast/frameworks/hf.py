@@ -35,7 +35,7 @@ from .board import UNSET, Board, FrameworkRecord
 from .common import (AUTO_WORKERS, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
                      switch_cudnn_benchmark, switch_models)
 from .hooks import when_imported
-from .packing import prove_packing
+from .packing import packing_collator, prove_packing, uses_length_groups
 
 NAME = "transformers"
 ADAMW = ("adamw_torch", "adamw_torch_fused")
@@ -177,7 +177,7 @@ def patch_trainer(cls: type, board: Board) -> None:
         if self.model is not None:
             self.model = switch_models(record, self.model, board.fields, NAME)
         if "padding_free" in board.fields:
-            self._trainfast_packing = packing_collator(self, record, board.fields)
+            self._trainfast_packing = training_collator(self, record, board.fields)
         args = self.args
         board.samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         # The latest Trainer is the one read back. Held, not weakly: the proof is read when the result is
@@ -213,21 +213,11 @@ def patch_trainer(cls: type, board: Board) -> None:
     cls.__init__, cls.get_train_dataloader, cls.evaluate = __init__, get_train_dataloader, evaluate_
 
 
-def packing_collator(trainer: Any, record: FrameworkRecord, fields: dict[str, Any]):
-    """The Trainer's training collator wrapped (frameworks/packing.py), or None with why when its model cannot
-    take packed rows. One row per batch where the model's attention skips across documents (flex, flash)."""
-    from ..techniques.attention import in_use
-    from ..text.batching import VARLEN_ATTENTION
-    from ..text.packing import PackingCollator, takes_positions
-
-    wanted = bool(fields["padding_free"])
-    if wanted and not takes_positions(trainer.model):
-        record.unsupported["padding_free"] = (f"{type(trainer.model).__name__}.forward takes no position_ids: packed "
-                                              "rows need them to keep attention inside each document")
-        wanted = False
-    record.set("padding_free", "data_collator packs", wanted, False)
-    collator = PackingCollator(trainer.data_collator, wanted, one_row=in_use(trainer.model) in VARLEN_ATTENTION)
-    record.readers.append(lambda r: prove_packing(r, collator, fields))
+def training_collator(trainer: Any, record: FrameworkRecord, fields: dict[str, Any]):
+    """The Trainer's training collator wrapped to count and pack its batches (frameworks/packing.py), proven from
+    the batches it made when the result is written."""
+    collator = packing_collator(record, trainer.model, trainer.data_collator, fields, "data_collator packs")
+    record.readers.append(lambda r: prove_packing(r, collator, fields, "data_collator packs"))
     return collator
 
 
@@ -278,17 +268,3 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
     if "memory format" in record.switches and trainer.model is not None:
         record.prove("memory format", memory_format_of(trainer.model))
 
-
-def uses_length_groups(loader: Any) -> bool:
-    """Whether the training loader draws its batches through transformers' length-grouped samplers (through
-    Accelerate's wrappers: their sampler or batch sampler, a few levels down)."""
-    seen, todo = 0, [loader]
-    while todo and seen < 16:
-        item = todo.pop()
-        seen += 1
-        if item is None:
-            continue
-        if "LengthGroupedSampler" in type(item).__name__:
-            return True
-        todo += [getattr(item, name, None) for name in ("sampler", "batch_sampler", "base_dataloader")]
-    return False

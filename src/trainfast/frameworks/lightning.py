@@ -16,6 +16,10 @@ DataLoader. Each is read back from what the Trainer ended up with while it train
 |                  | DataModule's, or fit(train_dataloaders=...))            |                                         |
 | activation_      | the timm/transformers model inside the LightningModule, | its own checkpointing flag              |
 | checkpointing    | through its own switch                                  |                                         |
+| padding_free     | the training DataLoader's collate_fn, wrapped to pack   | every training batch packed             |
+|                  | the script's padded batches (frameworks/packing.py)     |                                         |
+| group_by_length  | the training DataLoader's shuffling sampler, replaced   | the loader the fit loop iterates draws  |
+|                  | by a length-grouped one from the same generator         | from a length-grouped sampler           |
 
 Lightning on a CPU turns "16-mixed" into "bf16-mixed" by itself; the read-back shows it, and the rung is
 reported as not applied rather than timed as fp16. The seed goes through Lightning's own seed_everything: the
@@ -26,7 +30,10 @@ Lightning's own evaluation is read where it keeps it: the Trainer's callback_met
 logged, validation metrics included) when fit() or validate() returns join the run's reported metrics, and the
 monitor and mode of the script's ModelCheckpoint (else its EarlyStopping) are its declared metric. A DeepSpeed
 or FSDP strategy owns the switches it decides (common.PLUGIN_OWNS), and a LightningModule with a submodule the
-script compiled itself has no compile switch: both are said not applicable, and left as the script has them."""
+script compiled itself has no compile switch: both are said not applicable, and left as the script has them. So
+are the padding switches where they cannot act: padding_free on a LightningModule with no module inside that takes
+position_ids (packed rows need them to keep attention inside each document), both on batches with no padding,
+group_by_length on a loader that keeps an order of its own (no shuffle, a sampler or batch sampler of its own)."""
 from __future__ import annotations
 
 import functools
@@ -43,6 +50,7 @@ from .board import UNSET, Board, FrameworkRecord
 from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_compiled, mark_plugin_owned,
                      mark_shared_switches, optimizer_impl, prove_loader, switch_loader, switch_models, switch_optimizer)
 from .hooks import when_imported
+from .packing import asks_padding, prove_padding, switch_padding
 
 NAME = "lightning"
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -350,6 +358,8 @@ def patch_loader_source(cls: type, board: Board, record: Callable[[], FrameworkR
             return loaders
         if any(name in board.fields for name in LOADER_FIELDS):
             loaders = switch_loaders(record(), loaders, board.fields)
+        if asks_padding(board.fields):
+            loaders = switch_padded_loader(record(), loaders, board.fields, fitting.get("trainer"))
         loader = first_loader(loaders)
         sampler = getattr(loader, "batch_sampler", None)
         batch = getattr(loader, "batch_size", None) or getattr(sampler, "batch_size", None)
@@ -372,6 +382,28 @@ def switch_loaders(record: FrameworkRecord, loaders: Any, fields: dict[str, Any]
     for name in fields:
         if name in LOADER_FIELDS:
             record.unsupported[name] = f"the training data is a {type(loaders).__name__}, not a torch DataLoader"
+    return loaders
+
+
+def switch_padded_loader(record: FrameworkRecord, loaders: Any, fields: dict[str, Any], trainer: Any) -> Any:
+    """The padding switches on the training loader the fit loop iterates (the first, where the script gives
+    several), its collator kept on the fitting Trainer for the read-back (a later fit's loader replaces it)."""
+    loader = first_loader(loaders)
+    switched, collator = switch_padding(record, loader if loader is not None else loaders, fields,
+                                        getattr(trainer, "lightning_module", None))
+    if trainer is not None and hasattr(trainer, FIT_STATE):
+        getattr(trainer, FIT_STATE).update(packing=collator, fields=fields)
+    return loaders if loader is None or switched is loader else replace_loader(loaders, loader, switched)
+
+
+def replace_loader(loaders: Any, old: DataLoader, new: DataLoader) -> Any:
+    """`loaders` (a DataLoader, or a list or dict of them) with `old` replaced by `new`; containers keep their type."""
+    if loaders is old:
+        return new
+    if isinstance(loaders, dict):
+        return type(loaders)({k: replace_loader(v, old, new) for k, v in loaders.items()})
+    if isinstance(loaders, (list, tuple)) and not hasattr(loaders, "_fields"):
+        return type(loaders)(replace_loader(v, old, new) for v in loaders)
     return loaders
 
 
@@ -417,8 +449,11 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
     if optimizers:
         impls = sorted({optimizer_impl(o) for o in optimizers})
         record.prove("optimizer implementation", impls[0] if len(impls) == 1 else impls)
-    fitted = getattr(trainer, FIT_STATE, {}).get("train_loader")
-    prove_loader(record, first_loader(trainer.train_dataloader) or fitted)
+    state = getattr(trainer, FIT_STATE, {})
+    loader = first_loader(trainer.train_dataloader) or state.get("train_loader")
+    prove_loader(record, loader)
+    if "packing" in state:
+        prove_padding(record, state["packing"], loader, state["fields"])
     if ASYNC_IO in record.switches:
         io = type(trainer.strategy.checkpoint_io)
         record.prove(ASYNC_IO, any(c.__name__ == "AsyncCheckpointIO" for c in io.__mro__))

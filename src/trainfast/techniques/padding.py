@@ -10,21 +10,23 @@ from __future__ import annotations
 
 from .switch import RungSpec, Switch
 
-NOT_YET = "not set through this framework yet: its collator and sampler are the script's"
-NOT_YET_BY = {"lightning": NOT_YET, "accelerate": NOT_YET}
+# Lightning and Accelerate have no setting of their own for either: both act on the training DataLoader the
+# framework iterates (the one Lightning's fit loop asks for, the one handed to accelerator.prepare()).
+PACKS = "the training DataLoader's collate_fn, wrapped to pack its padded batches"
+GROUPS = "the training DataLoader's sampler, length-grouped (shuffle=True loaders)"
 
 SWITCHES = (
     Switch(("padding_free",),
            rungs=(RungSpec("padding_free", {"padding_free": True}, place=34, tasks=("lm",), default_in=("lm",),
                            tune=0.5),),
            data="documents",
-           frameworks={"transformers": "the Trainer's training collator, wrapped to pack its padded batches"},
-           unreachable=NOT_YET_BY),
+           frameworks={"transformers": "the Trainer's training collator, wrapped to pack its padded batches",
+                       "lightning": PACKS, "accelerate": PACKS}),
     Switch(("group_by_length",),
            rungs=(RungSpec("group_by_length", {"group_by_length": True}, place=35, tasks=("lm",), default_in=("lm",),
                            tune=0.6),),
            data="documents",
            frameworks={"transformers": "TrainingArguments.train_sampling_strategy=\"group_by_length\" (4.x: "
-                                       "group_by_length=True)"},
-           unreachable=NOT_YET_BY),
+                                       "group_by_length=True)",
+                       "lightning": GROUPS, "accelerate": GROUPS}),
 )

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Sampler
 
 IGNORE = -100                      # the label of a position no loss is taken on (torch's and transformers' default)
 VARLEN_ATTENTION = ("flex", "flash")   # attention that skips blocks across documents: one row per batch
@@ -146,15 +146,41 @@ def length_sampler(lengths: list[int], batch_size: int, seed: int, generator, di
     """group_by_length: batches of `batch_size` drawn from documents of similar `lengths`, transformers' own
     samplers (shuffled mega-batches of 50 batches, each sorted by length, as the Trainer's `group_by_length` does),
     the order drawn from `generator`; under torchrun each rank its share, reshuffled every epoch (seed + epoch).
-    The built-in run's loader and a Session's adopted loader both take it."""
-    from transformers.trainer_pt_utils import DistributedLengthGroupedSampler, LengthGroupedSampler
-
+    The built-in run's loader, a Session's adopted loader and a framework script's training loader all take it;
+    without transformers, the same order from LengthGroupedSampler below (one process)."""
+    try:
+        from transformers.trainer_pt_utils import DistributedLengthGroupedSampler, LengthGroupedSampler
+    except ImportError:
+        if dist is not None and dist.enabled:
+            raise
+        return LengthGroupedSampler(batch_size, lengths, generator)
     if dist is not None and dist.enabled:
         sampler = DistributedLengthGroupedSampler(batch_size, num_replicas=dist.world_size, rank=dist.rank,
                                                   seed=seed, drop_last=True, lengths=lengths)
         dist.samplers.append(sampler)
         return sampler
     return LengthGroupedSampler(batch_size, lengths=lengths, generator=generator)
+
+
+class LengthGroupedSampler(Sampler):
+    """transformers' LengthGroupedSampler, for a script without transformers: a random permutation cut into
+    mega-batches of (up to) 50 batches, each sorted by length, longest first, and the mega-batch holding the
+    longest document put first (a run that will run out of memory does so on its first step)."""
+
+    def __init__(self, batch_size: int, lengths: list[int], generator=None) -> None:
+        self.batch_size, self.lengths, self.generator = batch_size, list(lengths), generator
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):
+        order = torch.randperm(len(self.lengths), generator=self.generator).tolist()
+        size = max(1, min(len(order) // (self.batch_size * 4), 50)) * self.batch_size
+        groups = [sorted(order[i: i + size], key=lambda j: -self.lengths[j]) for i in range(0, len(order), size)]
+        longest = max(range(len(groups)), key=lambda g: self.lengths[groups[g][0]]) if groups else 0
+        if groups:
+            groups[0][0], groups[longest][0] = groups[longest][0], groups[0][0]
+        return iter([index for group in groups for index in group])
 
 
 @dataclass

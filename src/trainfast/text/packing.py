@@ -95,14 +95,39 @@ def takes_positions(model: Any) -> bool:
         return False
 
 
+def positions_model(model: Any) -> Any:
+    """The module a packed batch's position ids reach: `model` itself when its forward takes them, else the first
+    of its submodules whose forward takes token ids and position ids (a transformers model inside a LightningModule
+    or a script's own wrapper, whose forward passes the batch on); None when no module takes them."""
+    if takes_positions(model):
+        return model
+    for module in model.modules() if isinstance(model, torch.nn.Module) else ():
+        try:
+            parameters = inspect.signature(module.forward).parameters
+        except (TypeError, ValueError):
+            continue
+        if "input_ids" in parameters and "position_ids" in parameters:
+            return module
+    return None
+
+
 def document_lengths(dataset: Any) -> list[int] | None:
     """Each item's token count, for length grouping: items that are mappings with input_ids (a tokenized dataset,
-    as the Trainer's LengthGroupedSampler reads them); None for any other dataset."""
+    as the Trainer's LengthGroupedSampler reads them), or themselves the token ids (a list of ints, a 1-D integer
+    tensor); None for any other dataset."""
     try:
         first = dataset[0]
         count = len(dataset)
     except (TypeError, IndexError, KeyError, NotImplementedError):
         return None
-    if not (hasattr(first, "keys") and "input_ids" in first):
-        return None
-    return [len(dataset[i]["input_ids"]) for i in range(count)]
+    if hasattr(first, "keys") and "input_ids" in first:
+        return [len(dataset[i]["input_ids"]) for i in range(count)]
+    if is_token_ids(first):
+        return [len(dataset[i]) for i in range(count)]
+    return None
+
+
+def is_token_ids(item: Any) -> bool:
+    if isinstance(item, torch.Tensor):
+        return item.dim() == 1 and not item.is_floating_point() and not item.is_complex()
+    return isinstance(item, list) and bool(item) and all(isinstance(t, int) for t in item[:8])
