@@ -67,7 +67,8 @@ def loader_changes(loader: DataLoader, recipe, device: torch.device, dist, mean,
 def padding_changes(loader: DataLoader, recipe, dist) -> dict[str, Any]:
     """A language model's padding switches on a script's own training loader: its collate function wrapped to
     count the padding of its batches and, with padding_free, pack them (text/packing.py); with group_by_length,
-    its order drawn by transformers' length-grouped sampler from the items' input_ids lengths. What cannot act is
+    its order drawn by transformers' length-grouped sampler from the items' lengths (text/packing.py:
+    token_length). What cannot act is
     recorded on the collator with why (the Session reports it: Session.unsupported)."""
     from ..text.packing import PackingCollator, document_lengths
 
@@ -77,8 +78,8 @@ def padding_changes(loader: DataLoader, recipe, dist) -> dict[str, Any]:
         return changes
     lengths = document_lengths(loader.dataset)
     if lengths is None:
-        collator.ungrouped = ("the script's training items are not mappings with input_ids, whose lengths length "
-                              "grouping reads")
+        collator.ungrouped = ("the script's training items are not token sequences (a mapping with input_ids, a "
+                              "list of ints or a 1-D integer tensor), whose lengths length grouping reads")
     elif own_sampler(loader) is None:
         collator.ungrouped = (f"the script's loader draws its batches with its own batch_sampler "
                               f"({type(loader.batch_sampler).__name__}), which trainfast does not replace")
