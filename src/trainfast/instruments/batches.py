@@ -154,7 +154,7 @@ class BatchKind:
         self.seen = ""
         self.outer: nn.Module | None = None      # the first module this forward entered: the model the step calls
         self.tokens: TokenCount | None = None
-        self.handle = nn.modules.module.register_module_forward_pre_hook(self.hook)
+        self.handle = nn.modules.module.register_module_forward_pre_hook(self.hook_eager if padding else self.hook)
 
     @torch.compiler.disable        # as TokenCount.count: eager beside a compiled model, never in its graph
     def hook(self, module: nn.Module, args: tuple) -> None:
@@ -169,6 +169,13 @@ class BatchKind:
             self.close()
             if self.kind == "tokens":
                 self.tokens = TokenCount(self.outer, self.padding)
+
+    def hook_eager(self, module: nn.Module, args: tuple) -> None:
+        """The doctor's watch: `hook` on eager forwards only. Inside a compiled forward the call of a disabled hook
+        is a graph break, which the doctor's compile check would then blame on the loop; a compiled model's token
+        batches are left unseen instead."""
+        if not torch.compiler.is_compiling():
+            self.hook(module, args)
 
     def step(self) -> None:
         """An optimizer step ended: the tokens since the last one are that step's. A first step that said nothing
