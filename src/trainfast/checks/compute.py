@@ -19,7 +19,8 @@ def compute(obs: Observations) -> Finding:
         return Finding(name, "time", NOT_HERE, "the model's FLOPs or the samples per step are unknown for this loop")
     rate = statistics.median(obs.samples) / obs.step_s
     achieved = rate * obs.flops_per_sample
-    text = (f"{rate:,.0f} samples/s x {sig(obs.flops_per_sample / 1e6)} MFLOP/sample = {sig(achieved / 1e9)} "
+    unit = obs.sample_unit.rstrip("s")
+    text = (f"{rate:,.0f} {unit}s/s x {sig(obs.flops_per_sample / 1e6)} MFLOP/{unit} = {sig(achieved / 1e9)} "
             f"GFLOP/s, {pct3(achieved / obs.ceiling_flops)} of the measured {obs.ceiling_dtype} matmul peak "
             f"({obs.ceiling_flops / 1e9:,.0f} GFLOP/s)")
     return Finding(name, "time", "measured", text + higher_roof(obs, achieved / obs.ceiling_flops))

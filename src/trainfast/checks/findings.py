@@ -56,6 +56,7 @@ class Observations:
     step_seconds: list[float] = field(default_factory=list)      # steady steps, after warm-up
     data_wait_s: list[float] | None = None   # per steady step; None: the loop's loader is not trainfast's
     samples: list[int] | None = None
+    sample_unit: str = "samples"             # what `samples` counts: "tokens" for a loop fed token ids (real tokens)
     replay_step_seconds: list[float] | None = None   # one cached batch, no loader; None: not run
     other_cores: float | None = None         # cores' worth of CPU other processes used while the steps were timed
     cpus: int = 1                            # the CPUs this process may run on

@@ -91,8 +91,8 @@ def grouped_sampler(loader: DataLoader, collator, seed: int, dist) -> Sampler | 
 
     lengths = document_lengths(loader.dataset)
     if lengths is None:
-        collator.ungrouped = ("the script's training items are neither mappings with input_ids nor token ids "
-                              "themselves, whose lengths length grouping reads")
+        collator.ungrouped = ("the script's training items are not token sequences (a mapping with input_ids, a "
+                              "list of ints or a 1-D integer tensor), whose lengths length grouping reads")
         return None
     sampler = own_sampler(loader)
     if sampler is None or loader.batch_size is None:

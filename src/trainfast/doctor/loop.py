@@ -19,7 +19,8 @@ from ..measure import detect_warmup
 from ..instruments.watch import EnoughSteps, Watch
 from .common import (DEFAULT_EVAL_WITHIN, DEFAULT_STEPS, add_evaluation, add_machine_load, add_page_faults, add_watch,
                      capacity)
-from .peaks import DTYPE_NAMES, half_ceiling, loop_dtype, loop_flops
+from .peaks import DTYPE_NAMES, half_ceiling, loop_dtype, loop_flops, token_flops
+from .text import observe_loop_text
 
 
 def observe_loop(loop: Callable[[], Any], *, steps: int = DEFAULT_STEPS, sync_steps: int = 10,
@@ -62,6 +63,9 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
     kernel = clock.step_kernel[start - 1:] if len(clock.step_kernel) >= start else []
     add_page_faults(obs, list(zip(kernel, kernel[1:]))[warmup:], "the loop's own steps, its batches' arrival included")
     obs.samples = samples[warmup:] if loader_seen and any(samples) else None
+    count = watch.batches.tokens if watch.batches is not None else None
+    if count is not None:              # token ids: the rate in tokens, whatever a row holds (instruments/batches.py)
+        obs.samples, obs.sample_unit = watch.batches.step_tokens(watch.steps)[start:][warmup:], "tokens"
     add_watch(obs, watch)
     add_evaluation(obs, watch)
     obs.dropout = dropout
@@ -75,12 +79,32 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
     counters = compile_counters()
     obs.compiled, obs.compile = bool(counters and counters.get("frames")), counters
     if obs.samples:
-        obs.flops_per_sample, obs.ceiling_flops = loop_flops(watch, dev)
+        obs.flops_per_sample, obs.ceiling_flops = (token_flops(watch.batches.outer, count, dev, loop_dtype(watch))
+                                                   if count is not None else loop_flops(watch, dev))
         dtype = DTYPE_NAMES[loop_dtype(watch)]
         obs.ceiling_dtype = f"{dtype} (the loop's)"
         obs.half_ceiling = half_ceiling(dev, dtype) if obs.ceiling_flops else None
     obs.notes.append("own loop: the cached-batch replay needs the built-in loop; not run")
+    if count is not None:
+        add_loop_text(obs, watch, dev)
     return obs
+
+
+def add_loop_text(obs: Observations, watch: Watch, device: torch.device) -> None:
+    """A token loop's padding and attention (doctor/text.py: observe_loop_text), replayed on its model after its
+    steps; the doctor's own forwards are not the loop's (the forward hooks pause), and a model that will not take
+    its batch again is noted, never a crash of the loop."""
+    model = watch.batches.outer
+    weights = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    compute = loop_dtype(watch)
+    watch.forwards.paused = True
+    try:
+        obs.text = observe_loop_text(model, watch.batches.tokens, device, compute if compute != weights else None)
+    except Exception as exc:
+        obs.notes.append(f"the padding and attention replay could not run on the loop's model: "
+                         f"{type(exc).__name__}: {exc}")
+    finally:
+        watch.forwards.paused = False
 
 
 def worker_handoff_s(batch: Any, repeats: int = 5) -> float | None:

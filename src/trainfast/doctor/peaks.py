@@ -74,3 +74,25 @@ def loop_flops(watch: Watch, device: torch.device) -> tuple[float | None, float 
         return None, None
     finally:
         forwards.paused = False
+
+
+def token_flops(model: nn.Module, count, device: torch.device, dtype: torch.dtype) -> tuple[float | None, float | None]:
+    """A token loop's training FLOPs per real token, the rate's unit (its steps' tokens: instruments/batches.py),
+    and the matmul peak in the loop's dtype. A transformers model's per token: text.models.flops_per_token, 6 x
+    the parameters a token's matrices use plus attention's term, with the context a token of the kept batch's
+    documents sees on average (a document of n tokens gives each of its n tokens n); any other model's: 6 x its
+    parameters beside the embeddings (forward and backward of every matrix a token passes through)."""
+    from ..instruments.batches import real_positions
+    from ..text.models import flops_per_token
+
+    batch = count.kept or {}
+    real = real_positions(batch, count.pad_id) if "input_ids" in batch else None
+    lengths = (real.sum(1).tolist() if real is not None else
+               [batch["input_ids"].shape[1]] * batch["input_ids"].shape[0] if batch else [])
+    context = sum(n * n for n in lengths) / max(1, sum(lengths))
+    try:
+        per_token = flops_per_token(model, context)
+    except (AttributeError, TypeError):          # not a transformers model: no config to read its shape from
+        embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+        per_token = 6.0 * sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
+    return per_token, measure_ceiling(device, dtype, repeats=3)

@@ -50,12 +50,7 @@ def kind_of(module: nn.Module, args: tuple) -> tuple[str, str] | None:
 def tokens_in(args: tuple, kwargs: dict) -> torch.Tensor | int | None:
     """The tokens a training forward's batch holds, in the unit above (a 0-dim tensor on the batch's device, or
     None when the call carries no token ids)."""
-    batch: dict[str, Any] = {}
-    if args and isinstance(args[0], Mapping):
-        batch.update(args[0])
-    elif args and isinstance(args[0], torch.Tensor):
-        batch["input_ids"] = args[0]
-    batch.update(kwargs)
+    batch = batch_of(args, kwargs)
     ids, labels, mask = batch.get("input_ids"), batch.get("labels"), batch.get("attention_mask")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
         return None
@@ -66,13 +61,44 @@ def tokens_in(args: tuple, kwargs: dict) -> torch.Tensor | int | None:
     return ids.numel()
 
 
+def batch_of(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """A forward's batch as one mapping: a mapping passed first, or token ids passed first, and the keywords."""
+    batch: dict[str, Any] = {}
+    if args and isinstance(args[0], Mapping):
+        batch.update(args[0])
+    elif args and isinstance(args[0], torch.Tensor):
+        batch["input_ids"] = args[0]
+    batch.update(kwargs)
+    return batch
+
+
+def real_positions(batch: Mapping, pad_id: int | None) -> torch.Tensor | None:
+    """Which positions of a token batch hold a real token (bool, batch x length): its attention mask where it has
+    one, else the positions whose id is not the model's pad id; None when neither says (every position counted)."""
+    ids, mask = batch.get("input_ids"), batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and isinstance(ids, torch.Tensor) and mask.shape == ids.shape:
+        return mask.bool()
+    if isinstance(ids, torch.Tensor) and pad_id is not None:
+        return ids != pad_id
+    return None
+
+
 class TokenCount:
     """The tokens of every training forward of `module` (the outermost module a step calls), summed per optimizer
-    step on the device: `step()` closes one step, `read()` gives them all (one read of the device)."""
+    step on the device: `step()` closes one step, `read()` gives them all (one read of the device). With
+    `padding` (the doctor's watch) it also sums the positions each forward computes and the real tokens among
+    them (the padding share, on the device too), and keeps a copy of one batch after the first step: the batch
+    the doctor replays padded and packed on the script's own model."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, padding: bool = False) -> None:
         self.pending: torch.Tensor | int = 0
         self.per_step: list[torch.Tensor | int] = []
+        self.padding = padding
+        self.positions, self.real = 0, 0              # summed over every counted forward
+        self.forwards = 0
+        self.kept: dict[str, Any] | None = None
+        # the model's own pad id (a transformers config's), for batches without an attention mask
+        self.pad_id = getattr(getattr(module, "config", None), "pad_token_id", None)
         self.handle = module.register_forward_pre_hook(self.count, with_kwargs=True)
 
     # Never traced by torch.compile: the count runs eagerly beside a compiled model (a graph break at the hook,
@@ -83,6 +109,27 @@ class TokenCount:
             tokens = tokens_in(args, kwargs)
             if tokens is not None:
                 self.pending = self.pending + tokens
+                if self.padding:
+                    self.count_padding(batch_of(args, kwargs))
+
+    def count_padding(self, batch: dict[str, Any]) -> None:
+        ids = batch["input_ids"]
+        real = real_positions(batch, self.pad_id)
+        self.forwards += 1
+        self.positions += ids.numel()
+        self.real = self.real + (real.sum() if real is not None else ids.numel())
+        if self.kept is None and self.per_step:       # after the first step: not a warm-up's odd first batch
+            # The batch's own tensors, one row per sequence; a loss keyword beside them (the Trainer's 0-dim
+            # num_items_in_batch) is the step's bookkeeping, not the batch.
+            rows = ids.shape[0]
+            self.kept = {k: v.detach().clone() for k, v in batch.items()
+                         if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows}
+
+    def padding_share(self) -> float | None:
+        """The share of the positions computed that were padding, over every counted forward (one device read)."""
+        if not self.positions:
+            return None
+        return 1 - int(self.real) / self.positions
 
     def step(self) -> None:
         self.per_step.append(self.pending)
@@ -101,12 +148,13 @@ class BatchKind:
     """Watches training forwards until one says what the batches are (`kind`, `seen`); then stops watching, and
     for token ids counts the tokens of every later step (`tokens`, on the outermost module a step calls)."""
 
-    def __init__(self) -> None:
+    def __init__(self, padding: bool = False) -> None:
+        self.padding = padding                   # count the padding too and keep a batch (TokenCount)
         self.kind: str | None = None
         self.seen = ""
         self.outer: nn.Module | None = None      # the first module this forward entered: the model the step calls
         self.tokens: TokenCount | None = None
-        self.handle = nn.modules.module.register_module_forward_pre_hook(self.hook)
+        self.handle = nn.modules.module.register_module_forward_pre_hook(self.hook_eager if padding else self.hook)
 
     @torch.compiler.disable        # as TokenCount.count: eager beside a compiled model, never in its graph
     def hook(self, module: nn.Module, args: tuple) -> None:
@@ -120,7 +168,14 @@ class BatchKind:
             self.kind, self.seen = found
             self.close()
             if self.kind == "tokens":
-                self.tokens = TokenCount(self.outer)
+                self.tokens = TokenCount(self.outer, self.padding)
+
+    def hook_eager(self, module: nn.Module, args: tuple) -> None:
+        """The doctor's watch: `hook` on eager forwards only. Inside a compiled forward the call of a disabled hook
+        is a graph break, which the doctor's compile check would then blame on the loop; a compiled model's token
+        batches are left unseen instead."""
+        if not torch.compiler.is_compiling():
+            self.hook(module, args)
 
     def step(self) -> None:
         """An optimizer step ended: the tokens since the last one are that step's. A first step that said nothing
@@ -143,6 +198,12 @@ class BatchKind:
         if self.handle is not None:
             self.handle.remove()
             self.handle = None
+
+    def remove(self) -> None:
+        """Every hook off, the token count's too (a watch that ends while the script goes on)."""
+        self.close()
+        if self.tokens is not None:
+            self.tokens.handle.remove()
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "seen": self.seen, "task": TASK_OF.get(self.kind or "")}

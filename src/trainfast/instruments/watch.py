@@ -3,7 +3,7 @@ own (in this process, or in a script started by `trainfast doctor -- python scri
 instruments around the loop, drives them by its steps and keeps what they find; each instrument is an object
 of its own, which the Watch holds.
 
-Four instruments, all off the hot path except where said:
+Five instruments, all off the hot path except where said:
   - `SyncCounter` (syncs.py; `Watch.counter`), a TorchFunctionMode: every call that reads a tensor's value on
     the host is counted with the source line that made it. A mode costs a Python call per torch call, so it
     is switched on for a window of steps that is never timed.
@@ -23,6 +23,9 @@ Four instruments, all off the hot path except where said:
     the watched steps, a loop that has not evaluated yet may be kept running, untimed, until its first
     evaluation forwards or a time limit (`eval_within`): most loops evaluate at the end of an epoch, after the
     watched steps.
+  - What the batches are (batches.py's BatchKind; `Watch.batches`), read from the first training forward; for
+    token ids, the tokens of each step, the share of the positions that are padding, and one batch kept for the
+    doctor to replay padded and packed (a sum on the device a forward, read once at the end).
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ import torch
 from torch import nn
 
 # SyncCounter and grads_state are re-exported: other code imports them from here.
+from .batches import BatchKind
 from .forwards import ForwardWatch
 from .gradients import call_site, graded_param, grads_state, interval_state, time_memset, wrap_zero_grad, zero_grad_rows
 from .steps import StepWatch
@@ -73,6 +77,7 @@ class Watch:
         self.clock = StepWatch(self)
         self.forwards = ForwardWatch(self)
         self.gradients = GradientWatch(self)
+        self.batches: BatchKind | None = None       # what the batches are; a token batch's padding (batches.py)
         self.errors: list[str] = []                 # hooks that failed (and were then skipped)
         self.stopped = False                        # the watched steps are over: nothing more is timed
         self.wait_started: float | None = None
@@ -89,6 +94,7 @@ class Watch:
         self.t0 = time.perf_counter()
         self._handles.append(register_optimizer_step_post_hook(self._on_step))
         self._handles += self.forwards.register()
+        self.batches = BatchKind(padding=True)
         self._restore.append(self.clock.wrap_loader())
         self._restore.append(self.gradients.wrap(torch.optim.Optimizer, "optimizer.zero_grad"))
         self._restore.append(self.gradients.wrap(nn.Module, "model.zero_grad"))
@@ -100,6 +106,8 @@ class Watch:
         for handle in self._handles + [armed[0] for armed in self.gradients._armed.values()]:
             handle.remove()
         self._handles, self.gradients._armed = [], {}
+        if self.batches is not None:
+            self.batches.remove()
         for owner, name, original in reversed(self._restore):
             setattr(owner, name, original)
         self._restore = []
@@ -131,6 +139,8 @@ class Watch:
     def _count_step(self, optimizer) -> None:
         self.steps += 1
         self.clock.step()
+        if self.batches is not None:
+            self.batches.step()
         self._update_window()
         self.gradients.arm(optimizer)
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .batching import pack
+from .batching import pack, token_batch
 
 NO_PADDING = ("the script's training batches hold no padding (all {batches} seen were full, as a chunked or packed "
               "dataset's are): {field} has nothing to remove")
@@ -34,29 +34,32 @@ class PackingCollator:
         batch = self.inner(features)
         ids = batch.get("input_ids") if hasattr(batch, "get") else None
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-            self.refused = self.refused or "the script's batches are not token ids (input_ids of batch x length)"
+            self.refused = self.refused or not_a_mapping(batch)
             return batch
         mask = batch.get("attention_mask")
         real = mask.bool() if isinstance(mask, torch.Tensor) else torch.ones_like(ids, dtype=torch.bool)
+        tokens = int(real.sum())
         self.batches += 1
         self.slots += ids.numel()
-        self.tokens += int(real.sum())
-        if not self.pack:
-            return batch
-        why = self.cannot_pack(batch)
+        self.tokens += tokens
+        why = self.cannot_pack(batch) if self.pack else None
         if why:
             self.refused = self.refused or why
-            return batch
+        if not self.pack or why:
+            # The batch as the script made it, saying its real tokens: a step is counted in tokens padded or packed
+            # (measure.batch_samples reads rate_count), never in rows, which packing makes fewer.
+            return counted(batch, tokens, len(ids), ids.numel())
         labels = batch["labels"]
         docs = [row[keep] for row, keep in zip(ids, real)]
         targets = [row[keep] for row, keep in zip(labels, real)]
         pad = int(ids[~real][0]) if (~real).any() else 0
         packed, packed_labels = pack(docs, targets, pad, self.one_row)
         self.packed += 1
-        return {**packed, "labels": packed_labels}
+        return token_batch({**packed, "labels": packed_labels}, packed.rate_count, packed.documents, packed.slots)
 
     @staticmethod
     def cannot_pack(batch: Any) -> str | None:
+        """Why a mapping batch of token ids cannot be packed, None when it can."""
         labels = batch.get("labels")
         if not isinstance(labels, torch.Tensor):
             return "the script's batches carry no labels to pack with them (the model computes no loss from them)"
@@ -87,6 +90,31 @@ class PackingCollator:
         return 1 - self.tokens / self.slots if self.slots else None
 
 
+def counted(batch: Any, tokens: int, documents: int, slots: int) -> Any:
+    """The script's batch saying its real tokens (`rate_count`, as a TokenBatch does), its own type kept where it
+    takes an attribute (a tokenizer's BatchEncoding, whose .to() a loop may call); a plain dict becomes a
+    TokenBatch."""
+    if type(batch) is dict:
+        return token_batch(batch, tokens, documents, slots)
+    try:
+        batch.rate_count, batch.documents, batch.slots = tokens, documents, slots
+    except AttributeError:
+        pass
+    return batch
+
+
+def not_a_mapping(batch: Any) -> str:
+    """Why a batch that is not a mapping with input_ids is left as it is. A tuple whose first tensor is token ids
+    (a hand-written collate_fn's (ids, labels)) is named as such: packing hands the model position_ids by name
+    beside the ids, which a loop that calls model(ids) would drop, so it needs the batch as keywords."""
+    first = batch[0] if isinstance(batch, (list, tuple)) and batch else None
+    if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
+        return (f"the script's collate_fn returns a {type(batch).__name__} of tensors (token ids first), not a mapping "
+                "with input_ids and labels: packed rows need position_ids given to the model by name beside them; "
+                "return {\"input_ids\", \"attention_mask\", \"labels\"} from the collate_fn and call model(**batch)")
+    return "the script's batches are not token ids (input_ids of batch x length)"
+
+
 def takes_positions(model: Any) -> bool:
     """Packed rows need the model to take position ids (its packed-sequence attention reads them)."""
     try:
@@ -112,22 +140,26 @@ def positions_model(model: Any) -> Any:
 
 
 def document_lengths(dataset: Any) -> list[int] | None:
-    """Each item's token count, for length grouping: items that are mappings with input_ids (a tokenized dataset,
-    as the Trainer's LengthGroupedSampler reads them), or themselves the token ids (a list of ints, a 1-D integer
-    tensor); None for any other dataset."""
+    """Each item's token count, for length grouping: items that are token sequences in any of the forms a
+    language-model dataset gives them (token_length); None for any other dataset."""
     try:
         first = dataset[0]
         count = len(dataset)
     except (TypeError, IndexError, KeyError, NotImplementedError):
         return None
-    if hasattr(first, "keys") and "input_ids" in first:
-        return [len(dataset[i]["input_ids"]) for i in range(count)]
-    if is_token_ids(first):
-        return [len(dataset[i]) for i in range(count)]
-    return None
+    if token_length(first) is None:
+        return None
+    return [token_length(dataset[i]) or 0 for i in range(count)]
 
 
-def is_token_ids(item: Any) -> bool:
+def token_length(item: Any) -> int | None:
+    """The tokens in one dataset item: a mapping's input_ids (a tokenized dataset, as the Trainer's
+    LengthGroupedSampler reads them), a list or tuple of ints, or a 1-D integer tensor (a hand-written loop's
+    items, padded by its own collate_fn); None for anything else (an image, a (features, label) pair)."""
+    if hasattr(item, "keys") and "input_ids" in item:
+        item = item["input_ids"]
     if isinstance(item, torch.Tensor):
-        return item.dim() == 1 and not item.is_floating_point() and not item.is_complex()
-    return isinstance(item, list) and bool(item) and all(isinstance(t, int) for t in item[:8])
+        return len(item) if item.dim() == 1 and not item.is_floating_point() and not item.is_complex() else None
+    if isinstance(item, (list, tuple)) and item and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+        return len(item)
+    return None
