@@ -122,6 +122,24 @@ def test_lightning_packs_and_groups_the_loader_the_fit_iterates_and_proves_both(
     assert not_applied(BOTH, sections) is None and lacks_a_switch(BOTH, sections) is None
 
 
+class DropsPositions(CausalLM):
+    """A step that hands the model two of the batch's fields by name: a packed batch's position_ids never reach it."""
+
+    def training_step(self, batch, index):
+        return self.model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+
+
+def test_a_step_that_leaves_the_position_ids_out_makes_packing_not_applied(monkeypatch):
+    board = Board({**BOTH, "seed": 0})
+    Trainer = fwkit.patched_lightning_trainer(monkeypatch, board)
+    trainer = Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(DropsPositions(llama()), train_dataloaders=train_loader())
+    read_back, applied = read_backs(board, "lightning")[PACKS]
+    assert not applied and "got no position_ids" in read_back
+    assert "got no position_ids" in not_applied(BOTH, board.to_dict())
+
+
 def test_lightning_off_leaves_the_scripts_loader_and_proves_it(monkeypatch):
     board, trainer, module = fit(monkeypatch, OFF)
     assert module.seen[0] == ["attention_mask", "input_ids", "labels"]

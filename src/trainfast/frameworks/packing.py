@@ -44,7 +44,10 @@ def packing_collator(record: FrameworkRecord, model: Any, inner: Any, fields: di
         wanted = False
     if "padding_free" in fields:
         record.set("padding_free", setting, wanted, False)
-    return PackingCollator(inner, wanted, one_row=in_use(target) in VARLEN_ATTENTION)
+    collator = PackingCollator(inner, wanted, one_row=in_use(target) in VARLEN_ATTENTION)
+    if wanted:
+        collator.watch_positions(target)
+    return collator
 
 
 def switch_padding(record: FrameworkRecord, loader: Any, fields: dict[str, Any],
@@ -100,6 +103,12 @@ def prove_packing(record: FrameworkRecord, collator: PackingCollator | None, fie
     if collator.batches:
         note = f"the script's training batches are {collator.padding_share:.0%} padding ({collator.batches} batches)"
         record.notes[:] = [n for n in record.notes if not n.startswith("the script's training batches are")] + [note]
+    if collator.positions is False:
+        # Packed, but the step called the model without the rows' position ids: attention crossed documents.
+        record.prove(setting, "packed, but the model's forward got no position_ids (the script's step passes the "
+                              "batch's fields by name and leaves them out): a row's documents attended to one "
+                              "another", applied=False)
+        return
     record.prove(setting, collator.packed > 0 and collator.packed == collator.batches)
 
 

@@ -29,6 +29,23 @@ class PackingCollator:
         self.batches = self.packed = self.slots = self.tokens = 0
         self.refused: str | None = None              # why the batches could not be packed
         self.ungrouped: str | None = None            # why the loader could not be grouped by length
+        self.positions: bool | None = None           # a packed batch's position_ids reached the model (watch_positions)
+
+    def watch_positions(self, module: torch.nn.Module) -> None:
+        """Record, at `module`'s first training forward after a batch was packed, whether the packed batch's
+        position_ids reached it. A step that hands the model some of the batch's fields by name
+        (model(input_ids=..., labels=...)) drops them, and the documents sharing a row would attend to one another:
+        the packing is then not applied, however many batches were packed (frameworks/packing.py's proof)."""
+        handle = None
+
+        @torch.compiler.disable          # eager beside a compiled model, never part of its graph
+        def check(mod: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+            if not self.packed or not mod.training or not torch.is_grad_enabled():
+                return
+            self.positions = kwargs.get("position_ids") is not None
+            handle.remove()
+
+        handle = module.register_forward_pre_hook(check, with_kwargs=True)
 
     def __call__(self, features: Any) -> Any:
         batch = self.inner(features)
