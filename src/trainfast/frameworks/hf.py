@@ -216,9 +216,31 @@ def patch_trainer(cls: type, board: Board) -> None:
 def training_collator(trainer: Any, record: FrameworkRecord, fields: dict[str, Any]):
     """The Trainer's training collator wrapped to count and pack its batches (frameworks/packing.py), proven from
     the batches it made when the result is written."""
+    why = trl_packs(trainer, record)
+    if why:
+        record.unsupported["padding_free"] = why
+        fields = {**fields, "padding_free": False}
     collator = packing_collator(record, trainer.model, trainer.data_collator, fields, "data_collator packs")
     record.readers.append(lambda r: prove_packing(r, collator, fields, "data_collator packs"))
     return collator
+
+
+def trl_packs(trainer: Any, record: FrameworkRecord) -> str | None:
+    """TRL's SFTTrainer packs by its own settings, read back in every run: SFTConfig(packing=True) packs the
+    dataset when the trainer is built, padding_free=True (or best-fit packing) makes its collator flatten each
+    batch into one row. Where the script has either on, why the padding_free switch cannot act: its batches are
+    already packed, and no baseline could be the script without them. Off, the script's padded batches go through
+    the packing collator, which gives the loss TRL's padding-free batches give (tests/test_trl.py)."""
+    args = trainer.args
+    if not (hasattr(args, "packing") and hasattr(args, "padding_free")):
+        return None
+    packs, flat = bool(args.packing), bool(getattr(trainer, "padding_free", args.padding_free))
+    record.notes.append(f"TRL SFTConfig as the script set it: packing={packs}, padding_free={flat}")
+    if not (packs or flat):
+        return None
+    said = " and ".join(name for name, on in (("packing=True", packs), ("padding_free=True", flat)) if on)
+    return (f"the script's SFTConfig has {said}: TRL packs its batches itself, so there is no padding to remove "
+            "and no baseline without packing to compare with (set them False in the script to measure packing)")
 
 
 def declare_metric(board: Board, args: Any) -> None:

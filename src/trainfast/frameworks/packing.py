@@ -97,7 +97,8 @@ def prove_packing(record: FrameworkRecord, collator: PackingCollator | None, fie
     act on a script whose batches hold no padding (recorded in every run, the baseline's first)."""
     if collator is None:
         return
-    record.unsupported.update(collator.unsupported(fields, packing=bool(fields.get("padding_free"))))
+    for name, why in collator.unsupported(fields, packing=bool(fields.get("padding_free"))).items():
+        record.unsupported.setdefault(name, why)         # a reason known before the run (TRL packs itself) stands
     if collator.batches and collator.tokens == collator.slots:
         return
     if collator.batches:

@@ -74,14 +74,21 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
 def how_to_read(result: AblationResult) -> str:
     st = result.settings
     budget = st.get("budget", {})
+    if st.get("whole_run"):
+        timed = ("Each run is timed whole: every step after its warm-up (found on each step's seconds per token) to "
+                 "the end of the run, the same documents in every rung. tokens/s is the tokens the loss predicts "
+                 "over the total time of those steps (what a clock around them reads)")
+    else:
+        timed = ("Each run is timed over its steady steps: warm-up (compilation, allocator, worker start-up) ends "
+                 "where step times settle, detected per run, and the data is cycled past the epoch until at least "
+                 f"{budget.get('steps')} steady steps (or {budget.get('floor')} once they take "
+                 f"{budget.get('seconds'):g} s) are timed. samples/s is total samples over total time of those "
+                 "steps (what a clock around them reads)")
     return (
         f"How to read it: every rung ran {st.get('repeats')} time(s), each in a fresh process, in interleaved order "
         "(every rung once, then every rung again; repeat i with seed + i in every rung), so a slow spell of the "
-        "machine hits all rungs alike. Each run is timed over its steady steps: warm-up (compilation, allocator, "
-        "worker start-up) ends where step times settle, detected per run, and the data is cycled past the epoch "
-        f"until at least {budget.get('steps')} steady steps (or {budget.get('floor')} once they take "
-        f"{budget.get('seconds'):g} s) are timed. samples/s is total samples over total time of those steps (what a "
-        "clock around them reads), the mean over repeats, ± the half-width of its 95% interval. The speed-up is "
+        f"machine hits all rungs alike. {timed}, the mean over repeats, ± the half-width of its 95% interval. "
+        "The speed-up is "
         "the geometric mean over paired repeats of rate(rung) / rate(reference); its 95% interval is a paired "
         "t-interval with the process-to-process noise pooled over every rung (log rate = rung + pass + noise; "
         "with one repeat, a block bootstrap over the steps of that process instead). A rung is `faster` or `slower` "
