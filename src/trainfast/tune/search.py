@@ -3,6 +3,7 @@ sharing one SearchBudget and one Search (the work, the base recipe, the options,
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import statistics
 import time
@@ -72,8 +73,14 @@ class Search:
                                min_effect=opts.min_effect, resume=opts.resume or again, rung_timeout=None,
                                show=opts.show, settle_within_s=settle_s, time_budget_s=allowed,
                                paired=opts.paired)
-        return run_ladder(rungs, self.work, self.settings(name, rungs, repeats, measure, mode), self.out_dir / name,
-                          ladder, measure)
+        settings = self.settings(name, rungs, repeats, measure, mode)
+        if again:
+            # The stage's own folder, gone on with: its plan.json names the rungs it was first planned with, which
+            # a script's batches may since have replaced by its task's (work.follow_task); the runs are this
+            # search's own, so the folder's plan stands and its runs are reused by rung.
+            written = json.loads((self.out_dir / name / "plan.json").read_text())
+            settings["rungs"] = written.get("rungs", settings["rungs"])
+        return run_ladder(rungs, self.work, settings, self.out_dir / name, ladder, measure)
 
     def repeats_that_fit(self, runs_per_pass: int, per_run: float, left: float | None = None) -> int | None:
         """A stage's repeats within what is left of the budget (or `left`): the search's own, else 2 (the fewest
