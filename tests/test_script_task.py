@@ -302,3 +302,36 @@ def test_speed_mode_times_a_token_script_to_its_end_and_stops_any_other(tmp_path
         assert timing["warmup_steps"] + timing["timed_steps"] == len(data)
     else:
         assert stopped_at is not None and stopped_at < len(data) and not record["whole_run"]
+
+
+def test_documents_are_counted_beside_tokens_packed_or_padded():
+    from trainfast.instruments.batches import documents_in
+
+    ids = torch.tensor([[5, 6, 7, 0, 0], [8, 9, 0, 0, 0]])
+    padded = {"input_ids": ids, "attention_mask": (ids != 0).long()}
+    assert int(documents_in(padded, 0)) == 2
+    # the same five tokens packed in one row of width 7: two documents, then a pad tail whose positions restart
+    packed = {"input_ids": torch.tensor([[5, 6, 7, 8, 9, 0, 0]]), "position_ids": torch.tensor([[0, 1, 2, 0, 1, 0, 1]])}
+    assert int(documents_in(packed, 0)) == 2 and int(documents_in(packed, None)) == 3
+    assert documents_in({"input_ids": ids}, None) == 2
+
+
+def test_a_token_runs_record_gives_documents_per_second_beside_tokens(tmp_path):
+    from trainfast.probe import MeasureSpec, Probe
+
+    probe = Probe(MeasureSpec(str(tmp_path / "result.json"), "full"))
+    probe.batches = BatchKind()
+    model, opt = LabelledLM(), None
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    try:
+        for step in range(12):
+            ids = torch.randint(1, 50, (4, 6))
+            model(input_ids=ids, labels=ids).backward()      # 4 documents, 4 x 5 predicted tokens a step
+            opt.step()
+            opt.zero_grad()
+            probe._global_step(opt, (), {})
+    finally:
+        probe.batches.close()
+    record = probe.result("script ended")
+    assert record["unit"] == "tokens"
+    assert record["documents_per_s"] == pytest.approx(record["throughput"] * 4 / 20)

@@ -66,6 +66,7 @@ class RungResult:
     throughput: float | None = None
     throughput_interval: list[float] | None = None
     throughput_spread: float | None = None
+    documents_per_s: float | None = None     # a token script's documents/s beside its tokens/s (mean over repeats)
     # The judged metric's value (classification accuracy, detection mAP, a language model's validation loss, a
     # script's): its name and goal are the ladder's (AblationResult.metric); every `accuracy_*` below is about it.
     accuracy: float | None = None

@@ -112,6 +112,7 @@ def aggregate(rung: Rung, noise: Noise | None, metric: str | None = "accuracy") 
         throughput=rate.value if rate else 0.0,
         throughput_interval=rate.interval if rate else None,
         throughput_spread=rate.half_width if rate else None,
+        documents_per_s=mean("documents_per_s"),
         accuracy=statistics.fmean(values) if known else None,
         accuracies=values if known else [],
         loss=mean("loss"),

@@ -61,6 +61,19 @@ def tokens_in(args: tuple, kwargs: dict) -> torch.Tensor | int | None:
     return ids.numel()
 
 
+def documents_in(batch: Mapping, pad_id: int | None) -> torch.Tensor | int:
+    """The documents a token batch holds: where it carries position ids, the positions where one restarts at 0 (a
+    packed row holds several; the pad tail that fills a packed row to its width starts at 0 too, and is left out by
+    its pad id where the model has one), else its rows that hold a real token (one document a padded row)."""
+    ids, positions, mask = batch["input_ids"], batch.get("position_ids"), batch.get("attention_mask")
+    if isinstance(positions, torch.Tensor) and positions.shape == ids.shape:
+        starts = positions == 0
+        return (starts & (ids != pad_id)).sum() if pad_id is not None else starts.sum()
+    if isinstance(mask, torch.Tensor) and mask.shape == ids.shape:
+        return mask.bool().any(dim=1).sum()
+    return ids.shape[0]
+
+
 def batch_of(args: tuple, kwargs: dict) -> dict[str, Any]:
     """A forward's batch as one mapping: a mapping passed first, or token ids passed first, and the keywords."""
     batch: dict[str, Any] = {}
@@ -93,6 +106,8 @@ class TokenCount:
     def __init__(self, module: nn.Module, padding: bool = False) -> None:
         self.pending: torch.Tensor | int = 0
         self.per_step: list[torch.Tensor | int] = []
+        self.documents_pending: torch.Tensor | int = 0      # the documents of the same forwards (documents_in)
+        self.documents: list[torch.Tensor | int] = []
         self.padding = padding
         self.positions, self.real = 0, 0              # summed over every counted forward
         self.forwards = 0
@@ -109,6 +124,7 @@ class TokenCount:
             tokens = tokens_in(args, kwargs)
             if tokens is not None:
                 self.pending = self.pending + tokens
+                self.documents_pending = self.documents_pending + documents_in(batch_of(args, kwargs), self.pad_id)
                 if self.padding:
                     self.count_padding(batch_of(args, kwargs))
 
@@ -133,14 +149,17 @@ class TokenCount:
 
     def step(self) -> None:
         self.per_step.append(self.pending)
-        self.pending = 0
+        self.documents.append(self.documents_pending)
+        self.pending = self.documents_pending = 0
 
     def read(self) -> list[int]:
         """Every step's count so far, read from the device at once (and kept read: the next read is the new
-        steps' only)."""
-        tensors = [t for t in self.per_step if isinstance(t, torch.Tensor)]
+        steps' only); their documents are read with them (`documents`)."""
+        both = self.per_step + self.documents
+        tensors = [t for t in both if isinstance(t, torch.Tensor)]
         values = iter(torch.stack([t.to("cpu", torch.long) for t in tensors]).tolist()) if tensors else iter(())
-        self.per_step = [next(values) if isinstance(t, torch.Tensor) else int(t) for t in self.per_step]
+        both = [next(values) if isinstance(t, torch.Tensor) else int(t) for t in both]
+        self.per_step, self.documents = both[:len(self.per_step)], both[len(self.per_step):]
         return list(self.per_step)
 
 
@@ -185,6 +204,13 @@ class BatchKind:
             self.tokens.step()
         elif self.kind is None and self.outer is not None:
             self.close()
+
+    def step_documents(self, steps: int) -> list[int] | None:
+        """Documents of each of the run's last `steps` steps (as step_tokens; read by it)."""
+        if self.tokens is None:
+            return None
+        counted = self.tokens.documents[-steps:] if steps else []
+        return [0] * (steps - len(counted)) + [int(n) for n in counted]
 
     def step_tokens(self, steps: int) -> list[int] | None:
         """Tokens of each of the run's last `steps` steps (0 for a step before counting began), None when the

@@ -113,8 +113,9 @@ def measured_row(rung: Rung, columns: Columns) -> list[str]:
     mem = fmt_bytes(r.peak_memory_bytes)
     if r.memory_ratio and not baseline:
         mem += f" ({r.memory_ratio:.2f}x)"
+    documents = f" ({fmt_sig(r.documents_per_s)} documents/s)" if r.documents_per_s else ""
     if readable(r):
-        row = [rung_label(rung), fmt_rate(r.throughput, r.throughput_spread),
+        row = [rung_label(rung), fmt_rate(r.throughput, r.throughput_spread) + documents,
                fmt_speedup(r.speedup, r.speedup_interval), verdict]
     else:            # a bound from one degree of freedom (±12,357 around 120): not printed as if it meant something
         row = [rung_label(rung), f"{fmt_sig(r.throughput)} ({TOO_FEW})",
