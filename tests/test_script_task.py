@@ -251,6 +251,29 @@ def test_tune_on_a_script_plans_each_tasks_stage_1_and_follows_the_batches(tmp_p
     assert given.work.by_task == {} and given.work.task == "lm"
 
 
+def test_stage_1_goes_on_in_its_own_folder_after_the_batches_replanned_it(tmp_path, monkeypatch):
+    # Stage 1 planned with the default singles, replaced by the language model's while it ran, then gone on with
+    # (the budget kept for stage 1b) with a re-plan: its folder's plan stands, no --resume refusal.
+    import sys
+
+    import trainfast.tune.search as search_module
+    from trainfast.ablation.store import RunStore
+    from trainfast.ablation.work import BuiltinSpec
+    from trainfast.tune.budget import SearchBudget
+    from trainfast.tune.options import tune_options
+
+    stores = []
+    monkeypatch.setattr(search_module, "run_ladder", lambda rungs, work, settings, out, ladder, measure:
+                        stores.append(RunStore(out, settings, ladder.resume)))
+    opts = tune_options({"command": [sys.executable, "-c", "pass"], "out": tmp_path / "tune", "amp_dtype": "bf16",
+                         "show": False})
+    search, singles = search_module.prepare_search(BuiltinSpec(), None, "cpu", opts, SearchBudget(600))
+    search.stage("singles", singles, 2)
+    search.work.follow_task(singles, {"batches": LM_SEEN})
+    search.stage("singles", search.replan(), 2, again=True)
+    assert len(stores) == 2 and stores[1].resume
+
+
 def test_a_token_run_is_timed_whole_and_its_warm_up_found_per_token():
     # A grouped run: its longest batches first (as transformers' length-grouped sampler puts them), then the short
     # ones, each step at 10 ms a token after a first step that compiles. On the seconds alone the long steps read as
