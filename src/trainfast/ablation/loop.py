@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..defaults import MAX_REPEATS, SETTLE_WITHIN_S  # the CLI shows them before torch loads
 from ..measure import measure_ceiling
@@ -127,13 +127,16 @@ class LadderMetric:
     """The metric a ladder's runs are judged on, one for the whole ladder: the work's (name, goal), read against
     the plan (its baseline's runs) and the ladder's settings."""
 
-    def __init__(self, metric: tuple[str | None, str | None], plan: list[Rung], settings: dict[str, Any]) -> None:
+    def __init__(self, metric: Callable[[], tuple[str | None, str | None]], plan: list[Rung],
+                 settings: dict[str, Any]) -> None:
         self.metric, self.plan, self.settings = metric, plan, settings
 
     def choice(self) -> MetricChoice | None:
         """The metric every run is judged on (metric.choose_metric), one for the whole ladder: a script's own
-        choice is read from the baseline's first finished run, so every rung is compared on the same name."""
-        key, goal = self.metric
+        choice is read from the baseline's first finished run, so every rung is compared on the same name. Asked
+        of the work when needed: a script's first run may change it (a token script's runs, timed whole, are
+        judged on its metric in speed mode too)."""
+        key, goal = self.metric()
         if key is None:
             return None
         if key == SCRIPT_CHOICE:
@@ -165,7 +168,7 @@ class LadderRun:
         if options.paired and pair_against is not None:
             pair_against(plan[0].recipe)
         self.launch = work.launcher(measure)
-        self.metric = LadderMetric(work.metric(measure), plan, settings)
+        self.metric = LadderMetric(lambda: work.metric(measure), plan, settings)
         self.after_run = work.after_run(plan)
         self.repeats, self.noise_seeds = options.repeats, options.noise_seeds
         self.measured = [r for r in plan if r.status != Status.NO_EFFECT]

@@ -254,8 +254,11 @@ class CommandWork:
 
     def metric(self, measure: str) -> tuple[str | None, str | None]:
         """In full mode the metric named by --metric, else the script's own choice (metric.choose_metric: what it
-        declares, reports with tf.report, or its validation loss); in speed mode nothing (the runs stop early)."""
-        return (self.metric_name or SCRIPT_CHOICE, self.goal) if measure == "full" else (None, None)
+        declares, reports with tf.report, or its validation loss); in speed mode nothing (the runs stop early),
+        unless its runs are timed whole (a token script's, probe.Probe.whole_run): each then ran to its end, and
+        what it reported is judged as in full mode, at no extra run."""
+        whole = measure == "full" or self.learned.get("whole_run")
+        return (self.metric_name or SCRIPT_CHOICE, self.goal) if whole else (None, None)
 
     def after_run(self, plan: list[Rung]) -> Callable[[Rung, dict], None]:
         """The baseline tells whether the script uses a Session or a framework trainfast switches from inside

@@ -230,10 +230,45 @@ def recommend(search: Search, found: Findings) -> Decision:
                         notes=["no switch gained firmly on its own: the baseline is recommended"])
     if len(found.in_combination) == 1 or not search.budget.fits(3 * min(search.options.repeats, 2), found.per_run):
         decision = best_measured(search, found)
+        if search.options.command is None:
+            return decision
         # A script's stage-1 runs stop once timed: nothing judged its metric. Stage 2 would run in full; without
-        # it, the recipe is run in full against the baseline before it is recommended.
-        return guard_measured(search, decision, found.per_run) if search.options.command is not None else decision
+        # it, the recipe is run in full against the baseline before it is recommended, unless the runs that
+        # measured it already ran the script to its end (a token script's, timed whole) and judged its metric.
+        return guarded_by_its_runs(search, found, decision) or guard_measured(search, decision, found.per_run)
     return run_combine(search, found)
+
+
+def guarded_by_its_runs(search: Search, found: Findings, decision: Decision) -> Decision | None:
+    """The accuracy guard from the runs that measured the recipe, where each ran the script to its end (a token
+    script's runs are timed whole, probe.Probe.whole_run) and reported its metric: the recipe's rung (stage 1's
+    or stage 1b's) against stage 1's baseline, the script as it is, and its band over the baseline's seeds, as
+    the scores judge a rung. None where those runs did not judge a metric: the guard then runs (guard_measured)."""
+    from ..ablation.scoring import accuracy_band
+
+    if not getattr(search.work, "learned", {}).get("whole_run") or not (found.first.metric or {}).get("name"):
+        return None
+    measured = [*found.singles, *(found.on_level.rungs if found.on_level else [])]
+    rung = next((r for r in measured if r.status == Status.DONE and r.result.accuracies
+                 and not recipe_changes(r.recipe, decision.recipe)), None)
+    base = found.singles[0]
+    seeds = [a for a in (base.result.accuracies if base.status == Status.DONE else []) if a is not None]
+    if rung is None or len(seeds) < 2:
+        return None
+    metric = found.first.metric
+    reference = statistics.fmean(seeds)
+    value = statistics.fmean(rung.result.accuracies)
+    band = accuracy_band(reference, None, seeds, runs=len(rung.result.accuracies))
+    delta = value - reference
+    worse = not math.isfinite(value) or (abs(delta) > band and (delta < 0) == (metric.get("goal") != "min"))
+    said = (f"{metric['name']} {value:.4g} ({delta:+.3g}) against the script as it is ({reference:.4g} over "
+            f"{len(seeds)} seeds, band ±{band:.3g}), on the {len(rung.result.accuracies)} runs that timed it, each "
+            "run to the script's end")
+    if worse:
+        return Decision(search.base, "baseline", gainers=decision.gainers, dropped={
+            **decision.dropped, decision.name: f"loses accuracy run to its end: {said}"}, notes=decision.notes)
+    decision.notes.append(f"the accuracy guard: inside the band: {said}")
+    return decision
 
 
 def guard_measured(search: Search, decision: Decision, per_run: float) -> Decision:
