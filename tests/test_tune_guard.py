@@ -45,3 +45,20 @@ def test_a_lower_loss_is_no_loss_of_accuracy():
 
 def test_runs_that_stopped_once_timed_leave_the_guard_to_its_own_runs():
     assert decide([3.215, 3.205], whole=False) is None
+
+
+def test_of_two_singles_at_the_same_speed_the_one_that_kept_the_metric_is_chosen():
+    from conftest import scored_rung
+
+    from trainfast.ablation.scoring import score_rungs
+    from trainfast.tune.search import tied_best
+
+    base = scored_rung("baseline", [100, 98, 101], 0.5)
+    packed = scored_rung("padding_free", [157, 155, 158], 0.5, padding_free=True)
+    grouped = scored_rung("group_by_length", [158, 156, 158], 0.5, group_by_length=True)
+    slow = scored_rung("reuse_memory", [120, 118, 121], 0.5, reuse_memory=True)
+    score_rungs([base, packed, grouped, slow], {})
+    grouped.result.accuracy_flag = True           # its metric moved past the band (on the better side)
+    assert tied_best([packed, grouped, slow], [base, packed, grouped, slow], 0.05) is packed
+    grouped.result.accuracy_flag = False
+    assert tied_best([packed, grouped, slow], [base, packed, grouped, slow], 0.05) is grouped   # the faster

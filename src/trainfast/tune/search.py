@@ -267,7 +267,8 @@ def guarded_by_its_runs(search: Search, found: Findings, decision: Decision) -> 
     if worse:
         return Decision(search.base, "baseline", gainers=decision.gainers, dropped={
             **decision.dropped, decision.name: f"loses accuracy run to its end: {said}"}, notes=decision.notes)
-    decision.notes.append(f"the accuracy guard: inside the band: {said}")
+    where = "inside the band" if abs(delta) <= band else "past the band on the better side"
+    decision.notes.append(f"the accuracy guard: {where}: {said}")
     return decision
 
 
@@ -297,12 +298,25 @@ def guard_measured(search: Search, decision: Decision, per_run: float) -> Decisi
     return decision
 
 
+def tied_best(gainers: list[Rung], singles: list[Rung], min_effect: float) -> Rung:
+    """The single switch that gained most (the singles' speed-ups: all against the fp32 baseline); of the ones not
+    measurably different from it, one whose judged metric stayed inside the baseline's band first: packing, which
+    keeps a language model's loss to the digit, over length grouping at the same speed, which moved it."""
+    from ..ablation.scoring import ladder_noises, versus
+    from ..stats import SAME
+
+    fastest = max(gainers, key=lambda r: r.result.speedup)
+    noises = ladder_noises([r for r in singles if r.status == Status.DONE])     # the stage's own noise
+    tied = [r for r in gainers if r is fastest or versus(r, fastest, min_effect, noises).verdict == SAME]
+    return max(tied, key=lambda r: (not r.result.accuracy_flag, r.result.speedup))
+
+
 def best_measured(search: Search, found: Findings) -> Decision:
     """Without stage 2: the single switch that gained most, as measured alone; or, where switches gained on
     top of the level, the best of those: the level plus that switch is a recipe stage 1b measured."""
     names = found.in_combination
-    only = max((r for r in found.singles if r.name in names and firm_gain(r)),
-               key=lambda r: r.result.speedup)       # the singles' speed-ups: all against the fp32 baseline
+    only = tied_best([r for r in found.singles if r.name in names and firm_gain(r)], found.singles,
+                     search.options.min_effect)
     decision = Decision(only.recipe, only.name, gainers=list(names), combined=[only.name],
                         dropped=found.dropped, speedup=only.result.speedup,
                         speedup_interval=only.result.speedup_interval,
