@@ -123,7 +123,6 @@ class Probe:
         self.loader = LoaderWorkers()            # loader worker processes beside the step
         self.steady_steps: int | None = None     # full mode, steady_window: the steps speed mode would have timed
         self.batches = None                      # a command's run: what its batches are (instruments/batches.py)
-        self.documents: list[int] | None = None  # a token script's documents per step, read with its tokens
 
     # --- where steps come from ------------------------------------------------------------------------
 
@@ -238,7 +237,6 @@ class Probe:
         tokens = self.batches.step_tokens(len(steps)) if self.batches is not None else None
         if tokens is not None:                                # token ids: the rate in tokens, whatever a row holds
             steps = [dataclasses.replace(s, samples=n) for s, n in zip(steps, tokens)]
-            self.documents = self.batches.step_documents(len(steps))
         steps = steps[:self.steady_steps] if self.steady_steps and not self.whole_run else steps
         if steps and not any(s.samples for s in steps):      # samples unknown: one "sample" per step
             steps = [dataclasses.replace(s, samples=self.samples_per_step() or 1) for s in steps]
@@ -247,9 +245,10 @@ class Probe:
     def documents_rate(self, timing) -> float | None:
         """A token script's documents/s beside its tokens/s: the timed steps' documents per token times the rate
         (the steps after warm-up, as the rate's; its disturbed blocks' share alike)."""
-        if not self.documents or not timing.step_samples:
+        documents = self.batches.step_documents(len(self.timer.steps)) if self.batches is not None else None
+        if not documents or not timing.step_samples:
             return None
-        timed = self.documents[timing.warmup_steps:timing.warmup_steps + len(timing.step_samples)]
+        timed = documents[timing.warmup_steps:timing.warmup_steps + len(timing.step_samples)]
         tokens = sum(timing.step_samples)
         return timing.throughput * sum(timed) / tokens * self.world_size if tokens else None
 
