@@ -31,6 +31,7 @@ def detect_warmup(seconds: list[float], min_skip: int = 1, settle: int = 3, tole
 
 BLOCK_SECONDS = 0.2       # a timing block: consecutive steps summing to at least this (20 ticks of /proc/stat)
 DISTURBED_SHARE = 0.25    # a block is disturbed when other processes used more than this share of the machine
+EDGE_SHARE = 0.05         # ... and so is a block beside a disturbed one where they used more than this
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Timing:
             if sum(s.seconds for s in current) >= BLOCK_SECONDS or i == len(timed) - 1:
                 blocks.append(step_block(current, cores, check_disturbance))
                 current = []
+        mark_edges(blocks)
         clean = [s for b, group in _grouped(timed, blocks) if not b["disturbed"] for s in group]
         clean = clean or timed          # every block disturbed: the rate comes from all of them (clean_blocks)
         copies = [s.copy_s for s in clean]
@@ -108,6 +110,18 @@ def step_block(steps: list[StepTime], cores: int, check: bool) -> dict:
         foreign = max(0.0, other) / (seconds * cores)
     return {"steps": len(steps), "samples": sum(s.samples for s in steps), "seconds": seconds,
             "foreign_share": foreign, "disturbed": foreign is not None and foreign > DISTURBED_SHARE}
+
+
+def mark_edges(blocks: list[dict]) -> None:
+    """A disturbance rarely starts or ends on a block's boundary: the blocks beside a disturbed one hold its
+    edges, under DISTURBED_SHARE yet slowed (a two-thread matrix product that loses a core to another process
+    for a tenth of a block waits on it at every barrier: 25% slower measured). Such a neighbour, where other
+    processes took more than EDGE_SHARE (the machine's housekeeping is 0-3%), is disturbed too."""
+    core = [b["disturbed"] for b in blocks]
+    for i, b in enumerate(blocks):
+        beside = (i > 0 and core[i - 1]) or (i + 1 < len(blocks) and core[i + 1])
+        if not b["disturbed"] and beside and b["foreign_share"] is not None and b["foreign_share"] > EDGE_SHARE:
+            b["disturbed"] = b["edge"] = True
 
 
 def _grouped(steps: list[StepTime], blocks: list[dict]):
