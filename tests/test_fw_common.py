@@ -58,3 +58,26 @@ def test_the_loader_is_rebuilt_with_the_same_batches_and_the_optimizer_with_its_
     new = switch_optimizer(rec, opt, "default", sched)
     assert new is not opt and optimizer_impl(new) == "default" and sched.optimizer is new
     assert rec.switches["optimizer implementation"].script == "fused"
+
+
+def test_low_bit_states_rebuild_a_scripts_adamw_and_say_what_they_cannot_rebuild():
+    """optimizer_state as Lightning's and Accelerate's adapters apply it: the script's AdamW becomes torchao's
+    AdamW8bit with its scheduler rebound, read back from the optimizer; the implementation switch beside it is
+    said not to apply; an SGD is left as it is, why said."""
+    import pytest
+
+    pytest.importorskip("torchao")
+    from trainfast.frameworks.common import MOMENTS, prove_optimizers, switch_optimizers
+
+    rec = record()
+    model = nn.Linear(64, 64)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    new = switch_optimizers(rec, opt, "fused", "8bit", sched)
+    assert type(new).__name__ == "AdamW8bit" and sched.optimizer is new
+    prove_optimizers(rec, [new])
+    assert rec.switches[MOMENTS].applied and rec.switches[MOMENTS].script == "full"
+    assert "no foreach/fused choice" in rec.unsupported["optimizer_impl"]
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert switch_optimizers(rec, sgd, None, "4bit") is sgd
+    assert "is not torch's Adam or AdamW" in rec.unsupported["optimizer_state"]

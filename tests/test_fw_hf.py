@@ -191,3 +191,25 @@ def test_an_ablation_of_the_example_proves_its_rungs_and_reports_the_scripts_set
     assert "transformers optim='adamw_torch_fused'" in results["settings"]["script_settings"]
     report = (out / "report.md").read_text()
     assert "the framework's own settings" in report and "adamw_torch_fused" in report
+
+
+def test_low_bit_states_go_through_the_trainers_own_optim_and_are_read_back(tmp_path):
+    """optimizer_state through TrainingArguments.optim (adamw_torch_8bit: the Trainer builds torchao's AdamW8bit
+    itself), read back from the optimizer it stepped; the baseline takes a script's own 4-bit AdamW back to
+    adamw_torch and says what the script had."""
+    pytest.importorskip("torchao")
+    board = Board({"optimizer_state": "8bit", "optimizer_impl": "fused"})
+    Args, Trainer = patched_classes(board)
+    trainer = tiny_trainer(Args, Trainer, tmp_path, optim="adamw_torch_fused")
+    assert trainer.args.optim.value == "adamw_torch_8bit"
+    trainer.train()
+    assert type(trainer.optimizer.optimizer).__name__ == "AdamW8bit"
+    record = board.to_dict()["transformers"]
+    assert record["switches"]["optim"] == {"field": "optimizer_state", "setting": "optim", "wanted": "adamw_torch_8bit",
+                                           "script": "adamw_torch_fused", "read_back": "adamw_torch_8bit",
+                                           "applied": True}
+    assert "no foreach/fused choice" in record["unsupported"]["optimizer_impl"]
+    baseline = Board({"optimizer_state": "full"})
+    Args, Trainer = patched_classes(baseline)
+    assert tiny_trainer(Args, Trainer, tmp_path, optim="adamw_torch_4bit").args.optim.value == "adamw_torch"
+    assert baseline.to_dict()["transformers"]["switches"]["optim"]["script"] == "adamw_torch_4bit"

@@ -87,8 +87,9 @@ def test_a_hog_beside_one_run_is_named_and_the_verdicts_stay(tmp_path, framework
     ablated twice: on the quiet machine, then with a CPU hog spinning beside one run alone, the first run with half
     precision on, which the hog would make look as slow as the baseline. That run's disturbed blocks are named and
     left out, and every rung's verdict is the quiet ablation's. Four repeats and a 3x gain: with three repeats or a
-    2x gain, a 2-core VM whose own runs spread 10-30% (quiet blocks included) left the interval wider than the gain. (The same script under Lightning's Trainer
-    is timed by the same probe and Timing: planted_step.py --framework lightning, 2.5 minutes, run by hand.)"""
+    2x gain, a 2-core VM whose own runs spread 10-30% (quiet blocks included) left the interval wider than the
+    gain. (The same script under Lightning's Trainer is timed by the same probe and Timing: planted_step.py
+    --framework lightning, 2.5 minutes, run by hand.)"""
     quiet = planted_ablation(framework, tmp_path / "quiet")
     hog = subprocess.Popen([sys.executable, "-c", PLANTED_HOG, str(tmp_path)])
     try:

@@ -19,12 +19,14 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 PRECISION_LEVELS = ("autocast", "master", "pure")   # Apex's O1, O2, O3 (fp32 is O0)
 OPTIMIZERS = ("sgd", "adamw")
 OPTIMIZER_IMPLS = ("default", "for-loop", "foreach", "fused")
+OPTIMIZER_STATES = ("full", "8bit", "4bit")    # Adam's moments in fp32, or block-quantized (torchao)
 NONFINITE_POLICIES = ("stop", "skip")
 STRATEGIES = ("ddp", "fsdp", "dp")
 ATTENTION = ("model", "eager", "sdpa", "flex", "flash")   # the attention backends (techniques/attention.py)
 # The string fields that take one of a fixed set of values: validate_fields checks them, the CLI lists them.
 FIELD_CHOICES = {"precision": PRECISIONS, "precision_level": PRECISION_LEVELS, "optimizer": OPTIMIZERS,
-                 "optimizer_impl": OPTIMIZER_IMPLS, "nonfinite": NONFINITE_POLICIES, "strategy": STRATEGIES,
+                 "optimizer_impl": OPTIMIZER_IMPLS,
+                 "optimizer_state": OPTIMIZER_STATES, "nonfinite": NONFINITE_POLICIES, "strategy": STRATEGIES,
                  "attention": ATTENTION}
 
 
@@ -76,6 +78,7 @@ class Recipe:
     channels_last: bool = False       # NHWC memory format for model and inputs (conv nets)
     compile: bool = False             # torch.compile the model
     optimizer_impl: str = "default"   # "default" (torch picks) | "for-loop" | "foreach" | "fused"
+    optimizer_state: str = "full"     # Adam's moments: "full" (fp32) | "8bit" | "4bit" (torchao, block-quantized)
     cudnn_benchmark: bool = False     # let cuDNN autotune conv algorithms (CUDA only)
     activation_checkpointing: bool = False  # recompute activations in backward: less memory, slower (timm/transformers)
     grad_clip: float | None = None    # clip the global grad norm to this value (after unscaling)
@@ -265,6 +268,8 @@ def validate_fields(r: Recipe) -> None:
         raise RecipeError("persistent_workers=True needs num_workers > 0 (there are no workers to keep)")
     if r.prefetch_factor is not None and r.num_workers == 0:
         raise RecipeError("prefetch_factor needs num_workers > 0 (the main process does not prefetch)")
+    if r.optimizer_state != "full" and r.optimizer != "adamw":
+        raise RecipeError(f"optimizer_state={r.optimizer_state!r} quantizes Adam's moments: it needs optimizer=adamw")
     if r.non_blocking and not r.pin_memory and not r.prefetch:
         # An async copy from pageable memory is silently synchronous on CUDA: refuse the illusion.
         raise RecipeError("non_blocking=True needs pin_memory=True (copies from pageable memory are synchronous)")

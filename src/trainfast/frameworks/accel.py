@@ -13,6 +13,8 @@ before Accelerate wraps them; each is read back from what the Accelerator ended 
 | num_workers, ... | the training DataLoader, rebuilt before prepare()    | the prepared loader's own attributes      |
 | optimizer_impl   | the optimizer, rebuilt before prepare() (schedulers  | the prepared optimizer's fused / foreach  |
 |                  | built on it rebound)                                 | flags                                     |
+| optimizer_state  | the Adam/AdamW, rebuilt as torchao's low-bit class   | the prepared optimizer's class            |
+|                  | before prepare() (schedulers rebound)                |                                           |
 | channels_last    | the model, before prepare()                          | the prepared model's conv weights         |
 | activation_      | the timm/transformers model in the script's model,   | its own checkpointing flag                |
 | checkpointing    | through its own switch, before prepare()             |                                           |
@@ -73,8 +75,8 @@ from ..techniques.optimizer import rebind_scheduler
 from ..text.packing import PADDING_FIELDS
 from .board import UNSET, Board, FrameworkRecord
 from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_compiled, mark_plugin_owned,
-                     mark_shared_switches, optimizer_impl, prove_loader, switch_cudnn_benchmark, switch_loader,
-                     switch_models, switch_optimizer)
+                     mark_shared_switches, prove_loader, prove_optimizers, switch_cudnn_benchmark, switch_loader,
+                     switch_models, switch_optimizers)
 from .hooks import when_imported
 from .packing import asks_padding, prove_padding, switch_padding
 
@@ -288,8 +290,8 @@ def switch_prepared(accelerator: Any, run: Run, record: FrameworkRecord, fields:
     for i, obj in enumerate(args):
         if isinstance(obj, torch.nn.Module):
             args[i] = switch_model(record, obj, fields, accelerator)
-        elif isinstance(obj, torch.optim.Optimizer) and "optimizer_impl" in fields:
-            rebuilt = switch_optimizer(record, obj, fields["optimizer_impl"])
+        elif isinstance(obj, torch.optim.Optimizer) and ("optimizer_impl" in fields or "optimizer_state" in fields):
+            rebuilt = switch_optimizers(record, obj, fields.get("optimizer_impl"), fields.get("optimizer_state"))
             if rebuilt is not obj:
                 run.replaced[id(obj)] = (obj, rebuilt)
                 args[i] = rebuilt
@@ -439,9 +441,7 @@ def read_back(record: FrameworkRecord, run: Run) -> None:
         formats = {memory_format_of(m) for m in run.models} - {None}
         if formats:
             record.prove("memory format", formats.pop() if len(formats) == 1 else sorted(formats))
-    if run.optimizers:
-        impls = sorted({optimizer_impl(getattr(o, "optimizer", o)) for o in run.optimizers})
-        record.prove("optimizer implementation", impls[0] if len(impls) == 1 else impls)
+    prove_optimizers(record, [getattr(o, "optimizer", o) for o in run.optimizers])
     prove_loader(record, run.loader)
     prove_padding(record, run.packing, run.loader, run.fields)
     loader_copies = getattr(run.loader, "_non_blocking", None)

@@ -11,6 +11,7 @@ from torch.utils.data import BatchSampler, DataLoader
 
 from ..techniques import model_switches, process_switches, unreachable
 from ..techniques.optimizer import IMPL_FLAGS, rebuild_optimizer
+from ..techniques.optimizer_state import apply_optimizer_state, state_of
 from .board import UNSET, FrameworkRecord
 
 LOADER_FIELDS = {"num_workers": "num_workers", "pin_memory": "pin_memory",
@@ -153,6 +154,43 @@ def switch_optimizer(record: FrameworkRecord, optimizer: Any, impl: str, schedul
     except (ValueError, TypeError, RuntimeError) as exc:
         record.unsupported["optimizer_impl"] = f"{type(optimizer).__name__}: {exc}"
         return optimizer
+
+
+MOMENTS = "optimizer moments"       # the optimizer_state switch's setting, as a run records and proves it
+LOW_BIT_IMPL = "the low-bit Adam's update is one compiled kernel per tensor (torchao): no foreach/fused choice"
+
+
+def switch_optimizers(record: FrameworkRecord, optimizer: Any, impl: str | None = None, state: str | None = None,
+                      scheduler=None) -> Any:
+    """`optimizer` with the run's optimizer switches (None: not asked): its moments in low bits
+    (techniques.optimizer_state) where the run asks for them, else its implementation (switch_optimizer). The
+    script's own low-bit optimizer under a run asking for full states is kept, and said (its moments are not
+    converted back)."""
+    if not isinstance(optimizer, torch.optim.Optimizer) or state is None:
+        return optimizer if impl is None else switch_optimizer(record, optimizer, impl, scheduler)
+    had = state_of(optimizer)
+    record.set("optimizer_state", MOMENTS, state, had)
+    if state == "full":
+        if had != "full":
+            record.unsupported["optimizer_state"] = (f"the script's own {type(optimizer).__name__} keeps its {had} "
+                                                     "moments")
+        return optimizer if impl is None or had != "full" else switch_optimizer(record, optimizer, impl, scheduler)
+    if impl is not None:
+        record.unsupported["optimizer_impl"] = LOW_BIT_IMPL
+    try:
+        return apply_optimizer_state(optimizer, state, scheduler)
+    except ValueError as exc:            # RecipeError: not an Adam, already stepped, no torchao
+        record.unsupported["optimizer_state"] = str(exc)
+        return optimizer
+
+
+def prove_optimizers(record: FrameworkRecord, optimizers: list) -> None:
+    """The optimizer switches read back from the optimizers the framework steps."""
+    if not optimizers:
+        return
+    for setting, read in (("optimizer implementation", optimizer_impl), (MOMENTS, state_of)):
+        values = sorted({read(o) for o in optimizers})
+        record.prove(setting, values[0] if len(values) == 1 else values)
 
 
 def switch_models(record: FrameworkRecord, model: torch.nn.Module, fields: dict[str, Any],

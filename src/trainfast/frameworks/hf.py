@@ -7,6 +7,7 @@ Trainer derives anything from them), and read back from what the Trainer ended u
 | precision         | bf16, fp16 (and tf32 set explicitly, see below)    | the Accelerator's mixed_precision        |
 | compile           | torch_compile (backend and mode cleared when off)  | the model the Trainer runs is compiled   |
 | optimizer_impl    | optim: adamw_torch / adamw_torch_fused             | the optimizer's class and `fused` flag   |
+| optimizer_state   | optim: adamw_torch_8bit / adamw_torch_4bit         | the optimizer's class (torchao's)        |
 | num_workers, ...  | dataloader_num_workers, _pin_memory, ...           | the training DataLoader's own attributes |
 | channels_last     | (none: the model's memory format, at Trainer init) | the model's conv weights                 |
 | activation_checkpointing | activation_checkpointing (gradient_checkpointing) | the model's is_gradient_checkpointing |
@@ -31,14 +32,16 @@ from typing import Any
 import torch
 
 from ..techniques.memory_format import memory_format_of
+from ..techniques.optimizer_state import TRAINER_OPTIM
 from .board import UNSET, Board, FrameworkRecord
-from .common import (AUTO_WORKERS, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
+from .common import (AUTO_WORKERS, LOW_BIT_IMPL, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
                      switch_cudnn_benchmark, switch_models)
 from .hooks import when_imported
 from .packing import packing_collator, prove_packing, uses_length_groups
 
 NAME = "transformers"
 ADAMW = ("adamw_torch", "adamw_torch_fused")
+LOW_BIT_OPTIM = (TRAINER_OPTIM["8bit"], TRAINER_OPTIM["4bit"])
 ARG_LOADER = {"num_workers": "dataloader_num_workers", "pin_memory": "dataloader_pin_memory",
               "persistent_workers": "dataloader_persistent_workers", "prefetch_factor": "dataloader_prefetch_factor"}
 PATCHED = "_trainfast_patched"
@@ -91,8 +94,11 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
             put("compile", "torch_compile_backend", None)
             put("compile", "torch_compile_mode", None)
         put("tf32", "tf32", False)
-    if "optimizer_impl" in fields:
-        switch_optim(args, record, fields["optimizer_impl"])
+    if fields.get("optimizer_state", "full") != "full":
+        switch_optim_state(args, record, fields["optimizer_state"], "optimizer_impl" in fields)
+    elif "optimizer_impl" in fields or "optimizer_state" in fields:        # fp32 moments: one of optim's AdamWs
+        switch_optim(args, record, fields.get("optimizer_impl", "default"),
+                     "optimizer_impl" if "optimizer_impl" in fields else "optimizer_state")
     for name, setting in ARG_LOADER.items():
         if name in fields:
             value = fields[name]
@@ -144,17 +150,35 @@ def switch_length_groups(args: Any, record: FrameworkRecord, enabled: bool) -> N
     args.group_by_length = enabled
 
 
-def switch_optim(args: Any, record: FrameworkRecord, impl: str) -> None:
+def switch_optim_state(args: Any, record: FrameworkRecord, state: str, impl_asked: bool) -> None:
+    """The Trainer's own low-bit AdamW (optim adamw_torch_8bit / _4bit builds torchao's class), from the script's
+    AdamW of any implementation; another optimizer is left as the script has it, why said."""
     optim = getattr(args.optim, "value", args.optim)
-    if optim not in ADAMW:
-        record.unsupported["optimizer_impl"] = (f"the script's optim {optim!r} has no fused/unfused pair among the "
-                                                f"Trainer's optim choices (only {' / '.join(ADAMW)})")
+    if impl_asked:
+        record.unsupported["optimizer_impl"] = LOW_BIT_IMPL
+    if optim not in ADAMW + LOW_BIT_OPTIM:
+        record.unsupported["optimizer_state"] = (f"the script's optim {optim!r} is not one of the Trainer's torch "
+                                                 f"AdamWs (only {' / '.join(ADAMW)} have low-bit twins)")
+        return
+    record.set("optimizer_state", "optim", TRAINER_OPTIM[state], optim)
+    args.optim = TRAINER_OPTIM[state]
+
+
+def switch_optim(args: Any, record: FrameworkRecord, impl: str, field_: str = "optimizer_impl") -> None:
+    """optim's fused or unfused AdamW for `impl`, recorded for `field_` (optimizer_state when the run asks only
+    for fp32 moments: a script's own low-bit AdamW becomes the torch one)."""
+    optim = getattr(args.optim, "value", args.optim)
+    if field_ == "optimizer_state" and optim not in LOW_BIT_OPTIM:
+        return                                     # fp32 moments already: nothing to switch
+    if optim not in ADAMW + LOW_BIT_OPTIM:
+        record.unsupported[field_] = (f"the script's optim {optim!r} has no fused/unfused pair among the "
+                                      f"Trainer's optim choices (only {' / '.join(ADAMW)})")
         return
     if impl not in ("default", "fused"):
-        record.unsupported["optimizer_impl"] = f"the Trainer's optim choices have no {impl!r} AdamW"
+        record.unsupported[field_] = f"the Trainer's optim choices have no {impl!r} AdamW"
         return
     wanted = "adamw_torch_fused" if impl == "fused" else "adamw_torch"
-    record.set("optimizer_impl", "optim", wanted, optim)
+    record.set(field_, "optim", wanted, optim)
     args.optim = wanted
 
 
@@ -273,7 +297,9 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
     if optimizer is not None:
         fused = bool(optimizer.param_groups[0].get("fused")) if optimizer.param_groups else False
         name = type(optimizer).__name__
-        record.prove("optim", ("adamw_torch_fused" if fused else "adamw_torch") if name == "AdamW" else name)
+        low_bit = {"AdamW8bit": TRAINER_OPTIM["8bit"], "AdamW4bit": TRAINER_OPTIM["4bit"]}
+        record.prove("optim", ("adamw_torch_fused" if fused else "adamw_torch") if name == "AdamW"
+                     else low_bit.get(name, name))
     loader = getattr(trainer, "_trainfast_loader", None)
     prove_loader(record, loader)
     for name, setting in ARG_LOADER.items():

@@ -12,6 +12,8 @@ DataLoader. Each is read back from what the Trainer ended up with while it train
 |                  | (a compiled model unwrapped when off)                   | and dynamo compiled graphs              |
 | optimizer_impl   | each optimizer configure_optimizers() returns, rebuilt  | trainer.optimizers' fused/foreach flags |
 |                  | (its schedulers rebound)                                |                                         |
+| optimizer_state  | each Adam/AdamW configure_optimizers() returns, rebuilt | trainer.optimizers' classes             |
+|                  | as torchao's low-bit class (its schedulers rebound)     |                                         |
 | num_workers, ... | the training DataLoader, rebuilt (the module's hook, a  | the loader the fit loop iterates        |
 |                  | DataModule's, or fit(train_dataloaders=...))            |                                         |
 | activation_      | the timm/transformers model inside the LightningModule, | its own checkpointing flag              |
@@ -48,7 +50,8 @@ from ..techniques.memory_format import memory_format_of
 from ..techniques.optimizer import rebind_scheduler
 from .board import UNSET, Board, FrameworkRecord
 from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_compiled, mark_plugin_owned,
-                     mark_shared_switches, optimizer_impl, prove_loader, switch_loader, switch_models, switch_optimizer)
+                     mark_shared_switches, prove_loader, prove_optimizers, switch_loader, switch_models,
+                     switch_optimizers)
 from .hooks import when_imported
 from .packing import asks_padding, prove_padding, switch_padding
 
@@ -290,25 +293,26 @@ def patch_optimizer_conf(module: Any, board: Board, record: Callable[[], Framewo
 
     @functools.wraps(original)
     def _configure_optimizers(optim_conf: Any) -> Any:
-        if "optimizer_impl" in board.fields:
-            optim_conf = switch_optim_conf(record(), optim_conf, board.fields["optimizer_impl"])
+        if "optimizer_impl" in board.fields or "optimizer_state" in board.fields:
+            optim_conf = switch_optim_conf(record(), optim_conf, board.fields.get("optimizer_impl"),
+                                           board.fields.get("optimizer_state"))
         return original(optim_conf)
 
     setattr(_configure_optimizers, PATCHED, True)
     module._configure_optimizers = _configure_optimizers
 
 
-def switch_optim_conf(record: FrameworkRecord, conf: Any, impl: str) -> Any:
+def switch_optim_conf(record: FrameworkRecord, conf: Any, impl: str | None, state: str | None = None) -> Any:
     """What configure_optimizers() returned (an optimizer, a list of them, ([optimizers], [schedulers]), a dict
-    with "optimizer" and "lr_scheduler", a list of such dicts) with each torch optimizer rebuilt with `impl`,
-    and every scheduler in it rebound to its optimizer's replacement."""
+    with "optimizer" and "lr_scheduler", a list of such dicts) with each torch optimizer rebuilt with `impl` and
+    `state` (common.switch_optimizers), and every scheduler in it rebound to its optimizer's replacement."""
     swapped: dict[int, tuple[Any, Any]] = {}
 
     def swap(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         if type(optimizer).__name__ == "_MockOptimizer":      # Lightning's stand-in when it returned None
             return optimizer
         if id(optimizer) not in swapped:
-            swapped[id(optimizer)] = (optimizer, switch_optimizer(record, optimizer, impl))
+            swapped[id(optimizer)] = (optimizer, switch_optimizers(record, optimizer, impl, state))
         return swapped[id(optimizer)][1]
 
     rewritten = map_conf(conf, swap)
@@ -445,10 +449,7 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
             note(record, "torch.compile", f"{graphs} graph(s) compiled by dynamo")
         if "memory format" in record.switches:
             record.prove("memory format", memory_format_of(module))
-    optimizers = list(getattr(trainer, "optimizers", None) or [])
-    if optimizers:
-        impls = sorted({optimizer_impl(o) for o in optimizers})
-        record.prove("optimizer implementation", impls[0] if len(impls) == 1 else impls)
+    prove_optimizers(record, list(getattr(trainer, "optimizers", None) or []))
     state = getattr(trainer, FIT_STATE, {})
     loader = first_loader(trainer.train_dataloader) or state.get("train_loader")
     prove_loader(record, loader)

@@ -26,7 +26,8 @@ The order in which `setup` (build_state) applies the techniques; each needs the 
   3. the optimizer's parameters: O2's fp32 masters are made now, from the broadcast weights, and a user's
      optimizer is remapped onto them (and onto FSDP2's shards) in place, param groups kept
   4. torch.compile of the wrapped module, after the memory format, dtype and wrapping are fixed
-  5. a user's optimizer rebuilt as foreach/fused when the recipe says so, its scheduler rebound to it
+  5. a user's optimizer rebuilt as foreach/fused, or as the low-bit Adam (optimizer_state), when the recipe says
+     so, its scheduler rebound to it
   6. the wrapper module (`SessionModule`) around it all: the user's instance keeps its class and forward
 Loaders (`SessionLoader`): a user's DataLoader is kept or rebuilt (data/adopt.py: DistributedSampler with
 set_epoch under torchrun, per-rank worker seeds, num_workers, pinned memory, host normalization), then its

@@ -16,6 +16,7 @@ from ..techniques import apply_model_switches
 from ..techniques.clip import Clipper
 from ..techniques.compile import apply_compile
 from ..techniques.optimizer import apply_optimizer_impl, build_optimizer, build_scheduler, remap_params
+from ..techniques.optimizer_state import apply_optimizer_state, build_low_bit
 from ..techniques.precision import Precision, build_precision
 from .state import BackwardOutsideSession, TrainState
 
@@ -47,11 +48,14 @@ def build_state(model: nn.Module, recipe: Recipe, device: torch.device, dist: Di
         current = dict(model.named_parameters())
         remap_params(optimizer, {old: stepped.get(id(current[name]), current[name]) for old, name in names.items()})
     else:                                          #    the built-in loop: the recipe's, its impl included
-        optimizer = build_optimizer(params, recipe)
+        optimizer = (build_optimizer(params, recipe) if recipe.optimizer_state == "full"
+                     else build_low_bit(params, recipe))          # torchao's compiled step: no impl flags
         scheduler = build_scheduler(optimizer, recipe.warmup_steps)
     forward = apply_compile(trained, recipe.compile)                                                 # 4
     if adopted:
-        rebuilt = apply_optimizer_impl(optimizer, recipe.optimizer_impl, scheduler)                   # 5
+        rebuilt = (apply_optimizer_state(optimizer, recipe.optimizer_state, scheduler)               # 5
+                   if recipe.optimizer_state != "full" else
+                   apply_optimizer_impl(optimizer, recipe.optimizer_impl, scheduler))
         if rebuilt is not optimizer:
             optimizer.register_step_pre_hook(refuse_rebuilt_step)
         optimizer = rebuilt
@@ -65,8 +69,8 @@ def build_state(model: nn.Module, recipe: Recipe, device: torch.device, dist: Di
 
 def refuse_rebuilt_step(optimizer, args, kwargs) -> None:
     raise BackwardOutsideSession(
-        "this optimizer was rebuilt by Session.setup() for the recipe's optimizer_impl and no longer trains the "
-        "model: step the optimizer that setup() returned")
+        "this optimizer was rebuilt by Session.setup() for the recipe's optimizer_impl/optimizer_state and no longer "
+        "trains the model: step the optimizer that setup() returned")
 
 
 class NoSchedule:
