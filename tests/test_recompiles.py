@@ -100,3 +100,72 @@ def test_every_run_record_carries_its_own_compiles(fresh_dynamo):
     counts = compile_counters(probe.compiles)
     probe.compiles.close()
     assert counts["run"]["compiles"] == counts["recompiles"] == 1 and counts["recompile_limit_hit"] is False, counts
+
+
+# --- pad_to_multiple ----------------------------------------------------------------------------------------------
+def documents(lengths: list[int]) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randint(2, VOCAB, (n,), generator=generator) for n in lengths]
+
+
+def test_pad_to_multiple_rounds_the_length_and_masks_the_rest():
+    from trainfast.text.batching import IGNORE, PadCollate
+
+    docs = documents([5, 70, 33])
+    inputs, labels = PadCollate(0, multiple=64)(docs)
+    assert inputs["input_ids"].shape == (3, 128) and labels.shape == (3, 128)
+    for row, doc in enumerate(docs):
+        n = len(doc)
+        assert torch.equal(inputs["input_ids"][row, :n], doc) and (inputs["input_ids"][row, n:] == 0).all()
+        assert inputs["attention_mask"][row, :n].all() and not inputs["attention_mask"][row, n:].any()
+        assert torch.equal(labels[row, :n], doc) and (labels[row, n:] == IGNORE).all()
+    # the rate counts the real tokens, never the padding
+    assert inputs.rate_count == 108 and inputs.slots == 3 * 128
+    assert PadCollate(0, multiple=64)(documents([64, 10]))[0]["input_ids"].shape[1] == 64   # already a multiple
+    assert PadCollate(0)(docs)[0]["input_ids"].shape[1] == 70                            # off: the longest's
+
+
+def test_the_padded_to_multiple_loss_is_the_unpadded_loss():
+    pytest.importorskip("transformers")
+    from trainfast.text.batching import PadCollate
+    from trainfast.text.models import build_lm
+
+    torch.manual_seed(0)
+    model = build_lm("llama-tiny", VOCAB, 128, 0, 1).eval()
+    docs = documents([7, 30, 19, 41])
+    plain, rounded = PadCollate(0)(docs), PadCollate(0, multiple=64)(docs)
+    assert rounded[0]["input_ids"].shape[1] == 64 != plain[0]["input_ids"].shape[1]
+    with torch.no_grad():
+        loss_plain = model(**plain[0], labels=plain[1]).loss
+        loss_rounded = model(**rounded[0], labels=rounded[1]).loss
+    assert abs(loss_plain.item() - loss_rounded.item()) < 1e-4      # masked positions change nothing but fp sums
+
+
+def test_pad_multiple_is_an_lm_rung_outside_the_default_ladders():
+    from trainfast.recipe import Recipe, RecipeError
+    from trainfast.techniques import default_ladder, rung_table
+    from trainfast.text.batching import PackCollate, PadCollate, collate_for
+
+    assert rung_table("lm")["pad_multiple"] == {"pad_to_multiple": 64}
+    assert "pad_multiple" not in rung_table("classification") and "pad_multiple" not in rung_table("detection")
+    assert "pad_multiple" not in default_ladder("lm")
+    assert collate_for(Recipe(pad_to_multiple=64), 0) == PadCollate(0, 64)
+    assert isinstance(collate_for(Recipe(pad_to_multiple=64, padding_free=True), 0), PackCollate)
+    with pytest.raises(RecipeError, match="pad_to_multiple"):
+        Recipe(pad_to_multiple=-8)
+
+
+def test_a_trainer_collator_is_rounded_through_its_own_setting():
+    from trainfast.frameworks.board import FrameworkRecord
+    from trainfast.frameworks.packing import switch_pad_multiple
+
+    class Collator:                        # what transformers' padding collators hold
+        pad_to_multiple_of = None
+
+    record, collator = FrameworkRecord("transformers", "test"), Collator()
+    switch_pad_multiple(record, collator, {"pad_to_multiple": 64}, "data_collator.pad_to_multiple_of")
+    assert collator.pad_to_multiple_of == 64
+    assert record.switches["data_collator.pad_to_multiple_of"].applied
+    bare = FrameworkRecord("transformers", "test")
+    switch_pad_multiple(bare, object(), {"pad_to_multiple": 64}, "data_collator.pad_to_multiple_of")
+    assert "no pad_to_multiple_of" in bare.unsupported["pad_to_multiple"]
