@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from .frameworks.hooks import when_imported
+from .instruments.recompiles import CompileWindow
 from .procstate import process_state
 from .techniques import apply_process_switches, process_wide_in_effect
 
@@ -123,6 +125,10 @@ class Probe:
         self.loader = LoaderWorkers()            # loader worker processes beside the step
         self.steady_steps: int | None = None     # full mode, steady_window: the steps speed mode would have timed
         self.batches = None                      # a command's run: what its batches are (instruments/batches.py)
+        # This run's compiles and recompiles (instruments/recompiles.py), counted from when dynamo is imported:
+        # now if the model is already compiled, else on the import (a run that never compiles never imports it).
+        self.compiles = CompileWindow()
+        when_imported("torch._dynamo", lambda _module: self.compiles.open())
 
     # --- where steps come from ------------------------------------------------------------------------
 
@@ -325,7 +331,7 @@ def run_record(probe: Probe, stopped: str) -> dict[str, Any]:
         "world_size": probe.world_size,
         "precision_state": precision,
         "scaler_skips": precision.get("skipped_steps"),
-        "compile": compile_counters(),
+        "compile": compile_counters(probe.compiles),
         # passive_threads and reuse_memory as this process has them: the proof, for a script the recipe
         # reaches only through the environment it started with (no Session, no framework adapter)
         PROCESS_SWITCHES: process_wide_in_effect(),
@@ -346,18 +352,23 @@ def run_record(probe: Probe, stopped: str) -> dict[str, Any]:
     }
 
 
-def compile_counters() -> dict[str, Any] | None:
+def compile_counters(window: CompileWindow | None = None) -> dict[str, Any] | None:
     """torch.compile's graphs, graph breaks (with their first reasons) and frames compiled in this process;
-    None when dynamo was never imported (nothing was compiled)."""
+    None when dynamo was never imported (nothing was compiled). With a run's `window`, its compiles, recompiles and
+    recompile-limit hits beside them (instruments/recompiles.py: what the report says of a compiled rung)."""
     if "torch._dynamo" not in sys.modules:
         return None
     from torch._dynamo.utils import counters
 
     breaks = counters.get("graph_break", {})
-    return {"graphs": counters.get("stats", {}).get("unique_graphs", 0),
-            "frames": counters.get("frames", {}).get("ok", 0),
-            "graph_breaks": sum(breaks.values()),
-            "break_reasons": [reason.splitlines()[0] for reason in list(breaks)[:5]]}
+    counts = {"graphs": counters.get("stats", {}).get("unique_graphs", 0),
+              "frames": counters.get("frames", {}).get("ok", 0),
+              "graph_breaks": sum(breaks.values()),
+              "break_reasons": [reason.splitlines()[0] for reason in list(breaks)[:5]]}
+    run = window.read() if window is not None else None
+    if run is not None:
+        counts.update(run=run, recompiles=run["recompiles"], recompile_limit_hit=run["limit_hits"] > 0)
+    return counts
 
 
 _PROBE: Probe | None = None

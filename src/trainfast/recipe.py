@@ -74,6 +74,7 @@ class Recipe:
     group_aspect_ratio: bool = False  # detection: batch images of similar aspect ratio together (less padding)
     padding_free: bool = False        # language models: pack each batch's documents into rows with no padding
     group_by_length: bool = False     # language models: batches of documents of similar length (less padding)
+    pad_to_multiple: int = 0          # language models: padded batches' length rounded up to a multiple (0: off)
     attention: str = "model"          # transformers attention backend: "model" (its own) | eager | sdpa | flex | flash
     channels_last: bool = False       # NHWC memory format for model and inputs (conv nets)
     compile: bool = False             # torch.compile the model
@@ -217,7 +218,7 @@ def apply_env_recipe(recipe: Recipe, environ: Mapping[str, str] | None = None) -
 
 POSITIVE_INTS = ("epochs", "batch_size", "log_every", "max_consecutive_skips", "keep_checkpoints", "grad_accum_steps",
                  "dist_timeout_s")
-NON_NEGATIVE_INTS = ("warmup_steps", "seed", "save_every")
+NON_NEGATIVE_INTS = ("warmup_steps", "seed", "save_every", "pad_to_multiple")
 
 
 def field_problem(name: str, value: Any) -> str | None:

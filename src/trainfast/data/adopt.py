@@ -46,6 +46,10 @@ def loader_changes(loader: DataLoader, recipe, device: torch.device, dist, mean,
     changes: dict[str, Any] = {}
     if dist.enabled:
         changes.update(shard(loader, recipe, dist))
+    if train and recipe.pad_to_multiple and hasattr(loader.collate_fn, "pad_to_multiple_of"):
+        # transformers' padding collators round their batches' length themselves (Session.unsupported says
+        # when the script's collator has no such setting)
+        loader.collate_fn.pad_to_multiple_of = recipe.pad_to_multiple
     if train and (recipe.padding_free or recipe.group_by_length):
         changes.update(padding_changes(loader, recipe, dist))
     if recipe.num_workers not in (0, loader.num_workers):

@@ -13,6 +13,7 @@ Trainer derives anything from them), and read back from what the Trainer ended u
 | activation_checkpointing | activation_checkpointing (gradient_checkpointing) | the model's is_gradient_checkpointing |
 | group_by_length   | train_sampling_strategy (4.x: group_by_length)     | the training loader's sampler            |
 | padding_free      | (none: the training collator, wrapped to pack)     | every training batch packed              |
+| pad_to_multiple   | (none: data_collator.pad_to_multiple_of)           | the collator's pad_to_multiple_of        |
 | attention         | (none: the model's attn_implementation)            | the model's config                       |
 | seed              | seed                                               | args.seed                                |
 
@@ -37,7 +38,7 @@ from .board import UNSET, Board, FrameworkRecord
 from .common import (AUTO_WORKERS, LOW_BIT_IMPL, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
                      switch_cudnn_benchmark, switch_models)
 from .hooks import when_imported
-from .packing import packing_collator, prove_packing, uses_length_groups
+from .packing import packing_collator, prove_packing, switch_pad_multiple, uses_length_groups
 
 NAME = "transformers"
 ADAMW = ("adamw_torch", "adamw_torch_fused")
@@ -200,6 +201,8 @@ def patch_trainer(cls: type, board: Board) -> None:
         record = record_of(board)
         if self.model is not None:
             self.model = switch_models(record, self.model, board.fields, NAME)
+        # Rounded on the script's own collator, which the packing collator below wraps: one collator, one path.
+        switch_pad_multiple(record, self.data_collator, board.fields, "data_collator.pad_to_multiple_of")
         if "padding_free" in board.fields:
             self._trainfast_packing = training_collator(self, record, board.fields)
         args = self.args

@@ -1,4 +1,4 @@
-"""A framework script's language-model batches: the two padding switches on the training batches a framework
+"""A framework script's language-model batches: the padding switches on the training batches a framework
 iterates, and their proof at the end of a run. One code path for every adapter: the packing collator is
 text/packing.py's (shared with a Session's loader), wrapped around the script's own collator (the Trainer's
 data_collator, or the collate_fn of the training DataLoader Lightning iterates or Accelerate prepares); the
@@ -25,8 +25,29 @@ NO_POSITIONS = ("{model}.forward takes no position_ids (nor does any module insi
                 "packed rows need them to keep attention inside each document")
 
 
+ROUNDING = "pad_to_multiple"
+
+
 def asks_padding(fields: dict[str, Any]) -> bool:
-    return any(name in fields for name in PADDING_FIELDS)
+    return any(name in fields for name in (*PADDING_FIELDS, ROUNDING))
+
+
+def switch_pad_multiple(record: FrameworkRecord, collator: Any, fields: dict[str, Any], setting: str) -> None:
+    """pad_to_multiple through the script's collator's own `pad_to_multiple_of` (transformers'
+    DataCollatorWithPadding, DataCollatorForLanguageModeling, DataCollatorForSeq2Seq have it), read back at once
+    from the collator. 0 leaves the script's own value (its baseline is the script as written). A collator without
+    the attribute is said not applicable: trainfast does not know where it pads."""
+    if ROUNDING not in fields:
+        return
+    if not hasattr(collator, "pad_to_multiple_of"):
+        record.unsupported[ROUNDING] = (f"the script's collator ({type(collator).__name__}) has no pad_to_multiple_of "
+                                        "to set")
+        return
+    had = collator.pad_to_multiple_of
+    wanted = int(fields[ROUNDING]) or had
+    record.set(ROUNDING, setting, wanted, had)
+    collator.pad_to_multiple_of = wanted
+    record.prove(setting, collator.pad_to_multiple_of)
 
 
 def packing_collator(record: FrameworkRecord, model: Any, inner: Any, fields: dict[str, Any],
@@ -61,11 +82,12 @@ def switch_padding(record: FrameworkRecord, loader: Any, fields: dict[str, Any],
     if not asks_padding(fields):
         return loader, None
     if type(loader) is not DataLoader:
-        for name in PADDING_FIELDS:
+        for name in (*PADDING_FIELDS, ROUNDING):
             if name in fields:
                 record.unsupported[name] = (f"the training data is a {type(loader).__name__}, not a torch DataLoader "
                                             "whose collate_fn and sampler trainfast replaces")
         return loader, None
+    switch_pad_multiple(record, loader.collate_fn, fields, "collate_fn.pad_to_multiple_of")
     collator = packing_collator(record, model, loader.collate_fn, fields)
     settings: dict[str, Any] = {"collate_fn": collator}
     if "group_by_length" in fields:

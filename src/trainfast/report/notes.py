@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 from ..checks import INPUT_BOUND_SHARE
+from ..instruments.recompiles import describe as describe_compiles
 from ..results import AblationResult, Effect, Rung, Status
 from ..stats import SLOWER
 from ..techniques import threads
@@ -137,6 +138,11 @@ def caveats(rung: Rung, settings: dict | None = None) -> list[str]:
     if "loss_scale" in state:
         out.append(f"loss scaler final scale {state['loss_scale']:g}, {state['skipped_steps']} skipped step(s)"
                    + (f", longest run of skips {state['longest_skip_run']}" if state.get("longest_skip_run") else ""))
+    # The repeat that recompiled most (a limit hit first): the one whose timing it touched.
+    counted = [c for run in rung.repeats if (c := (run.get("compile") or {}).get("run"))]
+    compiled = describe_compiles(max(counted, key=lambda c: (c["limit_hits"], c["recompiles"]), default=None))
+    if done and compiled:
+        out.append(compiled)
     risk = level_note(rung.recipe)
     if risk:
         out.append(risk)

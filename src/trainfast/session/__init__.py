@@ -182,10 +182,14 @@ class Session:
         """The switches this run asked for that could not act on the script's own training loader, each with why
         (a padding switch on batches that hold no padding or no token ids): the ablation rules their rung out."""
         collator = getattr(getattr(self.loaders[0], "loader", None), "collate_fn", None) if self.loaders else None
+        script_collator = getattr(collator, "inner", collator)
+        rounding = {} if not (self.loaders and self.recipe.pad_to_multiple) or hasattr(
+            script_collator, "pad_to_multiple_of") else {"pad_to_multiple": (
+                f"the script's collator ({type(script_collator).__name__}) has no pad_to_multiple_of to set")}
         if not hasattr(collator, "unsupported"):
-            return {}
+            return rounding
         asked = [name for name in ("padding_free", "group_by_length") if getattr(self.recipe, name)]
-        return collator.unsupported(asked, packing=self.recipe.padding_free)
+        return {**rounding, **collator.unsupported(asked, packing=self.recipe.padding_free)}
 
     def require_state(self) -> TrainState:
         if self.state is None:

@@ -63,11 +63,16 @@ def token_batch(tensors: dict, tokens: int, documents: int, slots: int) -> Token
 
 @dataclass(frozen=True)
 class PadCollate:
-    """Documents padded to the batch's longest, on the right: attention_mask 0 and label IGNORE there."""
+    """Documents padded to the batch's longest, on the right: attention_mask 0 and label IGNORE there. `multiple`
+    (pad_to_multiple, transformers' pad_to_multiple_of): the length rounded up to a multiple of it, so a compiled
+    model sees a few lengths, not one per batch (each new length can recompile it); 0 leaves it the longest's."""
     pad_id: int
+    multiple: int = 0
 
     def __call__(self, docs: list[torch.Tensor]):
         longest = max(len(d) for d in docs)
+        if self.multiple > 1:
+            longest = -(-longest // self.multiple) * self.multiple
         ids = torch.full((len(docs), longest), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(docs), longest), dtype=torch.long)
         for row, doc in enumerate(docs):
@@ -139,7 +144,7 @@ def collate_for(recipe, pad_id: int):
     padded."""
     if recipe.padding_free:
         return PackCollate(pad_id, one_row=recipe.attention in VARLEN_ATTENTION)
-    return PadCollate(pad_id)
+    return PadCollate(pad_id, recipe.pad_to_multiple)
 
 
 def length_sampler(lengths: list[int], batch_size: int, seed: int, generator, dist):

@@ -1,0 +1,171 @@
+"""Compile on batches of varying length: a run's recompiles counted and reported, and pad_to_multiple, which rounds
+a language model's padded batches up so a compiled model sees few lengths. Compiled with backend="eager" (dynamo's
+tracing and guards, no code generation): recompiles are dynamo's, so the count is the same, in a fraction of the
+time."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import scored_rung
+from trainfast.ablation.scoring import score_rungs
+from trainfast.instruments.recompiles import CompileWindow, describe, is_recompile
+from trainfast.report.notes import caveats
+
+VOCAB = 50
+
+
+def tiny_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(VOCAB, 8), nn.Linear(8, 8))
+
+
+def run_lengths(compiled, lengths: list[int]) -> None:
+    for length in lengths:
+        compiled(torch.randint(0, VOCAB, (2, length))).sum().backward()
+
+
+@pytest.fixture
+def fresh_dynamo():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_one_length_compiles_once_and_never_recompiles(fresh_dynamo):
+    compiled = torch.compile(tiny_model(), backend="eager")
+    window = CompileWindow().open()
+    run_lengths(compiled, [5, 5, 5])
+    same = window.read()
+    window.close()
+    assert same["compiles"] == 1 and same["recompiles"] == 0 and same["limit_hits"] == 0, same
+    assert describe(same).endswith("no recompiles")
+
+
+def test_three_lengths_recompile_and_the_next_window_starts_at_zero(fresh_dynamo):
+    compiled = torch.compile(tiny_model(), backend="eager")
+    window = CompileWindow().open()
+    run_lengths(compiled, [6, 9, 1])         # static, then the length marked dynamic, then 1 specialised
+    varied = window.read()
+    window.close()
+    assert varied["recompiles"] > 0 and varied["compiles"] >= 2 and varied["unseen"] == 0, varied
+    assert "recompiles for new input shapes" in describe(varied)
+
+    window = CompileWindow().open()            # a second run's window counts from its own start
+    run_lengths(compiled, [7, 8])              # lengths the dynamic graph already covers
+    again = window.read()
+    window.close()
+    assert again["compiles"] == 0 and again["recompiles"] == 0 and describe(again) is None, again
+
+
+def test_the_recompile_limit_hit_is_counted_and_said(fresh_dynamo):
+    import torch._dynamo.config
+
+    # every length its own graph, and room for two
+    with torch._dynamo.config.patch(recompile_limit=2, automatic_dynamic_shapes=False):
+        compiled = torch.compile(tiny_model(), backend="eager")
+        window = CompileWindow().open()
+        run_lengths(compiled, [3, 4, 5, 6])
+        counts = window.read()
+    window.close()
+    assert counts["limit_hits"] >= 1 and counts["recompile_limit"] == 2, counts
+    assert "ran eagerly" in describe(counts)
+
+
+def test_compile_ids():
+    assert not is_recompile("0/0") and is_recompile("0/1") and is_recompile("!2/3") and is_recompile("1/2_1")
+    assert not is_recompile("garbled")
+
+
+def test_a_compiled_rung_says_its_recompiles_in_the_notes():
+    rungs = [scored_rung("baseline", [100, 101], 0.9), scored_rung("compile", [120, 121], 0.9, compile=True)]
+    counts = {"compiles": 5, "graphs": 5, "recompiles": 4, "limit_hits": 1, "unseen": 0, "recompile_limit": 8}
+    rungs[1].repeats[0]["compile"] = {"graphs": 5, "run": counts}
+    score_rungs(rungs, {"fp32": 1e12}, [0.9, 0.9])
+    said = " ".join(caveats(rungs[1]))
+    assert "4 of them recompiles" in said and "recompile limit (8) was hit 1 time(s)" in said, said
+    assert not any("compile:" in note for note in caveats(rungs[0]))
+
+
+def test_every_run_record_carries_its_own_compiles(fresh_dynamo):
+    from trainfast.probe import MeasureSpec, Probe, compile_counters
+
+    compiled = torch.compile(tiny_model(), backend="eager")
+    run_lengths(compiled, [4])                 # before the run: not its compile
+    probe = Probe(MeasureSpec("", "full"))     # what the built-in run and a Session script's run both make
+    run_lengths(compiled, [4, 4, 1])
+    counts = compile_counters(probe.compiles)
+    probe.compiles.close()
+    assert counts["run"]["compiles"] == counts["recompiles"] == 1 and counts["recompile_limit_hit"] is False, counts
+
+
+# --- pad_to_multiple ----------------------------------------------------------------------------------------------
+def documents(lengths: list[int]) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randint(2, VOCAB, (n,), generator=generator) for n in lengths]
+
+
+def test_pad_to_multiple_rounds_the_length_and_masks_the_rest():
+    from trainfast.text.batching import IGNORE, PadCollate
+
+    docs = documents([5, 70, 33])
+    inputs, labels = PadCollate(0, multiple=64)(docs)
+    assert inputs["input_ids"].shape == (3, 128) and labels.shape == (3, 128)
+    for row, doc in enumerate(docs):
+        n = len(doc)
+        assert torch.equal(inputs["input_ids"][row, :n], doc) and (inputs["input_ids"][row, n:] == 0).all()
+        assert inputs["attention_mask"][row, :n].all() and not inputs["attention_mask"][row, n:].any()
+        assert torch.equal(labels[row, :n], doc) and (labels[row, n:] == IGNORE).all()
+    # the rate counts the real tokens, never the padding
+    assert inputs.rate_count == 108 and inputs.slots == 3 * 128
+    assert PadCollate(0, multiple=64)(documents([64, 10]))[0]["input_ids"].shape[1] == 64   # already a multiple
+    assert PadCollate(0)(docs)[0]["input_ids"].shape[1] == 70                            # off: the longest's
+
+
+def test_the_padded_to_multiple_loss_is_the_unpadded_loss():
+    pytest.importorskip("transformers")
+    from trainfast.text.batching import PadCollate
+    from trainfast.text.models import build_lm
+
+    torch.manual_seed(0)
+    model = build_lm("llama-tiny", VOCAB, 128, 0, 1).eval()
+    docs = documents([7, 30, 19, 41])
+    plain, rounded = PadCollate(0)(docs), PadCollate(0, multiple=64)(docs)
+    assert rounded[0]["input_ids"].shape[1] == 64 != plain[0]["input_ids"].shape[1]
+    with torch.no_grad():
+        loss_plain = model(**plain[0], labels=plain[1]).loss
+        loss_rounded = model(**rounded[0], labels=rounded[1]).loss
+    assert abs(loss_plain.item() - loss_rounded.item()) < 1e-4      # masked positions change nothing but fp sums
+
+
+def test_pad_multiple_is_an_lm_rung_outside_the_default_ladders():
+    from trainfast.recipe import Recipe, RecipeError
+    from trainfast.techniques import default_ladder, rung_table
+    from trainfast.text.batching import PackCollate, PadCollate, collate_for
+
+    assert rung_table("lm")["pad_multiple"] == {"pad_to_multiple": 64}
+    assert "pad_multiple" not in rung_table("classification") and "pad_multiple" not in rung_table("detection")
+    assert "pad_multiple" not in default_ladder("lm")
+    assert collate_for(Recipe(pad_to_multiple=64), 0) == PadCollate(0, 64)
+    assert isinstance(collate_for(Recipe(pad_to_multiple=64, padding_free=True), 0), PackCollate)
+    with pytest.raises(RecipeError, match="pad_to_multiple"):
+        Recipe(pad_to_multiple=-8)
+
+
+def test_a_trainer_collator_is_rounded_through_its_own_setting():
+    from trainfast.frameworks.board import FrameworkRecord
+    from trainfast.frameworks.packing import switch_pad_multiple
+
+    class Collator:                        # what transformers' padding collators hold
+        pad_to_multiple_of = None
+
+    record, collator = FrameworkRecord("transformers", "test"), Collator()
+    switch_pad_multiple(record, collator, {"pad_to_multiple": 64}, "data_collator.pad_to_multiple_of")
+    assert collator.pad_to_multiple_of == 64
+    assert record.switches["data_collator.pad_to_multiple_of"].applied
+    bare = FrameworkRecord("transformers", "test")
+    switch_pad_multiple(bare, object(), {"pad_to_multiple": 64}, "data_collator.pad_to_multiple_of")
+    assert "no pad_to_multiple_of" in bare.unsupported["pad_to_multiple"]
