@@ -34,6 +34,7 @@ import torch
 
 from .frameworks.hooks import when_imported
 from .instruments.recompiles import CompileWindow
+from .measure.memory import StepMemory
 from .procstate import process_state
 from .techniques import apply_process_switches, process_wide_in_effect
 
@@ -157,6 +158,7 @@ class Probe:
         self.loader.num_workers = num_workers
         self.check_disturbance = self.device.type == "cpu"
         state.after_update = self.after_update
+        state.memory = StepMemory(self.device, optimizer=state.optimizer.optimizer)   # what holds the memory
 
     # --- speed mode ----------------------------------------------------------------------------------
 
@@ -328,6 +330,8 @@ def run_record(probe: Probe, stopped: str) -> dict[str, Any]:
         "copy_fraction": (timing.copy_s / timing.seconds if timing.seconds else 0.0)
         if session is not None and timing.copy_s is not None else None,
         "peak_memory_bytes": peak_memory_bytes(probe.device or torch.device("cpu")),
+        # One early step's memory by what holds it (measure/memory.py); a Session's run only
+        "memory": session.state.memory.result() if session is not None and session.state else None,
         "world_size": probe.world_size,
         "precision_state": precision,
         "scaler_skips": precision.get("skipped_steps"),

@@ -38,6 +38,7 @@ class TrainState:
         self.model = model                    # the eager module: owns the parameters, evaluation, saving
         self.timer = StepTimer(precision.device)   # one step = one optimizer update (measure.StepTimer)
         self.after_update: Callable[[], None] = no_update_hook   # the ablation's probe, when it measures this run
+        self.memory = None                    # measure.memory.StepMemory: one step profiled by what holds memory
         self.precision, self.clip, self.recipe = precision, clip, recipe
         self.nonfinite = nonfinite            # the non-finite loss policy (faults.py)
         self.sync = sync                      # DDP/FSDP2: does the coming backward all-reduce (distributed.py)
@@ -68,7 +69,8 @@ class TrainState:
         leaves its host loader (`on_fetched`), which on CUDA splits the wait for input from the copy."""
         if hasattr(batches, "on_fetched"):
             batches.on_fetched = self.timer.arrived
-        return self.timer.batches(self.track_last(batches))
+        batches = self.timer.batches(self.track_last(batches))
+        return self.memory.around(batches) if self.memory is not None else batches
 
     def track_last(self, batches: Iterable) -> Iterator:
         """The batches of one epoch. When accumulating, `last_batch` is set while the epoch's last one is out,

@@ -1,0 +1,131 @@
+"""A training step's memory by what holds it: parameters, gradients, optimizer state, activations, inputs and
+the rest, at the step's peak (StepMemory, breakdown).
+
+The run's peak (measure.peak_memory_bytes: the CUDA allocator's, or the process's resident set on a CPU) says how
+much; this says what, so a user short of memory knows which switch to reach for: 8-bit optimizer states when the
+optimizer state is the largest item, activation checkpointing or a chunked loss when activations are. One
+training step is profiled with torch.profiler's memory profiler (profile_memory, record_shapes, with_stack), which
+follows every tensor the step creates or frees and gives each a category from the graph it flows through
+(a parameter, the optimizer's state, a gradient, an activation kept for backward...). The live bytes of every
+category are summed over time; the breakdown is their split at the step's highest total, and each category's own
+highest beside it (activations peak at the end of the forward, the optimizer's temporaries during its step).
+
+The profiled step is an early one (the second: the first runs compilation and allocates the optimizer's state),
+so it falls in the warm-up the timing leaves out; the profile is read after the run, not between steps, so the
+steps after it are not held up. Tensors that existed before the step (the weights, the optimizer's state)
+count from its start. The profiler's categories are read by position in the table it writes
+(torch.profiler.profile.export_memory_timeline); a torch that no longer writes it gives no breakdown, said."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+from typing import Any, Iterable, Iterator
+
+import torch
+
+# The columns of export_memory_timeline's [times, sizes] table: an unused first one, then torch's categories in
+# the order it writes them (torch/profiler/_memory_profiler.py, _CATEGORY_TO_COLORS), None (uncategorized) last.
+COLUMNS = (None, "parameters", "optimizer_state", "inputs", "temporaries", "activations", "gradients",
+           "autograd_detail", "other")
+ITEMS = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "temporaries", "other")
+PROFILED_STEP = 1          # the second step: after the first's compilation and the optimizer state's creation
+
+
+def breakdown(sizes: list[list[int]]) -> dict[str, Any] | None:
+    """Rows of live bytes by column (one row per instant) -> the split at the highest total, each item's own
+    highest and the instant's total. The autograd engine's own buffers count with the rest ("other")."""
+    if not sizes:
+        return None
+    rows = [dict(zip(COLUMNS, row)) for row in sizes]
+    for row in rows:
+        row["other"] = row.get("other", 0) + row.pop("autograd_detail", 0)
+    totals = [sum(v for k, v in row.items() if k is not None) for row in rows]
+    peak = max(range(len(rows)), key=totals.__getitem__)
+    return {"peak_bytes": totals[peak],
+            "at_peak": {item: int(rows[peak].get(item, 0)) for item in ITEMS},
+            "highest": {item: int(max(row.get(item, 0) for row in rows)) for item in ITEMS}}
+
+
+def held_by_optimizer(memory: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+    """The optimizer state as the optimizer stores it, where the profile saw less: a low-bit state is a tensor
+    subclass whose codes and scales the profiler does not trace to the optimizer (torchao's 8-bit state of a
+    1024x1024 layer: 2.1 MB stored, 0 in the profile). The difference joins the peak, which held it too."""
+    from ..techniques.optimizer_state import state_bytes
+
+    held = state_bytes(optimizer)
+    for view in ("at_peak", "highest"):
+        missing = held - memory[view]["optimizer_state"]
+        if missing > 0:
+            memory[view]["optimizer_state"] = held
+            if view == "at_peak":
+                memory["peak_bytes"] += missing
+
+
+def largest(memory: dict[str, Any]) -> tuple[str, int]:
+    """The item holding the most at the step's peak, with its bytes."""
+    item = max(ITEMS, key=lambda name: memory["at_peak"][name])
+    return item, memory["at_peak"][item]
+
+
+class StepMemory:
+    """Profiles one step of a loop's batches (`around`) and reads its breakdown when asked (`result`)."""
+
+    def __init__(self, device: torch.device, optimizer: torch.optim.Optimizer | None = None,
+                 step: int = PROFILED_STEP) -> None:
+        self.device = device
+        self.optimizer = optimizer          # its state is counted from what it stores (held_by_optimizer)
+        self.step = step
+        self.profile = None
+        self.error: str | None = None
+        self._result: dict[str, Any] | None = None
+
+    def around(self, batches: Iterable) -> Iterator:
+        """`batches`, unchanged; the profiler runs from handing out batch `step` until the next is asked for
+        (the forward, backward and optimizer step of that batch), once in the run."""
+        for index, batch in enumerate(batches):
+            if index != self.step or self.profile is not None:
+                yield batch
+                continue
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+            self.profile = profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True)
+            self.profile.start()
+            try:
+                yield batch
+            finally:
+                self.profile.stop()
+
+    def result(self) -> dict[str, Any] | None:
+        """The profiled step's breakdown (None: no step profiled yet, or the profile could not be read: `error`)."""
+        if self._result is None and self.profile is not None:
+            self._result = self._read()
+        return self._result
+
+    def _read(self) -> dict[str, Any] | None:
+        device = f"{self.device.type}:{self.device.index or 0}" if self.device.type == "cuda" else "cpu"
+        handle, path = tempfile.mkstemp(suffix=".json")
+        os.close(handle)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)        # deprecated for CUDA's own snapshots
+                self.profile.export_memory_timeline(path, device=device)
+            with open(path) as f:
+                _, sizes = json.load(f)
+            if sizes and len(sizes[0]) != len(COLUMNS):
+                self.error = f"torch's memory timeline has {len(sizes[0])} columns, not the {len(COLUMNS)} read here"
+                return None
+            found = breakdown(sizes)
+            if found is not None:
+                found["step"] = self.step
+                if self.optimizer is not None:
+                    held_by_optimizer(found, self.optimizer)
+            return found
+        except Exception as exc:                 # a profile that cannot be read costs the breakdown, not the run
+            self.error = f"{type(exc).__name__}: {exc}"
+            return None
+        finally:
+            os.unlink(path)
+            self.profile = None              # read once: the profile's events are freed
