@@ -139,3 +139,14 @@ def test_the_builtin_run_trains_the_same_with_the_loss_in_chunks(monkeypatch):
     b = [x for r in chunked.history for x in r["train_losses"]]
     assert len(a) == len(b) == 6 and max(abs(x - y) for x, y in zip(a, b)) < 1e-4
     assert chunked.history[-1]["val_loss"] == pytest.approx(full.history[-1]["val_loss"], abs=1e-4)
+
+
+def test_under_bf16_autocast_the_loss_is_the_models_own():
+    """The chunk's product runs in bf16 as the model's own output layer does, its softmax in fp32: the same loss
+    within bf16's rounding (2e-3 relative)."""
+    model = tiny_lm("llama-tiny")
+    inputs, labels = batch("packed")
+    with torch.autocast("cpu", torch.bfloat16):
+        own = model(**inputs, labels=labels).loss
+        _, chunked = build_task("lm", recipe=Recipe(chunked_loss=True)).forward(model, inputs, labels)
+    assert chunked.dtype == torch.float32 and chunked.item() == pytest.approx(own.item(), rel=2e-3)
