@@ -76,6 +76,7 @@ class Recipe:
     group_by_length: bool = False     # language models: batches of documents of similar length (less padding)
     pad_to_multiple: int = 0          # language models: padded batches' length rounded up to a multiple (0: off)
     attention: str = "model"          # transformers attention backend: "model" (its own) | eager | sdpa | flex | flash
+    chunked_loss: bool = False        # language models: next-token loss over chunks of rows, logits never whole
     channels_last: bool = False       # NHWC memory format for model and inputs (conv nets)
     compile: bool = False             # torch.compile the model
     optimizer_impl: str = "default"   # "default" (torch picks) | "for-loop" | "foreach" | "fused"

@@ -91,7 +91,7 @@ def assemble_run(model: str | nn.Module | Callable[[], nn.Module], split, recipe
     build_task(name, loss_fn).validate(recipe or Recipe())        # refused before anything starts
     session = Session(recipe, device=device, env=env)                                   # 1
     try:
-        work = build_task(name, loss_fn, session.dist)                                  # 2
+        work = build_task(name, loss_fn, session.dist, session.recipe)                  # 2
         work.validate(session.recipe)                    # again: TRAINFAST_RECIPE may have changed it
         module = build_module(model, work, split)                                       # 3
         split, session.recipe = prepare_data(split, session.recipe, session.device, session.dist, work)   # 4

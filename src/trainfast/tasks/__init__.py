@@ -61,9 +61,10 @@ def resolve_task(task: str | None, model: str | None, data: str | None) -> tuple
     return name, model or defaults.default_model, data or defaults.default_data
 
 
-def build_task(name: str, loss_fn: Callable | None = None, dist=None) -> Task:
+def build_task(name: str, loss_fn: Callable | None = None, dist=None, recipe=None) -> Task:
     """The task object. `dist`: the run's Dist, whose criterion wraps the training loss (strategy=dp computes
-    it inside each replica); evaluation always uses `loss_fn` as given."""
+    it inside each replica); evaluation always uses `loss_fn` as given. `recipe`: the run's, for the switches
+    that act on the task's own loss (chunked_loss)."""
     if name == "detection":
         from .detection import Detection
 
@@ -76,7 +77,7 @@ def build_task(name: str, loss_fn: Callable | None = None, dist=None) -> Task:
 
         if loss_fn is not None:
             raise RecipeError("the language-model task takes no loss_fn: the model computes its own next-token loss")
-        return LanguageModel()
+        return LanguageModel(chunked_loss=bool(recipe is not None and recipe.chunked_loss))
     from .classification import Classification
 
     infer_task(name)                     # an unknown name is refused, naming the choices

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..recipe import Recipe, RecipeError
+from ..techniques.chunked_loss import chunked_lm_loss, chunked_lm_loss_sum
 from .base import Metric, Task
 
 # Where `trainfast train --task lm` starts when no --recipe is given: AdamW at 1e-3 with a short warm-up, batches
@@ -39,10 +40,17 @@ class LanguageModel(Task):
 
         return DEFAULT_LM_MODEL
 
+    def __init__(self, chunked_loss: bool = False) -> None:
+        # The next-token loss of the step and of evaluation, chosen once: the model's own from its logits, or the
+        # chunked_loss switch's (techniques/chunked_loss.py), which never holds the whole batch's logits.
+        self.loss = chunked_lm_loss if chunked_loss else model_loss
+        self.loss_sum = chunked_lm_loss_sum if chunked_loss else logits_loss_sum
+
     # --- the step -------------------------------------------------------------------------------------
     def forward(self, model: Callable, inputs, labels: torch.Tensor) -> tuple[int, torch.Tensor]:
-        """The model's own loss on the batch; `outputs` is the batch's real-token count (what score() counts)."""
-        return inputs.rate_count, model(**inputs, labels=labels).loss
+        """The model's next-token loss on the batch; `outputs` is the batch's real-token count (what score()
+        counts)."""
+        return inputs.rate_count, self.loss(model, inputs, labels)
 
     def score(self, outputs: int, targets: torch.Tensor) -> tuple[None, int]:
         return None, outputs
@@ -66,11 +74,9 @@ class LanguageModel(Task):
         with torch.inference_mode():
             for inputs, labels in batches:
                 with precision.forward_context():
-                    logits = model(**inputs).logits
-                targets = labels[:, 1:]
-                loss_sum += nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(),
-                                                        ignore_index=-100, reduction="sum").double()
-                predicted += (targets != -100).sum()
+                    summed, count = self.loss_sum(model, inputs, labels)
+                loss_sum += summed.double()
+                predicted += count
                 documents += inputs.documents
         model.train()
         count = int(predicted)
@@ -162,6 +168,20 @@ class LanguageModel(Task):
         lengths = split.train.lengths
         context = sum(n * n for n in lengths) / max(1, sum(lengths))
         return flops_per_token(model, context)
+
+
+def model_loss(model: Callable, inputs, labels: torch.Tensor) -> torch.Tensor:
+    """The model's own loss: transformers shifts the labels and averages over the predicted tokens."""
+    return model(**inputs, labels=labels).loss
+
+
+def logits_loss_sum(model: Callable, inputs, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed next-token loss, predicted tokens) of a batch, from the model's logits (fp32 for the softmax)."""
+    logits = model(**inputs).logits
+    targets = labels[:, 1:]
+    summed = nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(),
+                                         ignore_index=-100, reduction="sum")
+    return summed, (targets != -100).sum()
 
 
 def keep(batch):
