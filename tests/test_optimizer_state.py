@@ -8,7 +8,8 @@ import torch
 
 from trainfast import Recipe, Session, train
 from trainfast.recipe import RecipeError
-from trainfast.techniques.optimizer_state import apply_optimizer_state, state_bytes, state_of
+from trainfast.measure.memory import state_bytes
+from trainfast.techniques.optimizer_state import apply_optimizer_state, state_of
 
 pytest.importorskip("torchao")
 

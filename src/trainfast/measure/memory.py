@@ -52,8 +52,6 @@ def held_by_optimizer(memory: dict[str, Any], optimizer: torch.optim.Optimizer) 
     """The optimizer state as the optimizer stores it, where the profile saw less: a low-bit state is a tensor
     subclass whose codes and scales the profiler does not trace to the optimizer (torchao's 8-bit state of a
     1024x1024 layer: 2.1 MB stored, 0 in the profile). The difference joins the peak, which held it too."""
-    from ..techniques.optimizer_state import state_bytes
-
     held = state_bytes(optimizer)
     for view in ("at_peak", "highest"):
         missing = held - memory[view]["optimizer_state"]
@@ -78,6 +76,7 @@ class StepMemory:
         self.optimizer = optimizer          # its state is counted from what it stores (held_by_optimizer)
         self.step = step
         self.profile = None
+        self.profiled = False               # once in the run, whatever its epochs
         self.error: str | None = None
         self._result: dict[str, Any] | None = None
 
@@ -85,9 +84,10 @@ class StepMemory:
         """`batches`, unchanged; the profiler runs from handing out batch `step` until the next is asked for
         (the forward, backward and optimizer step of that batch), once in the run."""
         for index, batch in enumerate(batches):
-            if index != self.step or self.profile is not None:
+            if index != self.step or self.profiled:
                 yield batch
                 continue
+            self.profiled = True
             from torch.profiler import ProfilerActivity, profile
 
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
@@ -129,3 +129,15 @@ class StepMemory:
         finally:
             os.unlink(path)
             self.profile = None              # read once: the profile's events are freed
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """The bytes an optimizer's state holds, a low-bit state's codes and block scales counted as stored (a tensor
+    subclass is counted through its inner tensors, __tensor_flatten__)."""
+    def size(t: torch.Tensor) -> int:
+        flatten = getattr(t, "__tensor_flatten__", None)
+        if flatten is not None and type(t) is not torch.Tensor:
+            return sum(size(getattr(t, name)) for name in flatten()[0])
+        return t.numel() * t.element_size()
+
+    return sum(size(v) for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))

@@ -14,6 +14,7 @@ from ..results import AblationResult, Rung, Status
 from .charts import write_charts
 from .doctor_findings import doctor_section
 from .format import roofs_text, rung_label
+from .memory import memory_section
 from .notes import rung_notes
 from .results_json import write_results_json
 from .summary import best_line, judged_line, keep_line, machine_line, repeatability_line
@@ -61,6 +62,7 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
     items = rung_notes(result)
     if items:
         lines += ["## Notes", "", *items, ""]
+    lines += memory_section(result)             # each rung's profiled step by what holds the memory
     lines += doctor_section(result.out_dir)      # `trainfast doctor --out` this folder: its findings, when present
     keep = keep_line(result.settings, result.best)
     lines += ["## Recommendation", "", best_line(result) + ".", ""]

@@ -109,14 +109,3 @@ SWITCHES = (
                        "accelerate": "the Adam/AdamW, rebuilt before prepare() (schedulers rebound)"}),
 )
 
-
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """The bytes an optimizer's state holds, a low-bit state's codes and block scales counted as stored (a tensor
-    subclass is counted through its inner tensors, __tensor_flatten__)."""
-    def size(t: torch.Tensor) -> int:
-        flatten = getattr(t, "__tensor_flatten__", None)
-        if flatten is not None and type(t) is not torch.Tensor:
-            return sum(size(getattr(t, name)) for name in flatten()[0])
-        return t.numel() * t.element_size()
-
-    return sum(size(v) for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))

@@ -1,0 +1,65 @@
+"""The report's memory section: each rung's profiled step split by what holds the memory (measure/memory.py),
+beside the run's measured peak, and what each switch moved against the baseline."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..measure.memory import largest
+from ..results import AblationResult, Rung
+from .table import markdown_table
+
+# The columns shown, in order: the three a switch aims at first, then what the step makes
+SHOWN = (("parameters", "parameters"), ("gradients", "gradients"), ("optimizer_state", "optimizer state"),
+         ("activations", "activations"))
+# What each item's largest share points to, when it is the largest at the step's peak
+SHRINK = {"optimizer_state": "optimizer_state (8-bit or 4-bit Adam states)",
+          "activations": "activation_checkpointing, or chunked_loss where the logits are the largest activation",
+          "gradients": "precision_level master/pure (half-precision gradients)",
+          "parameters": "precision_level pure (half-precision weights), or a smaller model"}
+
+
+def rung_memory(rung: Rung) -> dict[str, Any] | None:
+    """The first of a rung's runs whose step was profiled (every run profiles the same early step)."""
+    return next((run["memory"] for run in rung.repeats if run.get("memory")), None)
+
+
+def mib(value: float) -> str:
+    return f"{value / 2**20:,.1f} MiB" if value < 10 * 2**20 else f"{value / 2**20:,.0f} MiB"
+
+
+def change(value: float, base: float | None) -> str:
+    if not base:
+        return ""
+    return f" ({(value / base - 1) * 100:+.0f}%)" if abs(value / base - 1) >= 0.005 else ""
+
+
+def memory_section(result: AblationResult) -> list[str]:
+    """`## Memory`: a row per rung with a profiled step; nothing when none has one (a script without a Session)."""
+    found = [(rung, memory) for rung in result.rungs if (memory := rung_memory(rung))]
+    if not found:
+        return []
+    base = rung_memory(result.rungs[0]) or {}
+    rows = []
+    for rung, memory in found:
+        at = memory["at_peak"]
+        item, _ = largest(memory)
+        peak = rung.result.peak_memory_bytes
+        rows.append([rung.name, mib(peak) if peak else "—",
+                     mib(memory["peak_bytes"]) + change(memory["peak_bytes"], base.get("peak_bytes")),
+                     *(mib(at[key]) + change(at[key], base.get("at_peak", {}).get(key)) for key, _ in SHOWN),
+                     mib(memory["highest"]["activations"]),
+                     mib(at["inputs"] + at["temporaries"] + at["other"]), item.replace("_", " ")])
+    headers = ["rung", "run's peak", "step's peak", *(label for _, label in SHOWN), "activations' own highest",
+               "inputs and the rest", "largest"]
+    first = found[0][1]
+    item, held = largest(first)
+    lines = ["## Memory", "",
+             f"Step {first['step'] + 1} of each run profiled by what holds the memory (torch.profiler's memory "
+             "profile; parameters, gradients, optimizer state and activations at the step's peak, each change "
+             "against the baseline's). The run's peak is the whole process's (on a CPU its resident set, the "
+             "Python runtime and libraries included).", "",
+             markdown_table(headers, rows), ""]
+    if result.rungs[0] is found[0][0]:
+        lines += [f"The baseline's largest item is its {item.replace('_', ' ')} ({mib(held)} at the step's peak): "
+                  f"{SHRINK.get(item, 'no single switch')} would shrink it.", ""]
+    return lines

@@ -1,0 +1,123 @@
+"""A step's memory by what holds it (measure/memory.py): each item agrees with what it is known to be (the
+parameters' bytes, their gradients', the optimizer's state as stored, the tensors kept for backward), the largest
+is named, and a measured Session run's record carries it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainfast.measure.memory import StepMemory, breakdown, largest, state_bytes
+
+WIDTH, BATCH = 512, 256
+
+
+def mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.GELU(), torch.nn.Linear(4 * WIDTH, WIDTH))
+
+
+def saved_for_backward(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """The bytes a forward keeps for backward, each storage once, the parameters left out."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x).square().mean()
+    return sum(seen.values())
+
+
+def profiled(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    memory = StepMemory(torch.device("cpu"), optimizer)
+    for x in memory.around([torch.randn(BATCH, WIDTH) for _ in range(3)]):
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return memory.result()
+
+
+def test_each_item_is_what_it_is_known_to_be_and_the_largest_is_named():
+    """AdamW on a 2.1M-parameter MLP: at the step's peak (the optimizer's step) the parameters, their gradients and
+    the two moments are exactly their bytes; the activations' own highest is what the forward kept for backward
+    (within 5%: the profiler sees the kept tensors where they are made); the parts add up to the peak."""
+    model = mlp()
+    optimizer = torch.optim.AdamW(model.parameters())
+    memory = profiled(model, optimizer)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    at_peak = memory["at_peak"]
+    assert at_peak["parameters"] == weights and at_peak["gradients"] == weights
+    assert at_peak["optimizer_state"] == pytest.approx(2 * weights, abs=64)          # the step counters' bytes
+    assert memory["highest"]["activations"] == pytest.approx(saved_for_backward(model, torch.randn(BATCH, WIDTH)),
+                                                             rel=0.05)
+    assert sum(at_peak.values()) == memory["peak_bytes"] and memory["step"] == 1
+    assert largest(memory) == ("optimizer_state", at_peak["optimizer_state"])
+
+
+def test_a_low_bit_state_is_counted_as_the_optimizer_stores_it():
+    pytest.importorskip("torchao")
+    from trainfast.techniques.optimizer_state import apply_optimizer_state
+
+    model = mlp()
+    full = profiled(model, torch.optim.AdamW(model.parameters()))
+    model = mlp()
+    optimizer = apply_optimizer_state(torch.optim.AdamW(model.parameters()), "8bit")
+    low = profiled(model, optimizer)
+    assert low["at_peak"]["optimizer_state"] == state_bytes(optimizer)
+    assert low["at_peak"]["optimizer_state"] < 0.3 * full["at_peak"]["optimizer_state"]
+    assert low["peak_bytes"] < full["peak_bytes"]
+
+
+def test_the_split_is_taken_at_the_highest_total():
+    rows = [[0, 10, 0, 1, 0, 50, 0, 0, 0],         # end of forward: activations
+            [0, 10, 20, 1, 0, 5, 10, 2, 3]]        # optimizer step: state, gradients, the rest
+    memory = breakdown(rows)
+    assert memory["peak_bytes"] == 61 and memory["at_peak"]["activations"] == 50
+    assert memory["highest"]["optimizer_state"] == 20 and memory["highest"]["other"] == 5   # autograd's own + none
+    assert breakdown([]) is None
+
+
+def test_a_measured_session_run_records_its_steps_memory():
+    from trainfast import Recipe, Session
+    from trainfast.probe import MeasureSpec, Probe, run_record
+
+    probe = Probe(MeasureSpec("", "full"))
+    tf = Session(Recipe(), device="cpu")
+    model = mlp()
+    data = torch.utils.data.TensorDataset(torch.randn(4 * BATCH, WIDTH))
+    model, optimizer, loader = tf.setup(model, torch.optim.AdamW(model.parameters()),
+                                        torch.utils.data.DataLoader(data, batch_size=BATCH))
+    probe.attach(tf)
+    probe.watch(tf.state, 0)
+    for (x,) in loader:
+        optimizer.zero_grad()
+        tf.backward(model(x).square().mean())
+        optimizer.step()
+    memory = run_record(probe, "end")["memory"]
+    assert memory["at_peak"]["parameters"] == sum(p.numel() * 4 for p in model.parameters())
+    assert largest(memory)[0] == "optimizer_state"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make test-cuda on a GPU machine)")
+def test_on_a_gpu_the_profiled_peak_is_the_allocators():
+    """The allocator's own peak over the same step holds the breakdown's within 10% (its block rounding and the
+    cuBLAS workspace are the difference)."""
+    device = torch.device("cuda")
+    model = mlp().to(device)
+    optimizer = torch.optim.AdamW(model.parameters())
+    memory = StepMemory(device, optimizer)
+    batches = [torch.randn(BATCH, WIDTH, device=device) for _ in range(3)]
+    for i, x in enumerate(memory.around(batches)):
+        if i == 1:
+            torch.cuda.reset_peak_memory_stats(device)
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if i == 1:
+            torch.cuda.synchronize()
+            allocator = torch.cuda.max_memory_allocated(device)
+    assert memory.result()["peak_bytes"] == pytest.approx(allocator, rel=0.10)
