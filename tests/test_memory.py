@@ -121,3 +121,50 @@ def test_on_a_gpu_the_profiled_peak_is_the_allocators():
             torch.cuda.synchronize()
             allocator = torch.cuda.max_memory_allocated(device)
     assert memory.result()["peak_bytes"] == pytest.approx(allocator, rel=0.10)
+
+
+def with_step_peak(rung, peak: int):
+    for run in rung.repeats:
+        run["memory"] = {"peak_bytes": peak, "device": "cpu", "step": 1,
+                         "at_peak": dict.fromkeys(("parameters", "gradients", "optimizer_state", "activations",
+                                                   "inputs", "temporaries", "other"), 0),
+                         "highest": {}}
+    return rung
+
+
+def test_a_memory_limit_recommends_only_what_fits_and_says_what_did_not():
+    """On a CPU the limit holds the profiled step's tensors (the resident set is the runtime's too). The baseline
+    fits: a faster rung over the limit is not recommended. The baseline does not fit: the fastest rung that fits
+    is, slower or not. Nothing fits: no recommendation, and the reason is the limit."""
+    from conftest import scored_rung
+
+    from trainfast.ablation.scoring import pick_best, score_rungs
+    from trainfast.report.memory import limit_line
+    from trainfast.results import AblationResult
+
+    mib = 2**20
+    base = with_step_peak(scored_rung("baseline", [100, 101, 99], 0.9), 400 * mib)
+    fast = with_step_peak(scored_rung("fast", [150, 151, 149], 0.9, compile=True), 450 * mib)
+    small = with_step_peak(scored_rung("small", [80, 81, 79], 0.9, activation_checkpointing=True), 200 * mib)
+    rungs = [base, fast, small]
+    score_rungs(rungs, {}, [0.9, 0.9, 0.9], None, "each")
+    assert pick_best(rungs)[0] is fast
+    assert pick_best(rungs, memory_limit=420 * mib)[0] is base
+    assert pick_best(rungs, memory_limit=300 * mib)[0] is small
+    assert pick_best(rungs, memory_limit=100 * mib)[0] is None
+    result = AblationResult(rungs, {}, "", None, None, {}, settings={"memory_limit": 100 * mib})
+    assert "no measured rung fits the memory limit of 100 MiB" in result.no_recommendation
+    result.settings["memory_limit"] = 300 * mib
+    assert limit_line(result) == ("Memory limit 300 MiB: over it, never recommended: baseline (400 MiB), fast "
+                                  "(450 MiB); within it: small.")
+
+
+def test_a_size_is_read_as_people_write_it_and_a_bad_one_refused():
+    from trainfast.ablation.loop import LadderOptions
+    from trainfast.defaults import parse_size
+    from trainfast.recipe import RecipeError
+
+    assert parse_size("2GiB") == parse_size("2G") == 2 * 2**30 and parse_size("1.5GB") == 1_500_000_000
+    assert LadderOptions(memory_limit="512MiB").memory_limit == 512 * 2**20
+    with pytest.raises(RecipeError, match="--memory-limit must be a size like 2GiB"):
+        LadderOptions(memory_limit="lots")

@@ -151,7 +151,7 @@ def _ablate(args, recipe: Recipe) -> int:
                    mode=args.mode, repeats=args.repeats, noise_seeds=args.noise_seeds,
                    budget=TimingBudget(steps=args.timing_steps, seconds=args.timing_budget),
                    min_effect=args.min_effect, resume=resume, rung_timeout=args.rung_timeout,
-                   settle_within_s=args.settle_within, paired=args.paired)
+                   settle_within_s=args.settle_within, paired=args.paired, memory_limit=args.memory_limit)
     try:
         if args.user_command is not None:
             result = ablate_command(args.user_command, recipe=recipe, device=args.device, measure=args.measure,

@@ -102,6 +102,19 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def size_type(text: str) -> int:
+    """The argparse type of --memory-limit: parse_size, its error as argparse's."""
+    from .defaults import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+size_type.__name__ = "size"
+
+
 class Duration:
     """The argparse type of every duration flag: parse_duration, then the flag's own range. `zero`: whether 0
     is allowed (it means "none" / "never" for a window). `whole`: rounded up to whole seconds (an int), for

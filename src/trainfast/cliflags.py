@@ -15,7 +15,7 @@ from typing import Any, Callable
 from . import __version__, selfcheck
 from .cliargs import (DEVICE_HELP, AliasHelpFormatter, Duration, add_aliased, add_comparison, add_out, add_resume,
                       add_script_flags, add_switches, add_timing, fill_help_later, format_duration, int_or_auto,
-                      optional, positive_int, worker_count_or_auto)
+                      optional, positive_int, size_type, worker_count_or_auto)
 from .defaults import DOCTOR_EVAL_WITHIN, DOCTOR_STEPS, LADDER_MODES, MAX_REPEATS, SETTLE_WITHIN_S, TUNE_BUDGET_S
 from .modelnames import (DEFAULT_DETECTION_MODEL, DETECTION_MODELS, LM_MODELS, check_detection_model_name,
                          check_lm_model_name)
@@ -148,6 +148,7 @@ def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
                          f"(at most {MAX_REPEATS} repeats; default {format_duration(SETTLE_WITHIN_S)}, which keeps "
                          "the default ablation under 3 minutes on 2 cores; 0: never)")
     add_timing(ab)
+    add_memory_limit(ab, "a rung over it is measured and shown, never recommended")
     ab.add_argument("--rung-timeout", type=Duration(), default=None, metavar="DURATION",
                     help="stop a run that takes longer and report it failed (default: 10x the baseline's first run, "
                          "at least 5m)")
@@ -162,6 +163,12 @@ def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
                           "the script to its end and compare the metric it reports (tf.report) with the baseline's "
                           "noise band")
     add_script_flags(cmd, "with --measure full")
+
+
+def add_memory_limit(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--memory-limit", type=size_type, default=None, metavar="SIZE",
+                        help=f"the memory a run may use, like 2GiB or 512MiB: {what} (a GPU: the allocator's peak; "
+                             "a CPU: the profiled step's tensors, the runtime and libraries left out)")
 
 
 def ablate_rung_names() -> str:

@@ -20,3 +20,26 @@ TUNE_BUDGET_S = 900.0           # the whole search
 # the doctor (doctor/common.py)
 DOCTOR_STEPS = 10               # timed steps: a median over the steps after warm-up (the watched pass warms up)
 DOCTOR_EVAL_WITHIN = 120.0      # seconds an own loop is kept going for its first evaluation: a small epoch
+
+
+# --memory-limit (ablation/loop.py: LadderOptions, tune/options.py: TuneOptions): a size as people write it
+SIZE_SYNTAX = "a size like 2GiB, 512MiB or 1.5GB"
+SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "k": 2**10, "kib": 2**10,
+              "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30, "t": 2**40, "tib": 2**40}
+
+
+def parse_size(text: str | int) -> int:
+    """'2GiB' or '2G' -> 2 * 2**30, '1.5GB' -> 1.5e9, '4096' -> 4096: bytes (a bare K/M/G is binary, as `free -h`
+    and torch's memory summaries print). Raises ValueError for anything else (not positive, an unknown unit)."""
+    import re
+
+    if isinstance(text, int) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        if match is None:
+            raise ValueError(f"must be {SIZE_SYNTAX}, got {text!r}")
+        value, unit = float(match.group(1)), match.group(2).lower()
+    if unit not in SIZE_UNITS or not value > 0:
+        raise ValueError(f"must be {SIZE_SYNTAX} (more than 0), got {text!r}")
+    return int(value * SIZE_UNITS[unit])

@@ -183,4 +183,7 @@ class AblationResult:
             return None
         if self.failed:
             return "every run failed (the errors are in the notes and each run's log.txt)"
+        if self.settings.get("memory_limit") and any(r.repeats for r in self.rungs):
+            return (f"no measured rung fits the memory limit of {self.settings['memory_limit'] / 2**20:,.0f} MiB "
+                    "(the Memory section gives each one's peak and what holds it)")
         return "the baseline has no finished run, so nothing could be compared with it"

@@ -59,6 +59,7 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     settings = {**work.settings, "mode": opts.mode, "repeats": opts.repeats, "noise_seeds": opts.noise_seeds,
                 "nproc": plan_opts["nproc"], "budget": dataclasses.asdict(opts.budget), "min_effect": opts.min_effect,
                 **({"paired": True} if opts.paired else {}),
+                **({"memory_limit": opts.memory_limit} if opts.memory_limit else {}),
                 "rungs": {r.name: r.recipe.to_dict() for r in plan if r.status != Status.NO_EFFECT}}
     return run_ladder(plan, work, settings, plan_opts.get("out"), opts)
 
@@ -98,5 +99,6 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
                 "repeats": opts.repeats, "noise_seeds": opts.noise_seeds, "device": str(dev),
                 "budget": dataclasses.asdict(opts.budget), "min_effect": opts.min_effect,
                 **({"paired": True} if opts.paired else {}),
+                **({"memory_limit": opts.memory_limit} if opts.memory_limit else {}),
                 "rungs": {r.name: work.fields(r.recipe) for r in plan if r.status != Status.NO_EFFECT}}
     return run_ladder(plan, work, settings, plan_opts.get("out"), opts, measure)

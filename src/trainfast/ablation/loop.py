@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..defaults import MAX_REPEATS, SETTLE_WITHIN_S  # the CLI shows them before torch loads
+from ..defaults import MAX_REPEATS, SETTLE_WITHIN_S, parse_size  # the CLI shows them before torch loads
 from ..measure import measure_ceiling
 from ..procstate import process_cpu_seconds, reference_check
 from ..recipe import RecipeError
@@ -43,7 +43,8 @@ class LadderOptions:
     while a verdict is within the noise (None or 0: exactly `repeats`). time_budget_s: the seconds the whole
     ladder may take (the first run prices the rest; the plan is cut to fit). paired: the built-in work's timed runs
     are also timed against the baseline inside their own processes (paired.py); False (default): compared across
-    processes only."""
+    processes only. memory_limit: bytes (or "2GiB"): a rung whose peak is over it (measure.memory.limit_peak) is
+    measured and shown, never recommended."""
     mode: str = "cumulative"
     repeats: int = 3
     noise_seeds: int = 3
@@ -55,8 +56,14 @@ class LadderOptions:
     settle_within_s: float | None = SETTLE_WITHIN_S
     time_budget_s: float | None = None
     paired: bool = False
+    memory_limit: int | str | None = None
 
     def __post_init__(self) -> None:
+        if self.memory_limit is not None:           # bytes, or a size as written ("2GiB")
+            try:
+                object.__setattr__(self, "memory_limit", parse_size(self.memory_limit))
+            except ValueError as exc:
+                raise RecipeError(f"--memory-limit {exc}") from None
         for flag, value in (("--noise-seeds", self.noise_seeds), ("--repeats", self.repeats)):
             check_positive_int(flag, value)
         if self.rung_timeout is not None and not self.rung_timeout > 0:
@@ -326,7 +333,7 @@ class LadderRun:
         """The scored ladder, its recommendation and the settings as run (cut and settled), report written."""
         from ..report import write_report
 
-        best, tie, odds = pick_best(self.plan, self.opts.min_effect)
+        best, tie, odds = pick_best(self.plan, self.opts.min_effect, self.opts.memory_limit)
         result = AblationResult(self.plan, env, self.out_dir, best.recipe if best else None,
                                 best.name if best else None, self.ceilings, self.seed_runs, tie, settings_as_run(self),
                                 odds, self.metric.judged_metric())

@@ -12,6 +12,7 @@ import math
 import statistics
 from typing import Any
 
+from ..measure.memory import limit_peak
 from ..recipe import Recipe
 from ..results import Rung, RungResult, Status
 from ..stats import (MIN_EFFECT, SAME, Candidate, Comparison, Noise, Noises, Repeat, compare_candidates, split_noise,
@@ -225,7 +226,17 @@ def noise_summary(noise: Noise | None, pairs: int, min_effect: float, paired: bo
             "repeats_for": {f"{target:.2f}": noise.repeats_for(target, min_effect)}}
 
 
-def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT) -> tuple[Rung | None, list[str], dict[str, float]]:
+def fits(rung: Rung, memory_limit: int | None) -> bool:
+    """Whether a rung's peak (measure.memory.limit_peak) is within `memory_limit` bytes (None: no limit). A rung
+    whose peak was not measured does not fit a limit: it is never recommended on an unknown."""
+    if memory_limit is None:
+        return True
+    peak = limit_peak(rung.repeats, rung.result.peak_memory_bytes)
+    return peak is not None and peak <= memory_limit
+
+
+def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT,
+              memory_limit: int | None = None) -> tuple[Rung | None, list[str], dict[str, float]]:
     """The recommendation, its tie (stats.recommend) and how often a rerun would recommend each rung
     (stats.recommendation_odds). Candidates: the baseline and the measured rungs whose accuracy is not below the
     baseline's noise band and that are not risky by construction (O3 `pure` levels: one short run inside the
@@ -237,6 +248,13 @@ def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT) -> tuple[Rung |
         return None, [], {}
     candidates = [base] + [r for r in rungs[1:] if r.status == Status.DONE and rung_repeats(r)
                            and level_note(r.recipe) is None and not r.result.accuracy_worse]
+    if not fits(base, memory_limit):
+        # The baseline does not fit: of the rungs that do, the fastest (none fits: nothing can be recommended).
+        fitting = [r for r in candidates[1:] if fits(r, memory_limit)]
+        if not fitting:
+            return None, [], {}
+        return max(fitting, key=lambda r: r.result.speedup or 0.0), [], {}
+    candidates = [r for r in candidates if fits(r, memory_limit)]
     pool = [candidate(r, switch_count(base.recipe, r.recipe)) for r in candidates]
     noises = ladder_noises(rungs)
     name, tie = recommend(pool, min_effect, noises)

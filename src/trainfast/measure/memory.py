@@ -61,6 +61,22 @@ def held_by_optimizer(memory: dict[str, Any], optimizer: torch.optim.Optimizer) 
                 memory["peak_bytes"] += missing
 
 
+def run_memory(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first of a rung's runs whose step was profiled (every run profiles the same early step)."""
+    return next((run["memory"] for run in runs if run.get("memory")), None)
+
+
+def limit_peak(runs: list[dict[str, Any]], peak_memory_bytes: int | None) -> int | None:
+    """The peak a rung is held to a memory limit by. On a GPU, the allocator's over the whole run (what runs out).
+    On a CPU, the profiled step's tensors (the highest of its runs'): the resident set also holds the Python
+    runtime, the libraries and what the C allocator keeps (1.2 GiB around a 7 MiB language model here), which no
+    switch moves. The resident set where no step was profiled (a script without a Session)."""
+    memory = [run["memory"] for run in runs if run.get("memory")]
+    if memory and memory[0].get("device") == "cpu":
+        return max(m["peak_bytes"] for m in memory)
+    return peak_memory_bytes
+
+
 def largest(memory: dict[str, Any]) -> tuple[str, int]:
     """The item holding the most at the step's peak, with its bytes."""
     item = max(ITEMS, key=lambda name: memory["at_peak"][name])
@@ -119,7 +135,7 @@ class StepMemory:
                 return None
             found = breakdown(sizes)
             if found is not None:
-                found["step"] = self.step
+                found["step"], found["device"] = self.step, self.device.type
                 if self.optimizer is not None:
                     held_by_optimizer(found, self.optimizer)
             return found

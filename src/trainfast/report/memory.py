@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..measure.memory import largest
+from ..measure.memory import largest, limit_peak, run_memory
 from ..results import AblationResult, Rung
 from .table import markdown_table
 
@@ -19,8 +19,7 @@ SHRINK = {"optimizer_state": "optimizer_state (8-bit or 4-bit Adam states)",
 
 
 def rung_memory(rung: Rung) -> dict[str, Any] | None:
-    """The first of a rung's runs whose step was profiled (every run profiles the same early step)."""
-    return next((run["memory"] for run in rung.repeats if run.get("memory")), None)
+    return run_memory(rung.repeats)
 
 
 def mib(value: float) -> str:
@@ -33,11 +32,27 @@ def change(value: float, base: float | None) -> str:
     return f" ({(value / base - 1) * 100:+.0f}%)" if abs(value / base - 1) >= 0.005 else ""
 
 
+def limit_line(result: AblationResult) -> str | None:
+    """With --memory-limit: which rungs were over it (measured and shown, never recommended)."""
+    limit = result.settings.get("memory_limit")
+    if not limit:
+        return None
+    peaks = {r.name: limit_peak(r.repeats, r.result.peak_memory_bytes) for r in result.rungs if r.repeats}
+    over = [f"{name} ({mib(peak)})" if peak is not None else f"{name} (not measured)"
+            for name, peak in peaks.items() if peak is None or peak > limit]
+    fit = [name for name, peak in peaks.items() if peak is not None and peak <= limit]
+    return (f"Memory limit {mib(limit)}: " + (f"over it, never recommended: {', '.join(over)}" if over
+                                               else "every rung fits") +
+            (f"; within it: {', '.join(fit)}." if over and fit else "." if not over else "; none fits."))
+
+
 def memory_section(result: AblationResult) -> list[str]:
-    """`## Memory`: a row per rung with a profiled step; nothing when none has one (a script without a Session)."""
+    """`## Memory`: a row per rung with a profiled step, and the memory limit's verdicts; nothing when there is
+    neither (a script without a Session, no limit)."""
     found = [(rung, memory) for rung in result.rungs if (memory := rung_memory(rung))]
+    limit = limit_line(result)
     if not found:
-        return []
+        return ["## Memory", "", limit, ""] if limit else []
     base = rung_memory(result.rungs[0]) or {}
     rows = []
     for rung, memory in found:
@@ -58,7 +73,7 @@ def memory_section(result: AblationResult) -> list[str]:
              "profile; parameters, gradients, optimizer state and activations at the step's peak, each change "
              "against the baseline's). The run's peak is the whole process's (on a CPU its resident set, the "
              "Python runtime and libraries included).", "",
-             markdown_table(headers, rows), ""]
+             markdown_table(headers, rows), "", *([limit, ""] if limit else [])]
     if result.rungs[0] is found[0][0]:
         lines += [f"The baseline's largest item is its {item.replace('_', ' ')} ({mib(held)} at the step's peak): "
                   f"{SHRINK.get(item, 'no single switch')} would shrink it.", ""]
