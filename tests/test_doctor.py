@@ -187,6 +187,19 @@ def test_builtin_loop_is_checked_and_fine(fast_run):
     assert "cached-batch replay" in fast_run.fault_source and set(fast_run.reuse_memory) == {"in_effect", "unavailable"}
 
 
+def test_the_builtin_runs_largest_memory_item_is_named_with_its_switch(fast_run):
+    """One more step profiled by what holds the memory: its parameters are the model's bytes, and the finding names
+    the largest item at the step's peak with the switch that would shrink it."""
+    memory = fast_run.memory["breakdown"]
+    weights = sum(p.numel() * 4 for p in resnet9(10, widths=(64, 128, 128, 256)).parameters())
+    assert memory["at_peak"]["parameters"] == weights
+    item = max(memory["at_peak"], key=memory["at_peak"].get)
+    text = finding(run_checks(fast_run), "memory peak vs capacity").evidence
+    peak = f"{memory['peak_bytes'] / 2**20:,.0f} MiB"
+    assert f"the largest item at the profiled step's peak ({peak} of tensors) is its {item.replace('_', ' ')}" in text
+    assert "would shrink it" in text or "no single switch" in text
+
+
 # --- own loops: syncs, eval graph, dropout, zero_grad, DataParallel --------------------------------------
 
 class Net(nn.Module):

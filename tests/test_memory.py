@@ -168,3 +168,38 @@ def test_a_size_is_read_as_people_write_it_and_a_bad_one_refused():
     assert LadderOptions(memory_limit="512MiB").memory_limit == 512 * 2**20
     with pytest.raises(RecipeError, match="--memory-limit must be a size like 2GiB"):
         LadderOptions(memory_limit="lots")
+
+
+def test_the_tunes_memory_stage_tries_smaller_batches_and_each_memory_switch():
+    """The baseline, its batch at 1/2, 1/4 and 1/8, each memory switch its task can name alone and all together;
+    no 8-bit Adam states for SGD, no chunked loss outside a language model, no batch rungs for a script."""
+    from trainfast import Recipe
+    from trainfast.tune.memory import memory_rungs
+
+    lm = memory_rungs(Recipe(batch_size=16), "lm", batch_search=True)
+    assert [r.name for r in lm] == ["baseline", "batch-8", "batch-4", "batch-2", "chunked_loss", "checkpointing",
+                                    "optimizer_state", "chunked_loss+checkpointing+optimizer_state"]
+    assert lm[-1].recipe.optimizer_state == "8bit" and lm[-1].recipe.chunked_loss and lm[3].recipe.batch_size == 2
+    vision = memory_rungs(Recipe(batch_size=4, optimizer="sgd"), "classification", batch_search=False)
+    assert [r.name for r in vision] == ["baseline", "checkpointing"]
+
+
+def test_a_recommendation_over_the_limit_falls_back_to_what_fits():
+    from conftest import scored_rung
+
+    from trainfast import Recipe
+    from trainfast.tune.combine import Decision
+    from trainfast.tune.memory import held_to_limit
+
+    class Options:
+        memory_limit = 300 * 2**20
+
+    class Search:
+        options, base = Options(), Recipe(batch_size=4)
+
+    combined = with_step_peak(scored_rung("compile", [150], 0.9, compile=True), 400 * 2**20)
+    decision = held_to_limit(Search(), Decision(Recipe(compile=True), "compile"), [combined])
+    assert decision.recipe == Search.base and "over the memory limit (400 MiB > 300 MiB)" in decision.dropped["compile"]
+    fits = with_step_peak(scored_rung("compile", [150], 0.9, compile=True), 200 * 2**20)
+    kept = Decision(Recipe(compile=True), "compile")
+    assert held_to_limit(Search(), kept, [fits]) is kept

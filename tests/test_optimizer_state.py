@@ -89,6 +89,7 @@ def counting_docs(count: int, seed: int, vocab: int, longest: int) -> list[torch
     return out
 
 
+@pytest.mark.slow      # three short LM runs (~25 s); the fast suite keeps the rebuild and byte tests
 def test_eight_bit_states_train_a_language_model_inside_the_seed_band():
     """The built-in LM on learnable documents, two epochs: the validation loss with 8-bit states differs from fp32
     states' by less than fp32 states' own difference between two seeds (the band an ablation judges it by). Measured

@@ -200,6 +200,8 @@ def add_tune_flags(tu: argparse.ArgumentParser) -> None:
     tu.add_argument("--planned-steps", type=positive_int, default=None, metavar="N",
                     help="optimizer steps of the run the recipe is for (decides compile; default: the recipe's epochs)")
     add_timing(tu)
+    add_memory_limit(tu, "the search starts from the fastest of the baseline at smaller batches and the memory "
+                         "switches that fits, and recommends nothing over it")
     add_out(tu, "tune", "the search, best.yaml")
     add_resume(tu, "continue an interrupted search in DIR")
     tu.add_argument("--batch-size-search", action="store_true",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import statistics
 
+from ..measure.memory import largest_text
 from ..techniques import memory_reuse
 from .findings import (FAULTS_MARGIN, FAULTS_PER_STEP, HALF_ROOF, MATERIAL_SHARE, NEAR_ROOF, NOT_HERE, Finding,
                        Observations, ms, pct, pct3, sig)
@@ -56,6 +57,8 @@ def memory(obs: Observations) -> Finding:
         text += (f"; about {per_batch / 2**30:.2f} GiB of it grows with the batch: room for "
                  + (f"roughly {room:.1f}x" if room < 8 else "more than 8x")
                  + " the batch (rough: activations scale about linearly with the batch; 10% kept free)")
+    if m.get("breakdown"):
+        text += f"; {largest_text(m['breakdown'])}"
     return Finding("memory peak vs capacity", "time", "measured", text)
 
 

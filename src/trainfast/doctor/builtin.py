@@ -79,6 +79,7 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
         add_machine_load(obs, load_start)
         recompiles = _compiled_frames() - compiled_before if compiled_before is not None else None
         obs.memory = {"peak_bytes": peak_memory_bytes(dev), "static_bytes": static, "capacity_bytes": capacity(dev)}
+        obs.memory["breakdown"] = step_memory(run, batch)
         obs.text = observe_text(run, batch, lambda batches: run_steps(run, batches))
         obs.cuda_profile = (profile_cuda(lambda n: run_steps(run, [batch] * (n * recipe.grad_accum_steps)))
                             if dev.type == "cuda" else None)
@@ -106,6 +107,20 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
     obs.compiled, obs.compile, obs.recompiles = recipe.compile, compile_counters(), recompiles
     obs.notes.append(f"recipe: {json.dumps(recipe.to_dict())}")
     return obs
+
+
+def step_memory(run, batch) -> dict | None:
+    """One more step of the run, profiled by what holds the memory (measure/memory.py), after the timed passes:
+    its compilation and its optimizer state are behind it."""
+    from ..measure.memory import StepMemory
+
+    state = run.state
+    state.memory = StepMemory(run.device, state.optimizer.optimizer, step=0)
+    try:
+        run_steps(run, [_clone(batch) for _ in range(run.recipe.grad_accum_steps)])
+        return state.memory.result()
+    finally:
+        state.memory = None
 
 
 def run_steps(run, micro_batches: Iterable) -> list:

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..measure.memory import largest, limit_peak, run_memory
+from ..measure.memory import SHRINK, largest, limit_peak, run_memory
 from ..results import AblationResult, Rung
 from .table import markdown_table
 
 # The columns shown, in order: the three a switch aims at first, then what the step makes
 SHOWN = (("parameters", "parameters"), ("gradients", "gradients"), ("optimizer_state", "optimizer state"),
          ("activations", "activations"))
-# What each item's largest share points to, when it is the largest at the step's peak
-SHRINK = {"optimizer_state": "optimizer_state (8-bit or 4-bit Adam states)",
-          "activations": "activation_checkpointing, or chunked_loss where the logits are the largest activation",
-          "gradients": "precision_level master/pure (half-precision gradients)",
-          "parameters": "precision_level pure (half-precision weights), or a smaller model"}
+
 
 
 def rung_memory(rung: Rung) -> dict[str, Any] | None:

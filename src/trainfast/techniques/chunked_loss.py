@@ -111,10 +111,10 @@ UNREACHABLE = ("a script computes its loss inside its model's forward (model(...
                "own training step): trainfast cannot chunk it without patching the model")
 
 SWITCHES = (
-    # After the attention and padding rungs, with the language-model rungs: it changes what the step keeps in memory
-    # (tried last in the tune: it mostly buys memory, and the tune's first stage is judged on time).
+    # After the attention and padding rungs, with the language-model rungs: it changes what the step keeps in memory.
+    # Not in the tune's speed stages (it buys memory, not time): `tune --memory-limit` tries it in its memory stage.
     Switch(("chunked_loss",),
-           rungs=(RungSpec("chunked_loss", {"chunked_loss": True}, place=39, tasks=("lm",), tune=9),),
+           rungs=(RungSpec("chunked_loss", {"chunked_loss": True}, place=39, tasks=("lm",)),),
            model_effect=effect,
            unreachable={EVERY_ADAPTER: UNREACHABLE}),
 )

@@ -8,7 +8,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ablation.scoring import ladder_noises, recipe_changes, versus
+from ..ablation.scoring import fits, ladder_noises, recipe_changes, versus
+from ..measure.memory import limit_peak
 from ..recipe import Recipe
 from ..results import Effect, Rung, Status
 from ..stats import FASTER, MIN_EFFECT, Comparison, Noises
@@ -81,7 +82,24 @@ def one_level(levels: list[Rung], singles: list[Rung], dropped: dict[str, str]) 
     return level
 
 
-def combine(base: Recipe, singles: list[Rung], planned_steps: int | None) -> tuple[Recipe, list[str], dict[str, str]]:
+def mib(value: float | None) -> str:
+    return "not measured" if value is None else f"{value / 2**20:,.0f} MiB"
+
+
+def peak(rung: Rung) -> int | None:
+    """The peak a rung is held to a memory limit by (measure.memory.limit_peak)."""
+    return limit_peak(rung.repeats, rung.result.peak_memory_bytes) if rung.repeats else None
+
+
+def over_limit(rung: Rung, limit: int | None) -> str | None:
+    """Why a measured rung cannot join the recipe under --memory-limit, or None."""
+    if limit is None or rung.status != Status.DONE or fits(rung, limit):
+        return None
+    return f"over the memory limit ({mib(peak(rung))} > {mib(limit)})"
+
+
+def combine(base: Recipe, singles: list[Rung], planned_steps: int | None,
+            memory_limit: int | None = None) -> tuple[Recipe, list[str], dict[str, str]]:
     """The combination of the singles that gained: one precision level (O1, or another one firmly faster than
     it), every other gaining switch; compile only when `planned_steps` reaches its break-even. Returns the recipe, the
     switch names in it and why each other single is not."""
@@ -89,7 +107,7 @@ def combine(base: Recipe, singles: list[Rung], planned_steps: int | None) -> tup
     dropped: dict[str, str] = {}
     chosen: list[Rung] = []
     for rung in singles[1:]:
-        reason = why_not(rung)
+        reason = why_not(rung) or over_limit(rung, memory_limit)
         if reason is None:
             chosen.append(rung)
         else:

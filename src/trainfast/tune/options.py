@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from ..ablation import LadderOptions, TimingBudget
 from ..ablation.work import check_measure
-from ..defaults import TUNE_BUDGET_S
+from ..defaults import TUNE_BUDGET_S, parse_size
 from ..recipe import RecipeError
 from ..stats import MIN_EFFECT
 
@@ -39,8 +39,14 @@ class TuneOptions:
     batch_size_search: bool = False
     settle: bool = True
     paired: bool = False
+    memory_limit: int | str | None = None     # bytes, or "2GiB": the search starts with its memory stage
 
     def __post_init__(self) -> None:
+        if self.memory_limit is not None:
+            try:
+                object.__setattr__(self, "memory_limit", parse_size(self.memory_limit))
+            except ValueError as exc:
+                raise RecipeError(f"--memory-limit {exc}") from None
         if self.timing is None:
             object.__setattr__(self, "timing", TimingBudget())
         # Every stage is a ladder run `repeats` times with as many baseline seeds: checked as one here.

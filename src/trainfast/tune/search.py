@@ -27,6 +27,7 @@ from .batch import batch_finding, batch_rungs
 from .budget import SearchBudget, singles_share
 from .combine import Decision, break_even_steps, combine, combine_stage, decide, on_level_decision
 from .inputs import INPUT_SWITCHES, run_input
+from .memory import held_to_limit, named_for_memory, run_memory
 from .options import TuneOptions, tune_options
 from .outputs import write_outputs
 from .switches import firm_gain, is_level, kept_level, on_level_order, plan_singles, single_names
@@ -43,12 +44,15 @@ class Search:
     budget: SearchBudget
     replan: Callable[[], list[Rung]]          # stage 1's rungs planned afresh, their effects marked
     notes: list[str] = field(default_factory=list)
+    task: str = "classification"
+    memory_choice: Rung | None = None         # --memory-limit: the fastest that fits, where the search went on from
 
     def settings(self, name: str, rungs: list[Rung], repeats: int, measure: str, mode: str) -> dict[str, Any]:
         """A stage's plan.json: what identifies its runs, so a resumed stage reuses only runs of the same plan."""
         opts = self.options
         common = {**self.work.settings, "repeats": opts.repeats, "budget": dataclasses.asdict(opts.timing),
-                  "min_effect": opts.min_effect, "device": str(self.work.dev)}
+                  "min_effect": opts.min_effect, "device": str(self.work.dev),
+                  **({"memory_limit": opts.memory_limit} if opts.memory_limit else {})}
         return {**common, "stage": name, "mode": mode, "repeats": repeats, "noise_seeds": repeats, "measure": measure,
                 "rungs": {r.name: r.recipe.to_dict() for r in rungs if r.status != Status.NO_EFFECT}}
 
@@ -72,7 +76,7 @@ class Search:
         ladder = LadderOptions(mode=mode, repeats=repeats, noise_seeds=repeats, budget=opts.timing,
                                min_effect=opts.min_effect, resume=opts.resume or again, rung_timeout=None,
                                show=opts.show, settle_within_s=settle_s, time_budget_s=allowed,
-                               paired=opts.paired)
+                               paired=opts.paired, memory_limit=opts.memory_limit)
         settings = self.settings(name, rungs, repeats, measure, mode)
         if again:
             # The stage's own folder, gone on with: its plan.json names the rungs it was first planned with, which
@@ -151,11 +155,13 @@ def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: 
     work.mark_effects(singles)
 
     def replan() -> list[Rung]:
+        """Stage 1 planned again on the search's base as it is now (the memory stage may have moved it)."""
         name = getattr(work, "learned", {}).get("script_task", {}).get("name", task)
-        rungs = plan_singles(base, others.get(name, names), amp, dev, slow, name)
+        rungs = plan_singles(search.base, others.get(name, names), amp, dev, slow, name)
         work.mark_effects(rungs)
         return rungs
-    return Search(work, base, out_dir, opts, budget, replan), singles
+    search = Search(work, base, out_dir, opts, budget, replan, task=task)
+    return search, singles
 
 
 def chosen_switches(names: list[str], switches: list[str] | None) -> list[str]:
@@ -177,7 +183,7 @@ def run_singles(search: Search, singles: list[Rung]) -> Findings:
     first_started = time.monotonic()
     first = search.stage("singles", singles, opts.repeats, share=share)
     steps = opts.planned_steps or next((run.get("steps") for run in singles[0].repeats), None)
-    combined, in_combination, dropped = combine(search.base, singles, steps)
+    combined, in_combination, dropped = combine(search.base, singles, steps, opts.memory_limit)
     cut = first.settings.get("budget_cut")
     if share < 1 and trimmed(cut) and not kept_level(singles, in_combination) and \
             budget.fits(1, cut["seconds_per_run"]):
@@ -185,7 +191,7 @@ def run_singles(search: Search, singles: list[Rung]) -> Findings:
         # on with all of it, re-planned as if it had had it from the start (its runs so far reused).
         singles = search.replan()
         first = search.stage("singles", singles, opts.repeats, again=True, credit_s=time.monotonic() - first_started)
-        combined, in_combination, dropped = combine(search.base, singles, steps)
+        combined, in_combination, dropped = combine(search.base, singles, steps, opts.memory_limit)
         share = 1.0
         search.notes.append("no precision level gained firmly, so stage 1 went on with the budget kept for stage 1b")
     search.cut_note(first, f"; {1 - share:.0%} of the budget was kept for stage 1b, where a switch cut here is "
@@ -418,10 +424,17 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
     budget = SearchBudget(opts.budget_s)
     spec = BuiltinSpec(model, train_set, val_set, loss_fn, data, image_size, mean, std, task)
     search, singles = prepare_search(spec, recipe, device, opts, budget)
+    memory = run_memory(search, search.task) if opts.memory_limit else None
+    if memory is not None and search.base is not memory.rungs[0].recipe:
+        singles = search.replan()                 # stage 1 on the recipe that fits
     found = run_singles(search, singles)
     run_on_level(search, found)
     decision = recommend(search, found)
     decision = run_input(search, found, decision, last=not opts.batch_size_search)
+    measured = [*(memory.rungs if memory else []), *found.singles,
+                *(found.on_level.rungs if found.on_level else []), *(found.second.rungs if found.second else []),
+                *(r for stage in found.inputs for r in stage.rungs)]
+    decision = named_for_memory(search, held_to_limit(search, decision, measured))
     compile_note(found.singles, decision)
     if opts.batch_size_search:
         found.batch = run_batch_search(search, decision, found.per_run)
