@@ -92,7 +92,7 @@ def test_the_derived_sets_are_the_ones_written_by_hand_before():
     assert techniques.tune_priority("classification") == ("channels_last", "decode_cache", "reuse_memory",
                                                           "set_to_none", "fused", "prefetch", "passive_threads",
                                                           "fast_fp32_matmul", "compile")
-    assert PRIORITY == ("padding_free", "group_by_length", *techniques.tune_priority("classification"), "chunked_loss")
+    assert PRIORITY == ("padding_free", "group_by_length", *techniques.tune_priority("classification"))
     assert INPUT_SWITCHES == ("device_decode", "decode_cache", "workers")
     declared = tuple(f for s in techniques.switches() if s.process_hooks for f in s.fields)
     assert set(declared) == set(techniques.process_wide())     # PROCESS_MODULES names every module that declares one

@@ -103,7 +103,8 @@ def how_to_read(result: AblationResult) -> str:
         "step alone, and the share of it the timed epoch reached (well under 100%: the input holds the epoch). "
         "Epoch s is the mean wall time of the accuracy run's epochs, warm-up included (evaluation excluded). "
         "Peak memory is the CUDA allocator peak on GPU, the rung process's peak RSS on CPU (the largest over "
-        "repeats; the Memory section, where a Session's step was profiled, says what holds it). `% of matmul peak` is the model's FLOP/s (torch.utils.flop_counter) over the best matmul "
+        "repeats; the Memory section, where a Session's step was profiled, says what holds it). `% of matmul "
+        "peak` is the model's FLOP/s (torch.utils.flop_counter) over the best matmul "
         "FLOP/s measured in the rung's dtype on this machine before and after the ladder: a measured peak, "
         "not the hardware's limit.")
 
