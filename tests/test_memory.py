@@ -203,3 +203,15 @@ def test_a_recommendation_over_the_limit_falls_back_to_what_fits():
     fits = with_step_peak(scored_rung("compile", [150], 0.9, compile=True), 200 * 2**20)
     kept = Decision(Recipe(compile=True), "compile")
     assert held_to_limit(Search(), kept, [fits]) is kept
+
+
+def test_a_sessions_own_loop_says_the_chunked_loss_cannot_reach_it():
+    """A script's loop computes its loss itself: chunked_loss is said not to act (the ablation rules the rung out
+    with why); the built-in run's task computes it, and nothing is said there."""
+    from trainfast import Recipe, Session
+
+    tf = Session(Recipe(chunked_loss=True), device="cpu")
+    tf.setup(torch.nn.Linear(2, 2))
+    assert "computes its loss" in tf.unsupported()["chunked_loss"]
+    tf.loss_switches = True
+    assert "chunked_loss" not in tf.unsupported()

@@ -91,6 +91,7 @@ def assemble_run(model: str | nn.Module | Callable[[], nn.Module], split, recipe
     build_task(name, loss_fn).validate(recipe or Recipe())        # refused before anything starts
     session = Session(recipe, device=device, env=env)                                   # 1
     try:
+        session.loss_switches = True            # the task's step computes the loss: chunked_loss reaches it
         work = build_task(name, loss_fn, session.dist, session.recipe)                  # 2
         work.validate(session.recipe)                    # again: TRAINFAST_RECIPE may have changed it
         module = build_module(model, work, split)                                       # 3

@@ -114,6 +114,7 @@ class Session:
         self.state: TrainState | None = None
         self.loaders: list[SessionLoader] = []
         self.reported: dict[str, Any] = {}
+        self.loss_switches = False        # the built-in run's task computes the loss (chunked_loss reaches it)
         self.writer = checkpoint_writer(self.recipe)    # save(): in the loop, or in the background (async_checkpoint)
         self.logs = LogBuffer(self.recipe.log_every, self.device, self.dist)
         self.observers = session_observers()  # an instrument measuring this run (the ablation's probe)
@@ -179,17 +180,21 @@ class Session:
         return SessionLoader(adopted, batches, self.require_state(), marks_last)
 
     def unsupported(self) -> dict[str, str]:
-        """The switches this run asked for that could not act on the script's own training loader, each with why
-        (a padding switch on batches that hold no padding or no token ids): the ablation rules their rung out."""
+        """The switches this run asked for that could not act on the script's own loop, each with why (a padding
+        switch on batches that hold no padding or no token ids, a loss switch on a loss the script computes): the
+        ablation rules their rung out."""
         collator = getattr(getattr(self.loaders[0], "loader", None), "collate_fn", None) if self.loaders else None
         script_collator = getattr(collator, "inner", collator)
-        rounding = {} if not (self.loaders and self.recipe.pad_to_multiple) or hasattr(
+        cannot = {} if not (self.loaders and self.recipe.pad_to_multiple) or hasattr(
             script_collator, "pad_to_multiple_of") else {"pad_to_multiple": (
                 f"the script's collator ({type(script_collator).__name__}) has no pad_to_multiple_of to set")}
+        if self.recipe.chunked_loss and not self.loss_switches:
+            cannot["chunked_loss"] = ("the script's own loop computes its loss (model(..., labels=...).loss or its "
+                                      "own criterion): trainfast cannot chunk it without patching the model")
         if not hasattr(collator, "unsupported"):
-            return rounding
+            return cannot
         asked = [name for name in ("padding_free", "group_by_length") if getattr(self.recipe, name)]
-        return {**rounding, **collator.unsupported(asked, packing=self.recipe.padding_free)}
+        return {**cannot, **collator.unsupported(asked, packing=self.recipe.padding_free)}
 
     def require_state(self) -> TrainState:
         if self.state is None:

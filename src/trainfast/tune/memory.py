@@ -51,8 +51,8 @@ def run_memory(search: Any, task: str) -> AblationResult:
     search.work.mark_effects(rungs)
     result = search.stage("memory", rungs, search.options.repeats, share=MEMORY_SHARE)
     done = [r for r in result.rungs if r.status == Status.DONE and r.repeats]
-    fitting = [r for r in done if fits(r, limit) and (r is done[0] or not r.result.accuracy_worse)]
     base = result.rungs[0]
+    fitting = [r for r in done if fits(r, limit) and (r is base or not r.result.accuracy_worse)]
     if base in fitting:
         search.notes.append(f"memory limit {mib(limit)}: the baseline fits as it is ({mib(peak(base))})")
         return result
@@ -74,7 +74,7 @@ def run_memory(search: Any, task: str) -> AblationResult:
             against += f": {chosen.name} against it, {text}"
     search.notes.append(f"memory limit {mib(limit)}: the baseline needs {mib(peak(base))}; {chosen.name} fits "
                         f"({mib(peak(chosen))}) at {chosen.result.speedup:.2f}x the baseline's rate, the fastest that "
-                        f"fits, measured side by side with {against}; the search goes on from it")
+                        f"fits, measured side by side with {against}; the search goes on from it (memory/report.md)")
     search.base = chosen.recipe
     search.memory_choice = chosen
     return result
@@ -102,5 +102,6 @@ def held_to_limit(search: Any, decision: Decision, measured: list[Rung]) -> Deci
                  and not recipe_changes(r.recipe, decision.recipe)), None)
     if rung is None or fits(rung, limit):
         return decision
-    return Decision(search.base, "memory-fit", gainers=decision.gainers,
+    # The search's base: the memory stage's choice where it moved it (named_for_memory names it), else the baseline
+    return Decision(search.base, "baseline", gainers=decision.gainers,
                     dropped={**decision.dropped, decision.name: over_limit(rung, limit)}, notes=decision.notes)
