@@ -180,3 +180,22 @@ def torchrun_env() -> dict:
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         e.pop(key, None)
     return e
+
+
+def saved_bytes(model: torch.nn.Module, step) -> int:
+    """Bytes of the storages saved for backward while `step()` runs its forward, each storage once and the
+    parameters' left out (they are held anyway): a deterministic count of what the graph keeps alive, not a timing
+    or an allocator's reading."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = step()
+    assert loss.requires_grad          # the graph (and what it keeps) is alive while the bytes are counted
+    return sum(kept.values())

@@ -2,6 +2,7 @@
 gradients, keeps less for backward, and the built-in language-model run trains the same with it."""
 import pytest
 import torch
+from conftest import saved_bytes
 from torch import nn
 
 from trainfast import Recipe, train
@@ -79,25 +80,6 @@ def test_the_normalisation_is_transformers_own():
     assert per_items.item() == pytest.approx(full.item() / 50, rel=LOSS_RTOL)
     with torch.inference_mode():               # evaluation: no graph, the same number
         assert chunked_causal_lm_loss(hidden, weight, labels, 4, head_bias=bias).item() == pytest.approx(got.item())
-
-
-def saved_bytes(model: nn.Module, step) -> int:
-    """Bytes of the storages saved for backward while `step()` runs its forward, each storage once and the
-    parameters' left out (they are held anyway): a deterministic count of what the graph keeps alive, not a timing
-    or an allocator's reading."""
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    kept: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in weights:
-            kept[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss = step()
-    assert loss.requires_grad          # the graph (and what it keeps) is alive while the bytes are counted
-    return sum(kept.values())
 
 
 def test_the_chunked_loss_keeps_less_for_backward():

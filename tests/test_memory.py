@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import saved_bytes
 
 from trainfast.measure.memory import StepMemory, breakdown, largest, state_bytes
 
@@ -14,22 +15,6 @@ WIDTH, BATCH = 512, 256
 def mlp() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.GELU(), torch.nn.Linear(4 * WIDTH, WIDTH))
-
-
-def saved_for_backward(model: torch.nn.Module, x: torch.Tensor) -> int:
-    """The bytes a forward keeps for backward, each storage once, the parameters left out."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x).square().mean()
-    return sum(seen.values())
 
 
 def profiled(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
@@ -52,8 +37,9 @@ def test_each_item_is_what_it_is_known_to_be_and_the_largest_is_named():
     at_peak = memory["at_peak"]
     assert at_peak["parameters"] == weights and at_peak["gradients"] == weights
     assert at_peak["optimizer_state"] == pytest.approx(2 * weights, abs=64)          # the step counters' bytes
-    assert memory["highest"]["activations"] == pytest.approx(saved_for_backward(model, torch.randn(BATCH, WIDTH)),
-                                                             rel=0.05)
+    x = torch.randn(BATCH, WIDTH)
+    kept = saved_bytes(model, lambda: model(x).square().mean())
+    assert memory["highest"]["activations"] == pytest.approx(kept, rel=0.05)
     assert sum(at_peak.values()) == memory["peak_bytes"] and memory["step"] == 1
     assert largest(memory) == ("optimizer_state", at_peak["optimizer_state"])
 

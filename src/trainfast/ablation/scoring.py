@@ -231,7 +231,7 @@ def fits(rung: Rung, memory_limit: int | None) -> bool:
     whose peak was not measured does not fit a limit: it is never recommended on an unknown."""
     if memory_limit is None:
         return True
-    peak = limit_peak(rung.repeats, rung.result.peak_memory_bytes)
+    peak = limit_peak(rung)
     return peak is not None and peak <= memory_limit
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ..techniques.memory_format import memory_format_of
-from ..techniques.optimizer_state import TRAINER_OPTIM
+from ..techniques.optimizer_state import TRAINER_OPTIM, state_of
 from .board import UNSET, Board, FrameworkRecord
 from .common import (AUTO_WORKERS, LOW_BIT_IMPL, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
                      switch_cudnn_benchmark, switch_models)
@@ -300,9 +300,9 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
     if optimizer is not None:
         fused = bool(optimizer.param_groups[0].get("fused")) if optimizer.param_groups else False
         name = type(optimizer).__name__
-        low_bit = {"AdamW8bit": TRAINER_OPTIM["8bit"], "AdamW4bit": TRAINER_OPTIM["4bit"]}
-        record.prove("optim", ("adamw_torch_fused" if fused else "adamw_torch") if name == "AdamW"
-                     else low_bit.get(name, name))
+        state = state_of(optimizer)          # torchao's AdamW8bit / AdamW4bit: the Trainer's low-bit optim names
+        record.prove("optim", TRAINER_OPTIM[state] if state != "full" else
+                     ("adamw_torch_fused" if fused else "adamw_torch") if name == "AdamW" else name)
     loader = getattr(trainer, "_trainfast_loader", None)
     prove_loader(record, loader)
     for name, setting in ARG_LOADER.items():

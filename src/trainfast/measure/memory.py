@@ -71,15 +71,16 @@ def run_memory(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((run["memory"] for run in runs if run.get("memory")), None)
 
 
-def limit_peak(runs: list[dict[str, Any]], peak_memory_bytes: int | None) -> int | None:
-    """The peak a rung is held to a memory limit by. On a GPU, the allocator's over the whole run (what runs out).
-    On a CPU, the profiled step's tensors (the highest of its runs'): the resident set also holds the Python
-    runtime, the libraries and what the C allocator keeps (1.2 GiB around a 7 MiB language model here), which no
-    switch moves. The resident set where no step was profiled (a script without a Session)."""
-    memory = [run["memory"] for run in runs if run.get("memory")]
+def limit_peak(rung: Any) -> int | None:
+    """The peak a rung (results.Rung: its runs and its aggregated result) is held to a memory limit by. On a GPU,
+    the allocator's over the whole run (what runs out). On a CPU, the profiled step's tensors (the highest of its
+    runs'): the resident set also holds the Python runtime, the libraries and what the C allocator keeps (1.2 GiB
+    around a 7 MiB language model here), which no switch moves. The resident set where no step was profiled (a
+    script without a Session)."""
+    memory = [run["memory"] for run in rung.repeats if run.get("memory")]
     if memory and memory[0].get("device") == "cpu":
         return max(m["peak_bytes"] for m in memory)
-    return peak_memory_bytes
+    return rung.result.peak_memory_bytes
 
 
 def largest(memory: dict[str, Any]) -> tuple[str, int]:

@@ -33,7 +33,7 @@ def limit_line(result: AblationResult) -> str | None:
     limit = result.settings.get("memory_limit")
     if not limit:
         return None
-    peaks = {r.name: limit_peak(r.repeats, r.result.peak_memory_bytes) for r in result.rungs if r.repeats}
+    peaks = {r.name: limit_peak(r) for r in result.rungs if r.repeats}
     over = [f"{name} ({mib(peak)})" if peak is not None else f"{name} (not measured)"
             for name, peak in peaks.items() if peak is None or peak > limit]
     fit = [name for name, peak in peaks.items() if peak is not None and peak <= limit]

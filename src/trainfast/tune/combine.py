@@ -11,6 +11,7 @@ from typing import Any
 from ..ablation.scoring import fits, ladder_noises, recipe_changes, versus
 from ..measure.memory import limit_peak
 from ..recipe import Recipe
+from ..report.format import fmt_bytes
 from ..results import Effect, Rung, Status
 from ..stats import FASTER, MIN_EFFECT, Comparison, Noises
 from ..techniques.precision import not_run_text
@@ -83,19 +84,14 @@ def one_level(levels: list[Rung], singles: list[Rung], dropped: dict[str, str]) 
 
 
 def mib(value: float | None) -> str:
-    return "not measured" if value is None else f"{value / 2**20:,.0f} MiB"
-
-
-def peak(rung: Rung) -> int | None:
-    """The peak a rung is held to a memory limit by (measure.memory.limit_peak)."""
-    return limit_peak(rung.repeats, rung.result.peak_memory_bytes) if rung.repeats else None
+    return "not measured" if value is None else fmt_bytes(value)
 
 
 def over_limit(rung: Rung, limit: int | None) -> str | None:
     """Why a measured rung cannot join the recipe under --memory-limit, or None."""
     if limit is None or rung.status != Status.DONE or fits(rung, limit):
         return None
-    return f"over the memory limit ({mib(peak(rung))} > {mib(limit)})"
+    return f"over the memory limit ({mib(limit_peak(rung))} > {mib(limit)})"
 
 
 def combine(base: Recipe, singles: list[Rung], planned_steps: int | None,

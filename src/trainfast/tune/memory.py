@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..ablation.scoring import fits, ladder_noises, recipe_changes, versus
+from ..measure.memory import limit_peak
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
-from .combine import Decision, mib, over_limit, peak
+from .combine import Decision, mib, over_limit
 
 # The memory switches, as their rungs change the recipe, in the order they are tried
 MEMORY_SWITCHES = {"chunked_loss": {"chunked_loss": True}, "checkpointing": {"activation_checkpointing": True},
@@ -53,12 +54,13 @@ def run_memory(search: Any, task: str) -> AblationResult:
     done = [r for r in result.rungs if r.status == Status.DONE and r.repeats]
     base = result.rungs[0]
     fitting = [r for r in done if fits(r, limit) and (r is base or not r.result.accuracy_worse)]
+    needs = {r.name: mib(limit_peak(r)) for r in result.rungs}
     if base in fitting:
-        search.notes.append(f"memory limit {mib(limit)}: the baseline fits as it is ({mib(peak(base))})")
+        search.notes.append(f"memory limit {mib(limit)}: the baseline fits as it is ({needs[base.name]})")
         return result
     if not fitting:
-        search.notes.append(f"memory limit {mib(limit)}: nothing measured fits it (the baseline "
-                            f"{mib(peak(base))}; " + ", ".join(f"{r.name} {mib(peak(r))}" for r in done[1:]) +
+        search.notes.append(f"memory limit {mib(limit)}: nothing measured fits it (the baseline {needs[base.name]}; "
+                            + ", ".join(f"{r.name} {needs[r.name]}" for r in done[1:]) +
                             "): the search goes on from the baseline and says so")
         return result
     chosen = max(fitting, key=lambda r: r.result.speedup or 0.0)
@@ -67,13 +69,13 @@ def run_memory(search: Any, task: str) -> AblationResult:
     against = "no smaller batch of the baseline fits"
     if reference is not None:
         against = (f"the baseline at the largest batch that fits, {reference.recipe.batch_size} "
-                   f"({reference.result.speedup:.2f}x, {mib(peak(reference))})")
+                   f"({reference.result.speedup:.2f}x, {needs[reference.name]})")
         if reference is not chosen:
             noises = ladder_noises(done)
             text = versus(chosen, reference, search.options.min_effect, noises).text
             against += f": {chosen.name} against it, {text}"
-    search.notes.append(f"memory limit {mib(limit)}: the baseline needs {mib(peak(base))}; {chosen.name} fits "
-                        f"({mib(peak(chosen))}) at {chosen.result.speedup:.2f}x the baseline's rate, the fastest that "
+    search.notes.append(f"memory limit {mib(limit)}: the baseline needs {needs[base.name]}; {chosen.name} fits "
+                        f"({needs[chosen.name]}) at {chosen.result.speedup:.2f}x the baseline's rate, the fastest that "
                         f"fits, measured side by side with {against}; the search goes on from it (memory/report.md)")
     search.base = chosen.recipe
     search.memory_choice = chosen

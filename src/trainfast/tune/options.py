@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from ..ablation import LadderOptions, TimingBudget
 from ..ablation.work import check_measure
-from ..defaults import TUNE_BUDGET_S, parse_size
+from ..defaults import TUNE_BUDGET_S
 from ..recipe import RecipeError
 from ..stats import MIN_EFFECT
 
@@ -42,15 +42,13 @@ class TuneOptions:
     memory_limit: int | str | None = None     # bytes, or "2GiB": the search starts with its memory stage
 
     def __post_init__(self) -> None:
-        if self.memory_limit is not None:
-            try:
-                object.__setattr__(self, "memory_limit", parse_size(self.memory_limit))
-            except ValueError as exc:
-                raise RecipeError(f"--memory-limit {exc}") from None
         if self.timing is None:
             object.__setattr__(self, "timing", TimingBudget())
-        # Every stage is a ladder run `repeats` times with as many baseline seeds: checked as one here.
-        LadderOptions(repeats=self.repeats, noise_seeds=self.repeats, budget=self.timing, min_effect=self.min_effect)
+        # Every stage is a ladder run `repeats` times with as many baseline seeds: checked as one here, and the
+        # memory limit read as the ladders read it (bytes, or a size as written).
+        ladder = LadderOptions(repeats=self.repeats, noise_seeds=self.repeats, budget=self.timing,
+                               min_effect=self.min_effect, memory_limit=self.memory_limit)
+        object.__setattr__(self, "memory_limit", ladder.memory_limit)
         check_measure("full", self.goal)
         if self.batch_size_search and self.command is not None:
             raise RecipeError("--batch-size-search: a script sets its own DataLoader batch size, which the recipe "
