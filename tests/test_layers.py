@@ -28,8 +28,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("applications", ["trainfast.ablation", "trainfast.ablation.*", "trainfast.doctor", "trainfast.doctor.*",
                       "trainfast.bench_data", "trainfast.trainer", "trainfast.selfcheck", "trainfast.selfcheck.*"]),
     ("output", ["trainfast.report", "trainfast.report.*"]),
-    ("assembly and instruments", ["trainfast.run", "trainfast.launch", "trainfast.probe", "trainfast.checks",
-                                  "trainfast.checks.*",
+    ("assembly and instruments", ["trainfast.run", "trainfast.curves", "trainfast.launch", "trainfast.probe",
+                                  "trainfast.checks", "trainfast.checks.*",
                                   "trainfast.instruments", "trainfast.instruments.*", "trainfast.envcheck",
                                   "trainfast.frameworks",
                                   "trainfast.frameworks.*"]),
@@ -39,9 +39,9 @@ LAYERS: list[tuple[str, list[str]]] = [
                                         "trainfast.data.*", "trainfast.detection", "trainfast.detection.*",
                                         "trainfast.distributed", "trainfast.faults", "trainfast.checkpoint",
                                         "trainfast.models", "trainfast.text", "trainfast.text.*"]),
-    ("foundations", ["trainfast.recipe", "trainfast.measure", "trainfast.measure.*", "trainfast.stats",
-                     "trainfast.procs", "trainfast.results", "trainfast.observers", "trainfast.procstate",
-                     "trainfast.errors", "trainfast.modelnames", "trainfast.defaults"]),
+    ("foundations", ["trainfast.recipe", "trainfast.target", "trainfast.measure", "trainfast.measure.*",
+                     "trainfast.stats", "trainfast.procs", "trainfast.results", "trainfast.observers",
+                     "trainfast.procstate", "trainfast.errors", "trainfast.modelnames", "trainfast.defaults"]),
 ]
 
 

@@ -151,7 +151,8 @@ def _ablate(args, recipe: Recipe) -> int:
                    mode=args.mode, repeats=args.repeats, noise_seeds=args.noise_seeds,
                    budget=TimingBudget(steps=args.timing_steps, seconds=args.timing_budget),
                    min_effect=args.min_effect, resume=resume, rung_timeout=args.rung_timeout,
-                   settle_within_s=args.settle_within, paired=args.paired, memory_limit=args.memory_limit)
+                   settle_within_s=args.settle_within, paired=args.paired, memory_limit=args.memory_limit,
+                   target=args.target)
     try:
         if args.user_command is not None:
             result = ablate_command(args.user_command, recipe=recipe, device=args.device, measure=args.measure,
@@ -248,6 +249,17 @@ def idle_switches(recipe: Recipe, device, split) -> list[str]:
     return notes
 
 
+def target_line(target, curve: dict) -> str:
+    """`train --target`: where the run reached its target, or that it did not."""
+    from .target import first_reach
+
+    point = first_reach(curve["curve"], target)
+    if point is None:
+        return f"target {target.text()}: not reached in {len(curve['curve'])} evaluations"
+    return (f"target {target.text()}: reached at step {point['step']}, after {point['train_s']:.1f} s of training "
+            f"(evaluation excluded) and {point['seen']:,} samples")
+
+
 def _train(args, recipe: Recipe) -> int:
     from datetime import datetime
 
@@ -258,8 +270,9 @@ def _train(args, recipe: Recipe) -> int:
     from .measure import LossTermsError, NonFiniteLossError
     from .recipe import resolve_device, validate_for_device
     from .tasks import build_task
-    from .trainer import train
+    from .trainer import target_plan, train
 
+    target_plan(args.target)                 # auto refused before the data loads
     resume, folder = resume_checkpoint(args.resume, args.out)
     device = resolve_device(args.device)
     validate_for_device(recipe, device)
@@ -294,8 +307,8 @@ def _train(args, recipe: Recipe) -> int:
                                + (f"  ({skipped} unreadable image(s) skipped, named above)" if skipped else ""))
 
     try:
-        train(build_model, split, recipe=recipe, device=device, out=out,
-              on_window=on_window, on_epoch=on_epoch, resume=resume, task=args.task)
+        trained = train(build_model, split, recipe=recipe, device=device, out=out, on_window=on_window,
+                        on_epoch=on_epoch, resume=resume, task=args.task, target=args.target)
     except (NonFiniteLossError, LossTermsError, CheckpointError) as exc:
         # Non-zero exit; checkpoints already in out/checkpoints are complete and untouched.
         progress.stop()
@@ -303,7 +316,10 @@ def _train(args, recipe: Recipe) -> int:
         return 1
     finally:
         progress.stop()
-    console.print(f"run folder: {out}/ (metrics.jsonl, recipe.json, model.pt)")
+    if trained.curve is not None:
+        console.print(target_line(args.target, trained.curve))
+    console.print(f"run folder: {out}/ (metrics.jsonl, recipe.json, model.pt"
+                  + (", curve.json)" if trained.curve is not None else ")"))
     return 0
 
 

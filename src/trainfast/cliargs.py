@@ -296,3 +296,16 @@ def resume_checkpoint(resume: str | None, out: str | None) -> tuple[str | None, 
     if out is None:
         raise ValueError("--resume needs --out DIR: the run folder that holds the checkpoints")
     return resume, out
+
+
+def target_type(text: str):
+    """The argparse type of --target: target.parse_target, its error as argparse's (checked before torch loads)."""
+    from .target import TargetError, parse_target
+
+    try:
+        return parse_target(text)
+    except TargetError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+target_type.__name__ = "target"

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from . import __version__, selfcheck
 from .cliargs import (DEVICE_HELP, AliasHelpFormatter, Duration, add_aliased, add_comparison, add_out, add_resume,
                       add_script_flags, add_switches, add_timing, fill_help_later, format_duration, int_or_auto,
-                      optional, positive_int, size_type, worker_count_or_auto)
+                      optional, positive_int, size_type, target_type, worker_count_or_auto)
 from .defaults import DOCTOR_EVAL_WITHIN, DOCTOR_STEPS, LADDER_MODES, MAX_REPEATS, SETTLE_WITHIN_S, TUNE_BUDGET_S
 from .modelnames import (DEFAULT_DETECTION_MODEL, DETECTION_MODELS, LM_MODELS, check_detection_model_name,
                          check_lm_model_name)
@@ -149,6 +149,8 @@ def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
                          "the default ablation under 3 minutes on 2 cores; 0: never)")
     add_timing(ab)
     add_memory_limit(ab, "a rung over it is measured and shown, never recommended")
+    add_target(ab, "every run evaluates on its way and stops there (or at 3x the baseline's time to it), and each "
+                   "rung is judged on its time to target (its samples to target over its rate) beside its rate")
     ab.add_argument("--rung-timeout", type=Duration(), default=None, metavar="DURATION",
                     help="stop a run that takes longer and report it failed (default: 10x the baseline's first run, "
                          "at least 5m)")
@@ -163,6 +165,12 @@ def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
                           "the script to its end and compare the metric it reports (tf.report) with the baseline's "
                           "noise band")
     add_script_flags(cmd, "with --measure full")
+
+
+def add_target(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--target", type=target_type, default=None, metavar="TARGET",
+                        help="the level a run must reach: val_loss<=3.2, val_acc>=0.95, or auto (the baseline's "
+                             f"median level at the end of its run); {what}")
 
 
 def add_memory_limit(parser: argparse.ArgumentParser, what: str) -> None:
@@ -200,6 +208,7 @@ def add_tune_flags(tu: argparse.ArgumentParser) -> None:
     tu.add_argument("--planned-steps", type=positive_int, default=None, metavar="N",
                     help="optimizer steps of the run the recipe is for (decides compile; default: the recipe's epochs)")
     add_timing(tu)
+    add_target(tu, "the search compares candidates on their time to target instead of their rate")
     add_memory_limit(tu, "the search starts from the fastest of the baseline at smaller batches and the memory "
                          "switches that fits, and recommends nothing over it")
     add_out(tu, "tune", "the search, best.yaml")
@@ -235,6 +244,7 @@ def add_doctor_flags(dr: argparse.ArgumentParser) -> None:
 
 def add_train_flags(tr: argparse.ArgumentParser) -> None:
     add_common(tr)
+    add_target(tr, "the run evaluates on its way, stops there and says its time to target")
     add_out(tr, "train", "the run (metrics, recipe, weights, checkpoints/)")
     add_resume(tr, "continue from the newest good checkpoint in the run folder DIR (fresh start when there is none; "
                    "use it under torchrun --max-restarts), or from the checkpoint FILE", metavar="DIR|FILE")

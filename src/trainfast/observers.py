@@ -2,7 +2,8 @@
 every trainfast.Session the process creates, without the Session importing the instrument.
 
 An observer has two methods: `attach(session)`, called when a Session is created, and `watch(state,
-num_workers)`, called when its setup() has built the training state (its StepTimer is the run's clock).
+num_workers)`, called when its setup() has built the training state (its StepTimer is the run's clock), and
+`reported(metrics)`, called with what the script gives `tf.report(...)` (its evaluation: a point of its curve).
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ class SessionObserver(Protocol):
     def attach(self, session: Any) -> None: ...
 
     def watch(self, state: Any, num_workers: int | None) -> None: ...
+
+    def reported(self, metrics: dict[str, Any]) -> None: ...
 
 
 _OBSERVERS: list[SessionObserver] = []     # per process, like torch's global optimizer hooks

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from .frameworks.hooks import when_imported
+from .instruments.curve import ScriptCurve
 from .instruments.recompiles import CompileWindow
 from .measure.memory import StepMemory
 from .procstate import process_state
@@ -63,6 +64,11 @@ class MeasureSpec:
     # rung whose steady steps were faster at 0.52x) stays out, and a rung timed to its end (to be judged on its
     # metric) measures the same rate as when it is stopped once timed. The run's whole time is its run_seconds.
     steady_window: bool = False
+    # --target: the run records a point at each evaluation it reports (instruments/curve.py) and stops at the first
+    # that reaches `target` (Target.to_dict(); auto before its level is known: no stop), or past `cap_s` training
+    # seconds without reaching it.
+    target: dict | None = None
+    cap_s: float | None = None
 
     def to_env(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -129,6 +135,7 @@ class Probe:
         # This run's compiles and recompiles (instruments/recompiles.py), counted from when dynamo is imported:
         # now if the model is already compiled, else on the import (a run that never compiles never imports it).
         self.compiles = CompileWindow()
+        self.curve = ScriptCurve(spec.target, spec.cap_s)      # its evaluations on the way (--target)
         when_imported("torch._dynamo", lambda _module: self.compiles.open())
 
     # --- where steps come from ------------------------------------------------------------------------
@@ -159,6 +166,14 @@ class Probe:
         self.check_disturbance = self.device.type == "cpu"
         state.after_update = self.after_update
         state.memory = StepMemory(self.device, optimizer=state.optimizer.optimizer)   # what holds the memory
+
+    def reported(self, metrics: dict[str, Any]) -> None:
+        """The script evaluated (tf.report, a framework's evaluation): a point of its curve; at the target or past
+        its cap the run ends here, its result written (one process: a torchrun job's ranks report unevenly, so
+        it runs to its own end)."""
+        if self.curve.add(self, metrics) and self.world_size == 1:
+            self.write(f"target: {self.curve.stopped}")
+            raise StopRun()
 
     # --- speed mode ----------------------------------------------------------------------------------
 
@@ -352,6 +367,7 @@ def run_record(probe: Probe, stopped: str) -> dict[str, Any]:
         "batches": probe.batches.to_dict() if probe.batches is not None else None,
         "run_seconds": time.perf_counter() - probe.started,
         "process": process_state(),        # its cores, threads, preemptions, faults (procstate.py)
+        **probe.curve.record(),            # --target: its evaluations on the way (instruments/curve.py)
         **probe.extra,
     }
 

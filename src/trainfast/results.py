@@ -110,6 +110,8 @@ class RungResult:
     accuracy_flag: bool | None = None        # outside the baseline's band
     accuracy_worse: bool | None = None       # ... on the wrong side
     noise: dict[str, Any] | None = None      # scoring.noise_summary
+    # --target: time to target and its two factors against the baseline, with the verdict (ablation/target.py)
+    to_target: dict[str, Any] | None = None
     # a failed rung
     error: str | None = None
     log_tail: str | None = None

@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .checkpoint import build_checkpointer
+from .curves import BuiltinCurve, CurvePlan
 from .data.badfiles import skipped_last_pass
 from .data.datasets import Split
 from .data.device_decode import host_decoded_last_pass
@@ -23,6 +24,7 @@ from .engine import train_one_epoch
 from .recipe import Recipe
 from .run import BuiltinRun, as_split, assemble_run
 from .session import TrainState
+from .target import Target, TargetError, parse_target
 
 
 @dataclass
@@ -30,6 +32,7 @@ class TrainResult:
     state: TrainState
     history: list[dict[str, Any]] = field(default_factory=list)
     out_dir: Path | None = None
+    curve: dict[str, Any] | None = None      # with a target: its evaluations on the way and where it stopped
 
     @property
     def model(self) -> nn.Module:
@@ -40,8 +43,9 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
           val_set: Dataset | None = None, loss_fn: Callable | None = None, recipe: Recipe | None = None, *,
           device: str | torch.device = "auto", mean=None, std=None, out: str | Path | None = None,
           on_window: Callable | None = None, on_epoch: Callable | None = None,
-          resume: str | Path | None = None, task: str | None = None) -> TrainResult:
-    # The public entry point: 13 parameters, each a user's documented option; an options object would only
+          resume: str | Path | None = None, task: str | None = None, target: str | Target | None = None
+          ) -> TrainResult:
+    # The public entry point: 14 parameters, each a user's documented option; an options object would only
     # move them out of sight of help(trainfast.train).
     """Train `model` (a module, or a factory called after seeding so its init is reproducible) with a Recipe.
     Returns the final state and per-epoch metrics; with `out`, writes the run folder (metrics.jsonl,
@@ -50,7 +54,10 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
     `task`: "classification" or "detection" (tasks/); by default detection for a DetectionSplit (a torchvision
     detector: model(images, targets) -> dict of losses in train mode; evaluated as COCO mAP).
     `mean`/`std`: plain datasets yield uint8 images, normalized by trainfast. `on_window(step, stats)` after
-    every metric window and `on_epoch(record)` after every epoch, on rank 0 only."""
+    every metric window and `on_epoch(record)` after every epoch, on rank 0 only. `target` ("val_loss<=3.2",
+    "val_acc>=0.95"): the run evaluates on a schedule, stops at its first evaluation that reaches it (or at
+    curves.MAX_RUN_FACTOR times its epochs) and `result.curve` (out/curve.json) says when."""
+    plan = target_plan(target)
     split = as_split(train_set, val_set, mean=mean, std=std)     # refused before anything starts
     run = assemble_run(model, split, recipe, device=device, task=task, loss_fn=loss_fn)
     out_dir = Path(out) if out is not None else None
@@ -66,8 +73,11 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
     if out_dir is not None and main:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "recipe.json").write_text(json.dumps(run.recipe.to_dict(), indent=2))
-    for epoch in range(run.state.epoch, run.recipe.epochs):
-        record = train_epoch(run, epoch, checkpoints, on_window if main else None)
+    curve = BuiltinCurve(run, plan) if plan is not None else None
+    epoch = run.state.epoch
+    while curve.more(epoch) if curve is not None else epoch < run.recipe.epochs:
+        record = train_epoch(run, epoch, checkpoints, on_window if main else None, curve)
+        epoch += 1
         result.history.append(record)
         if out_dir is not None and main:
             with open(out_dir / "metrics.jsonl", "a") as f:
@@ -76,6 +86,10 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
             on_epoch(record)
         checkpoints.end_epoch(run.state)
     checkpoints.finish()                           # async_checkpoint: the last save is complete (or raises)
+    if curve is not None:
+        result.curve = curve.record()
+        if out_dir is not None and main:
+            (out_dir / "curve.json").write_text(json.dumps(result.curve, indent=2))
     if out_dir is not None:
         weights = run.dist.full_state_dict(run.state.model)   # collective under FSDP2
         if main:
@@ -84,15 +98,30 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
     return result
 
 
-def train_epoch(run: BuiltinRun, epoch: int, checkpoints, on_window: Callable | None) -> dict[str, Any]:
-    """One epoch of the built-in loop and its evaluation; the epoch's record (metrics.jsonl's line)."""
+def target_plan(target: str | Target | None) -> CurvePlan | None:
+    """A target as train takes it: written out (auto is the level of a baseline's runs: ablate and tune have one)."""
+    parsed = parse_target(target)
+    if parsed is None:
+        return None
+    if not parsed.known:
+        raise TargetError("--target auto is the level a baseline's runs reach; a single run has none: give the "
+                          "level (val_loss<=3.2, val_acc>=0.95), or find it with trainfast ablate --target auto")
+    return CurvePlan(target=parsed)
+
+
+def train_epoch(run: BuiltinRun, epoch: int, checkpoints, on_window: Callable | None,
+                curve: BuiltinCurve | None = None) -> dict[str, Any]:
+    """One epoch of the built-in loop and its evaluation; the epoch's record (metrics.jsonl's line). With a
+    curve, the epoch evaluates on its schedule and ends early once the target is reached."""
     state, task, dist, device = run.state, run.task, run.dist, run.device
+    batches = curve.batches(run.train_batches) if curve is not None else run.train_batches
+    after_step = curve.hooked(checkpoints.after_step) if curve is not None else checkpoints.after_step
     dist.set_epoch(epoch)
     meter = run.meter(on_window)
     checkpoints.begin_epoch(state, meter)
     t0 = time.perf_counter()
     with dist.watch():                     # a silent rank is named, not waited on forever
-        stats = train_one_epoch(state, run.train_batches, task, meter, after_step=checkpoints.after_step)
+        stats = train_one_epoch(state, batches, task, meter, after_step=after_step)
         metrics = task.evaluate(state.model, run.val_batches, state.precision, dist)
     return {"epoch": epoch + 1, "step": state.step, **task.train_metrics(stats, dist),
             **task.val_metrics(metrics), "epoch_time_s": time.perf_counter() - t0, "data_wait_s": stats.data_wait_s,

@@ -22,12 +22,15 @@ from ..procstate import process_cpu_seconds, reference_check
 from ..recipe import RecipeError
 from ..results import AblationResult, Rung, Status
 from ..stats import MIN_EFFECT
+from ..target import Target, TargetError, parse_target
 from ..techniques.precision import DTYPES
 from .metric import SCRIPT_CHOICE, MetricChoice, better, choose_metric, metric_goal
 from .rung import TimingBudget
 from .scoring import pick_best, score_rungs, seed_summary, unresolved
 from .server import wait_rung_server
 from .store import RunStore, write_json
+from .aim import Aim
+from .target import TARGET_SEEDS
 from .work import Work
 
 
@@ -57,8 +60,15 @@ class LadderOptions:
     time_budget_s: float | None = None
     paired: bool = False
     memory_limit: int | str | None = None
+    # --target (target.py): every run records its curve and stops at the target; each rung is judged on its time to
+    # target beside its rate (ablation/target.py). A string as written ("val_loss<=3.2", "auto") or a Target.
+    target: str | Target | None = None
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "target", parse_target(self.target))
+        except TargetError as exc:
+            raise RecipeError(str(exc)) from None
         if self.memory_limit is not None:           # bytes, or a size as written ("2GiB")
             try:
                 object.__setattr__(self, "memory_limit", parse_size(self.memory_limit))
@@ -181,7 +191,15 @@ class LadderRun:
         self.measured = [r for r in plan if r.status != Status.NO_EFFECT]
         # Interleaved: repeat 0 of every rung, then repeat 1 of every rung, ...; the baseline's extra seeds last.
         self.queue = [(rung, i, options.budget) for i in range(self.repeats) for rung in self.measured]
+        # --target: the baseline's seeds number at least TARGET_SEEDS (its samples to target, its seed band), and
+        # its runs go first (aim.py)
+        self.aim = (Aim(options.target, plan, work, self.metric.choice, options.min_effect)
+                    if options.target is not None else None)
+        if self.aim is not None:
+            self.noise_seeds = max(self.noise_seeds, TARGET_SEEDS)
         self.queue += [(plan[0], i, None) for i in range(self.repeats, self.noise_seeds)]
+        if self.aim is not None:
+            self.queue = self.aim.order(self.queue)
         self.next_index = max(self.repeats, self.noise_seeds)
         self.seed_runs: list[dict[str, Any]] = []
         self.cut: Cut | None = None
@@ -204,7 +222,7 @@ class LadderRun:
         interrupted = False
         with display:
             try:
-                while self.queue or self.add_pass():
+                while self.queue or self.add_pass() or self.add_seeds():
                     self.run_next(store, display)
                     self.rescore()
                     display.metric = self.metric.judged_metric()
@@ -264,6 +282,8 @@ class LadderRun:
         if self.after_run is not None:
             self.after_run(rung, result)
             self.take_added_rungs()
+        if self.aim is not None:
+            self.aim.after_run(self.queue)
         if self.opts.time_budget_s is not None and self.cut is None and "error" not in result:
             self.fit_budget(result)
 
@@ -302,6 +322,14 @@ class LadderRun:
         self.queue = self.another_pass()
         return bool(self.queue)
 
+    def add_seeds(self) -> bool:
+        """--target: queue the seeds a rung that changed the math still needs (aim.py); whether any were."""
+        if self.aim is None:
+            return False
+        self.queue = self.aim.seeds(self.next_index)
+        self.next_index = max([self.next_index - 1, *(i for _, i, _ in self.queue)]) + 1
+        return bool(self.queue)
+
     def another_pass(self) -> list[tuple[Rung, int, TimingBudget]]:
         """The runs of one more pass (add_pass), or none."""
         shaky = [r.name for r in self.plan[1:]
@@ -328,6 +356,8 @@ class LadderRun:
         self.seed_runs = [seed_summary(r, metric[0]) for r in base.repeats + base.seed_runs]
         score_rungs(self.plan, self.ceilings, [s["accuracy"] for s in self.seed_runs], self.work.flops_per_sample,
                     self.opts.mode, self.opts.min_effect, metric)
+        if self.aim is not None:
+            self.aim.score()
 
     def result(self, env: dict[str, Any]) -> AblationResult:
         """The scored ladder, its recommendation and the settings as run (cut and settled), report written."""
@@ -376,6 +406,8 @@ def settings_as_run(run: LadderRun) -> dict[str, Any]:
                     "settle": {"within_s": run.opts.settle_within_s, "passes": run.added}}
     if run.machine:
         settings = {**settings, "machine_check": run.machine}
+    if run.aim is not None:
+        settings = {**settings, "target": run.aim.to_dict()}
     return settings
 
 

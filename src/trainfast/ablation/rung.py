@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from ..checkpoint import NoCheckpoints, build_checkpointer
+from ..curves import BuiltinCurve, CurvePlan
 from ..data.badfiles import skipped_last_pass
 from ..data.device_decode import host_decoded_last_pass, host_decoded_names
 from ..defaults import TIMING_FLOOR, TIMING_SECONDS, TIMING_STEPS
@@ -56,6 +57,9 @@ class Job:
     # The ladder's baseline recipe: every timed run is also timed against it in alternating blocks inside its own
     # process (paired.py). None: runs are compared across processes only.
     reference: Recipe | None = None
+    # --target: evaluations on a schedule (the curve) and the stop at the target or the cap (curves.py); None:
+    # the planned epochs, one evaluation at the end.
+    curve: CurvePlan | None = None
 
 
 def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None],
@@ -66,7 +70,7 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None],
                        env=False)
     try:
         with ExitStack() as stack:
-            record = measure_rung(run, emit, budget, rung_checkpoints(run, stack))
+            record = measure_rung(run, emit, budget, rung_checkpoints(run, stack), job.curve)
         if budget is not None and job.reference is not None:     # after the record: the pair's memory is not the rung's
             record["paired"] = pair_with_reference(job, run, job.reference.replace(seed=recipe.seed), budget)
         return record
@@ -88,9 +92,10 @@ def rung_checkpoints(run: BuiltinRun, stack: ExitStack):
 
 
 def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBudget | None,
-                 checkpoints) -> dict[str, Any]:
+                 checkpoints, plan: CurvePlan | None = None) -> dict[str, Any]:
     """The accuracy run (every epoch, then the evaluation), then more steps until the timing budget is met;
-    the probe's record of it, with the evaluation's numbers. `checkpoints`: rung_checkpoints' saver."""
+    the probe's record of it, with the evaluation's numbers. `checkpoints`: rung_checkpoints' saver. `plan`
+    (--target): the accuracy run evaluates on a schedule and ends at the target or its cap (curves.py)."""
     recipe, state, task = run.recipe, run.state, run.task
     missing = not_in_effect(recipe)        # never time the default under a process switch's name
     if missing:
@@ -102,13 +107,18 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
     progress = Progress(emit, len(run.train_batches) * recipe.epochs)
 
     trained, epoch_times, skipped, host_decoded = EpochStats(), [], 0, 0
-    for epoch in range(recipe.epochs):
-        stats = train_pass(run, epoch, run.train_batches, progress, checkpoints)
+    curve = BuiltinCurve(run, plan) if plan is not None else None
+    epoch = 0
+    while curve.more(epoch) if curve is not None else epoch < recipe.epochs:
+        batches = curve.batches(run.train_batches) if curve is not None else run.train_batches
+        stats = train_pass(run, epoch, batches, progress, checkpoints, curve)
         trained.absorb(stats)
         epoch_times.append(stats.seconds)
         skipped += skipped_last_pass(run.train_batches, run.device)
         host_decoded += host_decoded_last_pass(run.train_batches, run.device)
-    metrics = task.evaluate(state.model, run.val_batches, state.precision, run.dist)
+        epoch += 1
+    metrics = (curve.finish(state) if curve is not None
+               else task.evaluate(state.model, run.val_batches, state.precision, run.dist))
     train_metrics = task.train_metrics(trained, run.dist)
     updates = state.step            # the accuracy run's optimizer steps (the timing steps below add more)
     extra_passes = time_the_rest(run, probe, budget, progress, checkpoints) if timed else 0
@@ -136,6 +146,7 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
         "checkpoint_loop_s": checkpoints.loop_seconds,         # the seconds the loop spent in them
         **process_wide_in_effect(),                            # each process switch, read back in this process
         "step_alone": alone,                                   # the same step on a batch kept on the device
+        **(curve.record() if curve is not None else {}),       # --target: its evaluations on the way
     }
     return probe.result("accuracy run ended" + (", then the timing budget" if extra_passes else ""))
 
@@ -166,12 +177,14 @@ class Progress:
         self.emit({"event": "progress", "step": step, "total": self.total, "loss": stats.losses[-1]})
 
 
-def train_pass(run: BuiltinRun, epoch: int, batches, progress: Progress, checkpoints):
+def train_pass(run: BuiltinRun, epoch: int, batches, progress: Progress, checkpoints,
+               curve: BuiltinCurve | None = None):
     run.dist.set_epoch(epoch)
     meter = run.meter(progress.on_window)
     checkpoints.begin_epoch(run.state, meter)
+    after_step = curve.hooked(checkpoints.after_step) if curve is not None else checkpoints.after_step
     with run.dist.watch():
-        return train_one_epoch(run.state, batches, run.task, meter, after_step=checkpoints.after_step)
+        return train_one_epoch(run.state, batches, run.task, meter, after_step=after_step)
 
 
 def time_the_rest(run: BuiltinRun, probe: Probe, budget: TimingBudget, progress: Progress, checkpoints) -> int:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from ..curves import CurvePlan, judged_name
 from ..data.decoded_cache import with_decode_cache
 from ..engine import ZERO_GRAD_NOTE
 from ..frameworks import SECTION as FRAMEWORKS
@@ -26,6 +27,7 @@ from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import Effect, Rung, Status
 from ..run import as_split, build_module
 from ..tasks import Task
+from ..target import Target
 from ..tasks.effects import changes_effect, field_effect
 from ..techniques import needs_fresh_process, starting_with, threads
 from ..techniques.base import Effect as TechniqueEffect
@@ -58,6 +60,10 @@ class Work(Protocol):
 
     def after_run(self, plan: list[Rung]) -> Callable[[Rung, dict], None] | None:
         """Called after each run: what a run revealed that changes the plan, or None."""
+
+    def aim(self, target: Target, cap_s: float | None) -> None:
+        """--target: the runs started from now on record their curves and stop at `target` (once its level is
+        known) or past `cap_s` training seconds (target.py, curves.py)."""
 
     # Optional: pair_against(reference), where the work can time each run against the baseline inside the run's
     # own process (the built-in work; a user's command cannot: its loop is its own).
@@ -124,6 +130,14 @@ class Builtin:
             return TechniqueEffect(False, threads.NO_WORKERS_NOTE, applies=False)
         return self.task.field_effect(field, device, model, split, value)
 
+    def curve_metric(self) -> tuple[str, str]:
+        """The key its curves keep the task's judged metric under, and its goal: what --target auto is about."""
+        return judged_name(self.task), self.task.metric.goal
+
+    def aim(self, target: Target, cap_s: float | None) -> None:
+        """Every run evaluates on a schedule and stops at the target or its cap (curves.CurvePlan)."""
+        self.job = dataclasses.replace(self.job, curve=CurvePlan(target=target, cap_s=cap_s))
+
     def pair_against(self, reference: Recipe) -> None:
         """Every timed run is also timed against `reference` (the baseline) inside its own process (paired.py)."""
         self.job = dataclasses.replace(self.job, reference=reference)
@@ -139,11 +153,9 @@ class Builtin:
         return None
 
     def launcher(self, measure: str = "speed") -> Launch:
-        job = self.job
-
         def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
             with starting_with(recipe):                  # the process switches: in the spawned process's environment
-                return run_supervised(rung_context(self.fresh), rung_main, (job, recipe, run_budget),
+                return run_supervised(rung_context(self.fresh), rung_main, (self.job, recipe, run_budget),
                                       on_event=lambda e: display.progress(rung, e), log_path=run_dir / "log.txt",
                                       time_limit_s=limit)
         return launch
@@ -225,6 +237,12 @@ class CommandWork:
     # (follow_task), which replaces the default ladder before any other rung runs. `task`: the one given.
     by_task: dict[str, list[Rung]] = dataclasses.field(default_factory=dict)
     task: str | None = None
+    target: Target | None = None         # --target: the probe records the curve, stops at it or at cap_s
+    cap_s: float | None = None
+
+    def aim(self, target: Target, cap_s: float | None) -> None:
+        """Every run records a point at each evaluation it reports and stops at the target or its cap (probe.py)."""
+        self.target, self.cap_s = target, cap_s
 
     def fields(self, recipe: Recipe) -> dict[str, Any]:
         """What reaches the script: only the switched fields, so its own settings (grad_accum_steps,
@@ -244,7 +262,8 @@ class CommandWork:
 
         def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
             spec = MeasureSpec(str((run_dir / "result.json").resolve()), measure if run_budget else "full",
-                               steady_window=True, **dataclasses.asdict(self.budget))
+                               steady_window=True, **dataclasses.asdict(self.budget),
+                               target=self.target.to_dict() if self.target is not None else None, cap_s=self.cap_s)
             env = run_environment(self.fields(recipe), spec)
             argv = self.cmd.launch_argv()
             write_json(run_dir / "command.json", {"argv": argv, "env": env, "cwd": os.getcwd()})

@@ -24,7 +24,7 @@ def install(probe: Any, fields: dict[str, Any]) -> Board | None:
         return None
     from . import accel, hf, lightning
 
-    board = Board(dict(fields))
+    board = Board(dict(fields), on_metrics=getattr(probe, "reported", None))
     probe.sections[SECTION] = board
     for adapter in (hf, lightning, accel):
         adapter.install(board)

@@ -93,14 +93,20 @@ class Board:
     # The metric the script declares it cares about ({"name", "goal", "source"}: metric_for_best_model, a
     # ModelCheckpoint's monitor), None if it declares none (ablation/metric.py picks another).
     declared: dict[str, Any] | None = None
+    # Told each evaluation's numbers as the framework computes them (the probe: a point of the run's curve)
+    on_metrics: Callable[[dict[str, float]], None] | None = None
 
     def record_metrics(self, values: dict[str, Any]) -> None:
         """Keep the numbers among `values` (tensors of one element read out; anything else left alone)."""
+        kept = {}
         for name, value in values.items():
             if hasattr(value, "numel") and value.numel() == 1:
                 value = value.item()
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.metrics[str(name)] = float(value)
+                kept[str(name)] = float(value)
+        self.metrics.update(kept)
+        if kept and self.on_metrics is not None:
+            self.on_metrics(kept)
 
     def declare(self, name: str, goal: str, source: str) -> None:
         """The script's own choice of metric; the first declaration met stands (a script's later Trainer for a

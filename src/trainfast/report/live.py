@@ -8,6 +8,7 @@ from ..results import AblationResult, Rung
 from .format import roofs_text, rung_label
 from .summary import best_line, keep_line, machine_line, repeatability_line
 from .table import Columns, headers, table_rows
+from .target import console_table
 
 
 class Display:
@@ -96,6 +97,9 @@ class Display:
             self.console.print(f"[bold]interrupted[/bold]: {done} run(s) finished; partial report in "
                                f"{result.out_dir}/; continue with the same command and --resume")
             return
+        to_target = console_table(result)             # --target: time to target beside the rate
+        if to_target is not None:
+            self.console.print(to_target)
         repeatability = repeatability_line(result)
         if repeatability:
             self.console.print(repeatability)

@@ -15,6 +15,7 @@ from .charts import write_charts
 from .doctor_findings import doctor_section
 from .format import roofs_text, rung_label
 from .memory import memory_section
+from .target import target_section, write_target_chart
 from .notes import rung_notes
 from .results_json import write_results_json
 from .summary import best_line, judged_line, keep_line, machine_line, repeatability_line
@@ -37,6 +38,8 @@ def write_report(result: AblationResult) -> None:
     """The report folder: results.json, the charts and report.md."""
     write_results_json(result)
     charts = write_charts(result)
+    curves = write_target_chart(result)            # --target: each rung's metric against its training time
+    charts += [curves] if curves is not None else []
     atomic_write_text(Path(result.out_dir) / "report.md", "\n".join(report_lines(result, charts)))
 
 
@@ -59,6 +62,7 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
     ]
     if result.rungs[0].result.accuracy is not None:
         lines += [accuracy_note(result), ""]
+    lines += target_section(result, charts)     # --target: time to target, its factors, its verdict
     items = rung_notes(result)
     if items:
         lines += ["## Notes", "", *items, ""]
@@ -70,7 +74,7 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
     lines += [RECOMMENDATION_RULE, ""]
     if result.best is not None and not result.settings.get("no_session"):   # a script no recipe reaches: no file
         lines += ["```json", json.dumps(result.best.to_dict(), indent=2), "```", ""]
-    return lines + ["## Charts", ""] + [f"![{c.stem}]({c.name})" for c in charts] + [""]
+    return lines + ["## Charts", ""] + [f"![{c.stem}]({c.name})" for c in charts if c.stem != "target_curves"] + [""]
 
 
 def how_to_read(result: AblationResult) -> str:

@@ -51,6 +51,8 @@ def rung_dict(rung: Rung, metric: dict[str, Any] | None = None) -> dict[str, Any
                               if metric else None)
     item.update(numbers)
     item["runs"] = rung.repeats
+    if rung.seed_runs:              # accuracy-only runs: the baseline's noise seeds, a --target rung's extra seeds
+        item["seed_runs"] = rung.seed_runs
     return item
 
 

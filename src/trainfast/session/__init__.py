@@ -235,8 +235,10 @@ class Session:
     def report(self, **metrics: Any) -> None:
         """The numbers this run reports (e.g. val_accuracy=...), kept in `tf.reported` (the ablation writes
         them to its result file). Tensors are read to Python numbers; a later value replaces an earlier one."""
-        for name, value in metrics.items():
-            self.reported[name] = value.item() if isinstance(value, torch.Tensor) else value
+        values = {name: value.item() if isinstance(value, torch.Tensor) else value for name, value in metrics.items()}
+        self.reported.update(values)
+        for observer in self.observers:     # a measured run: a point of its curve (--target)
+            observer.reported(values)
 
     def save(self, path: str | Path) -> Path | None:
         """The full state (model with the user's own keys, optimizer, scheduler, loss scaler and O2 masters,

@@ -1,0 +1,111 @@
+"""The built-in run's way to a target: evaluations on a schedule during training, each a point of its curve
+(target.py says what a point holds), and the stop once the target is reached or the run's cap is spent.
+
+The evaluation runs between two optimizer updates, on the validation batches the final evaluation uses; the
+step clock restarts after it (StepTimer: whatever runs between two steps belongs to no step), so a point's
+training time is the steps' own (compilation and input waits included, evaluation excluded) and the rate the
+probe times over those steps is untouched by it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import takewhile
+from typing import Any, Callable, Iterable
+
+from .target import Target, point_value
+
+EVALS = 16              # evaluations over the planned run (its epochs): the curve's resolution
+CAP_FACTOR = 3.0        # a run stops, not reaching the target, at this many times the baseline's time to target
+MAX_RUN_FACTOR = 6      # ... and whatever the time, at this many times its planned epochs
+
+
+@dataclass(frozen=True)
+class CurvePlan:
+    """How a run evaluates on its way: `evals` points over its planned epochs; `target`: stop at the first point
+    that reaches it (None, or auto not yet resolved: train the planned epochs, the baseline that sets it);
+    `cap_s`: training seconds after which a run that has not reached it stops (None: the planned epochs, or
+    MAX_RUN_FACTOR times them once a target is known)."""
+    evals: int = EVALS
+    target: Target | None = None
+    cap_s: float | None = None
+
+    @property
+    def stops(self) -> bool:
+        return self.target is not None and self.target.known
+
+
+def judged_name(task) -> str:
+    """The key a built-in point keeps its task's judged metric under: val_accuracy, val_loss, val_map."""
+    return {"accuracy": "val_accuracy", "validation loss": "val_loss", "mAP": "val_map"}.get(task.metric.name,
+                                                                                            task.metric.name)
+
+
+class BuiltinCurve:
+    """One built-in run's curve (module docstring). `after_step` is the loop's hook; `batches` ends a pass once the
+    run is done; `more(epoch)` says whether another pass is due."""
+
+    def __init__(self, run, plan: CurvePlan) -> None:
+        self.run, self.plan = run, plan
+        planned = max(1, len(run.train_batches) * run.recipe.epochs // max(1, run.recipe.grad_accum_steps))
+        self.every = max(1, round(planned / max(1, plan.evals)))       # optimizer updates between evaluations
+        self.points: list[dict[str, Any]] = []
+        self.stopped: str | None = None      # "reached", "cap" (its training time), or None (trained its epochs)
+        self.last_step = 0
+        self.metrics: dict[str, float] | None = None
+
+    def more(self, epoch: int) -> bool:
+        if self.stopped is not None:
+            return False
+        planned = self.run.recipe.epochs
+        return epoch < (planned * MAX_RUN_FACTOR if self.plan.stops else planned)
+
+    def batches(self, batches: Iterable) -> Iterable:
+        """The pass's batches until the run is done (reached, or its cap)."""
+        return takewhile(lambda _batch: self.stopped is None, batches)
+
+    def after_step(self, state) -> None:
+        if state.step != self.last_step and state.step % self.every == 0:
+            self.evaluate(state)
+
+    def hooked(self, after_step: Callable) -> Callable:
+        """The loop's `after_step` (a checkpoint cadence) followed by this curve's evaluation."""
+        def both(state) -> None:
+            after_step(state)
+            self.after_step(state)
+        return both
+
+    def evaluate(self, state) -> dict[str, float]:
+        """One point: the task's evaluation now, at this step's training time and samples; then the stop rule."""
+        run, timer = self.run, state.timer
+        timer.read()
+        steps = timer.steps
+        metrics = run.task.evaluate(state.model, run.val_batches, state.precision, run.dist)
+        state.model.train()
+        timer.clock.start()                  # the evaluation belongs to no step
+        judged = run.task.judged(metrics)
+        values = {judged_name(run.task): judged, **{f"val_{k}": v for k, v in metrics.items()
+                                                     if k not in ("samples",) and isinstance(v, (int, float))}}
+        point = {"step": state.step, "seen": sum(s.samples for s in steps) * run.dist.world_size,
+                 "train_s": sum(s.seconds for s in steps), "metrics": values}
+        self.points.append(point)
+        self.last_step, self.metrics = state.step, metrics
+        if self.plan.stops and self.plan.target.reached(point_value(point, self.plan.target.name)):
+            self.stopped = "reached"
+        elif self.plan.cap_s is not None and self.agreed(point["train_s"]) >= self.plan.cap_s:
+            self.stopped = "cap"
+        return metrics
+
+    def agreed(self, seconds: float) -> float:
+        """Training seconds as every rank sees them (the longest): ranks must stop at the same step."""
+        dist = self.run.dist
+        return max(dist.gather_objects(seconds)) if dist.enabled else seconds
+
+    def finish(self, state) -> dict[str, float]:
+        """The run's final evaluation: the last point's, or one more point where the run ended between two."""
+        if self.metrics is None or self.last_step != state.step:
+            return self.evaluate(state)
+        return self.metrics
+
+    def record(self) -> dict[str, Any]:
+        return {"curve": self.points, "curve_every": self.every, "curve_stopped": self.stopped or "end",
+                "curve_target": self.plan.target.to_dict() if self.plan.target else None}

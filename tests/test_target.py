@@ -1,0 +1,169 @@
+"""Time to target: the target as written, the curves' arithmetic, and each rung's judgement, on faked curves whose
+answers are known; the built-in run's and a script's curves recorded as they train."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainfast.ablation.target import (MISSED, SAME, SOONER, inside_band, ratio_interval, score_targets, seed_band,
+                                       to_target)
+from trainfast.recipe import Recipe
+from trainfast.results import Rung, Status
+from trainfast.target import Target, TargetError, first_reach, metric_key, parse_target, time_at, value_at
+
+
+def curve(values, per_eval=100, seconds_per_sample=0.01, name="val_loss", offset=0.0):
+    """Evaluations every `per_eval` samples at a steady rate; `values` the metric at each."""
+    return [{"step": i + 1, "seen": (i + 1) * per_eval, "train_s": offset + (i + 1) * per_eval * seconds_per_sample,
+             "metrics": {name: v}} for i, v in enumerate(values)]
+
+
+def run(values, seed=0, **kw):
+    return {"seed": seed, "curve": curve(values, **kw)}
+
+
+def rung(name, runs):
+    r = Rung(name, {}, Recipe())
+    r.repeats, r.status = runs, Status.DONE
+    return r
+
+
+LOSS = Target("val_loss", "min", 2.0)
+
+
+# --- the target as written ---------------------------------------------------------------------------------------
+
+def test_targets_parse_with_their_goal_and_bad_ones_are_refused_by_name():
+    assert parse_target("val_loss<=3.2") == Target("val_loss", "min", 3.2)
+    assert parse_target(" val_acc >= 0.95 ") == Target("val_acc", "max", 0.95)
+    auto = parse_target("auto")
+    assert auto.auto and not auto.known
+    assert auto.resolve("val_loss", "min", 2.5).reached(2.4)
+    for bad in ("val_loss<3", "val_loss<=fast", "<=3", "val_loss<=inf"):
+        with pytest.raises(TargetError, match="--target"):
+            parse_target(bad)
+
+
+def test_a_metric_is_found_under_the_names_frameworks_give_it():
+    assert metric_key("val_loss", ["eval_loss", "eval_accuracy"]) == "eval_loss"
+    assert metric_key("val_acc", ["val/loss", "val/acc"]) == "val/acc"
+    assert metric_key("val_acc", ["val_accuracy", "val_loss"]) == "val_accuracy"
+    assert metric_key("val_loss", ["train_loss_x"]) is None
+
+
+# --- a curve's arithmetic ----------------------------------------------------------------------------------------
+
+def test_a_run_that_never_reaches_the_target_has_no_reach_and_is_counted_as_missing():
+    never = run([3.0, 2.6, 2.3, 2.2])
+    assert first_reach(never["curve"], LOSS) is None
+    base = rung("baseline", [run([3.0, 2.5, 1.9, 1.8], seed=s) for s in range(3)])
+    slow = rung("slow", [run([3.5, 3.2, 3.0, 2.9], seed=s) for s in range(3)])
+    score_targets([base, slow], LOSS)
+    summary = slow.result.to_target
+    assert summary["reached"] == 0 and math.isinf(summary["time_s"])
+    assert summary["samples_from"] == "measured" and summary["verdict"] == MISSED
+
+
+def test_a_target_reached_between_evaluations_counts_at_the_evaluation_after_it():
+    # The loss crosses 2.0 between the evaluations at 200 and 300 samples: the run knew it at 300, not before.
+    c = curve([2.5, 2.1, 1.7])
+    point = first_reach(c, LOSS)
+    assert (point["seen"], point["train_s"]) == (300, 3.0)
+    assert value_at(c, 250, "val_loss") == pytest.approx(1.9)          # interpolated, for the band, not the reach
+    assert time_at(c, 250) == pytest.approx(2.5)
+    assert time_at(c, 400) == pytest.approx(4.0)                       # past the last point: its last rate
+
+
+def test_a_same_math_rung_takes_the_baseline_samples_only_inside_the_band():
+    base = rung("baseline", [run([3.0, 2.4, 1.95, 1.7], seed=0), run([3.1, 2.5, 2.05, 1.8], seed=1),
+                             run([2.9, 2.45, 1.9, 1.75], seed=2)])
+    # Twice the rate, the same curve over samples (inside the band): the baseline's samples, its own time.
+    fast = rung("fast", [run([3.0, 2.45, 1.98, 1.72], seed=s, seconds_per_sample=0.005) for s in range(3)])
+    # Twice the rate and a curve outside the band (better per sample): its own samples, measured.
+    better = rung("better", [run([2.5, 1.9, 1.6, 1.4], seed=s, seconds_per_sample=0.005) for s in range(5)])
+    score_targets([base, fast, better], LOSS)
+    b, f, g = (r.result.to_target for r in (base, fast, better))
+    assert b["samples"] == 300
+    assert f["inside_band"] and f["samples_from"] == "baseline" and f["samples"] == 300
+    assert f["time_s"] == pytest.approx(1.5) and f["speedup"] == pytest.approx(2.0)
+    assert not g["inside_band"] and g["samples_from"] == "measured"
+    assert g["samples"] == 200 and g["samples_ratio"] == pytest.approx(200 / 300)
+    assert g["time_s"] == pytest.approx(1.0) and g["speedup"] == pytest.approx(3.0) and g["verdict"] == SOONER
+    band = seed_band(base.repeats, "val_loss")
+    assert inside_band(fast.repeats, band, "val_loss") and not inside_band(better.repeats, band, "val_loss")
+
+
+def test_the_interval_is_the_same_for_the_same_runs_and_wide_for_a_noisy_rung():
+    a, b = [1.0, 1.1, 0.9, 1.05, 0.95], [1.0, 1.3, 0.7, 1.2, 0.8]
+    assert ratio_interval(a, b) == ratio_interval(a, b)
+    point, (low, high) = ratio_interval(a, b)
+    assert point == pytest.approx(1.0) and low < 1 < high
+    assert ratio_interval([1.0], [2.0]) == (0.5, None)                 # one run a side: no interval
+    point, interval = ratio_interval([1.0, 1.1, 1.2], [math.inf, math.inf, 2.0])
+    assert point == 0 and interval[0] == 0
+
+
+def test_no_verdict_without_an_interval():
+    base = rung("baseline", [run([3.0, 1.9], seed=0)])
+    other = rung("other", [run([3.0, 1.9], seed=0, seconds_per_sample=0.005)])
+    assert to_target(other, base, LOSS, [])["verdict"] == SAME
+
+
+# --- the curves recorded as runs train ---------------------------------------------------------------------------
+
+def test_the_built_in_run_stops_at_its_target_and_leaves_evaluation_out_of_its_time(digits16):
+    from tests.conftest import tiny_resnet
+    from trainfast.curves import BuiltinCurve, CurvePlan
+    from trainfast.engine import train_one_epoch
+    from trainfast.run import assemble_run
+
+    run_ = assemble_run(tiny_resnet, digits16, Recipe(batch_size=32, epochs=2, log_every=4), device="cpu",
+                        env=False)
+    curve_ = BuiltinCurve(run_, CurvePlan(evals=8, target=Target("val_loss", "min", 2.2)))
+    epoch = 0
+    while curve_.more(epoch):
+        train_one_epoch(run_.state, curve_.batches(run_.train_batches), run_.task, run_.meter(),
+                        after_step=curve_.hooked(lambda s: None))
+        epoch += 1
+    points = curve_.record()["curve"]
+    assert curve_.stopped == "reached" and points[-1]["metrics"]["val_loss"] <= 2.2
+    assert all(p["metrics"]["val_loss"] > 2.2 for p in points[:-1])
+    assert run_.state.step == points[-1]["step"]                       # no step trained after the reach
+    steps = run_.state.timer.steps
+    assert points[-1]["train_s"] == pytest.approx(sum(s.seconds for s in steps))
+    assert [p["seen"] for p in points] == [32 * p["step"] for p in points]
+    run_.close()
+
+
+def test_a_scripts_reports_become_its_curve_and_its_evaluation_belongs_to_no_step():
+    import time
+
+    from trainfast.instruments.curve import ScriptCurve
+
+    from trainfast.measure import StepTimer
+
+    class Probe:
+        timer, batches, world_size = StepTimer(torch.device("cpu")), None, 1
+
+        def samples_per_step(self):
+            return 8
+
+    probe = Probe()
+    curve_ = ScriptCurve(Target("val_acc", "max", 0.9).to_dict(), cap_s=None)
+    assert not curve_.add(probe, {"val_acc": 0.1})                     # before a step: nothing trained, no point
+    for _ in range(3):
+        probe.timer.step()
+    time.sleep(0.05)                                                   # the script's evaluation
+    assert not curve_.add(probe, {"val_acc": 0.5, "note": "text"})
+    assert not curve_.add(probe, {"val_loss": 1.0})                    # the same step: joins the point
+    time.sleep(0.02)
+    probe.timer.step()
+    assert curve_.add(probe, {"val_acc": 0.95}) and curve_.stopped == "reached"
+    first, second = curve_.points
+    assert first["metrics"] == {"val_acc": 0.5, "val_loss": 1.0} and first["seen"] == 24
+    # The 50 ms between the last step and the report (the evaluation) are in no point's time; the 20 ms between the
+    # report and the next step (the script's loop) are.
+    assert first["train_s"] < 0.02
+    assert second["train_s"] - first["train_s"] == pytest.approx(0.02, abs=0.015)
