@@ -213,3 +213,30 @@ def test_low_bit_states_go_through_the_trainers_own_optim_and_are_read_back(tmp_
     Args, Trainer = patched_classes(baseline)
     assert tiny_trainer(Args, Trainer, tmp_path, optim="adamw_torch_4bit").args.optim.value == "adamw_torch"
     assert baseline.to_dict()["transformers"]["switches"]["optim"]["script"] == "adamw_torch_4bit"
+
+
+def test_batch_scale_scales_the_trainers_batch_lr_and_warmup_and_reads_them_back(tmp_path):
+    """batch_scale through the Trainer's own arguments, with the built-in run's arithmetic (sqrt lr, warm-up / k),
+    read back from the loader it iterates and the optimizer its scheduler started; accumulation scales
+    gradient_accumulation_steps instead, recorded for scale_by, and a warm-up ratio is left alone."""
+    import math
+
+    board = Board({"batch_scale": 2})
+    Args, Trainer = patched_classes(board)
+    trainer = tiny_trainer(Args, Trainer, tmp_path, learning_rate=1e-3, warmup_steps=5, use_cpu=True)
+    assert trainer.args.per_device_train_batch_size == 16 and trainer.args.warmup_steps == 3
+    assert trainer.args.learning_rate == pytest.approx(1e-3 * math.sqrt(2))
+    trainer.train()
+    proof = switches({"frameworks": board.to_dict()}, "transformers")
+    assert {s: (p["script"], p["applied"]) for s, p in proof.items()} == {
+        "per_device_train_batch_size": (8, True), "learning_rate": (1e-3, True), "warmup_steps": (5, True)}
+    assert {p["field"] for p in proof.values()} == {"batch_scale"}
+    accum = Board({"batch_scale": 4, "scale_by": "accumulation", "lr_scaling": "linear"})
+    Args, Trainer = patched_classes(accum)
+    args = tiny_trainer(Args, Trainer, tmp_path, learning_rate=1e-3, warmup_steps=0.1, use_cpu=True).args
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.warmup_steps) == (8, 4, 0.1)
+    assert args.learning_rate == pytest.approx(4e-3)
+    record = accum.to_dict()["transformers"]
+    assert record["switches"]["gradient_accumulation_steps"]["field"] == "scale_by"
+    assert record["switches"]["learning_rate"]["field"] == "lr_scaling" and "warmup_steps" not in record["switches"]
+    assert any("ratio" in note for note in record["notes"])

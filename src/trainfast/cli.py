@@ -270,6 +270,7 @@ def _train(args, recipe: Recipe) -> int:
     from .measure import LossTermsError, NonFiniteLossError
     from .recipe import resolve_device, validate_for_device
     from .tasks import build_task
+    from .techniques.batch_scale import apply_batch_scale
     from .trainer import target_plan, train
 
     target_plan(args.target)                 # auto refused before the data loads
@@ -285,7 +286,7 @@ def _train(args, recipe: Recipe) -> int:
     # Under torchrun every rank runs this; rank 0 alone prints (the trainer makes it the only writer).
     rank, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1)))
     console = Console(quiet=rank != 0)
-    steps_per_epoch = len(split.train) // (recipe.batch_size * world)
+    steps_per_epoch = len(split.train) // (apply_batch_scale(recipe).batch_size * world)    # the batch it trains with
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=console)
     bar = progress.add_task("train", total=steps_per_epoch * recipe.epochs, loss="…")

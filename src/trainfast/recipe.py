@@ -23,11 +23,13 @@ OPTIMIZER_STATES = ("full", "8bit", "4bit")    # Adam's moments in fp32, or bloc
 NONFINITE_POLICIES = ("stop", "skip")
 STRATEGIES = ("ddp", "fsdp", "dp")
 ATTENTION = ("model", "eager", "sdpa", "flex", "flash")   # the attention backends (techniques/attention.py)
+LR_SCALINGS = ("linear", "sqrt", "none")       # how the learning rate follows batch_scale (techniques/batch_scale.py)
+SCALE_BY = ("batch", "accumulation")           # what batch_scale multiplies: the micro-batch, or the accumulation
 # The string fields that take one of a fixed set of values: validate_fields checks them, the CLI lists them.
 FIELD_CHOICES = {"precision": PRECISIONS, "precision_level": PRECISION_LEVELS, "optimizer": OPTIMIZERS,
                  "optimizer_impl": OPTIMIZER_IMPLS,
                  "optimizer_state": OPTIMIZER_STATES, "nonfinite": NONFINITE_POLICIES, "strategy": STRATEGIES,
-                 "attention": ATTENTION}
+                 "attention": ATTENTION, "lr_scaling": LR_SCALINGS, "scale_by": SCALE_BY}
 
 
 def field_docs() -> dict[str, str]:
@@ -88,6 +90,14 @@ class Recipe:
     # How a bf16/fp16 `precision` is applied: "autocast" (O1: fp32 weights, autocast), "master" (O2:
     # half weights, fp32 master copy in the optimizer, norms fp32), "pure" (O3: all half, risky). fp32 = O0.
     precision_level: str = "autocast"  # with bf16/fp16: "autocast" (O1), "master" (O2), "pure" (O3, risky)
+    # A bigger effective batch (techniques/batch_scale.py): fewer, larger steps, so the math changes and the switch
+    # is judged on time to target. The learning rate follows it: "linear" (lr x k, the rule for SGD), "sqrt"
+    # (lr x sqrt(k), the rule for Adam-family optimizers; the default, as the built-in runs use AdamW) or "none";
+    # the warm-up is divided by k so it covers the same samples. "accumulation" keeps the micro-batch and
+    # accumulates k times more of them: the same effective batch and math, less memory, slower steps.
+    batch_scale: int = 1              # effective batch = this many times the recipe's (lr and warm-up follow)
+    lr_scaling: str = "sqrt"          # how lr follows batch_scale: "linear" (SGD) | "sqrt" (Adam-family) | "none"
+    scale_by: str = "batch"           # batch_scale multiplies "batch" (batch_size) or "accumulation" (grad_accum_steps)
 
     # --- reliability ---------------------------------------------------------------------------
     nonfinite: str = "stop"           # non-finite loss: "stop" with a message naming the step, or "skip" the step
@@ -218,7 +228,7 @@ def apply_env_recipe(recipe: Recipe, environ: Mapping[str, str] | None = None) -
 
 
 POSITIVE_INTS = ("epochs", "batch_size", "log_every", "max_consecutive_skips", "keep_checkpoints", "grad_accum_steps",
-                 "dist_timeout_s")
+                 "dist_timeout_s", "batch_scale")
 NON_NEGATIVE_INTS = ("warmup_steps", "seed", "save_every", "pad_to_multiple")
 
 

@@ -3,7 +3,9 @@
 `trainfast train`, every rung of a built-in ablation, `trainfast doctor` and `trainfast bench-data` get their
 run from here, so what one measures is what another trains. The order, each step needing the one before:
   1. a Session: the recipe (TRAINFAST_RECIPE on top, unless the caller's recipe is the experiment), the
-     process group under torchrun, the runtime flags (cudnn.benchmark, deterministic), every RNG seeded;
+     process group under torchrun, the runtime flags (cudnn.benchmark, deterministic), every RNG seeded; then
+     the recipe's batch_scale made concrete (batch size or accumulation, learning rate, warm-up), here and
+     nowhere else, so the loaders, the optimizer and the schedule below all read the same scaled values;
   2. the task (tasks/): what a batch, a loss and the judged metric mean;
   3. the model, built after seeding so its initialization is reproducible;
   4. the data: the decode cache when the recipe asks for it, num_workers="auto" measured (prepare_data);
@@ -29,6 +31,7 @@ from .recipe import Recipe
 from .session import Session, TrainState, sum_losses
 from .session.state import no_update_hook
 from .tasks import build_task, infer_task
+from .techniques.batch_scale import apply_batch_scale
 from .text.batching import TextSplit
 
 
@@ -90,6 +93,8 @@ def assemble_run(model: str | nn.Module | Callable[[], nn.Module], split, recipe
     name = infer_task(task, model, split)
     build_task(name, loss_fn).validate(recipe or Recipe())        # refused before anything starts
     session = Session(recipe, device=device, env=env)                                   # 1
+    asked = session.recipe                      # batch_scale as asked, for check_steps' message
+    session.recipe = apply_batch_scale(asked)   # batch_scale=1 from here: every reader below sees concrete values
     try:
         session.loss_switches = True            # the task's step computes the loss: chunked_loss reaches it
         work = build_task(name, loss_fn, session.dist, session.recipe)                  # 2
@@ -101,7 +106,8 @@ def assemble_run(model: str | nn.Module | Callable[[], nn.Module], split, recipe
                                                           session.device))
         session.setup(module)                                                           # 6
         train_batches, val_batches = work.build_loaders(split, session.recipe, session.device, session.dist)  # 7
-        check_steps(len(train_batches), len(split.train), session.recipe.batch_size, session.dist)
+        check_steps(len(train_batches), len(split.train), session.recipe.batch_size, session.dist,
+                    scale=asked.batch_scale if asked.scale_by == "batch" else 1)
         work.apply_schedule(session.state, len(train_batches))
     except BaseException:
         session.close()
@@ -109,16 +115,21 @@ def assemble_run(model: str | nn.Module | Callable[[], nn.Module], split, recipe
     return BuiltinRun(session, work, split, train_batches, val_batches)
 
 
-def check_steps(steps: int, samples: int, batch_size: int, dist: Dist | None) -> None:
+def check_steps(steps: int, samples: int, batch_size: int, dist: Dist | None, scale: int = 1) -> None:
     """An epoch must hold one step: with full batches only (a partial last batch is dropped, so every step has
-    one shape), a batch larger than the training set would train nothing, and a timed run wait for ever."""
+    one shape), a batch larger than the training set would train nothing, and a timed run wait for ever.
+    `scale`: the batch_scale that multiplied the recipe's batch into `batch_size`, named in the message."""
     if steps:
         return
     ranks = dist.world_size if dist is not None else 1
     per_rank = f" ({samples // ranks} per rank of {ranks})" if ranks > 1 else ""
-    raise ValueError(f"--batch-size {batch_size} is larger than the training set's {samples} samples{per_rank}: an "
-                     "epoch would hold no full batch (the last partial batch is dropped) and train nothing; use a "
-                     f"batch size of at most {max(1, samples // ranks)}")
+    fits = max(1, samples // ranks)
+    asked = (f"--batch-size {batch_size // scale} x batch_scale={scale} = {batch_size}" if scale > 1
+             else f"--batch-size {batch_size}")
+    advice = (f"use a batch_scale of at most {max(1, fits // (batch_size // scale))} or a smaller batch size, or "
+              "scale_by=accumulation" if scale > 1 else f"use a batch size of at most {fits}")
+    raise ValueError(f"{asked} is larger than the training set's {samples} samples{per_rank}: an epoch would hold "
+                     f"no full batch (the last partial batch is dropped) and train nothing; {advice}")
 
 
 def as_split(train_set, val_set=None, num_classes: int | None = None, mean=None,

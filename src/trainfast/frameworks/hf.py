@@ -16,6 +16,9 @@ Trainer derives anything from them), and read back from what the Trainer ended u
 | pad_to_multiple   | (none: data_collator.pad_to_multiple_of)           | the collator's pad_to_multiple_of        |
 | attention         | (none: the model's attn_implementation)            | the model's config                       |
 | seed              | seed                                               | args.seed                                |
+| batch_scale       | per_device_train_batch_size (scale_by=batch) or    | the training loader's batch size         |
+|                   | gradient_accumulation_steps (=accumulation)        | gradient_accumulation_steps              |
+|                   | learning_rate, warmup_steps (a ratio left alone)   | the optimizer's initial lr; warmup_steps |
 
 The Trainer's own evaluation is read where it keeps it: what evaluate() returns (the eval_* metrics, those of
 compute_metrics included; the Trainer's evaluations during train() go through it too) joins the run's reported
@@ -32,6 +35,8 @@ from typing import Any
 
 import torch
 
+from ..recipe import Recipe
+from ..techniques.batch_scale import scale_values
 from ..techniques.memory_format import memory_format_of
 from ..techniques.optimizer_state import TRAINER_OPTIM, state_of
 from .board import UNSET, Board, FrameworkRecord
@@ -109,6 +114,8 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
             put(name, setting, value)
     if "seed" in fields:
         put("seed", "seed", int(fields["seed"]))
+    if "batch_scale" in fields:
+        switch_batch_scale(args, record, fields)
     if "activation_checkpointing" in fields:
         switch_checkpointing_argument(args, record, bool(fields["activation_checkpointing"]))
     if "group_by_length" in fields:
@@ -181,6 +188,51 @@ def switch_optim(args: Any, record: FrameworkRecord, impl: str, field_: str = "o
     wanted = "adamw_torch_fused" if impl == "fused" else "adamw_torch"
     record.set(field_, "optim", wanted, optim)
     args.optim = wanted
+
+
+# The Trainer's arguments for the Recipe's fields that batch_scale makes concrete (techniques/batch_scale.py)
+BATCH_ARGS = {"batch_size": "per_device_train_batch_size", "grad_accum_steps": "gradient_accumulation_steps",
+              "lr": "learning_rate", "warmup_steps": "warmup_steps"}
+
+
+def switch_batch_scale(args: Any, record: FrameworkRecord, fields: dict[str, Any]) -> None:
+    """The script's batch (or accumulation), learning rate and warm-up scaled as the built-in run scales its own
+    (techniques.batch_scale.scale_values), each recorded with the script's value. A warm-up given as a ratio (a
+    float below 1: a share of the total steps, which already shrink with a bigger batch) is left alone. Each
+    setting is recorded for the field that decides it where the run names that field (scale_by for the size,
+    lr_scaling for the learning rate), so every field the run switches is proven by a setting."""
+    k = int(fields["batch_scale"])
+    rule, by = fields.get("lr_scaling", Recipe.lr_scaling), fields.get("scale_by", Recipe.scale_by)
+    warmup = args.warmup_steps or 0
+    ratio = 0 < warmup < 1
+    values = scale_values(k, rule, by, args.per_device_train_batch_size, args.gradient_accumulation_steps,
+                          args.learning_rate, 0 if ratio else int(warmup))
+    size = "batch_size" if by == "batch" else "grad_accum_steps"
+    owner = {size: "scale_by" if "scale_by" in fields else "batch_scale",
+             "lr": "lr_scaling" if "lr_scaling" in fields else "batch_scale", "warmup_steps": "batch_scale"}
+    if ratio:
+        del owner["warmup_steps"]
+        record.notes.append(f"warmup_steps={warmup} is a ratio of the total steps: left as the script has it")
+    for name, field_ in owner.items():
+        setting = BATCH_ARGS[name]
+        record.set(field_, setting, values[name], getattr(args, setting))
+        setattr(args, setting, values[name])
+
+
+def read_batch_scale(record: FrameworkRecord, trainer: Any, optimizer: Any, loader: Any) -> None:
+    """batch_scale's settings as the Trainer trains with them: the per-device batch of the loader it iterates
+    (its arguments' where the loader was not built), the learning rate the scheduler started the optimizer from,
+    the accumulation and the warm-up its training loop reads from its arguments."""
+    args = trainer.args
+    # Accelerate's loader batches through its batch sampler (its own batch_size is None)
+    batch = (getattr(loader, "batch_size", None) or getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+             or getattr(trainer, "_train_batch_size", None))
+    record.prove("per_device_train_batch_size",
+                 batch // max(1, args.n_gpu) if batch else args.per_device_train_batch_size)
+    groups = optimizer.param_groups if optimizer is not None else []
+    record.prove("learning_rate", groups[0].get("initial_lr", groups[0]["lr"]) if groups else args.learning_rate)
+    record.prove("gradient_accumulation_steps", args.gradient_accumulation_steps)
+    record.prove("warmup_steps", args.warmup_steps)
 
 
 def settle_loader_arguments(args: Any) -> None:
@@ -304,6 +356,7 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
         record.prove("optim", TRAINER_OPTIM[state] if state != "full" else
                      ("adamw_torch_fused" if fused else "adamw_torch") if name == "AdamW" else name)
     loader = getattr(trainer, "_trainfast_loader", None)
+    read_batch_scale(record, trainer, optimizer, loader)
     prove_loader(record, loader)
     for name, setting in ARG_LOADER.items():
         if loader is not None:

@@ -75,6 +75,7 @@ from ..observers import session_observers
 from ..recipe import RECIPE_ENV, Recipe, RecipeError, apply_env_recipe, resolve_device, validate_for_device
 from ..techniques import apply_process_switches
 from ..techniques.background_save import checkpoint_writer
+from ..techniques.batch_scale import SESSION as OWN_BATCH
 from ..techniques.precision import build_precision
 from ..techniques.runtime import apply_runtime_flags
 from .build import NoSchedule, build_state, refuse_rebuilt_step, seed_everything
@@ -152,7 +153,8 @@ class Session:
         are); the first one is the training loader. `mean`/`std` (per channel, for images in [0, 1]): the
         datasets yield uint8 images first in each sample, `(image, target, ...)`, and trainfast normalizes
         them (on the device with recipe.prefetch). Recipe fields that describe the built-in loop's optimizer
-        (optimizer, lr, weight_decay, warmup_steps) and data (epochs, batch_size) do not change a user's own."""
+        (optimizer, lr, weight_decay, warmup_steps) and data (epochs, batch_size, batch_scale) do not change a
+        user's own (a batch_scale asked of one is reported in unsupported())."""
         if self.state is not None:
             raise RuntimeError("Session.setup() was already called: one model per Session")
         if not isinstance(model, nn.Module):
@@ -181,13 +183,15 @@ class Session:
 
     def unsupported(self) -> dict[str, str]:
         """The switches this run asked for that could not act on the script's own loop, each with why (a padding
-        switch on batches that hold no padding or no token ids, a loss switch on a loss the script computes): the
-        ablation rules their rung out."""
+        switch on batches that hold no padding or no token ids, a loss switch on a loss the script computes, a
+        bigger batch for loaders and an optimizer the script built): the ablation rules their rung out."""
         collator = getattr(getattr(self.loaders[0], "loader", None), "collate_fn", None) if self.loaders else None
         script_collator = getattr(collator, "inner", collator)
         cannot = {} if not (self.loaders and self.recipe.pad_to_multiple) or hasattr(
             script_collator, "pad_to_multiple_of") else {"pad_to_multiple": (
                 f"the script's collator ({type(script_collator).__name__}) has no pad_to_multiple_of to set")}
+        if self.recipe.batch_scale != 1:      # the built-in run made it concrete (run.assemble_run): 1 there
+            cannot["batch_scale"] = OWN_BATCH
         if self.recipe.chunked_loss and not self.loss_switches:
             cannot["chunked_loss"] = ("the script's own loop computes its loss (model(..., labels=...).loss or its "
                                       "own criterion): trainfast cannot chunk it without patching the model")

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from .base import Effect
 
 __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "RungSpec", "Switch", "switches", "owner",
-           "rung_table", "default_ladder", "process_fields", "resumable_fields", "tune_priority", "input_switches",
-           "input_rung_specs",
+           "rung_table", "default_ladder", "process_fields", "math_fields", "resumable_fields", "tune_priority",
+           "input_switches", "input_rung_specs",
            "unreachable", "MODEL_ORDER", "model_switches", "apply_model_switches", "field_effect", "process_switches",
            "process_env", "process_wide_in_effect", "process_wide", "starting_with", "set_before_torch",
            "apply_process_switches", "not_in_effect", "needs_fresh_process"]
@@ -97,6 +97,12 @@ def default_ladder(task: str = "classification") -> dict[str, dict[str, Any]]:
 def process_fields() -> tuple[str, ...]:
     """The fields whose setting belongs to the process, not to a run (never paired inside one process)."""
     return tuple(f for s in switches() if s.process or s.process_hooks for f in s.fields)
+
+
+def math_fields() -> frozenset[str]:
+    """The fields whose switch changes the arithmetic of training (Switch.changes_math): a rung that changes one
+    follows another trajectory, so it is judged on its time to a target, not on its rate alone."""
+    return frozenset(f for s in switches() if s.changes_math for f in s.fields)
 
 
 def resumable_fields() -> frozenset[str]:

@@ -11,5 +11,6 @@ SWITCHES = (
            rungs=(RungSpec("group_aspect_ratio", {"group_aspect_ratio": True}, place=25, tasks=("detection",),
                            default_in=("detection",)),),
            data="padded_sizes",
+           changes_math=True,              # which images share a batch: another order, another trajectory
            unreachable={EVERY_ADAPTER: "trainfast's detection sampler; the script's loader is the framework's"}),
 )

@@ -104,6 +104,7 @@ SWITCHES = (
            rungs=(RungSpec("optimizer_state", {"optimizer_state": "8bit"}, place=72),
                   RungSpec("optimizer_state_4bit", {"optimizer_state": "4bit"}, place=73)),
            device_effect=effect,
+           changes_math=True,              # the moments carry quantization error
            frameworks={"transformers": "TrainingArguments.optim (adamw_torch_8bit / adamw_torch_4bit)",
                        "lightning": "each Adam/AdamW configure_optimizers() returns, rebuilt (schedulers rebound)",
                        "accelerate": "the Adam/AdamW, rebuilt before prepare() (schedulers rebound)"}),

@@ -27,12 +27,14 @@ SWITCHES = (
            rungs=(RungSpec("padding_free", {"padding_free": True}, place=34, tasks=("lm",), default_in=("lm",),
                            tune=0.5),),
            data="documents",
+           changes_math=True,              # a packed batch's loss is normalized over other rows than the padded one's
            frameworks={"transformers": "the Trainer's training collator, wrapped to pack its padded batches",
                        "lightning": PACKS, "accelerate": PACKS}),
     Switch(("group_by_length",),
            rungs=(RungSpec("group_by_length", {"group_by_length": True}, place=35, tasks=("lm",), default_in=("lm",),
                            tune=0.6),),
            data="documents",
+           changes_math=True,              # which documents share a batch: another order, another trajectory
            frameworks={"transformers": "TrainingArguments.train_sampling_strategy=\"group_by_length\" (4.x: "
                                        "group_by_length=True)",
                        "lightning": GROUPS, "accelerate": GROUPS}),

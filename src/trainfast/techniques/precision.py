@@ -511,6 +511,7 @@ SWITCHES = (
            rungs=tuple(RungSpec(name, changes, place=11 + i / 10)
                        for i, (name, changes) in enumerate(LEVEL_RUNGS.items())),
            served_value="autocast",
+           changes_math=True,              # O2/O3 round the weights and the update themselves to half
            unreachable={"transformers": "the Trainer's bf16/fp16 are autocast (O1) only",
                         "lightning": "the Trainer's *-mixed precisions are autocast (O1); master weights and pure "
                                      "half are not switched",

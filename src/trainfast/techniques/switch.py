@@ -148,6 +148,10 @@ class Switch:
     model:      how it acts on the model object, for the switches that do (ModelSwitch).
     process_hooks: how a process-wide switch reaches every process and is read back (ProcessSwitch); its module
                 is named in techniques/__init__.py's PROCESS_MODULES (read before torch loads).
+    changes_math: it changes the arithmetic of training, not only its speed (the batch size, the rounding of a
+                half precision, which samples share a batch, the loss's normalization, quantized optimizer
+                state): a run with it follows another trajectory, so it is judged on the time to reach a target
+                loss or accuracy, not on its rate alone. False: the same update up to float reordering.
     """
     fields: tuple[str, ...]
     rungs: tuple[RungSpec, ...] = ()
@@ -162,6 +166,7 @@ class Switch:
     data: str = ""
     model: ModelSwitch | None = None
     process_hooks: ProcessSwitch | None = None
+    changes_math: bool = False
 
     @property
     def name(self) -> str:
