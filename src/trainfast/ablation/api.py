@@ -10,7 +10,7 @@ from ..recipe import Recipe, resolve_device
 from ..results import AblationResult, Status
 from ..tasks import TASKS
 from ..techniques import process_wide
-from .ladders import SCRIPT, plan_rungs
+from .ladders import SCRIPT, plan_rungs, target_ladder
 from .loop import LadderOptions, check_positive_int, run_ladder
 from .work import BuiltinSpec, prepare_builtin, prepare_command
 
@@ -53,8 +53,8 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     plan_opts, opts = split_options(options)
     spec = BuiltinSpec(model, train_set, val_set, loss_fn, data, image_size, mean, std, task)
     work = prepare_builtin(spec, recipe, device, plan_opts["nproc"])
-    plan = plan_rungs(work.base, plan_opts.get("rungs"), opts.mode, plan_opts.get("amp_dtype", "auto"), work.dev,
-                      work.job.task)
+    named = plan_opts.get("rungs") or (target_ladder(work.job.task) if opts.target is not None else None)
+    plan = plan_rungs(work.base, named, opts.mode, plan_opts.get("amp_dtype", "auto"), work.dev, work.job.task)
     work.mark_effects(plan)
     settings = {**work.settings, "mode": opts.mode, "repeats": opts.repeats, "noise_seeds": opts.noise_seeds,
                 "nproc": plan_opts["nproc"], "budget": dataclasses.asdict(opts.budget), "min_effect": opts.min_effect,
@@ -79,17 +79,23 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
     task its batches show in the baseline's first run (instruments/batches.py), whose ladder then replaces the
     default one unless `rungs` named the rungs. `options`: as ablate()'s."""
     plan_opts, opts = split_options(options)
+    if opts.target is not None:     # a run must go on to its target (or its cap): the script's whole run, judged
+        measure = "full"
     if measure != "full":           # speed mode: nothing to judge accuracy on, so no extra baseline seeds
         opts = dataclasses.replace(opts, noise_seeds=opts.repeats)
     base = recipe or Recipe()
     dev = resolve_device(device)
     amp = plan_opts.get("amp_dtype", "auto")
     named = plan_opts.get("rungs")
-    plan = plan_rungs(base, named, opts.mode, amp, dev, task if task and not named else SCRIPT)
+    ladder = task if task and not named else SCRIPT
+
+    def default(name: str) -> list[str] | None:          # --target: each default ladder with the batch rungs
+        return target_ladder(name) if opts.target is not None else None
+    plan = plan_rungs(base, named or default(ladder), opts.mode, amp, dev, ladder)
     # The default ladder on a script without a Session: what can reach it is added once its baseline shows that;
     # on a script whose task was not given, its batches pick the ladder (each task's, planned here, checked now).
     grown = [] if named else plan_rungs(base, list(process_wide()), opts.mode, amp, dev, SCRIPT)[1:]
-    by_task = {} if named or task else {name: plan_rungs(base, None, opts.mode, amp, dev, name)
+    by_task = {} if named or task else {name: plan_rungs(base, default(name), opts.mode, amp, dev, name)
                                         for name in TASKS if name != "classification"}
     work = prepare_command(command, [r.changes for r in plan], recipe=base, device=device, nproc=plan_opts["nproc"],
                            measure=measure, budget=opts.budget, metric=metric, goal=goal, if_no_session=grown,

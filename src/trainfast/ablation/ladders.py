@@ -85,3 +85,14 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
         current = recipe
     return rungs
 
+
+
+# With --target the default ladder also runs the batch size (batch_scale, the learning rate and warm-up scaled): the
+# switch that changes the math most, which only a time to target can judge.
+TARGET_RUNGS = ("batch_2x", "batch_4x")
+
+
+def target_ladder(task: str) -> list[str]:
+    """The rungs a --target ablation runs when --switches names none: the task's ladder and TARGET_RUNGS."""
+    ladder, table = LADDERS[task]
+    return [*ladder, *(name for name in TARGET_RUNGS if name in table and name not in ladder)]

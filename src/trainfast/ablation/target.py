@@ -162,7 +162,7 @@ def to_target(rung: Rung, base: Rung, target: Target, band: list[tuple[float, fl
         "inside_band": same if rung is not base else None,
         "speedup": speedup, "interval": interval,            # the baseline's time over this rung's
         "verdict": verdict,
-        "reached": reached, "runs": len(runs),
+        "reached": reached, "runs": len(runs), "times": times,
         "seeds": sorted({r.get("seed") for r in runs if r.get("seed") is not None}),
     }
 

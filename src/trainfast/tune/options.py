@@ -40,6 +40,8 @@ class TuneOptions:
     settle: bool = True
     paired: bool = False
     memory_limit: int | str | None = None     # bytes, or "2GiB": the search starts with its memory stage
+    # --target (target.py): a last stage judges the rate pick and its batch sizes on their time to target
+    target: Any = None
 
     def __post_init__(self) -> None:
         if self.timing is None:
@@ -47,8 +49,9 @@ class TuneOptions:
         # Every stage is a ladder run `repeats` times with as many baseline seeds: checked as one here, and the
         # memory limit read as the ladders read it (bytes, or a size as written).
         ladder = LadderOptions(repeats=self.repeats, noise_seeds=self.repeats, budget=self.timing,
-                               min_effect=self.min_effect, memory_limit=self.memory_limit)
+                               min_effect=self.min_effect, memory_limit=self.memory_limit, target=self.target)
         object.__setattr__(self, "memory_limit", ladder.memory_limit)
+        object.__setattr__(self, "target", ladder.target)
         check_measure("full", self.goal)
         if self.batch_size_search and self.command is not None:
             raise RecipeError("--batch-size-search: a script sets its own DataLoader batch size, which the recipe "

@@ -14,7 +14,7 @@ from .combine import Decision
 def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, combined: AblationResult | None,
                   seconds: float, budget_s: float, planned_steps: int | None,
                   on_level: AblationResult | None = None, batch: AblationResult | None = None,
-                  inputs: list[AblationResult] | None = None) -> None:
+                  inputs: list[AblationResult] | None = None, target: AblationResult | None = None) -> None:
     import yaml
 
     from ..checkpoint import atomic_write_text
@@ -26,9 +26,15 @@ def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, co
             "dropped": decision.dropped, "notes": decision.notes, "search_seconds": seconds, "budget_seconds": budget_s,
             "planned_steps": planned_steps, "singles": summary(singles), "on_level": summary(on_level),
             "combine": summary(combined), "input": [summary(r) for r in inputs or []],
-            "batch_search": decision.batch}
+            "batch_search": decision.batch,
+            "to_target": ({r.name: r.result.to_target for r in target.rungs if r.result.to_target}
+                          if target is not None else None)}
     write_json(out_dir / "tune.json", data)
     lines = tune_md(decision, singles, combined, seconds, budget_s, planned_steps, on_level, batch, inputs or [])
+    if target is not None:          # the candidates' time to target, its factors and the verdicts
+        from ..report.target import target_section
+
+        lines += target_section(target, [])
     (out_dir / "tune.md").write_text("\n".join(lines) + "\n")
 
 

@@ -30,6 +30,7 @@ from .inputs import INPUT_SWITCHES, run_input
 from .memory import held_to_limit, named_for_memory, run_memory
 from .options import TuneOptions, tune_options
 from .outputs import write_outputs
+from .target import run_target_stage
 from .switches import firm_gain, is_level, kept_level, on_level_order, plan_singles, single_names
 
 
@@ -57,7 +58,8 @@ class Search:
                 "rungs": {r.name: r.recipe.to_dict() for r in rungs if r.status != Status.NO_EFFECT}}
 
     def stage(self, name: str, rungs: list[Rung], repeats: int, measure: str = "speed", mode: str = "each",
-              share: float = 1.0, again: bool = False, credit_s: float = 0.0, last: bool = False) -> AblationResult:
+              share: float = 1.0, again: bool = False, credit_s: float = 0.0, last: bool = False,
+              target=None) -> AblationResult:
         """One stage: speed for the singles (a command's runs stop once timed), full for stage 2, whose
         candidates are also judged on the metric (the built-in run always trains to its end). `again`: the
         stage's folder is resumed (its runs so far reused, at no cost), with `credit_s`, what they took, added
@@ -76,7 +78,7 @@ class Search:
         ladder = LadderOptions(mode=mode, repeats=repeats, noise_seeds=repeats, budget=opts.timing,
                                min_effect=opts.min_effect, resume=opts.resume or again, rung_timeout=None,
                                show=opts.show, settle_within_s=settle_s, time_budget_s=allowed,
-                               paired=opts.paired, memory_limit=opts.memory_limit)
+                               paired=opts.paired, memory_limit=opts.memory_limit, target=target)
         settings = self.settings(name, rungs, repeats, measure, mode)
         if again:
             # The stage's own folder, gone on with: its plan.json names the rungs it was first planned with, which
@@ -119,6 +121,7 @@ class Findings:
     second: AblationResult | None = None     # stage 2
     batch: AblationResult | None = None      # --batch-size-search
     inputs: list[AblationResult] = field(default_factory=list)    # stage 3, its rounds
+    target: AblationResult | None = None     # --target: the candidates on their time to target
 
 
 def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: TuneOptions,
@@ -438,12 +441,14 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
     compile_note(found.singles, decision)
     if opts.batch_size_search:
         found.batch = run_batch_search(search, decision, found.per_run)
+    if opts.target is not None:                   # the rate pick and its batch sizes, on their time to target
+        found.target, decision = run_target_stage(search, decision)
     decision.notes += search.notes
     keep = keep_line(found.first.settings, decision.recipe)     # a script no recipe reaches: its environment
     if keep:
         decision.notes.append(keep[0].upper() + keep[1:])
     write_outputs(search.out_dir, decision, found.first, found.second, budget.elapsed(), opts.budget_s, found.steps,
-                  found.on_level, found.batch, found.inputs)
+                  found.on_level, found.batch, found.inputs, found.target)
     if opts.show:
         print(f"recommended: {decision.name} ({decision.speedup:.2f}x the baseline) — {search.out_dir}/best.yaml, "
               f"{search.out_dir}/tune.md")

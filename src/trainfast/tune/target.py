@@ -1,0 +1,111 @@
+"""`tune --target`: the last stage (to-target/) judges the candidates on their time to the user's target, side by
+side in one ladder: the baseline, the recipe the search picked on rate (its switches leave the math alone or were
+kept inside the accuracy band), and that recipe with its batch changed, half, twice and four times as large
+(the learning rate and warm-up following it: techniques/batch_scale.py). The batch is the switch that changes the
+math most, so only here, where each candidate's samples to target are measured over seeds, can it be weighed.
+
+The recommendation is the candidate that reaches the target soonest among those firmly sooner than the baseline
+(ablation/target.py: the bootstrap interval of its time ratio clear of 1); where that is not the rate pick, it
+must also be measurably sooner than the rate pick (the interval of their own ratio clear of 1), else the rate pick
+stands (the same math the rest of the search measured). Every candidate's time to target, with its factors, is
+in tune.md beside the decision.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..ablation.target import SOONER, ratio_interval
+from ..recipe import Recipe
+from ..results import AblationResult, Rung, Status
+from ..techniques.batch_scale import apply_batch_scale, lr_factor
+from .combine import Decision
+
+PICK = "rate_pick"
+STAGE = "to-target"
+
+
+def halved(recipe: Recipe) -> Recipe | None:
+    """`recipe` at half its batch, the learning rate scaled down by its rule and the warm-up doubled (the same
+    samples); None where the batch cannot halve."""
+    concrete = apply_batch_scale(recipe)
+    if concrete.batch_size < 2:
+        return None
+    warmup = concrete.warmup_steps * 2 if concrete.warmup_steps else 0
+    return concrete.replace(batch_size=concrete.batch_size // 2, lr=concrete.lr / lr_factor(2, concrete.lr_scaling),
+                            warmup_steps=warmup)
+
+
+def target_candidates(base: Recipe, picked: Recipe, train_samples: int | None) -> list[Rung]:
+    """The stage's rungs (module docstring); a bigger batch only where an epoch still holds four steps of it."""
+    def changes(recipe: Recipe) -> dict[str, Any]:
+        ours, theirs = recipe.to_dict(), base.to_dict()
+        return {k: v for k, v in ours.items() if theirs.get(k) != v}
+
+    rungs = [Rung("baseline", {}, base)]
+    if picked != base:
+        rungs.append(Rung(PICK, changes(picked), picked))
+    half = halved(picked)
+    if half is not None:
+        rungs.append(Rung("batch_half", changes(half), half))
+    for k in (2, 4):
+        scaled = picked.replace(batch_scale=k)
+        size = apply_batch_scale(scaled).batch_size * apply_batch_scale(scaled).grad_accum_steps
+        if train_samples is None or size * 4 <= train_samples:
+            rungs.append(Rung(f"batch_{k}x", changes(scaled), scaled))
+    return rungs
+
+
+def run_target_stage(search, decision: Decision) -> tuple[AblationResult | None, Decision]:
+    """The stage (module docstring) and the decision it leads to; skipped, with a note, when it cannot fit."""
+    train = getattr(getattr(search.work, "split", None), "train", None)
+    rungs = target_candidates(search.base, decision.recipe, len(train) if train is not None else None)
+    search.work.mark_effects(rungs)
+    stage = search.stage(STAGE, rungs, search.options.repeats, measure="full", last=True,
+                         target=search.options.target)
+    search.cut_note(stage)
+    return stage, choose(stage, decision, search.options.min_effect)
+
+
+def times_of(rung: Rung) -> list[float]:
+    return list((rung.result.to_target or {}).get("times") or [])
+
+
+def choose(stage: AblationResult, decision: Decision, min_effect: float) -> Decision:
+    """The stage's recommendation (module docstring), as a Decision whose speed-up is the time-to-target ratio."""
+    rungs = {r.name: r for r in stage.rungs if r.status == Status.DONE and r.result.to_target}
+    sooner = [r for r in rungs.values() if r.name != "baseline" and r.result.to_target["verdict"] == SOONER]
+    pick = rungs.get(PICK) or rungs.get("baseline")
+    notes = [line for line in stage_lines(stage)]
+    if not sooner:
+        decision.notes += notes + ["no candidate reached the target measurably sooner than the baseline: the rate "
+                                   "pick stands"]
+        return decision
+    best = min(sooner, key=lambda r: r.result.to_target["time_s"])
+    if best is not pick and pick is not None and pick.name != "baseline":
+        ratio, interval = ratio_interval(times_of(pick), times_of(best))
+        if interval is None or interval[0] <= 1 or ratio < 1 + min_effect:
+            decision.notes += notes + [f"{best.name} reached the target soonest, but not measurably sooner than the "
+                                       f"rate pick ({ratio:.2f}x, {fmt(interval)}): the rate pick stands"]
+            return decision
+        notes.append(f"{best.name} reached the target {ratio:.2f}x sooner than the rate pick ({fmt(interval)})")
+    summary = best.result.to_target
+    name = decision.name if best.name == PICK else f"{decision.name} + {best.name}"
+    return Decision(best.recipe, name, decision.gainers, decision.combined, decision.dropped,
+                    decision.notes + notes, summary["speedup"], summary["interval"], decision.batch)
+
+
+def fmt(interval: list[float] | None) -> str:
+    return f"{interval[0]:.2f}-{interval[1]:.2f}" if interval else "no interval"
+
+
+def stage_lines(stage: AblationResult) -> list[str]:
+    """One line per candidate: its time to target against the baseline's, and its factors."""
+    lines = []
+    for rung in stage.rungs:
+        s = rung.result.to_target
+        if not s:
+            continue
+        lines.append(f"to target: {rung.name} {s['time_s']:.1f} s ({s['speedup']:.2f}x the baseline's, "
+                     f"{fmt(s['interval'])}; samples {s['samples_from']}, {s['reached']} of {s['runs']} reached; "
+                     f"{s['verdict']})")
+    return lines
