@@ -8,7 +8,9 @@ them), the tokenizer a byte-level BPE trained on them first (a few seconds). It 
 
 switches it from the inside (the Trainer's group_by_length, bf16, its optim; the training collator wrapped to
 pack the padded batches; the model's attention backend) and proves each switch by reading it back; each rung is
-judged on the Trainer's eval_loss."""
+judged on the Trainer's eval_loss. With --eval-steps N the Trainer evaluates every N steps (eval_strategy="steps"),
+and `trainfast ablate --target auto -- python examples/hf_causal_lm.py --eval-steps 5` reads each rung's time to
+the baseline's final eval_loss from those evaluations."""
 import argparse
 import ast
 import os
@@ -64,6 +66,9 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--epochs", type=float, default=1)
     parser.add_argument("--out", default="/tmp/hf_causal_lm")
+    parser.add_argument("--eval-steps", type=int, default=0, metavar="N",
+                        help="evaluate every N optimizer steps during training (eval_strategy='steps'); default: "
+                             "once, after training")
     cli = parser.parse_args()
 
     texts = stdlib_functions(cli.documents + cli.documents // 5)
@@ -76,7 +81,8 @@ def main() -> None:
     model = LlamaForCausalLM(config)
     args = TrainingArguments(output_dir=cli.out, per_device_train_batch_size=16, per_device_eval_batch_size=16,
                              num_train_epochs=cli.epochs, learning_rate=1e-3, weight_decay=0.01, warmup_steps=10,
-                             logging_steps=10, save_strategy="no", report_to=[], seed=0)
+                             logging_steps=10, save_strategy="no", report_to=[], seed=0,
+                             eval_strategy="steps" if cli.eval_steps else "no", eval_steps=cli.eval_steps or None)
     trainer = Trainer(model=model, args=args, train_dataset=Documents(train, tokenizer, cli.max_length),
                       eval_dataset=Documents(evaluation, tokenizer, cli.max_length),
                       data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False))

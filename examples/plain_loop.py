@@ -42,6 +42,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--eval-every", type=int, default=0, metavar="N",
+                        help="evaluate every N optimizer steps (default: once, at the end of each epoch)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -52,6 +54,8 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
 
+    eval_every = args.eval_every or len(train_loader)
+    step = 0
     for epoch in range(args.epochs):
         model.train()
         for inputs, targets in train_loader:
@@ -59,13 +63,17 @@ def main() -> None:
             loss = loss_fn(model(inputs), targets)
             loss.backward()
             optimizer.step()
-        model.eval()
-        correct = 0
-        with torch.no_grad():
-            for inputs, targets in val_loader:
-                correct += (model(inputs).argmax(dim=1) == targets).sum().item()
-        accuracy = correct / len(val_set)
-        print(f"epoch {epoch + 1}: train loss {loss.item():.4f}  val accuracy {accuracy:.4f}")
+            step += 1
+            if step % eval_every:
+                continue
+            model.eval()
+            correct = 0
+            with torch.no_grad():
+                for val_inputs, val_targets in val_loader:
+                    correct += (model(val_inputs).argmax(dim=1) == val_targets).sum().item()
+            accuracy = correct / len(val_set)
+            print(f"epoch {epoch + 1} step {step}: train loss {loss.item():.4f}  val accuracy {accuracy:.4f}")
+            model.train()
     print(f"final train_loss={loss.item()!r} val_accuracy={accuracy!r}")
 
 

@@ -30,7 +30,7 @@ from .scoring import pick_best, score_rungs, seed_summary, unresolved
 from .server import wait_rung_server
 from .store import RunStore, write_json
 from .aim import Aim
-from .target import TARGET_SEEDS
+from .target import TARGET_SEEDS, pick_soonest
 from .work import Work
 
 
@@ -364,6 +364,8 @@ class LadderRun:
         from ..report import write_report
 
         best, tie, odds = pick_best(self.plan, self.opts.min_effect, self.opts.memory_limit)
+        if self.aim is not None and self.aim.target.known:      # judged on time to target, not on rate
+            best, tie, odds = pick_soonest(self.plan, self.opts.memory_limit), [], {}
         result = AblationResult(self.plan, env, self.out_dir, best.recipe if best else None,
                                 best.name if best else None, self.ceilings, self.seed_runs, tie, settings_as_run(self),
                                 odds, self.metric.judged_metric())

@@ -174,5 +174,20 @@ def score_targets(rungs: list[Rung], target: Target | None, min_effect: float = 
     base = rungs[0]
     band = seed_band(runs_with_curves(base), target.name)
     for rung in rungs:
-        if rung.status in (Status.DONE, Status.PARTIAL) or rung.repeats:
+        if rung.status in (Status.DONE, Status.PARTIAL):
             rung.result.to_target = to_target(rung, base, target, band, min_effect)
+
+
+def pick_soonest(rungs: list[Rung], memory_limit: int | None = None) -> Rung | None:
+    """With a target, the recommendation: of the rungs firmly sooner than the baseline (SOONER) that fit the memory
+    limit and are not risky by construction, the soonest; the baseline when none is; None without a baseline
+    judged. A rung that reaches the target sooner is recommended whatever its metric at a fixed step."""
+    from ..techniques.precision import level_note
+    from .scoring import fits
+
+    base = rungs[0]
+    if base.status != Status.DONE or not base.result.to_target:
+        return None
+    sooner = [r for r in rungs[1:] if r.status == Status.DONE and (r.result.to_target or {}).get("verdict") == SOONER
+              and fits(r, memory_limit) and level_note(r.recipe) is None]
+    return max(sooner, key=lambda r: r.result.to_target["speedup"]) if sooner else base

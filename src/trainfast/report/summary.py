@@ -44,6 +44,12 @@ def best_line(result: AblationResult) -> str:
                  "validation loss or declare its metric through its framework)")
     elif judged:
         text += f" ({judged[0].lower() + judged[1:]})"
+    target = result.settings.get("target")
+    if target and target.get("value") is not None:
+        summary = next((r.result.to_target for r in result.rungs if r.name == result.best_name), None) or {}
+        text += (f", on its time to {target['text'].split(' (')[0]}: "
+                 + ("no rung reached it measurably sooner than the baseline" if result.best_name == result.rungs[0].name
+                    else f"{summary.get('speedup', 0):.2f}x sooner than the baseline"))
     others = [n for n in result.tie if n != result.best_name]
     if others:
         text += (f" (tied with {', '.join(labels[n] for n in others)}: not measurably different from it; of the "
