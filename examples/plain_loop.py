@@ -11,6 +11,8 @@ code or from the TRAINFAST_RECIPE environment variable, the adopted loop runs wi
     python examples/adopted_loop.py
     TRAINFAST_RECIPE='{"precision": "bf16", "channels_last": true}' python examples/adopted_loop.py
     trainfast ablate -- python examples/adopted_loop.py --epochs 60     # what each switch buys in this loop
+    trainfast ablate --target auto -- python examples/adopted_loop.py --epochs 8 --eval-every 10
+                                    # ... and how soon each reaches the baseline's final accuracy (its reports)
 """
 import argparse
 
