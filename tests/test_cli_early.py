@@ -67,6 +67,8 @@ def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     (["train", "--persistent-workers"], "trainfast train: error: persistent_workers=True needs num_workers > 0"),
     (["train", "--task", "detection", "--model", "resnet50"],
      "trainfast train: error: --model 'resnet50' is not a supported detection model"),
+    (["ablate", "--target", "val_loss<3"], "trainfast ablate: error: argument --target: --target 'val_loss<3' is not"),
+    (["train", "--target", "auto"], "trainfast train: error: --target auto is the level a baseline's runs reach"),
     (["ablate", "--task", "lm", "--model", "llama-tinyy"],
      "trainfast ablate: error: --model 'llama-tinyy' is not a language model trainfast defines"),
 ])

@@ -472,3 +472,20 @@ def test_async_checkpoint_is_lightnings_own_plugin_and_is_proven(patched, tmp_pa
     kwargs = {"plugins": AsyncCheckpointIO(own)}
     adapter.switch_trainer_arguments(kwargs, record, {"async_checkpoint": False})
     assert kwargs["plugins"] == [own] and record.switches[adapter.ASYNC_IO].script is True
+
+
+class Validated(Tiny):
+    def validation_step(self, batch, i):
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self.net(x), y))
+
+
+def test_each_validation_during_fit_is_handed_on_as_a_point_of_the_curve(patched):
+    seen = []
+    board = Board({"seed": 0}, on_metrics=seen.append)
+    trainer = patched(board)(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, val_check_interval=2)
+    trainer.fit(Validated(), train_dataloaders=tiny_loader(), val_dataloaders=tiny_loader())
+    during = [m for m in seen if "val_loss" in m]
+    assert len(during) >= 4                           # twice an epoch for two epochs, then the fit's end; no sanity
+    assert all(isinstance(m["val_loss"], float) for m in during)

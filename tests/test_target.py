@@ -3,6 +3,7 @@ answers are known; the built-in run's and a script's curves recorded as they tra
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -160,10 +161,184 @@ def test_a_scripts_reports_become_its_curve_and_its_evaluation_belongs_to_no_ste
     assert not curve_.add(probe, {"val_loss": 1.0})                    # the same step: joins the point
     time.sleep(0.02)
     probe.timer.step()
-    assert curve_.add(probe, {"val_acc": 0.95}) and curve_.stopped == "reached"
+    assert not curve_.add(probe, {"val_acc": 0.95})                   # reached: the script runs on to its end
+    assert curve_.record()["curve_stopped"] == "reached"
     first, second = curve_.points
     assert first["metrics"] == {"val_acc": 0.5, "val_loss": 1.0} and first["seen"] == 24
     # The 50 ms between the last step and the report (the evaluation) are in no point's time; the 20 ms between the
     # report and the next step (the script's loop) are.
     assert first["train_s"] < 0.02
     assert second["train_s"] - first["train_s"] == pytest.approx(0.02, abs=0.015)
+
+
+# --- where a script's evaluations come from ------------------------------------------------------------------------
+
+def test_a_frameworks_evaluation_and_a_session_report_reach_the_probe():
+    from trainfast.frameworks.board import Board
+    from trainfast.session import Session
+
+    seen = []
+    board = Board({}, on_metrics=seen.append)
+    board.record_metrics({"eval_loss": torch.tensor(2.5), "epoch": 1.0, "note": "x"})
+    assert seen == [{"eval_loss": 2.5, "epoch": 1.0}]
+
+    class Observer:
+        def attach(self, session):
+            pass
+
+        def watch(self, state, workers):
+            pass
+
+        def reported(self, metrics):
+            seen.append(metrics)
+
+    tf = Session(env=False)
+    tf.observers = [Observer()]
+    tf.report(val_accuracy=torch.tensor(0.5))
+    assert seen[-1] == {"val_accuracy": 0.5} and tf.reported == {"val_accuracy": 0.5}
+    tf.close()
+
+
+# --- the ladder's order, its target and its seeds ------------------------------------------------------------------
+
+class Work:
+    def __init__(self):
+        self.aimed = []
+
+    def aim(self, target, cap_s):
+        self.aimed.append((target, cap_s))
+
+    def curve_metric(self):
+        return "val_loss", "min"
+
+
+def test_the_baseline_runs_first_then_auto_is_its_median_final_level_and_the_cap_three_times_its_time():
+    from trainfast.ablation.aim import Aim
+
+    base, other = rung("baseline", []), rung("other", [])
+    work = Work()
+    aim = Aim(parse_target("auto"), [base, other], work, choice=lambda: None)
+    queue = [(base, 0, "b"), (other, 0, "b"), (base, 1, "b"), (other, 1, "b"), (base, 2, None)]
+    assert [e[0].name for e in aim.order(queue)] == ["baseline"] * 3 + ["other"] * 2
+    assert work.aimed == [(aim.target, None)]                  # from the start: curves, no stop yet
+    base.repeats = [run([3.0, 2.2, 2.05], seed=0), run([3.0, 2.1, 1.95], seed=1), run([3.0, 2.3, 2.0], seed=2)]
+    aim.after_run([(base, 2, None)])                           # a baseline run still queued: nothing yet
+    assert len(work.aimed) == 1
+    aim.after_run([(other, 0, "b")])
+    target, cap = work.aimed[-1]
+    assert target.known and target.value == pytest.approx(2.0) and target.goal == "min"
+    # its median samples to target: 300 (seeds 1 and 2 reach at 300, seed 0 never), its time there 3 s
+    assert cap == pytest.approx(3 * 3.0)
+
+
+def test_a_rung_that_changes_the_math_gets_seeds_up_to_five_and_the_soonest_firm_rung_is_recommended():
+    from trainfast.ablation.aim import Aim
+    from trainfast.ablation.target import pick_soonest
+
+    base = rung("baseline", [run([3.0, 2.4, 1.95], seed=s) for s in range(5)])
+    same = rung("same", [run([3.0, 2.4, 1.95], seed=s, seconds_per_sample=0.008) for s in range(3)])
+    better = rung("better", [run([2.5, 1.9, 1.6], seed=s, seconds_per_sample=0.005) for s in range(3)])
+    aim = Aim(LOSS, [base, same, better], Work(), choice=lambda: None)
+    aim.score()
+    seeds = aim.seeds(10)
+    assert [(r.name, i, b) for r, i, b in seeds] == [("better", 10, None), ("better", 11, None)]
+    assert aim.seeds(12) == []                                 # queued already: not again
+    assert pick_soonest([base, same, better]) is better
+    better.result.to_target["verdict"] = SAME
+    assert pick_soonest([base, same, better]) is same
+
+
+def test_train_stops_at_its_target_and_says_when(digits16, tmp_path):
+    import json
+
+    from tests.conftest import tiny_resnet
+    from trainfast import train
+
+    result = train(tiny_resnet, digits16, recipe=Recipe(batch_size=32, epochs=3, log_every=4), device="cpu",
+                   out=tmp_path, target="val_loss<=2.25")
+    points = result.curve["curve"]
+    assert result.curve["curve_stopped"] == "reached" and points[-1]["metrics"]["val_loss"] <= 2.25
+    assert json.loads((tmp_path / "curve.json").read_text()) == result.curve
+    with pytest.raises(TargetError, match="auto"):
+        train(tiny_resnet, digits16, recipe=Recipe(batch_size=32), device="cpu", target="auto")
+
+
+# --- end to end: a script's own evaluations, the built-in run's batch rung -----------------------------------------
+
+@pytest.mark.slow
+def test_a_session_script_is_judged_on_its_time_to_target_from_its_own_reports(tmp_path):
+    from tests.test_ablate_command import ADOPTED, ablate
+
+    out = tmp_path / "out"
+    _, results = ablate(out, "--target", "auto", "--switches", "amp", "--repeats", "2", "--settle-within", "0",
+                        command=[sys.executable, ADOPTED, "--epochs", "2", "--eval-every", "5"])
+    target = results["settings"]["target"]
+    assert target["auto"] and target["name"] == "val_accuracy" and target["goal"] == "max" and target["cap_s"] > 0
+    base, amp = results["rungs"]
+    runs = base["runs"] + base["seed_runs"]
+    assert len(runs) == 5 and all(len(r["curve"]) >= 8 for r in runs)       # every 5 of 44 steps, each seed
+    assert all(r["curve_stopped"] == "end" for r in runs)                   # auto: the baseline sets the level
+    assert {r["curve_stopped"] for r in amp["runs"]} <= {"reached", "cap", "end"}
+    assert all(len(r["curve"]) == len(runs[0]["curve"]) for r in amp["runs"] if r["curve_stopped"] != "cap")
+    for rung in (base, amp):
+        summary = rung["to_target"]
+        assert summary["runs"] == len(rung["runs"]) + len(rung.get("seed_runs", []))
+        assert summary["verdict"] in ("reference", "sooner", "later", "no measurable difference",
+                                      "did not reach the target")
+    report = (out / "report.md").read_text()
+    assert "## Time to target" in report and (out / "target_curves.png").exists()
+
+
+@pytest.mark.slow
+def test_a_batch_rung_that_leaves_the_band_is_measured_over_five_seeds(digits16, tmp_path):
+    from tests.conftest import tiny_resnet
+    from trainfast import ablate
+    from trainfast.ablation.rung import TimingBudget
+
+    result = ablate(tiny_resnet, digits16.train, digits16.val, recipe=Recipe(batch_size=32, epochs=2), out=tmp_path,
+                    rungs=["batch_4x"], repeats=2, show=False, mean=digits16.mean, std=digits16.std,
+                    settle_within_s=0, target="auto", budget=TimingBudget(steps=4, seconds=1.0, floor=2,
+                                                                          min_seconds=0.0))
+    base, batch = result.rungs
+    summary = batch.result.to_target
+    assert summary is not None and base.result.to_target["runs"] == 5
+    if summary["samples_from"] == "measured":
+        assert summary["runs"] == 5 and len(batch.seed_runs) == 3
+        assert summary["samples_ratio"] is not None
+    else:
+        assert summary["runs"] == 2 and not batch.seed_runs
+    assert result.best_name in ("baseline", "batch_4x")
+
+
+def test_tune_weighs_the_rate_pick_and_its_batch_sizes_and_keeps_the_pick_unless_another_is_measurably_sooner():
+    from trainfast.results import AblationResult
+    from trainfast.tune.combine import Decision
+    from trainfast.tune.target import PICK, choose, halved, target_candidates
+
+    base, picked = Recipe(batch_size=16, lr=1e-3, warmup_steps=20), Recipe(batch_size=16, lr=1e-3, warmup_steps=20,
+                                                                         precision="bf16")
+    names = [r.name for r in target_candidates(base, picked, train_samples=1000)]
+    assert names == ["baseline", PICK, "batch_half", "batch_2x", "batch_4x"]
+    assert [r.name for r in target_candidates(base, picked, train_samples=200)][-1] == "batch_2x"   # 64 x 4 > 200
+    half = halved(picked)
+    assert (half.batch_size, half.warmup_steps) == (8, 40) and half.lr == pytest.approx(1e-3 / 2 ** 0.5)
+
+    def stage(times: dict[str, list[float]]) -> AblationResult:
+        rungs = [rung(name, []) for name in times]
+        for r in rungs:
+            t = times[r.name]
+            speedup, interval = ratio_interval(times["baseline"], t)
+            interval = interval or [1.0, 1.0]
+            r.result.to_target = {"time_s": sorted(t)[len(t) // 2], "times": t, "speedup": speedup,
+                                  "interval": interval, "samples_from": "measured", "reached": len(t),
+                                  "runs": len(t), "verdict": "reference" if r.name == "baseline"
+                                  else SOONER if interval[0] > 1 else SAME}
+        return AblationResult(rungs, {}, "", None, None, {})
+
+    decision = Decision(picked, "bf16")
+    clear = stage({"baseline": [10, 10.5, 9.5, 10.2, 9.8], PICK: [8, 8.2, 7.9], "batch_half": [5, 5.2, 4.9, 5.1, 5]})
+    chosen = choose(clear, decision, 0.05)
+    assert chosen.name == "bf16 + batch_half" and chosen.recipe is clear.rungs[2].recipe
+    assert chosen.speedup == pytest.approx(2)
+    close = stage({"baseline": [10, 10.5, 9.5, 10.2, 9.8], PICK: [8, 8.2, 7.9], "batch_half": [7.9, 8.3, 7.8]})
+    assert choose(close, Decision(picked, "bf16"), 0.05).recipe is picked

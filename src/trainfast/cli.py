@@ -271,9 +271,7 @@ def _train(args, recipe: Recipe) -> int:
     from .recipe import resolve_device, validate_for_device
     from .tasks import build_task
     from .techniques.batch_scale import apply_batch_scale
-    from .trainer import target_plan, train
-
-    target_plan(args.target)                 # auto refused before the data loads
+    from .trainer import train
     resume, folder = resume_checkpoint(args.resume, args.out)
     device = resolve_device(args.device)
     validate_for_device(recipe, device)

@@ -208,7 +208,8 @@ def add_tune_flags(tu: argparse.ArgumentParser) -> None:
     tu.add_argument("--planned-steps", type=positive_int, default=None, metavar="N",
                     help="optimizer steps of the run the recipe is for (decides compile; default: the recipe's epochs)")
     add_timing(tu)
-    add_target(tu, "the search compares candidates on their time to target instead of their rate")
+    add_target(tu, "a last stage runs the baseline, the recipe picked on rate and that recipe at half, twice and four "
+                   "times its batch side by side, and recommends the one that reaches it soonest")
     add_memory_limit(tu, "the search starts from the fastest of the baseline at smaller batches and the memory "
                          "switches that fits, and recommends nothing over it")
     add_out(tu, "tune", "the search, best.yaml")
@@ -371,6 +372,9 @@ def check_before_torch(args: argparse.Namespace) -> None:
         check_data_folder(args.data, "classification")
     if args.command not in ("ablate", "tune", "doctor", "train"):
         return
+    if args.command == "train" and args.target is not None and not args.target.known:
+        raise ValueError("--target auto is the level a baseline's runs reach, which a single run has not: give the "
+                         "level (val_loss<=3.2, val_acc>=0.95), or find it with trainfast ablate --target auto")
     task = early_task(args.task, args.model)
     if args.model is not None and task == "detection":
         check_detection_model_name(args.model)

@@ -8,6 +8,7 @@ probe times over those steps is untouched by it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import takewhile
 from typing import Any, Callable, Iterable
@@ -17,17 +18,22 @@ from .target import Target, point_value
 EVALS = 16              # evaluations over the planned run (its epochs): the curve's resolution
 CAP_FACTOR = 3.0        # a run stops, not reaching the target, at this many times the baseline's time to target
 MAX_RUN_FACTOR = 6      # ... and whatever the time, at this many times its planned epochs
+# Before auto's level is known (the baseline's runs, which set it): each trains this many times its planned steps,
+# the level read at its planned end. The seeds that end above the median (half of them, by construction) would
+# otherwise count as never reaching it, and every interval against the baseline would be open on one side.
+AUTO_EXTEND = 1.5
 
 
 @dataclass(frozen=True)
 class CurvePlan:
     """How a run evaluates on its way: `evals` points over its planned epochs; `target`: stop at the first point
-    that reaches it (None, or auto not yet resolved: train the planned epochs, the baseline that sets it);
-    `cap_s`: training seconds after which a run that has not reached it stops (None: the planned epochs, or
-    MAX_RUN_FACTOR times them once a target is known)."""
+    that reaches it (auto not yet resolved: AUTO_EXTEND times the planned updates, the baseline that sets it);
+    `cap_s`: training seconds after which a run that has not reached it stops; `max_factor`: with a known target,
+    the most updates a run trains, as a multiple of its planned ones (train: 1, its epochs are the user's)."""
     evals: int = EVALS
     target: Target | None = None
     cap_s: float | None = None
+    max_factor: float = MAX_RUN_FACTOR      # a known target: at most this many times the planned updates
 
     @property
     def stops(self) -> bool:
@@ -47,24 +53,25 @@ class BuiltinCurve:
     def __init__(self, run, plan: CurvePlan) -> None:
         self.run, self.plan = run, plan
         planned = max(1, len(run.train_batches) * run.recipe.epochs // max(1, run.recipe.grad_accum_steps))
+        self.planned = planned                                          # the planned run's optimizer updates
         self.every = max(1, round(planned / max(1, plan.evals)))       # optimizer updates between evaluations
+        # auto before its level is known: AUTO_EXTEND times the planned updates; a known target: max_factor times
+        self.limit = math.ceil(planned * (plan.max_factor if plan.stops else AUTO_EXTEND))
         self.points: list[dict[str, Any]] = []
         self.stopped: str | None = None      # "reached", "cap" (its training time), or None (trained its epochs)
         self.last_step = 0
         self.metrics: dict[str, float] | None = None
 
     def more(self, epoch: int) -> bool:
-        if self.stopped is not None:
-            return False
-        planned = self.run.recipe.epochs
-        return epoch < (planned * MAX_RUN_FACTOR if self.plan.stops else planned)
+        return self.stopped is None and self.run.state.step < self.limit
 
     def batches(self, batches: Iterable) -> Iterable:
-        """The pass's batches until the run is done (reached, or its cap)."""
-        return takewhile(lambda _batch: self.stopped is None, batches)
+        """The pass's batches until the run is done (reached, its cap, or its updates)."""
+        state = self.run.state
+        return takewhile(lambda _batch: self.stopped is None and state.step < self.limit, batches)
 
     def after_step(self, state) -> None:
-        if state.step != self.last_step and state.step % self.every == 0:
+        if state.step != self.last_step and (state.step % self.every == 0 or state.step == self.planned):
             self.evaluate(state)
 
     def hooked(self, after_step: Callable) -> Callable:
@@ -108,4 +115,5 @@ class BuiltinCurve:
 
     def record(self) -> dict[str, Any]:
         return {"curve": self.points, "curve_every": self.every, "curve_stopped": self.stopped or "end",
+                "curve_planned_step": self.planned,          # the planned run's end: where auto's level is read
                 "curve_target": self.plan.target.to_dict() if self.plan.target else None}

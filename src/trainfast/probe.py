@@ -168,8 +168,8 @@ class Probe:
         state.memory = StepMemory(self.device, optimizer=state.optimizer.optimizer)   # what holds the memory
 
     def reported(self, metrics: dict[str, Any]) -> None:
-        """The script evaluated (tf.report, a framework's evaluation): a point of its curve; at the target or past
-        its cap the run ends here, its result written (one process: a torchrun job's ranks report unevenly, so
+        """The script evaluated (tf.report, a framework's evaluation): a point of its curve; past its cap without
+        the target the run ends here, its result written (one process: a torchrun job's ranks report unevenly, so
         it runs to its own end)."""
         if self.curve.add(self, metrics) and self.world_size == 1:
             self.write(f"target: {self.curve.stopped}")

@@ -55,8 +55,8 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
     detector: model(images, targets) -> dict of losses in train mode; evaluated as COCO mAP).
     `mean`/`std`: plain datasets yield uint8 images, normalized by trainfast. `on_window(step, stats)` after
     every metric window and `on_epoch(record)` after every epoch, on rank 0 only. `target` ("val_loss<=3.2",
-    "val_acc>=0.95"): the run evaluates on a schedule, stops at its first evaluation that reaches it (or at
-    curves.MAX_RUN_FACTOR times its epochs) and `result.curve` (out/curve.json) says when."""
+    "val_acc>=0.95"): the run evaluates on a schedule, stops at its first evaluation that reaches it (else at the
+    end of its epochs) and `result.curve` (out/curve.json) says when."""
     plan = target_plan(target)
     split = as_split(train_set, val_set, mean=mean, std=std)     # refused before anything starts
     run = assemble_run(model, split, recipe, device=device, task=task, loss_fn=loss_fn)
@@ -104,9 +104,9 @@ def target_plan(target: str | Target | None) -> CurvePlan | None:
     if parsed is None:
         return None
     if not parsed.known:
-        raise TargetError("--target auto is the level a baseline's runs reach; a single run has none: give the "
+        raise TargetError("--target auto is the level a baseline's runs reach, which a single run has not: give the "
                           "level (val_loss<=3.2, val_acc>=0.95), or find it with trainfast ablate --target auto")
-    return CurvePlan(target=parsed)
+    return CurvePlan(target=parsed, max_factor=1.0)       # early stopping: the epochs asked for are the most
 
 
 def train_epoch(run: BuiltinRun, epoch: int, checkpoints, on_window: Callable | None,

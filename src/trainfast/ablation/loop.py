@@ -300,6 +300,8 @@ class LadderRun:
             return
         self.measured += added
         self.queue = queue_with_added(self.queue, added, self.plan[0], self.repeats, self.opts.budget)
+        if self.aim is not None:            # the baseline's runs still first: they set the target and the cap
+            self.queue = self.aim.order(self.queue)
 
     def fit_budget(self, first: dict[str, Any]) -> None:
         """After the first run: the plan cut to the time budget, priced by that run (the baseline's, fp32:

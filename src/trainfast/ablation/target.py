@@ -37,9 +37,12 @@ def runs_with_curves(rung: Rung) -> list[dict[str, Any]]:
 
 
 def final_value(run: dict[str, Any], name: str) -> float | None:
-    """The metric at a run's last evaluation (the end of its run)."""
+    """The metric at the end of a run's planned run: its evaluation at that step (a built-in baseline trains on past
+    it, curves.AUTO_EXTEND), else its last one (a script's run ends where the script ends it)."""
     curve = run.get("curve") or []
-    return point_value(curve[-1], name) if curve else None
+    planned = run.get("curve_planned_step")
+    at_end = [p for p in curve if p["step"] == planned]
+    return point_value((at_end or curve[-1:] or [{}])[0], name) if curve else None
 
 
 def auto_level(base: Rung, name: str) -> float | None:

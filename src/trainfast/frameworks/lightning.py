@@ -221,6 +221,7 @@ def patch_trainer(cls: type, board: Board, package: str, record: Callable[[], Fr
         record().readers[:] = [r for r in record().readers if r is not fitting.get("reader")] + [reader]
         fitting["reader"] = reader
         declare_metric(board, self)
+        add_curve_points(self, board, package)
         try:
             return fit(*bound.args, **bound.kwargs)
         finally:
@@ -237,6 +238,26 @@ def patch_trainer(cls: type, board: Board, package: str, record: Callable[[], Fr
 
     setattr(__init__, PATCHED, True)
     cls.__init__, cls.fit, cls.validate = __init__, fit_, validate_
+
+
+CURVE = "_trainfast_curve"
+
+
+def add_curve_points(trainer: Any, board: Board, package: str) -> None:
+    """A callback on the Trainer that hands each validation it runs during fit (not its sanity check) to the board:
+    with the logged metrics, a point of the run's curve (instruments/curve.py), where --target reads them."""
+    if board.on_metrics is None or any(getattr(c, CURVE, False) for c in trainer.callbacks):
+        return
+    base = importlib.import_module(package).Callback
+
+    class CurvePoint(base):
+        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+            if not trainer.sanity_checking:
+                board.record_metrics(dict(trainer.callback_metrics))
+
+    point = CurvePoint()
+    setattr(point, CURVE, True)
+    trainer.callbacks.append(point)
 
 
 def declare_metric(board: Board, trainer: Any) -> None:

@@ -17,13 +17,16 @@ from ..target import Target, point_value
 
 
 class ScriptCurve:
-    """The points of one run, and its stop: at the first point that reaches a known target, or past the cap."""
+    """The points of one run, and its stop past the cap. A script that reaches the target runs on to its own end:
+    its rate is timed over its whole run (a token script's: probe.Probe.whole_run), the same documents in every
+    rung, which a stop at the target would cut short; its time to target is read off its curve all the same."""
 
     def __init__(self, target: dict[str, Any] | None = None, cap_s: float | None = None) -> None:
         self.target = Target.from_dict(target)
         self.cap_s = cap_s
         self.points: list[dict[str, Any]] = []
         self.stopped: str | None = None
+        self.reached = False
 
     def add(self, probe, metrics: dict[str, Any]) -> bool:
         """A point for `metrics` (numbers only) at the run's step now; whether the run should stop here. Values
@@ -45,16 +48,17 @@ class ScriptCurve:
         return self.judge(self.points[-1])
 
     def judge(self, point: dict[str, Any]) -> bool:
+        """Whether the run stops here: past its cap without having reached the target."""
         if self.target is not None and self.target.known and self.target.reached(point_value(point, self.target.name)):
-            self.stopped = "reached"
-        elif self.cap_s is not None and point["train_s"] >= self.cap_s:
+            self.reached = True
+        if not self.reached and self.cap_s is not None and point["train_s"] >= self.cap_s:
             self.stopped = "cap"
         return self.stopped is not None
 
     def record(self) -> dict[str, Any]:
         if not self.points:
             return {}
-        return {"curve": self.points, "curve_stopped": self.stopped or "end",
+        return {"curve": self.points, "curve_stopped": self.stopped or ("reached" if self.reached else "end"),
                 "curve_target": self.target.to_dict() if self.target is not None else None}
 
 

@@ -68,9 +68,10 @@ def explanation(result: AblationResult) -> str:
     cap = f"{target['cap_s']:,.0f} s" if target.get("cap_s") else "its planned run"
     return (f"Target: **{target['text']}**. Each run evaluates on its way; its time to target is its training time "
             "(compilation and input waits included, evaluation excluded) at its first evaluation that reaches the "
-            f"target; a run stops there, or at its cap ({cap}, {target['cap_factor']:g}x the baseline's time) and "
-            "counts as not reaching it. Time to target = samples to target / rate: a rung whose curve over samples "
-            "stays inside the baseline's seed band needs the baseline's samples (the median over its seeds) and "
+            f"target (the built-in run stops there, a script runs on to its end); a run still short of it at its cap "
+            f"({cap}, {target['cap_factor']:g}x the baseline's time) stops and counts as not reaching it. Time to "
+            "target = samples to target / rate: a rung whose curve over samples stays inside the baseline's seed "
+            "band needs the baseline's samples (the median over its seeds) and "
             "its rate decides; a rung that leaves the band is measured on its own runs, over up to "
             f"{target['seeds']} seeds. Ratios are the baseline's time (or samples) over the rung's, with a "
             "bootstrap interval over seeds; the verdict on time to target stands beside the verdict on rate.")

@@ -31,6 +31,12 @@ dropped.
      tried again on top (input-2/, ...). Judged alone in fp32 (stage 1) they show nothing where the fp32
      step is slower than the input: they pay only once the step outruns it.
 
+  4. to-target/ with --target: the baseline, the recipe found so far and that recipe at half, twice and four
+     times its batch (the learning rate and warm-up following it), side by side, each run trained to the target
+     and judged on its time to it (ablation/target.py); the soonest candidate firmly sooner than the baseline,
+     and measurably sooner than the rate pick, is recommended (else the rate pick stands). The stages before it
+     keep to half the budget (tune/target.py: TARGET_SHARE).
+
 Output: best.yaml (a recipe file `trainfast train --recipe best.yaml` takes as is), tune.md, tune.json.
 
   options.py   TuneOptions: what tune() takes beside the work, checked before any work starts
@@ -38,6 +44,7 @@ Output: best.yaml (a recipe file `trainfast train --recipe best.yaml` takes as i
   switches.py  the switches tried, their priority, stage 1's plan, what a stage-1 rung says about a switch
   combine.py   the combination, stage 2's rungs and the recommendation (Decision)
   inputs.py    stage 3: the input switches on a recipe held by its input
+  target.py    stage 4: the candidates on their time to target (--target)
   batch.py     --batch-size-search: larger batches, reported apart
   search.py    tune(): the stages, sharing a Search (the work, the options, the notes)
   outputs.py   best.yaml, tune.json, tune.md

@@ -30,7 +30,7 @@ from .inputs import INPUT_SWITCHES, run_input
 from .memory import held_to_limit, named_for_memory, run_memory
 from .options import TuneOptions, tune_options
 from .outputs import write_outputs
-from .target import run_target_stage
+from .target import TARGET_SHARE, run_target_stage
 from .switches import firm_gain, is_level, kept_level, on_level_order, plan_singles, single_names
 
 
@@ -424,7 +424,8 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
     verdict is within the noise and the budget allows (Search.stage); False: exactly `repeats` passes in
     every stage."""
     opts = tune_options(options)
-    budget = SearchBudget(opts.budget_s)
+    # --target: the rate search keeps to its share, the stage on time to target gets the rest (tune/target.py)
+    budget = SearchBudget(opts.budget_s * (1 - TARGET_SHARE) if opts.target is not None else opts.budget_s)
     spec = BuiltinSpec(model, train_set, val_set, loss_fn, data, image_size, mean, std, task)
     search, singles = prepare_search(spec, recipe, device, opts, budget)
     memory = run_memory(search, search.task) if opts.memory_limit else None
@@ -442,6 +443,7 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
     if opts.batch_size_search:
         found.batch = run_batch_search(search, decision, found.per_run)
     if opts.target is not None:                   # the rate pick and its batch sizes, on their time to target
+        budget.total_s = opts.budget_s
         found.target, decision = run_target_stage(search, decision)
     decision.notes += search.notes
     keep = keep_line(found.first.settings, decision.recipe)     # a script no recipe reaches: its environment

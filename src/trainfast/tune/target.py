@@ -20,6 +20,9 @@ from ..results import AblationResult, Rung, Status
 from ..techniques.batch_scale import apply_batch_scale, lr_factor
 from .combine import Decision
 
+# The share of --budget kept for this stage: its candidates train to the target (longer runs than a timed one) and
+# those that change the math get up to five seeds each.
+TARGET_SHARE = 0.5
 PICK = "rate_pick"
 STAGE = "to-target"
 
