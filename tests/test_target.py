@@ -152,7 +152,7 @@ def test_a_scripts_reports_become_its_curve_and_its_evaluation_belongs_to_no_ste
             return 8
 
     probe = Probe()
-    curve_ = ScriptCurve(Target("val_acc", "max", 0.9).to_dict(), cap_s=None)
+    curve_ = ScriptCurve(Target("val_acc", "max", 0.9).to_dict(), cap_seen=None)
     assert not curve_.add(probe, {"val_acc": 0.1})                     # before a step: nothing trained, no point
     for _ in range(3):
         probe.timer.step()
@@ -205,14 +205,14 @@ class Work:
     def __init__(self):
         self.aimed = []
 
-    def aim(self, target, cap_s):
-        self.aimed.append((target, cap_s))
+    def aim(self, target, cap_seen):
+        self.aimed.append((target, cap_seen))
 
     def curve_metric(self):
         return "val_loss", "min"
 
 
-def test_the_baseline_runs_first_then_auto_is_its_median_final_level_and_the_cap_three_times_its_time():
+def test_the_baseline_runs_first_then_auto_is_its_median_final_level_and_the_cap_six_times_its_samples():
     from trainfast.ablation.aim import Aim
 
     base, other = rung("baseline", []), rung("other", [])
@@ -227,8 +227,8 @@ def test_the_baseline_runs_first_then_auto_is_its_median_final_level_and_the_cap
     aim.after_run([(other, 0, "b")])
     target, cap = work.aimed[-1]
     assert target.known and target.value == pytest.approx(2.0) and target.goal == "min"
-    # its median samples to target: 300 (seeds 1 and 2 reach at 300, seed 0 never), its time there 3 s
-    assert cap == pytest.approx(3 * 3.0)
+    # its median samples to target: 300 (seeds 1 and 2 reach at 300, seed 0 never)
+    assert cap == pytest.approx(6 * 300)
 
 
 def test_a_rung_that_changes_the_math_gets_seeds_up_to_five_and_the_soonest_firm_rung_is_recommended():
@@ -273,7 +273,7 @@ def test_a_session_script_is_judged_on_its_time_to_target_from_its_own_reports(t
     _, results = ablate(out, "--target", "auto", "--switches", "amp", "--repeats", "2", "--settle-within", "0",
                         command=[sys.executable, ADOPTED, "--epochs", "2", "--eval-every", "5"])
     target = results["settings"]["target"]
-    assert target["auto"] and target["name"] == "val_accuracy" and target["goal"] == "max" and target["cap_s"] > 0
+    assert target["auto"] and target["name"] == "val_accuracy" and target["goal"] == "max" and target["cap_seen"] > 0
     base, amp = results["rungs"]
     runs = base["runs"] + base["seed_runs"]
     assert len(runs) == 5 and all(len(r["curve"]) >= 8 for r in runs)       # every 5 of 44 steps, each seed

@@ -149,8 +149,8 @@ def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
                          "the default ablation under 3 minutes on 2 cores; 0: never)")
     add_timing(ab)
     add_memory_limit(ab, "a rung over it is measured and shown, never recommended")
-    add_target(ab, "every run evaluates on its way and stops there (or at 3x the baseline's time to it), and each "
-                   "rung is judged on its time to target (its samples to target over its rate) beside its rate")
+    add_target(ab, "every run evaluates on its way and stops there (or past 6x the baseline's samples to it), and "
+                   "each rung is judged on its time to target (its samples to target over its rate) beside its rate")
     ab.add_argument("--rung-timeout", type=Duration(), default=None, metavar="DURATION",
                     help="stop a run that takes longer and report it failed (default: 10x the baseline's first run, "
                          "at least 5m)")

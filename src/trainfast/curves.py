@@ -16,7 +16,11 @@ from typing import Any, Callable, Iterable
 from .target import Target, point_value
 
 EVALS = 16              # evaluations over the planned run (its epochs): the curve's resolution
-CAP_FACTOR = 3.0        # a run stops, not reaching the target, at this many times the baseline's time to target
+# A run stops, not reaching the target, once it has seen this many times the baseline's samples to target: a
+# batch k times larger may need up to k times the samples (its steps, not its samples, did the work), so the cap
+# must leave room for a 4x batch to be measured, not cut. Counted in samples, not seconds: a compiled run pays its
+# compilation first and is still measured, its time to target counting it.
+CAP_FACTOR = 6.0
 MAX_RUN_FACTOR = 6      # ... and whatever the time, at this many times its planned epochs
 # Before auto's level is known (the baseline's runs, which set it): each trains this many times its planned steps,
 # the level read at its planned end. The seeds that end above the median (half of them, by construction) would
@@ -28,11 +32,12 @@ AUTO_EXTEND = 1.5
 class CurvePlan:
     """How a run evaluates on its way: `evals` points over its planned epochs; `target`: stop at the first point
     that reaches it (auto not yet resolved: AUTO_EXTEND times the planned updates, the baseline that sets it);
-    `cap_s`: training seconds after which a run that has not reached it stops; `max_factor`: with a known target,
-    the most updates a run trains, as a multiple of its planned ones (train: 1, its epochs are the user's)."""
+    `cap_seen`: samples (the rate's unit) after which a run that has not reached it stops; `max_factor`: with a
+    known target, the most updates a run trains, as a multiple of its planned ones (train: 1, its epochs are the
+    user's)."""
     evals: int = EVALS
     target: Target | None = None
-    cap_s: float | None = None
+    cap_seen: float | None = None
     max_factor: float = MAX_RUN_FACTOR      # a known target: at most this many times the planned updates
 
     @property
@@ -98,14 +103,14 @@ class BuiltinCurve:
         self.last_step, self.metrics = state.step, metrics
         if self.plan.stops and self.plan.target.reached(point_value(point, self.plan.target.name)):
             self.stopped = "reached"
-        elif self.plan.cap_s is not None and self.agreed(point["train_s"]) >= self.plan.cap_s:
+        elif self.plan.cap_seen is not None and self.agreed(point["seen"]) >= self.plan.cap_seen:
             self.stopped = "cap"
         return metrics
 
-    def agreed(self, seconds: float) -> float:
-        """Training seconds as every rank sees them (the longest): ranks must stop at the same step."""
+    def agreed(self, value: float) -> float:
+        """A count as every rank sees it (the largest): ranks must stop at the same step."""
         dist = self.run.dist
-        return max(dist.gather_objects(seconds)) if dist.enabled else seconds
+        return max(dist.gather_objects(value)) if dist.enabled else value
 
     def finish(self, state) -> dict[str, float]:
         """The run's final evaluation: the last point's, or one more point where the run ended between two."""

@@ -65,10 +65,10 @@ class MeasureSpec:
     # metric) measures the same rate as when it is stopped once timed. The run's whole time is its run_seconds.
     steady_window: bool = False
     # --target: the run records a point at each evaluation it reports (instruments/curve.py) and stops at the first
-    # that reaches `target` (Target.to_dict(); auto before its level is known: no stop), or past `cap_s` training
+    # that reaches `target` (Target.to_dict(); auto before its level is known: no stop), or past `cap_seen` samples
     # seconds without reaching it.
     target: dict | None = None
-    cap_s: float | None = None
+    cap_seen: float | None = None
 
     def to_env(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -135,7 +135,7 @@ class Probe:
         # This run's compiles and recompiles (instruments/recompiles.py), counted from when dynamo is imported:
         # now if the model is already compiled, else on the import (a run that never compiles never imports it).
         self.compiles = CompileWindow()
-        self.curve = ScriptCurve(spec.target, spec.cap_s)      # its evaluations on the way (--target)
+        self.curve = ScriptCurve(spec.target, spec.cap_seen)      # its evaluations on the way (--target)
         when_imported("torch._dynamo", lambda _module: self.compiles.open())
 
     # --- where steps come from ------------------------------------------------------------------------

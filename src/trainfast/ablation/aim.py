@@ -2,7 +2,7 @@
 a rung that changes the math gets. The loop (loop.py) asks it at three moments; ablation/target.py scores.
 
 1. The baseline's runs go first (its timed repeats and its accuracy seeds): `auto` is their median level at the
-   end of their run, and every other run's cap is CAP_FACTOR times their time to target, so both must be known
+   end of their run, and every other run's cap is CAP_FACTOR times their samples to target, so both must be known
    before another rung starts. The other rungs' passes stay interleaved.
 2. Once the baseline's runs are in, the target is resolved and the work told (Work.aim): from then on a run stops
    at its first evaluation that reaches it, or past the cap without it.
@@ -26,7 +26,7 @@ class Aim:
     def __init__(self, target: Target, plan: list[Rung], work, choice: Callable[[], Any],
                  min_effect: float = MIN_EFFECT) -> None:
         self.target, self.plan, self.work, self.choice, self.min_effect = target, plan, work, choice, min_effect
-        self.cap_s: float | None = None
+        self.cap_seen: float | None = None
         self.seeded: dict[str, int] = {}          # rung name -> seed runs queued for it
         work.aim(target, None)
 
@@ -38,7 +38,7 @@ class Aim:
     def after_run(self, queue: list[Entry]) -> None:
         """Once no baseline run is left to start: the target's level (auto) and the cap, told to the work."""
         base = self.plan[0]
-        if self.cap_s is not None or any(e[0] is base for e in queue) or not runs_with_curves(base):
+        if self.cap_seen is not None or any(e[0] is base for e in queue) or not runs_with_curves(base):
             return
         if not self.target.known:
             name, goal = self.metric()
@@ -47,9 +47,9 @@ class Aim:
                 return
             self.target = self.target.resolve(name, goal, level)
         summary = to_target(base, base, self.target, seed_band(runs_with_curves(base), self.target.name))
-        time_s = summary["time_s"] if summary else None
-        self.cap_s = CAP_FACTOR * time_s if time_s and time_s != float("inf") else None
-        self.work.aim(self.target, self.cap_s)
+        samples = summary["samples"] if summary else None
+        self.cap_seen = CAP_FACTOR * samples if samples and samples != float("inf") else None
+        self.work.aim(self.target, self.cap_seen)
 
     def metric(self) -> tuple[str | None, str | None]:
         """The metric `auto` is about: the built-in run's judged one (its curve's key), a script's choice."""
@@ -77,5 +77,5 @@ class Aim:
         return runs
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.target.to_dict(), "text": self.target.text(), "cap_s": self.cap_s,
+        return {**self.target.to_dict(), "text": self.target.text(), "cap_seen": self.cap_seen,
                 "cap_factor": CAP_FACTOR, "seeds": TARGET_SEEDS}

@@ -31,6 +31,7 @@ from ..probe import MeasureSpec, Probe
 from ..recipe import Recipe
 from ..run import BuiltinRun, assemble_run
 from ..techniques import not_in_effect, process_wide_in_effect
+from ..techniques.compile import fresh_compile_cache
 from .paired import time_paired, unpaired_reason
 
 
@@ -66,6 +67,14 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None],
              budget: TimingBudget | None = None) -> dict[str, Any]:
     """Train `recipe.epochs` epochs with the shared engine, evaluate, time the steady state, and return every
     measured number. `budget=None`: accuracy only (the baseline's extra noise seeds)."""
+    with ExitStack() as caches:
+        if job.curve is not None:        # a time to target counts compilation: every run pays a fresh machine's
+            caches.enter_context(fresh_compile_cache())
+        return train_and_time(job, recipe, emit, budget)
+
+
+def train_and_time(job: Job, recipe: Recipe, emit: Callable[[dict], None], budget: TimingBudget | None) -> dict:
+    """run_rung's run: assembled, measured, paired with the reference where asked, closed."""
     run = assemble_run(job.model, job.data, recipe, device=job.device, task=job.task, loss_fn=job.loss_fn,
                        env=False)
     try:

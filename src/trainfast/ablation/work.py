@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
@@ -30,6 +31,7 @@ from ..tasks import Task
 from ..target import Target
 from ..tasks.effects import changes_effect, field_effect
 from ..techniques import needs_fresh_process, starting_with, threads
+from ..techniques.compile import CACHE_ENV, fresh_compile_cache
 from ..techniques.base import Effect as TechniqueEffect
 from .metric import SCRIPT_CHOICE, TASK_METRIC
 from .proof import (framework_names, lacks_a_switch, needs_session, no_session_reason, not_applied, process_not_applied,
@@ -61,9 +63,9 @@ class Work(Protocol):
     def after_run(self, plan: list[Rung]) -> Callable[[Rung, dict], None] | None:
         """Called after each run: what a run revealed that changes the plan, or None."""
 
-    def aim(self, target: Target, cap_s: float | None) -> None:
+    def aim(self, target: Target, cap_seen: float | None) -> None:
         """--target: the runs started from now on record their curves and stop at `target` (once its level is
-        known) or past `cap_s` training seconds (target.py, curves.py)."""
+        known) or past `cap_seen` samples without it (target.py, curves.py)."""
 
     # Optional: pair_against(reference), where the work can time each run against the baseline inside the run's
     # own process (the built-in work; a user's command cannot: its loop is its own).
@@ -134,9 +136,9 @@ class Builtin:
         """The key its curves keep the task's judged metric under, and its goal: what --target auto is about."""
         return judged_name(self.task), self.task.metric.goal
 
-    def aim(self, target: Target, cap_s: float | None) -> None:
+    def aim(self, target: Target, cap_seen: float | None) -> None:
         """Every run evaluates on a schedule and stops at the target or its cap (curves.CurvePlan)."""
-        self.job = dataclasses.replace(self.job, curve=CurvePlan(target=target, cap_s=cap_s))
+        self.job = dataclasses.replace(self.job, curve=CurvePlan(target=target, cap_seen=cap_seen))
 
     def pair_against(self, reference: Recipe) -> None:
         """Every timed run is also timed against `reference` (the baseline) inside its own process (paired.py)."""
@@ -237,12 +239,12 @@ class CommandWork:
     # (follow_task), which replaces the default ladder before any other rung runs. `task`: the one given.
     by_task: dict[str, list[Rung]] = dataclasses.field(default_factory=dict)
     task: str | None = None
-    target: Target | None = None         # --target: the probe records the curve, stops at it or at cap_s
-    cap_s: float | None = None
+    target: Target | None = None         # --target: the probe records the curve, stops past cap_seen without it
+    cap_seen: float | None = None
 
-    def aim(self, target: Target, cap_s: float | None) -> None:
+    def aim(self, target: Target, cap_seen: float | None) -> None:
         """Every run records a point at each evaluation it reports and stops at the target or its cap (probe.py)."""
-        self.target, self.cap_s = target, cap_s
+        self.target, self.cap_seen = target, cap_seen
 
     def fields(self, recipe: Recipe) -> dict[str, Any]:
         """What reaches the script: only the switched fields, so its own settings (grad_accum_steps,
@@ -263,12 +265,16 @@ class CommandWork:
         def launch(rung: Rung, recipe: Recipe, run_budget: TimingBudget | None, run_dir: Path, display, limit):
             spec = MeasureSpec(str((run_dir / "result.json").resolve()), measure if run_budget else "full",
                                steady_window=True, **dataclasses.asdict(self.budget),
-                               target=self.target.to_dict() if self.target is not None else None, cap_s=self.cap_s)
+                               target=self.target.to_dict() if self.target is not None else None,
+                               cap_seen=self.cap_seen)
             env = run_environment(self.fields(recipe), spec)
             argv = self.cmd.launch_argv()
-            write_json(run_dir / "command.json", {"argv": argv, "env": env, "cwd": os.getcwd()})
-            return run_supervised(rung_context(), command_main, (argv, env, str(run_dir)),
-                                  log_path=run_dir / "log.txt", time_limit_s=limit)
+            with ExitStack() as caches:
+                if self.target is not None:        # time to target counts compilation: a fresh machine's
+                    env[CACHE_ENV] = caches.enter_context(fresh_compile_cache())
+                write_json(run_dir / "command.json", {"argv": argv, "env": env, "cwd": os.getcwd()})
+                return run_supervised(rung_context(), command_main, (argv, env, str(run_dir)),
+                                      log_path=run_dir / "log.txt", time_limit_s=limit)
         return launch
 
     def metric(self, measure: str) -> tuple[str | None, str | None]:

@@ -21,9 +21,9 @@ class ScriptCurve:
     its rate is timed over its whole run (a token script's: probe.Probe.whole_run), the same documents in every
     rung, which a stop at the target would cut short; its time to target is read off its curve all the same."""
 
-    def __init__(self, target: dict[str, Any] | None = None, cap_s: float | None = None) -> None:
+    def __init__(self, target: dict[str, Any] | None = None, cap_seen: float | None = None) -> None:
         self.target = Target.from_dict(target)
-        self.cap_s = cap_s
+        self.cap_seen = cap_seen
         self.points: list[dict[str, Any]] = []
         self.stopped: str | None = None
         self.reached = False
@@ -51,7 +51,7 @@ class ScriptCurve:
         """Whether the run stops here: past its cap without having reached the target."""
         if self.target is not None and self.target.known and self.target.reached(point_value(point, self.target.name)):
             self.reached = True
-        if not self.reached and self.cap_s is not None and point["train_s"] >= self.cap_s:
+        if not self.reached and self.cap_seen is not None and point["seen"] >= self.cap_seen:
             self.stopped = "cap"
         return self.stopped is not None
 

@@ -37,7 +37,7 @@ def ratio(value: float | None, interval: list[float] | None) -> str:
 
 
 def target_rows(result: AblationResult) -> list[list[str]]:
-    unit = result.rungs[0].result.unit or "samples"
+    unit = unit_of(result)
     rows = []
     for rung in result.rungs:
         s = summary(rung)
@@ -63,18 +63,24 @@ def target_text(result: AblationResult) -> str | None:
     return target.get("text") if target else None
 
 
+def unit_of(result: AblationResult) -> str:
+    return result.rungs[0].result.unit or "samples"
+
+
 def explanation(result: AblationResult) -> str:
     target = result.settings["target"]
-    cap = f"{target['cap_s']:,.0f} s" if target.get("cap_s") else "its planned run"
-    return (f"Target: **{target['text']}**. Each run evaluates on its way; its time to target is its training time "
-            "(compilation and input waits included, evaluation excluded) at its first evaluation that reaches the "
-            f"target (the built-in run stops there, a script runs on to its end); a run still short of it at its cap "
-            f"({cap}, {target['cap_factor']:g}x the baseline's time) stops and counts as not reaching it. Time to "
-            "target = samples to target / rate: a rung whose curve over samples stays inside the baseline's seed "
-            "band needs the baseline's samples (the median over its seeds) and "
-            "its rate decides; a rung that leaves the band is measured on its own runs, over up to "
-            f"{target['seeds']} seeds. Ratios are the baseline's time (or samples) over the rung's, with a "
-            "bootstrap interval over seeds; the verdict on time to target stands beside the verdict on rate.")
+    cap = f"{target['cap_seen']:,.0f} {unit_of(result)}" if target.get("cap_seen") else "its planned run"
+    return " ".join([
+        f"Target: **{target['text']}**. Each run evaluates on its way; its time to target is its training time",
+        "(compilation and input waits included, evaluation excluded) at its first evaluation that reaches the target",
+        "(the built-in run stops there, a script runs on to its end); a run still short of it at its cap",
+        f"({cap}, {target['cap_factor']:g}x the baseline's samples to target) stops and counts as not reaching it.",
+        "Time to target = samples to target / rate: a rung whose curve over samples stays inside the baseline's",
+        "seed band needs the baseline's samples (the median over its seeds) and its rate decides; a rung that",
+        f"leaves the band is measured on its own runs, over up to {target['seeds']} seeds. A time ratio is the",
+        "baseline's time over the rung's (above 1: sooner), a samples ratio the rung's samples over the baseline's",
+        "(above 1: it needs more), each with a bootstrap interval over seeds; the verdict on time to target stands",
+        "beside the verdict on rate."])
 
 
 def target_section(result: AblationResult, charts: list[Path]) -> list[str]:
