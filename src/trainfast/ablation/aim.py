@@ -60,7 +60,13 @@ class Aim:
         return (choice.name, choice.goal) if choice is not None else (None, None)
 
     def score(self) -> None:
+        """Each rung's time to target. The accuracy guard at a fixed step stands down: each run stopped where it
+        reached the target (the baseline trained on past its planned end), so their final metrics are not at one
+        step, and a rung that reaches the target sooner is faster whatever its metric there."""
         score_targets(self.plan, self.target, self.min_effect)
+        if self.target.known:
+            for rung in self.plan:
+                rung.result.accuracy_flag = rung.result.accuracy_worse = None
 
     def seeds(self, next_index: int) -> list[Entry]:
         """Seed runs for each rung that changed the math (its curve left the baseline's band) and has fewer than

@@ -143,6 +143,10 @@ def data_wait_line(rungs: list[Rung]) -> str:
 
 def accuracy_note(result: AblationResult) -> str:
     """The judged metric's noise band, how it was made, and the rungs outside it (or that there is none)."""
+    if (result.settings.get("target") or {}).get("value") is not None:
+        return ("With --target each run stopped at its first evaluation that reached the target (the baseline trained "
+                "half as long again past its planned end): the metric column is where each run stopped, not one "
+                "step, and no rung is judged on it; the time to target below judges them.")
     base = result.rungs[0].result
     band = next((r.result.accuracy_band for r in result.rungs if r.result.accuracy_band is not None), None)
     flagged = [rung_label(r) for r in result.rungs if r.result.accuracy_flag]
