@@ -101,7 +101,7 @@ def test_the_interval_is_the_same_for_the_same_runs_and_wide_for_a_noisy_rung():
     assert ratio_interval(a, b) == ratio_interval(a, b)
     point, (low, high) = ratio_interval(a, b)
     assert point == pytest.approx(1.0) and low < 1 < high
-    assert ratio_interval([1.0], [2.0]) == (0.5, None)                 # one run a side: no interval
+    assert ratio_interval([1.0, 1.1], [2.0, 2.1, 2.2]) == (pytest.approx(1.05 / 2.1), None)   # 2 runs: none
     point, interval = ratio_interval([1.0, 1.1, 1.2], [math.inf, math.inf, 2.0])
     assert point == 0 and interval[0] == 0
 

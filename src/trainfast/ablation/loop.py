@@ -315,8 +315,9 @@ class LadderRun:
             skipped.status = Status.SKIPPED
             skipped.reason = (f"would not fit the time budget ({self.opts.time_budget_s:.0f} s at ~{per_run:.0f} s "
                               f"a run, {repeats_kept} repeats)")
-        self.repeats = self.noise_seeds = repeats_kept
-        self.queue = [(r, j, b) for r, j, b in self.queue if j < repeats_kept and r.status != Status.SKIPPED]
+        # --target: the baseline keeps its TARGET_SEEDS seeds (its samples to target, its band, every interval)
+        self.repeats, self.noise_seeds = repeats_kept, max(repeats_kept, TARGET_SEEDS if self.aim else 0)
+        self.queue = [e for e in self.queue if kept_in_cut(e, self.plan[0], repeats_kept, self.noise_seeds)]
 
     def add_pass(self) -> bool:
         """Queue one more pass of every measured rung, if a verdict is unsettled or a gain unresolved and the
@@ -386,6 +387,15 @@ def queue_with_added(queue: list[tuple[Rung, int, TimingBudget | None]], added: 
         if entry[0] is base and entry[2] is not None:
             runs += [(r, entry[1], entry[2]) for r in added]
     return runs
+
+
+def kept_in_cut(entry: tuple[Rung, int, TimingBudget | None], base: Rung, repeats: int, seeds: int) -> bool:
+    """Whether a queued run survives the time budget's cut: a repeat within `repeats` of a rung not skipped, or a
+    baseline seed within `seeds`."""
+    rung, index, budget = entry
+    if rung.status == Status.SKIPPED:
+        return False
+    return index < repeats or (rung is base and budget is None and index < seeds)
 
 
 def rung_time_limit(options: LadderOptions, baseline: Rung) -> float | None:

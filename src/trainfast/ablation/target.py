@@ -28,6 +28,7 @@ from ..stats import CONFIDENCE, MIN_EFFECT, RESAMPLES
 from ..target import Target, first_reach, point_value, time_at, value_at
 
 TARGET_SEEDS = 5        # seeds a rung that changes the math is measured over, where the budget allows
+MIN_RUNS = 3            # runs a side for a bootstrap interval (and so a verdict on time to target)
 WIDEN = 0.5             # the seed band's margin on each side, as a share of the seeds' own spread
 SOONER, LATER, SAME, MISSED = "sooner", "later", "no measurable difference", "did not reach the target"
 
@@ -94,10 +95,11 @@ def median(values: Sequence[float]) -> float:
 def ratio_interval(reference: Sequence[float], values: Sequence[float],
                    confidence: float = CONFIDENCE) -> tuple[float, list[float] | None]:
     """median(reference) / median(values) and its bootstrap interval over both sides' runs (None from fewer than
-    two runs on either side). Infinite values (runs that never reached) stay in: a side whose median is infinite
-    gives 0 or infinity, both sides infinite count as 1 (neither reached)."""
+    MIN_RUNS on either side: two values have three possible medians, too few to spread like the runs would).
+    Infinite values (runs that never reached) stay in: a side whose median is infinite gives 0 or infinity, both
+    sides infinite count as 1 (neither reached)."""
     point = safe_ratio(median(reference), median(values))
-    if len(reference) < 2 or len(values) < 2:
+    if len(reference) < MIN_RUNS or len(values) < MIN_RUNS:
         return point, None
     rng = np.random.default_rng(0)
     ref, val = np.asarray(reference, dtype=float), np.asarray(values, dtype=float)
