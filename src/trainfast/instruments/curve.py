@@ -31,7 +31,10 @@ class ScriptCurve:
     def add(self, probe, metrics: dict[str, Any]) -> bool:
         """A point for `metrics` (numbers only) at the run's step now; whether the run should stop here. Values
         reported at the same step join one point (a script reporting its loss and its accuracy in two calls). An
-        evaluation before the first step (a script's look at its untrained model) is no point: nothing trained."""
+        evaluation before the first step (a script's look at its untrained model) is no point: nothing trained.
+        Without a target (a run not under --target) nothing is recorded."""
+        if self.target is None:          # no --target: the run records no curve, and its clock is left alone
+            return False
         timer = probe.timer
         values = {k: float(v) for k, v in metrics.items()
                   if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
