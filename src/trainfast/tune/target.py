@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..ablation.scoring import fits
 from ..ablation.target import SOONER, ratio_interval
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
@@ -66,16 +67,18 @@ def run_target_stage(search, decision: Decision) -> tuple[AblationResult | None,
     stage = search.stage(STAGE, rungs, search.options.repeats, measure="full", last=True,
                          target=search.options.target)
     search.cut_note(stage)
-    return stage, choose(stage, decision, search.options.min_effect)
+    return stage, choose(stage, decision, search.options.min_effect, search.options.memory_limit)
 
 
 def times_of(rung: Rung) -> list[float]:
     return list((rung.result.to_target or {}).get("times") or [])
 
 
-def choose(stage: AblationResult, decision: Decision, min_effect: float) -> Decision:
-    """The stage's recommendation (module docstring), as a Decision whose speed-up is the time-to-target ratio."""
-    rungs = {r.name: r for r in stage.rungs if r.status == Status.DONE and r.result.to_target}
+def choose(stage: AblationResult, decision: Decision, min_effect: float, memory_limit: int | None = None) -> Decision:
+    """The stage's recommendation (module docstring), as a Decision whose speed-up is the time-to-target ratio; a
+    candidate over --memory-limit is measured and shown, never chosen."""
+    rungs = {r.name: r for r in stage.rungs if r.status == Status.DONE and r.result.to_target
+             and fits(r, memory_limit)}
     sooner = [r for r in rungs.values() if r.name != "baseline" and r.result.to_target["verdict"] == SOONER]
     pick = rungs.get(PICK) or rungs.get("baseline")
     notes = [line for line in stage_lines(stage)]
