@@ -123,11 +123,9 @@ def test_the_built_in_run_stops_at_its_target_and_leaves_evaluation_out_of_its_t
     run_ = assemble_run(tiny_resnet, digits16, Recipe(batch_size=32, epochs=2, log_every=4), device="cpu",
                         env=False)
     curve_ = BuiltinCurve(run_, CurvePlan(evals=8, target=Target("val_loss", "min", 2.2)))
-    epoch = 0
-    while curve_.more(epoch):
+    while curve_.more():
         train_one_epoch(run_.state, curve_.batches(run_.train_batches), run_.task, run_.meter(),
                         after_step=curve_.hooked(lambda s: None))
-        epoch += 1
     points = curve_.record()["curve"]
     assert curve_.stopped == "reached" and points[-1]["metrics"]["val_loss"] <= 2.2
     assert all(p["metrics"]["val_loss"] > 2.2 for p in points[:-1])

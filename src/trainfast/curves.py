@@ -53,7 +53,7 @@ def judged_name(task) -> str:
 
 class BuiltinCurve:
     """One built-in run's curve (module docstring). `after_step` is the loop's hook; `batches` ends a pass once the
-    run is done; `more(epoch)` says whether another pass is due."""
+    run is done; `more()` says whether another pass is due."""
 
     def __init__(self, run, plan: CurvePlan) -> None:
         self.run, self.plan = run, plan
@@ -63,11 +63,11 @@ class BuiltinCurve:
         # auto before its level is known: AUTO_EXTEND times the planned updates; a known target: max_factor times
         self.limit = math.ceil(planned * (plan.max_factor if plan.stops else AUTO_EXTEND))
         self.points: list[dict[str, Any]] = []
-        self.stopped: str | None = None      # "reached", "cap" (its training time), or None (trained its epochs)
+        self.stopped: str | None = None      # "reached", "cap" (its samples), or None (trained its updates)
         self.last_step = 0
         self.metrics: dict[str, float] | None = None
 
-    def more(self, epoch: int) -> bool:
+    def more(self) -> bool:
         return self.stopped is None and self.run.state.step < self.limit
 
     def batches(self, batches: Iterable) -> Iterable:
@@ -88,12 +88,10 @@ class BuiltinCurve:
 
     def evaluate(self, state) -> dict[str, float]:
         """One point: the task's evaluation now, at this step's training time and samples; then the stop rule."""
-        run, timer = self.run, state.timer
-        timer.read()
-        steps = timer.steps
+        run = self.run
         metrics = run.task.evaluate(state.model, run.val_batches, state.precision, run.dist)
         state.model.train()
-        timer.clock.start()                  # the evaluation belongs to no step
+        steps = state.timer.restart()        # the evaluation belongs to no step
         judged = run.task.judged(metrics)
         values = {judged_name(run.task): judged, **{f"val_{k}": v for k, v in metrics.items()
                                                      if k not in ("samples",) and isinstance(v, (int, float))}}

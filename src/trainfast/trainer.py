@@ -75,7 +75,7 @@ def train(model: nn.Module | Callable[[], nn.Module], train_set: Dataset | Split
         (out_dir / "recipe.json").write_text(json.dumps(run.recipe.to_dict(), indent=2))
     curve = BuiltinCurve(run, plan) if plan is not None else None
     epoch = run.state.epoch
-    while curve.more(epoch) if curve is not None else epoch < run.recipe.epochs:
+    while curve.more() if curve is not None else epoch < run.recipe.epochs:
         record = train_epoch(run, epoch, checkpoints, on_window if main else None, curve)
         epoch += 1
         result.history.append(record)

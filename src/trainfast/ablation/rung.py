@@ -12,7 +12,7 @@ import math
 import os
 import tempfile
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from itertools import islice, repeat
 from pathlib import Path
@@ -67,24 +67,19 @@ def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None],
              budget: TimingBudget | None = None) -> dict[str, Any]:
     """Train `recipe.epochs` epochs with the shared engine, evaluate, time the steady state, and return every
     measured number. `budget=None`: accuracy only (the baseline's extra noise seeds)."""
-    with ExitStack() as caches:
-        if job.curve is not None:        # a time to target counts compilation: every run pays a fresh machine's
-            caches.enter_context(fresh_compile_cache())
-        return train_and_time(job, recipe, emit, budget)
-
-
-def train_and_time(job: Job, recipe: Recipe, emit: Callable[[dict], None], budget: TimingBudget | None) -> dict:
-    """run_rung's run: assembled, measured, paired with the reference where asked, closed."""
-    run = assemble_run(job.model, job.data, recipe, device=job.device, task=job.task, loss_fn=job.loss_fn,
-                       env=False)
-    try:
-        with ExitStack() as stack:
-            record = measure_rung(run, emit, budget, rung_checkpoints(run, stack), job.curve)
-        if budget is not None and job.reference is not None:     # after the record: the pair's memory is not the rung's
-            record["paired"] = pair_with_reference(job, run, job.reference.replace(seed=recipe.seed), budget)
-        return record
-    finally:
-        run.close()
+    # A time to target counts compilation: every run pays what a fresh machine pays (compile.fresh_compile_cache)
+    with fresh_compile_cache() if job.curve is not None else nullcontext():
+        run = assemble_run(job.model, job.data, recipe, device=job.device, task=job.task, loss_fn=job.loss_fn,
+                           env=False)
+        try:
+            with ExitStack() as stack:
+                record = measure_rung(run, emit, budget, rung_checkpoints(run, stack), job.curve)
+            # after the record: the pair's memory is not the rung's
+            if budget is not None and job.reference is not None:
+                record["paired"] = pair_with_reference(job, run, job.reference.replace(seed=recipe.seed), budget)
+            return record
+        finally:
+            run.close()
 
 
 def rung_checkpoints(run: BuiltinRun, stack: ExitStack):
@@ -118,7 +113,7 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
     trained, epoch_times, skipped, host_decoded = EpochStats(), [], 0, 0
     curve = BuiltinCurve(run, plan) if plan is not None else None
     epoch = 0
-    while curve.more(epoch) if curve is not None else epoch < recipe.epochs:
+    while curve.more() if curve is not None else epoch < recipe.epochs:
         batches = curve.batches(run.train_batches) if curve is not None else run.train_batches
         stats = train_pass(run, epoch, batches, progress, checkpoints, curve)
         trained.absorb(stats)

@@ -26,6 +26,8 @@ import numpy as np
 from ..results import Rung, Status
 from ..stats import CONFIDENCE, MIN_EFFECT, RESAMPLES
 from ..target import Target, first_reach, point_value, time_at, value_at
+from ..techniques.precision import level_note
+from .scoring import fits
 
 TARGET_SEEDS = 5        # seeds a rung that changes the math is measured over, where the budget allows
 MIN_RUNS = 3            # runs a side for a bootstrap interval (and so a verdict on time to target)
@@ -187,9 +189,6 @@ def pick_soonest(rungs: list[Rung], memory_limit: int | None = None) -> Rung | N
     """With a target, the recommendation: of the rungs firmly sooner than the baseline (SOONER) that fit the memory
     limit and are not risky by construction, the soonest; the baseline when none is; None without a baseline
     judged. A rung that reaches the target sooner is recommended whatever its metric at a fixed step."""
-    from ..techniques.precision import level_note
-    from .scoring import fits
-
     base = rungs[0]
     if base.status != Status.DONE or not base.result.to_target:
         return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from contextlib import ExitStack
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
@@ -269,9 +269,10 @@ class CommandWork:
                                cap_seen=self.cap_seen)
             env = run_environment(self.fields(recipe), spec)
             argv = self.cmd.launch_argv()
-            with ExitStack() as caches:
-                if self.target is not None:        # time to target counts compilation: a fresh machine's
-                    env[CACHE_ENV] = caches.enter_context(fresh_compile_cache())
+            # A time to target counts compilation: every run pays what a fresh machine pays
+            with fresh_compile_cache() if self.target is not None else nullcontext() as cache:
+                if cache is not None:
+                    env[CACHE_ENV] = cache
                 write_json(run_dir / "command.json", {"argv": argv, "env": env, "cwd": os.getcwd()})
                 return run_supervised(rung_context(), command_main, (argv, env, str(run_dir)),
                                       log_path=run_dir / "log.txt", time_limit_s=limit)

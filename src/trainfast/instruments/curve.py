@@ -40,19 +40,17 @@ class ScriptCurve:
                   if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
         if timer is None or not timer.updates or not values:
             return False
-        timer.read()
-        steps = timer.steps
+        steps = timer.restart()              # what ran since the last step (the evaluation) belongs to no step
         if self.points and self.points[-1]["step"] == timer.updates:
             self.points[-1]["metrics"].update(values)
         else:
             self.points.append({"step": timer.updates, "seen": seen(probe, steps),
                                 "train_s": sum(s.seconds for s in steps), "metrics": values})
-        timer.clock.start()                  # what ran since the last step (the evaluation) belongs to no step
         return self.judge(self.points[-1])
 
     def judge(self, point: dict[str, Any]) -> bool:
         """Whether the run stops here: past its cap without having reached the target."""
-        if self.target is not None and self.target.known and self.target.reached(point_value(point, self.target.name)):
+        if self.target.known and self.target.reached(point_value(point, self.target.name)):
             self.reached = True
         if not self.reached and self.cap_seen is not None and point["seen"] >= self.cap_seen:
             self.stopped = "cap"

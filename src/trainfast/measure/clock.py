@@ -259,6 +259,12 @@ class StepTimer:
             self._samples += batch_samples(batch)
             yield batch
 
+    def restart(self) -> list[StepTime]:
+        """Whatever ran since the last step (an evaluation between two steps) belongs to no step: the clock starts
+        again from now, as at a pass's start. Every step so far, read."""
+        self.clock.start()
+        return self.steps
+
     def step(self) -> None:
         self.clock.step(self._samples, self._spans)
         self._samples, self._spans = 0, []

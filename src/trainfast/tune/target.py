@@ -12,9 +12,8 @@ in tune.md beside the decision.
 """
 from __future__ import annotations
 
-from typing import Any
 
-from ..ablation.scoring import fits
+from ..ablation.scoring import fits, recipe_changes
 from ..ablation.target import SOONER, ratio_interval
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
@@ -41,26 +40,23 @@ def halved(recipe: Recipe) -> Recipe | None:
 
 def target_candidates(base: Recipe, picked: Recipe, train_samples: int | None) -> list[Rung]:
     """The stage's rungs (module docstring); a bigger batch only where an epoch still holds four steps of it."""
-    def changes(recipe: Recipe) -> dict[str, Any]:
-        ours, theirs = recipe.to_dict(), base.to_dict()
-        return {k: v for k, v in ours.items() if theirs.get(k) != v}
-
     rungs = [Rung("baseline", {}, base)]
     if picked != base:
-        rungs.append(Rung(PICK, changes(picked), picked))
+        rungs.append(Rung(PICK, recipe_changes(base, picked), picked))
     half = halved(picked)
     if half is not None:
-        rungs.append(Rung("batch_half", changes(half), half))
+        rungs.append(Rung("batch_half", recipe_changes(base, half), half))
     for k in (2, 4):
         scaled = picked.replace(batch_scale=k)
-        size = apply_batch_scale(scaled).batch_size * apply_batch_scale(scaled).grad_accum_steps
-        if train_samples is None or size * 4 <= train_samples:
-            rungs.append(Rung(f"batch_{k}x", changes(scaled), scaled))
+        concrete = apply_batch_scale(scaled)
+        if train_samples is None or concrete.batch_size * concrete.grad_accum_steps * 4 <= train_samples:
+            rungs.append(Rung(f"batch_{k}x", recipe_changes(base, scaled), scaled))
     return rungs
 
 
-def run_target_stage(search, decision: Decision) -> tuple[AblationResult | None, Decision]:
-    """The stage (module docstring) and the decision it leads to; skipped, with a note, when it cannot fit."""
+def run_target_stage(search, decision: Decision) -> tuple[AblationResult, Decision]:
+    """The stage (module docstring) and the decision it leads to; the stage's time budget cuts its repeats or its
+    last candidates where they would not fit (its cut note says so)."""
     train = getattr(getattr(search.work, "split", None), "train", None)
     rungs = target_candidates(search.base, decision.recipe, len(train) if train is not None else None)
     search.work.mark_effects(rungs)
@@ -81,7 +77,7 @@ def choose(stage: AblationResult, decision: Decision, min_effect: float, memory_
              and fits(r, memory_limit)}
     sooner = [r for r in rungs.values() if r.name != "baseline" and r.result.to_target["verdict"] == SOONER]
     pick = rungs.get(PICK) or rungs.get("baseline")
-    notes = [line for line in stage_lines(stage)]
+    notes = stage_lines(stage)
     if not sooner:
         decision.notes += notes + ["no candidate reached the target measurably sooner than the baseline: the rate "
                                    "pick stands"]
