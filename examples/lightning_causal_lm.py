@@ -9,7 +9,9 @@ first (a few seconds). It does not import trainfast:
 
 switches it from the inside (the Trainer's precision; the training DataLoader's collate_fn wrapped to pack the
 padded batches, its sampler length-grouped; the model's attention backend) and proves each switch by reading it
-back; each rung is judged on the val_loss that validation_step logs."""
+back; each rung is judged on the val_loss that validation_step logs. With `--val-every N` it validates every N
+batches, and `trainfast ablate --target auto -- python examples/lightning_causal_lm.py --val-every 4` reads each
+rung's time to that loss off those validations."""
 import argparse
 import ast
 import os
@@ -86,6 +88,8 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--val-every", type=int, default=None,
+                        help="validate every N training batches (Lightning's val_check_interval); default: each epoch")
     cli = parser.parse_args()
 
     texts = stdlib_functions(cli.documents + cli.documents // 5)
@@ -101,7 +105,8 @@ def main() -> None:
     eval_loader = DataLoader(Documents(evaluation, tokenizer, cli.max_length), batch_size=cli.batch_size,
                              collate_fn=collator)
     trainer = L.Trainer(max_epochs=cli.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=10)
+                        enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=10,
+                        val_check_interval=cli.val_every)
     trainer.fit(CausalLM(config, lr=1e-3, warmup=10), train_loader, eval_loader)
     print({name: round(float(value), 4) for name, value in trainer.callback_metrics.items()})
 

@@ -358,3 +358,44 @@ def test_a_token_runs_record_gives_documents_per_second_beside_tokens(tmp_path):
     record = probe.result("script ended")
     assert record["unit"] == "tokens"
     assert record["documents_per_s"] == pytest.approx(record["throughput"] * 4 / 20)
+
+
+def test_a_scripts_first_step_is_timed_from_its_first_training_forward(tmp_path):
+    """Without a Session the step clock starts at the first training forward (BatchKind's on_start): the first
+    step's forward, where a compiled model compiles, is in its time, and so in a curve's training time; an
+    evaluation before training (eval mode, no grad) and whatever the script does before its first training
+    forward are not."""
+    import time
+
+    from trainfast.probe import MeasureSpec, Probe
+
+    class SlowFirstForward(nn.Linear):
+        calls = 0
+
+        def forward(self, x):
+            SlowFirstForward.calls += 1
+            if SlowFirstForward.calls == 2:        # the first training forward (the first call evaluates)
+                time.sleep(0.3)
+            return super().forward(x)
+
+    probe = Probe(MeasureSpec(str(tmp_path / "result.json"), "full"))
+    probe.batches = BatchKind(on_start=probe.training_began)
+    model = SlowFirstForward(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(torch.randn(2, 4))
+        assert probe.timer is None                  # an evaluation starts no clock
+        time.sleep(1.0)                             # the script's own set-up: no step's
+        model.train()
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            probe._global_step(opt, (), {})
+    finally:
+        probe.batches.close()
+    first, *rest = probe.timer.read()
+    assert 0.3 <= first.seconds < 1.0
+    assert len(rest) == 2 and all(s.seconds < first.seconds for s in rest)

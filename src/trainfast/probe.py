@@ -143,14 +143,21 @@ class Probe:
     def _global_step(self, optimizer, args, kwargs) -> None:
         if self.session is not None:         # the Session times its own updates (O2 masters, fp16 skips)
             return
-        if self.timer is None:
-            from .measure import StepTimer
-
-            self.device = next((p.device for g in optimizer.param_groups for p in g["params"]), torch.device("cpu"))
-            self.timer = StepTimer(self.device)
-            self.check_disturbance = self.device.type == "cpu"      # a framework's script, judged as any run
+        if self.timer is None:               # no training forward was seen (a model that is not an nn.Module)
+            self.training_began(device=next((p.device for g in optimizer.param_groups for p in g["params"]),
+                                            torch.device("cpu")))
         self.timer.step()
         self.after_update()
+
+    def training_began(self, module: torch.nn.Module | None = None, device: torch.device | None = None) -> None:
+        """A script without a Session: its first training forward starts the step clock (BatchKind's on_start),
+        so its first step (forward, backward, any compilation) is timed as a Session's first step is."""
+        if self.session is None and self.timer is None:
+            from .measure import StepTimer
+
+            self.device = device or next((p.device for p in module.parameters()), torch.device("cpu"))
+            self.timer = StepTimer(self.device)
+            self.check_disturbance = self.device.type == "cpu"      # a framework's script, judged as any run
 
     def attach(self, session) -> None:
         """Called by Session() in a measured run; its setup() then hands over the step timer (watch)."""
@@ -414,13 +421,13 @@ def install() -> None:
     if probe is not None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        from .observers import observe_sessions
-
         from .instruments.batches import BatchKind
+        from .observers import observe_sessions
 
         observe_sessions(probe)
         register_optimizer_step_post_hook(probe._global_step)
-        probe.batches = BatchKind()          # the task the script's batches are: its ladder (ablation/work.py)
+        # The task the script's batches are (its ladder, ablation/work.py); its first training forward
+        probe.batches = BatchKind(on_start=probe.training_began)
         apply_command_switches()
 
 

@@ -19,7 +19,7 @@ included. A forward without labels counts its attention mask, else its token ids
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -165,10 +165,12 @@ class TokenCount:
 
 class BatchKind:
     """Watches training forwards until one says what the batches are (`kind`, `seen`); then stops watching, and
-    for token ids counts the tokens of every later step (`tokens`, on the outermost module a step calls)."""
+    for token ids counts the tokens of every later step (`tokens`, on the outermost module a step calls).
+    `on_start(module)` is told of the first training forward (the probe starts a script's step clock there)."""
 
-    def __init__(self, padding: bool = False) -> None:
+    def __init__(self, padding: bool = False, on_start: Callable[[nn.Module], None] | None = None) -> None:
         self.padding = padding                   # count the padding too and keep a batch (TokenCount)
+        self.on_start = on_start
         self.kind: str | None = None
         self.seen = ""
         self.outer: nn.Module | None = None      # the first module this forward entered: the model the step calls
@@ -182,6 +184,8 @@ class BatchKind:
             return
         if self.outer is None:
             self.outer = module
+            if self.on_start is not None:
+                self.on_start(module)
         found = kind_of(module, args)
         if found is not None:
             self.kind, self.seen = found
