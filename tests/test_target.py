@@ -311,12 +311,24 @@ def test_a_batch_rung_that_leaves_the_band_is_measured_over_five_seeds(digits16,
 def test_tune_weighs_the_rate_pick_and_its_batch_sizes_and_keeps_the_pick_unless_another_is_measurably_sooner():
     from trainfast.results import AblationResult
     from trainfast.tune.combine import Decision
-    from trainfast.tune.target import PICK, choose, halved, target_candidates
+    from trainfast.tune.target import PICK, choose, halved, lost_accuracy, target_candidates
 
     base, picked = Recipe(batch_size=16, lr=1e-3, warmup_steps=20), Recipe(batch_size=16, lr=1e-3, warmup_steps=20,
                                                                          precision="bf16")
     names = [r.name for r in target_candidates(base, picked, train_samples=1000)]
     assert names == ["baseline", PICK, "batch_half", "batch_2x", "batch_4x"]
+    # A single the rate search left out for its accuracy at the planned step gets its hearing on the rate pick;
+    # one that kept its accuracy, or was never run, does not.
+    grouped, fused, failed = rung("+group_by_length", []), rung("+fused", []), rung("+compile", [])
+    grouped.changes, fused.changes, failed.changes = {"group_by_length": True}, {"optimizer_impl": "fused"}, \
+        {"compile": True}
+    grouped.result.accuracy_worse, fused.result.accuracy_worse, failed.result.accuracy_worse = True, False, True
+    failed.status = Status.FAILED
+    dropped = lost_accuracy([rung("baseline", []), grouped, fused, failed])
+    assert dropped == [grouped]
+    extra = target_candidates(base, picked, train_samples=1000, accuracy_dropped=dropped)[-1]
+    assert extra.name == "group_by_length" and extra.recipe == picked.replace(group_by_length=True)
+    assert extra.changes == {"precision": "bf16", "group_by_length": True}
     assert [r.name for r in target_candidates(base, picked, train_samples=200)][-1] == "batch_2x"   # 64 x 4 > 200
     half = halved(picked)
     assert (half.batch_size, half.warmup_steps) == (8, 40) and half.lr == pytest.approx(1e-3 / 2 ** 0.5)

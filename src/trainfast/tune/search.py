@@ -444,7 +444,7 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
         found.batch = run_batch_search(search, decision, found.per_run)
     if opts.target is not None:                   # the rate pick and its batch sizes, on their time to target
         budget.total_s = opts.budget_s
-        found.target, decision = run_target_stage(search, decision)
+        found.target, decision = run_target_stage(search, decision, found.singles)
     decision.notes += search.notes
     keep = keep_line(found.first.settings, decision.recipe)     # a script no recipe reaches: its environment
     if keep:

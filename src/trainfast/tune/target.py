@@ -1,8 +1,11 @@
 """`tune --target`: the last stage (to-target/) judges the candidates on their time to the user's target, side by
 side in one ladder: the baseline, the recipe the search picked on rate (its switches leave the math alone or were
-kept inside the accuracy band), and that recipe with its batch changed, half, twice and four times as large
-(the learning rate and warm-up following it: techniques/batch_scale.py). The batch is the switch that changes the
-math most, so only here, where each candidate's samples to target are measured over seeds, can it be weighed.
+kept inside the accuracy band), that recipe with its batch changed, half, twice and four times as large (the
+learning rate and warm-up following it: techniques/batch_scale.py), and that recipe with each switch the rate
+search left out for its accuracy. The batch is the switch that changes the math most, so only here, where each
+candidate's samples to target are measured over seeds, can it be weighed; and a switch whose metric at the planned
+step fell outside the baseline's band may still reach the target sooner (a faster rate for a few more samples):
+under a target the accuracy at a fixed step is not the judge, the time to the target is.
 
 The recommendation is the candidate that reaches the target soonest among those firmly sooner than the baseline
 (ablation/target.py: the bootstrap interval of its time ratio clear of 1); where that is not the rate pick, it
@@ -38,8 +41,10 @@ def halved(recipe: Recipe) -> Recipe | None:
                             warmup_steps=warmup)
 
 
-def target_candidates(base: Recipe, picked: Recipe, train_samples: int | None) -> list[Rung]:
-    """The stage's rungs (module docstring); a bigger batch only where an epoch still holds four steps of it."""
+def target_candidates(base: Recipe, picked: Recipe, train_samples: int | None,
+                      accuracy_dropped: list[Rung] = ()) -> list[Rung]:
+    """The stage's rungs (module docstring); a bigger batch only where an epoch still holds four steps of it.
+    `accuracy_dropped`: the singles the rate search left out for their accuracy, each added to the rate pick."""
     rungs = [Rung("baseline", {}, base)]
     if picked != base:
         rungs.append(Rung(PICK, recipe_changes(base, picked), picked))
@@ -51,14 +56,24 @@ def target_candidates(base: Recipe, picked: Recipe, train_samples: int | None) -
         concrete = apply_batch_scale(scaled)
         if train_samples is None or concrete.batch_size * concrete.grad_accum_steps * 4 <= train_samples:
             rungs.append(Rung(f"batch_{k}x", recipe_changes(base, scaled), scaled))
+    for single in accuracy_dropped:
+        with_it = picked.replace(**single.changes)
+        if with_it != picked:
+            rungs.append(Rung(single.name.lstrip("+"), recipe_changes(base, with_it), with_it))
     return rungs
 
 
-def run_target_stage(search, decision: Decision) -> tuple[AblationResult, Decision]:
+def lost_accuracy(singles: list[Rung]) -> list[Rung]:
+    """The measured singles whose metric at the planned step fell outside the baseline's band (combine.why_not)."""
+    return [r for r in singles[1:] if r.status == Status.DONE and r.result.accuracy_worse]
+
+
+def run_target_stage(search, decision: Decision, singles: list[Rung]) -> tuple[AblationResult, Decision]:
     """The stage (module docstring) and the decision it leads to; the stage's time budget cuts its repeats or its
     last candidates where they would not fit (its cut note says so)."""
     train = getattr(getattr(search.work, "split", None), "train", None)
-    rungs = target_candidates(search.base, decision.recipe, len(train) if train is not None else None)
+    rungs = target_candidates(search.base, decision.recipe, len(train) if train is not None else None,
+                              lost_accuracy(singles))
     search.work.mark_effects(rungs)
     stage = search.stage(STAGE, rungs, search.options.repeats, measure="full", last=True,
                          target=search.options.target)
