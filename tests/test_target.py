@@ -65,6 +65,12 @@ def test_a_run_that_never_reaches_the_target_has_no_reach_and_is_counted_as_miss
     summary = slow.result.to_target
     assert summary["reached"] == 0 and math.isinf(summary["time_s"])
     assert summary["samples_from"] == "measured" and summary["verdict"] == MISSED
+    # The table shows no ratio for it (its median run has none), and says it did not reach
+    from trainfast.report.target import target_rows
+    from trainfast.results import AblationResult
+
+    row = target_rows(AblationResult([base, slow], {}, "", None, None, {}))[1]
+    assert row[1:5] == ["not reached", "—", "not reached", "—"] and row[6] == "0 of 3" and row[7] == MISSED
 
 
 def test_a_target_reached_between_evaluations_counts_at_the_evaluation_after_it():

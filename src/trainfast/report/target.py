@@ -45,12 +45,14 @@ def target_rows(result: AblationResult) -> list[list[str]]:
             continue
         base = rung is result.rungs[0]
         from_base = s["samples_from"] == "baseline" and not base
+        # A rung whose median run did not reach the target has no ratio to show (its runs' are in results.json)
+        reached = s["time_s"] is not None and math.isfinite(s["time_s"])
         rows.append([
             rung_label(rung), seconds(s["time_s"]),
-            "1.00x" if base else ratio(s["speedup"], s["interval"]),
+            "1.00x" if base else ratio(s["speedup"], s["interval"]) if reached else "—",
             (f"{s['samples']:,.0f} {unit}" if math.isfinite(s["samples"]) else "not reached"),
             "1.00x" if base else ("the baseline's (curve inside its seed band)" if from_base
-                                  else ratio(s["samples_ratio"], s["samples_interval"])),
+                                  else ratio(s["samples_ratio"], s["samples_interval"]) if reached else "—"),
             f"{fmt_sig(s['rate'])} {unit}/s" if s.get("rate") else "—",
             f"{s['reached']} of {s['runs']}",
             "reference" if base else s["verdict"],
