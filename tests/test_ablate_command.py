@@ -23,6 +23,9 @@ def ablate(out: Path, *flags: str, command: list[str], check: bool = True) -> tu
     env.pop("TRAINFAST_RECIPE", None)
     # the amp rung in bf16 on every CPU: auto would leave it out where no half type is fast (an AVX2-only CPU)
     flags = flags if "--amp-dtype" in flags else (*flags, "--amp-dtype", "bf16")
+    # exactly the passes asked for: the settling passes (while a verdict is within the noise) are a timing matter,
+    # tested on their own, and would add minutes to every end-to-end test here
+    flags = flags if "--settle-within" in flags else (*flags, "--settle-within", "0")
     proc = subprocess.run([sys.executable, "-m", "trainfast", "ablate", "--out", str(out), *flags, "--", *command],
                           env=env, capture_output=True, text=True, timeout=900)
     if check:
