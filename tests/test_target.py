@@ -355,6 +355,7 @@ def test_tune_weighs_the_rate_pick_and_its_batch_sizes_and_keeps_the_pick_unless
     clear = stage({"baseline": [10, 10.5, 9.5, 10.2, 9.8], PICK: [8, 8.2, 7.9], "batch_half": [5, 5.2, 4.9, 5.1, 5]})
     chosen = choose(clear, decision, 0.05)
     assert chosen.name == "bf16 + batch_half" and chosen.recipe is clear.rungs[2].recipe
-    assert chosen.speedup == pytest.approx(2)
+    assert chosen.speedup == pytest.approx(2) and chosen.headline().startswith("2.00x sooner than the baseline")
     close = stage({"baseline": [10, 10.5, 9.5, 10.2, 9.8], PICK: [8, 8.2, 7.9], "batch_half": [7.9, 8.3, 7.8]})
-    assert choose(close, Decision(picked, "bf16"), 0.05).recipe is picked
+    stands = choose(close, Decision(picked, "bf16", speedup=1.4), 0.05)
+    assert stands.recipe is picked and stands.speedup == pytest.approx(10 / 8)     # the pick's time, not its rate

@@ -30,6 +30,17 @@ class Decision:
     speedup: float = 1.0
     speedup_interval: list[float] | None = None
     batch: dict[str, Any] | None = None      # --batch-size-search: reported apart, not in best.yaml
+    target: str | None = None                # --target: the speed-up is the time-to-target ratio, to this target
+
+    def headline(self) -> str:
+        """The speed-up in words, with its interval: against the baseline's rate, or its time to the target."""
+        interval = self.speedup_interval
+        within = f" (95% interval {interval[0]:.2f}–{interval[1]:.2f})" if interval else ""
+        if self.target is None:
+            return f"{self.speedup:.2f}x the baseline{within}"
+        if interval and interval[0] > 1:
+            return f"{self.speedup:.2f}x sooner than the baseline{within} to {self.target}"
+        return f"{self.speedup:.2f}x the baseline's pace{within} to {self.target}, not measurably sooner"
 
 
 def break_even_steps(compiled: Rung, eager: Rung) -> float:

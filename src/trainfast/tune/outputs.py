@@ -53,14 +53,12 @@ def tune_md(decision: Decision, singles: AblationResult, combined: AblationResul
     """tune.md's lines: the recommendation, each stage's table, what is not in the recipe and the notes."""
     from ..report import headers, markdown_table, table_rows
 
-    interval = decision.speedup_interval
     # the work's own rate unit and metric (tokens/s and val loss for a language model, a script's metric)
     columns = stage_columns(singles, "each")
     lines = ["# trainfast tune", "",
-             f"Recommended: **{decision.name}**, {decision.speedup:.2f}x the baseline"
-             + (f" (95% interval {interval[0]:.2f}–{interval[1]:.2f})" if interval else "") + ", written to "
-             f"[best.yaml](best.yaml). The search took {seconds:.0f} s (budget {budget_s:.0f} s); planned run: "
-             f"{planned_steps} optimizer steps.", "",
+             f"Recommended: **{decision.name}**, {decision.headline()}, written to [best.yaml](best.yaml). The "
+             f"search took {seconds:.0f} s (budget {budget_s:.0f} s); planned run: {planned_steps} optimizer steps.",
+             "",
              "## Each switch alone (stage 1)", "", markdown_table(headers(columns), table_rows(singles.rungs, columns)),
              "", "Details: [singles/report.md](singles/report.md).", ""]
     if on_level is not None:

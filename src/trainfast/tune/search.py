@@ -452,7 +452,7 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
     write_outputs(search.out_dir, decision, found.first, found.second, budget.elapsed(), opts.budget_s, found.steps,
                   found.on_level, found.batch, found.inputs, found.target)
     if opts.show:
-        print(f"recommended: {decision.name} ({decision.speedup:.2f}x the baseline) — {search.out_dir}/best.yaml, "
+        print(f"recommended: {decision.name} ({decision.headline()}) — {search.out_dir}/best.yaml, "
               f"{search.out_dir}/tune.md")
         if keep:
             print(keep)

@@ -15,11 +15,13 @@ in tune.md beside the decision.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 
 from ..ablation.scoring import fits, recipe_changes
 from ..ablation.target import SOONER, ratio_interval
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
+from ..target import Target
 from ..techniques.batch_scale import apply_batch_scale, lr_factor
 from .combine import Decision
 
@@ -86,8 +88,9 @@ def times_of(rung: Rung) -> list[float]:
 
 
 def choose(stage: AblationResult, decision: Decision, min_effect: float, memory_limit: int | None = None) -> Decision:
-    """The stage's recommendation (module docstring), as a Decision whose speed-up is the time-to-target ratio; a
-    candidate over --memory-limit is measured and shown, never chosen."""
+    """The stage's recommendation (module docstring), as a Decision whose speed-up is its time-to-target ratio
+    against the baseline (the rate pick's own where it stands); a candidate over --memory-limit is measured and
+    shown, never chosen."""
     rungs = {r.name: r for r in stage.rungs if r.status == Status.DONE and r.result.to_target
              and fits(r, memory_limit)}
     sooner = [r for r in rungs.values() if r.name != "baseline" and r.result.to_target["verdict"] == SOONER]
@@ -96,19 +99,30 @@ def choose(stage: AblationResult, decision: Decision, min_effect: float, memory_
     if not sooner:
         decision.notes += notes + ["no candidate reached the target measurably sooner than the baseline: the rate "
                                    "pick stands"]
-        return decision
+        return on_target(decision, pick, stage)
     best = min(sooner, key=lambda r: r.result.to_target["time_s"])
     if best is not pick and pick is not None and pick.name != "baseline":
         ratio, interval = ratio_interval(times_of(pick), times_of(best))
         if interval is None or interval[0] <= 1 or ratio < 1 + min_effect:
             decision.notes += notes + [f"{best.name} reached the target soonest, but not measurably sooner than the "
                                        f"rate pick ({ratio:.2f}x, {fmt(interval)}): the rate pick stands"]
-            return decision
+            return on_target(decision, pick, stage)
         notes.append(f"{best.name} reached the target {ratio:.2f}x sooner than the rate pick ({fmt(interval)})")
-    summary = best.result.to_target
     name = decision.name if best.name == PICK else f"{decision.name} + {best.name}"
-    return Decision(best.recipe, name, decision.gainers, decision.combined, decision.dropped,
-                    decision.notes + notes, summary["speedup"], summary["interval"], decision.batch)
+    chosen = Decision(best.recipe, name, decision.gainers, decision.combined, decision.dropped, decision.notes + notes,
+                      batch=decision.batch)
+    return on_target(chosen, best, stage)
+
+
+def on_target(decision: Decision, rung: Rung | None, stage: AblationResult) -> Decision:
+    """`decision` with the time-to-target ratio of `rung` (the candidate it names) as its speed-up, where it has one
+    (the baseline's own is no speed-up: its rate ratio stays)."""
+    summary = rung.result.to_target if rung is not None and rung.name != "baseline" else None
+    if not summary:
+        return decision
+    target = Target.from_dict(stage.settings.get("target"))
+    return replace(decision, speedup=summary["speedup"], speedup_interval=summary["interval"],
+                   target=target.text() if target is not None else "the target")
 
 
 def fmt(interval: list[float] | None) -> str:
