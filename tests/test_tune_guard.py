@@ -63,3 +63,13 @@ def test_of_two_singles_at_the_same_speed_the_one_that_kept_the_metric_is_chosen
     grouped.result.accuracy_flag = False
     faster = max(packed, grouped, key=lambda r: r.result.speedup)          # none moved it: the faster of the two
     assert tied_best([packed, grouped, slow], [base, packed, grouped, slow], 0.05) is faster
+    # inside the band both, but grouping moved the metric and packing did not: packing, however the tie fell
+    packed.result.accuracy_delta, grouped.result.accuracy_delta = 0.0, 0.018
+    grouped.result.speedup = packed.result.speedup * 1.01
+    assert tied_best([packed, grouped, slow], [base, packed, grouped, slow], 0.05) is packed
+    # stage 2 measures the combination against that same single switch
+    from trainfast.tune import combine_stage
+
+    together = base.recipe.replace(padding_free=True, group_by_length=True)
+    stage = combine_stage(base.recipe, [base, packed, grouped, slow], together, ["padding_free", "group_by_length"])
+    assert stage[1].name == "single-padding_free"

@@ -25,7 +25,7 @@ from ..tasks import TASKS
 from ..techniques.precision import auto_amp_dtype, slow_half_reason
 from .batch import batch_finding, batch_rungs
 from .budget import SearchBudget, singles_share
-from .combine import Decision, break_even_steps, combine, combine_stage, decide, on_level_decision
+from .combine import Decision, break_even_steps, combine, combine_stage, decide, on_level_decision, tied_best
 from .inputs import INPUT_SWITCHES, run_input
 from .memory import held_to_limit, named_for_memory, run_memory
 from .options import TuneOptions, tune_options
@@ -307,19 +307,6 @@ def guard_measured(search: Search, decision: Decision, per_run: float) -> Decisi
     return decision
 
 
-def tied_best(gainers: list[Rung], singles: list[Rung], min_effect: float) -> Rung:
-    """The single switch that gained most (the singles' speed-ups: all against the fp32 baseline); of the ones not
-    measurably different from it, one whose judged metric stayed inside the baseline's band first: packing, which
-    keeps a language model's loss to the digit, over length grouping at the same speed, which moved it."""
-    from ..ablation.scoring import ladder_noises, versus
-    from ..stats import SAME
-
-    fastest = max(gainers, key=lambda r: r.result.speedup)
-    noises = ladder_noises([r for r in singles if r.status == Status.DONE])     # the stage's own noise
-    tied = [r for r in gainers if r is fastest or versus(r, fastest, min_effect, noises).verdict == SAME]
-    return max(tied, key=lambda r: (not r.result.accuracy_flag, r.result.speedup))
-
-
 def best_measured(search: Search, found: Findings) -> Decision:
     """Without stage 2: the single switch that gained most, as measured alone; or, where switches gained on
     top of the level, the best of those: the level plus that switch is a recipe stage 1b measured."""
@@ -347,7 +334,8 @@ def run_combine(search: Search, found: Findings) -> Decision:
     each switch, every run trained to its end; shortened to fit the budget (2 repeats, then no leave-one-out)."""
     opts = search.options
     changes = {r.name: r.changes for r in [*found.singles, *(found.on_level.rungs if found.on_level else [])]}
-    rungs = combine_stage(search.base, found.singles, found.combined, found.in_combination, changes)
+    rungs = combine_stage(search.base, found.singles, found.combined, found.in_combination, changes,
+                          opts.min_effect)
     fit = search.repeats_that_fit(len(rungs), found.per_run, search.budget.left())
     repeats = fit or min(opts.repeats, 2)
     if repeats < opts.repeats:
