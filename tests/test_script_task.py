@@ -360,22 +360,26 @@ def test_a_token_runs_record_gives_documents_per_second_beside_tokens(tmp_path):
     assert record["documents_per_s"] == pytest.approx(record["throughput"] * 4 / 20)
 
 
-def test_a_scripts_first_step_is_timed_from_its_first_training_forward(tmp_path):
+def test_a_scripts_first_step_is_timed_from_its_first_training_forward(tmp_path, monkeypatch):
     """Without a Session the step clock starts at the first training forward (BatchKind's on_start): the first
     step's forward, where a compiled model compiles, is in its time, and so in a curve's training time; an
     evaluation before training (eval mode, no grad) and whatever the script does before its first training
-    forward are not."""
-    import time
+    forward are not. On a virtual clock that only the test moves."""
+    import trainfast.measure.clock
+    from conftest import VirtualTime
 
     from trainfast.probe import MeasureSpec, Probe
+
+    virtual = VirtualTime()
+    monkeypatch.setattr(trainfast.measure.clock, "time", virtual)
 
     class SlowFirstForward(nn.Linear):
         calls = 0
 
         def forward(self, x):
             SlowFirstForward.calls += 1
-            if SlowFirstForward.calls == 2:        # the first training forward (the first call evaluates)
-                time.sleep(0.3)
+            # the first training forward (the first call evaluates) takes 0.3 s, every later one 0.01 s
+            virtual.advance(0.3 if SlowFirstForward.calls == 2 else 0.01)
             return super().forward(x)
 
     probe = Probe(MeasureSpec(str(tmp_path / "result.json"), "full"))
@@ -387,7 +391,7 @@ def test_a_scripts_first_step_is_timed_from_its_first_training_forward(tmp_path)
         with torch.no_grad():
             model(torch.randn(2, 4))
         assert probe.timer is None                  # an evaluation starts no clock
-        time.sleep(1.0)                             # the script's own set-up: no step's
+        virtual.advance(1.0)                        # the script's own set-up: no step's
         model.train()
         for _ in range(3):
             model(torch.randn(2, 4)).sum().backward()
@@ -396,6 +400,4 @@ def test_a_scripts_first_step_is_timed_from_its_first_training_forward(tmp_path)
             probe._global_step(opt, (), {})
     finally:
         probe.batches.close()
-    first, *rest = probe.timer.read()
-    assert 0.3 <= first.seconds < 1.0
-    assert len(rest) == 2 and all(s.seconds < first.seconds for s in rest)
+    assert [s.seconds for s in probe.timer.read()] == pytest.approx([0.3, 0.01, 0.01])
