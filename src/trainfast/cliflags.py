@@ -19,7 +19,7 @@ from .cliargs import (DEVICE_HELP, AliasHelpFormatter, Duration, add_aliased, ad
 from .defaults import DOCTOR_EVAL_WITHIN, DOCTOR_STEPS, LADDER_MODES, MAX_REPEATS, SETTLE_WITHIN_S, TUNE_BUDGET_S
 from .modelnames import (DEFAULT_DETECTION_MODEL, DETECTION_MODELS, LM_MODELS, check_detection_model_name,
                          check_lm_model_name)
-from .recipe import FIELD_CHOICES, Recipe, field_docs, field_problem, preset
+from .recipe import FIELD_CHOICES, Recipe, field_docs, field_problem, field_sections, preset
 from .tasks import TASKS
 
 
@@ -38,10 +38,16 @@ def field_value(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("recipe (one flag per Recipe field; default: the field's default)")
+    """One flag per Recipe field, in one help group per section of the Recipe (recipe.field_sections)."""
     hints = typing.get_type_hints(Recipe)
     docs = field_docs()
+    section_of = {name: title for title, names in field_sections().items() for name in names}
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(Recipe):
+        title = section_of.get(f.name, "other fields")
+        if title not in groups:
+            groups[title] = parser.add_argument_group(f"recipe: {title}")
+        group = groups[title]
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
         args = typing.get_args(hint)
