@@ -176,6 +176,17 @@ def test_the_docs_table_is_the_one_the_declarations_make():
         "import update_docs; update_docs()'")
 
 
+def test_the_readmes_recipe_list_is_the_one_recipe_py_makes():
+    from pathlib import Path
+
+    from trainfast.report.switches import recipe_block
+
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    assert recipe_block() in readme.read_text(), (
+        "README.md's Recipe list is out of date: run\n  python -c 'from trainfast.report.switches "
+        "import update_docs; update_docs()'")
+
+
 def test_every_model_switch_has_its_place_in_the_written_order():
     """The order the model switches are applied in is chosen and written (techniques.MODEL_ORDER), never an
     accident of module names: each declared model switch is placed, and a new one that is not fails."""
