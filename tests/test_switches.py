@@ -191,6 +191,27 @@ def test_every_model_switch_has_its_place_in_the_written_order():
         ordered_model_switches([*model_switches(), ("fused_kernels", stray)])
 
 
+def test_every_optimizer_switch_has_its_place_in_the_written_order(monkeypatch):
+    """The optimizer switches are built, rebuilt and read back in an order written with why (techniques.
+    OPTIMIZER_ORDER): each declared one is placed, a new one that is not fails, and one of them builds the
+    built-in run's optimizer whatever the recipe (torch's own class, where none chooses another)."""
+    from trainfast.techniques import OPTIMIZER_ORDER, build_run_optimizer, optimizer_switches
+    from trainfast.techniques.switch import OptimizerSwitch
+
+    declared = {s.fields[0] for s in techniques.switches() if s.optimizer is not None}
+    assert declared == {name for name, _ in OPTIMIZER_ORDER}
+    assert [name for name, _ in optimizer_switches()] == [name for name, _ in OPTIMIZER_ORDER]
+    assert all(len(why) > 40 for _, why in OPTIMIZER_ORDER)
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    built_by, optimizer = build_run_optimizer(params, Recipe())
+    assert built_by in declared and type(optimizer) is torch.optim.AdamW
+    stray = Switch(("fused_kernels",), optimizer=OptimizerSwitch("fused kernels", lambda o: False))
+    declared_all = (*techniques.switches(), stray)
+    monkeypatch.setattr(techniques, "switches", lambda: declared_all)
+    with pytest.raises(LookupError, match="fused_kernels not placed in techniques.OPTIMIZER_ORDER"):
+        optimizer_switches()
+
+
 def test_the_tunes_input_stage_tries_every_declared_input_switch(monkeypatch):
     """The input stage is built from the declarations: a new switch with `tune_inputs` is tried with the changes
     it declares (its own by default, or its `tune_changes`), never listed and left out."""
