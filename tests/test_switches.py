@@ -64,7 +64,8 @@ def test_the_derived_ladders_are_the_ones_written_by_hand_before():
                            "master-fp16", "pure-fp16", "set_to_none", "non_blocking", "prefetch", "decode_cache",
                            "device_decode", "workers", "passive_threads", "reuse_memory", "fast_fp32_matmul",
                            "channels_last", "compile",
-                           "fused", "checkpointing", "async_checkpoint", "optimizer_state", "optimizer_state_4bit",
+                           "fused", "checkpointing", "compile_optimizer", "async_checkpoint", "optimizer_state",
+                           "optimizer_state_4bit",
                            "batch_2x", "batch_4x", "accum_4x"]
     assert RUNGS["master-bf16"] == {"precision": "bf16", "precision_level": "master"}
     assert RUNGS["workers"] == {"num_workers": 2} and RUNGS["checkpointing"] == {"activation_checkpointing": True}

@@ -83,6 +83,7 @@ class Recipe:
     compile: bool = False             # torch.compile the model
     optimizer_impl: str = "default"   # "default" (torch picks) | "for-loop" | "foreach" | "fused"
     optimizer_state: str = "full"     # Adam's moments: "full" (fp32) | "8bit" | "4bit" (torchao, block-quantized)
+    compile_optimizer: bool = False   # torch.compile the optimizer's step (its many small update kernels fused)
     cudnn_benchmark: bool = False     # let cuDNN autotune conv algorithms (CUDA only)
     activation_checkpointing: bool = False  # recompute activations in backward: less memory, slower (timm/transformers)
     grad_clip: float | None = None    # clip the global grad norm to this value (after unscaling)

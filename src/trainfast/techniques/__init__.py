@@ -201,6 +201,9 @@ OPTIMIZER_ORDER: tuple[tuple[str, str], ...] = (
     ("optimizer_impl", "after the class is chosen: foreach/fused are flags of torch's own optimizers' constructors, "
                        "so it builds torch's AdamW/SGD when nothing before it chose another class, and rebuilds a "
                        "user's torch optimizer as the same class with the flag"),
+    ("compile_optimizer", "last: it compiles the step of the object that will run, so every switch that rebuilds "
+                          "the optimizer as another object comes before it (a step compiled earlier would stay on "
+                          "the object they replace); the low-bit Adam rules it out (torchao compiles its update)"),
 )
 
 
