@@ -64,7 +64,8 @@ def test_the_derived_ladders_are_the_ones_written_by_hand_before():
                            "master-fp16", "pure-fp16", "set_to_none", "non_blocking", "prefetch", "decode_cache",
                            "device_decode", "workers", "passive_threads", "reuse_memory", "fast_fp32_matmul",
                            "channels_last", "compile",
-                           "fused", "checkpointing", "async_checkpoint", "optimizer_state", "optimizer_state_4bit",
+                           "fused", "checkpointing", "compile_optimizer", "async_checkpoint", "optimizer_state",
+                           "optimizer_state_4bit",
                            "batch_2x", "batch_4x", "accum_4x"]
     assert RUNGS["master-bf16"] == {"precision": "bf16", "precision_level": "master"}
     assert RUNGS["workers"] == {"num_workers": 2} and RUNGS["checkpointing"] == {"activation_checkpointing": True}
@@ -200,6 +201,27 @@ def test_every_model_switch_has_its_place_in_the_written_order():
     stray = Switch(("fused_kernels",), model=ModelSwitch("fused kernels", lambda m, v: m, lambda m: False))
     with pytest.raises(LookupError, match="fused_kernels not placed in techniques.MODEL_ORDER"):
         ordered_model_switches([*model_switches(), ("fused_kernels", stray)])
+
+
+def test_every_optimizer_switch_has_its_place_in_the_written_order(monkeypatch):
+    """The optimizer switches are built, rebuilt and read back in an order written with why (techniques.
+    OPTIMIZER_ORDER): each declared one is placed, a new one that is not fails, and one of them builds the
+    built-in run's optimizer whatever the recipe (torch's own class, where none chooses another)."""
+    from trainfast.techniques import OPTIMIZER_ORDER, build_run_optimizer, optimizer_switches
+    from trainfast.techniques.switch import OptimizerSwitch
+
+    declared = {s.fields[0] for s in techniques.switches() if s.optimizer is not None}
+    assert declared == {name for name, _ in OPTIMIZER_ORDER}
+    assert [name for name, _ in optimizer_switches()] == [name for name, _ in OPTIMIZER_ORDER]
+    assert all(len(why) > 40 for _, why in OPTIMIZER_ORDER)
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    built_by, optimizer = build_run_optimizer(params, Recipe())
+    assert built_by in declared and type(optimizer) is torch.optim.AdamW
+    stray = Switch(("fused_kernels",), optimizer=OptimizerSwitch("fused kernels", lambda o: False))
+    declared_all = (*techniques.switches(), stray)
+    monkeypatch.setattr(techniques, "switches", lambda: declared_all)
+    with pytest.raises(LookupError, match="fused_kernels not placed in techniques.OPTIMIZER_ORDER"):
+        optimizer_switches()
 
 
 def test_the_tunes_input_stage_tries_every_declared_input_switch(monkeypatch):

@@ -113,6 +113,7 @@ class Recipe:
     channels_last: bool = False       # NHWC memory format for model and inputs (conv nets)
     compile: bool = False             # torch.compile the model
     optimizer_impl: str = "default"   # "default" (torch picks) | "for-loop" | "foreach" | "fused"
+    compile_optimizer: bool = False   # torch.compile the optimizer's step (its many small update kernels fused)
     cudnn_benchmark: bool = False     # let cuDNN autotune conv algorithms (CUDA only)
     grad_clip: float | None = None    # clip the global grad norm to this value (after unscaling)
     deterministic: bool = False       # torch.use_deterministic_algorithms(True), may be slower

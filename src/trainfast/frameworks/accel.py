@@ -70,6 +70,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
+from ..techniques import optimizer_fields
 from ..techniques.memory_format import memory_format_of
 from ..techniques.optimizer import rebind_scheduler
 from ..text.packing import PADDING_FIELDS
@@ -290,8 +291,8 @@ def switch_prepared(accelerator: Any, run: Run, record: FrameworkRecord, fields:
     for i, obj in enumerate(args):
         if isinstance(obj, torch.nn.Module):
             args[i] = switch_model(record, obj, fields, accelerator)
-        elif isinstance(obj, torch.optim.Optimizer) and ("optimizer_impl" in fields or "optimizer_state" in fields):
-            rebuilt = switch_optimizers(record, obj, fields.get("optimizer_impl"), fields.get("optimizer_state"))
+        elif isinstance(obj, torch.optim.Optimizer) and any(name in fields for name in optimizer_fields()):
+            rebuilt = switch_optimizers(record, obj, fields)
             if rebuilt is not obj:
                 run.replaced[id(obj)] = (obj, rebuilt)
                 args[i] = rebuilt

@@ -36,18 +36,16 @@ from typing import Any
 import torch
 
 from ..recipe import Recipe
+from ..techniques import optimizer_switches
 from ..techniques.batch_scale import scale_values
 from ..techniques.memory_format import memory_format_of
-from ..techniques.optimizer_state import TRAINER_OPTIM, state_of
 from .board import UNSET, Board, FrameworkRecord
-from .common import (AUTO_WORKERS, LOW_BIT_IMPL, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
+from .common import (AUTO_WORKERS, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
                      switch_cudnn_benchmark, switch_models)
 from .hooks import when_imported
 from .packing import packing_collator, prove_packing, switch_pad_multiple, uses_length_groups
 
 NAME = "transformers"
-ADAMW = ("adamw_torch", "adamw_torch_fused")
-LOW_BIT_OPTIM = (TRAINER_OPTIM["8bit"], TRAINER_OPTIM["4bit"])
 ARG_LOADER = {"num_workers": "dataloader_num_workers", "pin_memory": "dataloader_pin_memory",
               "persistent_workers": "dataloader_persistent_workers", "prefetch_factor": "dataloader_prefetch_factor"}
 PATCHED = "_trainfast_patched"
@@ -100,11 +98,7 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
             put("compile", "torch_compile_backend", None)
             put("compile", "torch_compile_mode", None)
         put("tf32", "tf32", False)
-    if fields.get("optimizer_state", "full") != "full":
-        switch_optim_state(args, record, fields["optimizer_state"], "optimizer_impl" in fields)
-    elif "optimizer_impl" in fields or "optimizer_state" in fields:        # fp32 moments: one of optim's AdamWs
-        switch_optim(args, record, fields.get("optimizer_impl", "default"),
-                     "optimizer_impl" if "optimizer_impl" in fields else "optimizer_state")
+    switch_optim(args, record, fields)
     for name, setting in ARG_LOADER.items():
         if name in fields:
             value = fields[name]
@@ -158,36 +152,37 @@ def switch_length_groups(args: Any, record: FrameworkRecord, enabled: bool) -> N
     args.group_by_length = enabled
 
 
-def switch_optim_state(args: Any, record: FrameworkRecord, state: str, impl_asked: bool) -> None:
-    """The Trainer's own low-bit AdamW (optim adamw_torch_8bit / _4bit builds torchao's class), from the script's
-    AdamW of any implementation; another optimizer is left as the script has it, why said."""
+def switch_optim(args: Any, record: FrameworkRecord, fields: dict[str, Any]) -> None:
+    """The run's optimizer switches through the Trainer's one `optim` choice, in techniques.OPTIMIZER_ORDER:
+    each asked switch that has a Trainer setting (OptimizerSwitch.trainer_optim) turns the script's optim into
+    its own (the low-bit states into adamw_torch_8bit / _4bit, which build torchao's classes; the implementation
+    into adamw_torch / adamw_torch_fused), recorded with the script's optim; one the Trainer has no choice for
+    is said so. A switch that replaces the class (the low-bit states) rules out the ones after it."""
     optim = getattr(args.optim, "value", args.optim)
-    if impl_asked:
-        record.unsupported["optimizer_impl"] = LOW_BIT_IMPL
-    if optim not in ADAMW + LOW_BIT_OPTIM:
-        record.unsupported["optimizer_state"] = (f"the script's optim {optim!r} is not one of the Trainer's torch "
-                                                 f"AdamWs (only {' / '.join(ADAMW)} have low-bit twins)")
-        return
-    record.set("optimizer_state", "optim", TRAINER_OPTIM[state], optim)
-    args.optim = TRAINER_OPTIM[state]
+    ruled_out = ""
+    for name, how in optimizer_switches():
+        if name not in fields or how.trainer_optim is None:
+            continue
+        if ruled_out:
+            record.unsupported[name] = ruled_out
+            continue
+        if how.replaces and fields[name] != how.default:
+            ruled_out = how.replaces
+        try:
+            wanted = how.trainer_optim(fields[name], optim)
+        except ValueError as exc:
+            record.unsupported[name] = str(exc)
+            continue
+        if wanted is not None:
+            record.set(name, "optim", wanted, optim)
+            args.optim = optim = wanted
 
 
-def switch_optim(args: Any, record: FrameworkRecord, impl: str, field_: str = "optimizer_impl") -> None:
-    """optim's fused or unfused AdamW for `impl`, recorded for `field_` (optimizer_state when the run asks only
-    for fp32 moments: a script's own low-bit AdamW becomes the torch one)."""
-    optim = getattr(args.optim, "value", args.optim)
-    if field_ == "optimizer_state" and optim not in LOW_BIT_OPTIM:
-        return                                     # fp32 moments already: nothing to switch
-    if optim not in ADAMW + LOW_BIT_OPTIM:
-        record.unsupported[field_] = (f"the script's optim {optim!r} has no fused/unfused pair among the "
-                                      f"Trainer's optim choices (only {' / '.join(ADAMW)})")
-        return
-    if impl not in ("default", "fused"):
-        record.unsupported[field_] = f"the Trainer's optim choices have no {impl!r} AdamW"
-        return
-    wanted = "adamw_torch_fused" if impl == "fused" else "adamw_torch"
-    record.set(field_, "optim", wanted, optim)
-    args.optim = wanted
+def trainer_optim_of(optimizer: Any) -> str:
+    """The `optim` name of the optimizer the Trainer built, as the optimizer switches read it; its class's
+    name where none does."""
+    return next((name for _, how in optimizer_switches() if how.trainer_optim_of is not None
+                 and (name := how.trainer_optim_of(optimizer)) is not None), type(optimizer).__name__)
 
 
 # The Trainer's arguments for the Recipe's fields that batch_scale makes concrete (techniques/batch_scale.py)
@@ -350,11 +345,7 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
     record.prove("use_cpu", args.use_cpu)
     optimizer = getattr(getattr(trainer, "optimizer", None), "optimizer", getattr(trainer, "optimizer", None))
     if optimizer is not None:
-        fused = bool(optimizer.param_groups[0].get("fused")) if optimizer.param_groups else False
-        name = type(optimizer).__name__
-        state = state_of(optimizer)          # torchao's AdamW8bit / AdamW4bit: the Trainer's low-bit optim names
-        record.prove("optim", TRAINER_OPTIM[state] if state != "full" else
-                     ("adamw_torch_fused" if fused else "adamw_torch") if name == "AdamW" else name)
+        record.prove("optim", trainer_optim_of(optimizer))
     loader = getattr(trainer, "_trainfast_loader", None)
     read_batch_scale(record, trainer, optimizer, loader)
     prove_loader(record, loader)

@@ -46,6 +46,7 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader
 
+from ..techniques import optimizer_fields
 from ..techniques.memory_format import memory_format_of
 from ..techniques.optimizer import rebind_scheduler
 from .board import UNSET, Board, FrameworkRecord
@@ -314,26 +315,26 @@ def patch_optimizer_conf(module: Any, board: Board, record: Callable[[], Framewo
 
     @functools.wraps(original)
     def _configure_optimizers(optim_conf: Any) -> Any:
-        if "optimizer_impl" in board.fields or "optimizer_state" in board.fields:
-            optim_conf = switch_optim_conf(record(), optim_conf, board.fields.get("optimizer_impl"),
-                                           board.fields.get("optimizer_state"))
+        if any(name in board.fields for name in optimizer_fields()):
+            optim_conf = switch_optim_conf(record(), optim_conf, board.fields)
         return original(optim_conf)
 
     setattr(_configure_optimizers, PATCHED, True)
     module._configure_optimizers = _configure_optimizers
 
 
-def switch_optim_conf(record: FrameworkRecord, conf: Any, impl: str | None, state: str | None = None) -> Any:
+def switch_optim_conf(record: FrameworkRecord, conf: Any, fields: dict[str, Any]) -> Any:
     """What configure_optimizers() returned (an optimizer, a list of them, ([optimizers], [schedulers]), a dict
-    with "optimizer" and "lr_scheduler", a list of such dicts) with each torch optimizer rebuilt with `impl` and
-    `state` (common.switch_optimizers), and every scheduler in it rebound to its optimizer's replacement."""
+    with "optimizer" and "lr_scheduler", a list of such dicts) with each torch optimizer rebuilt with the run's
+    optimizer switches in `fields` (common.switch_optimizers), and every scheduler in it rebound to its
+    optimizer's replacement."""
     swapped: dict[int, tuple[Any, Any]] = {}
 
     def swap(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         if type(optimizer).__name__ == "_MockOptimizer":      # Lightning's stand-in when it returned None
             return optimizer
         if id(optimizer) not in swapped:
-            swapped[id(optimizer)] = (optimizer, switch_optimizers(record, optimizer, impl, state))
+            swapped[id(optimizer)] = (optimizer, switch_optimizers(record, optimizer, fields))
         return swapped[id(optimizer)][1]
 
     rewritten = map_conf(conf, swap)

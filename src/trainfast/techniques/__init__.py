@@ -24,7 +24,7 @@ import pkgutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Iterator
 
-from .switch import ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, ProcessSwitch, RungSpec, Switch
+from .switch import ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, OptimizerSwitch, ProcessSwitch, RungSpec, Switch
 
 if TYPE_CHECKING:
     import torch
@@ -36,6 +36,8 @@ __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "Run
            "rung_table", "default_ladder", "process_fields", "math_fields", "resumable_fields", "tune_priority",
            "input_switches", "input_rung_specs",
            "unreachable", "MODEL_ORDER", "model_switches", "apply_model_switches", "field_effect", "process_switches",
+           "OptimizerSwitch", "OPTIMIZER_ORDER", "optimizer_switches", "optimizer_fields", "build_run_optimizer",
+           "apply_optimizer_switches",
            "process_env", "process_wide_in_effect", "process_wide", "starting_with", "set_before_torch",
            "apply_process_switches", "not_in_effect", "needs_fresh_process"]
 
@@ -185,6 +187,68 @@ def apply_model_switches(model: nn.Module, recipe) -> nn.Module:
         switched = how.apply(target, value)
         model = switched if target is model else model
     return model
+
+
+# The order the switches that act on the optimizer are applied in, written once, with why each sits where it does.
+# The built-in run builds its optimizer with the first switch that chooses the class (OptimizerSwitch.build), a
+# Session and every framework adapter rebuild a user's in this order (session/build.py, frameworks/common.py), and
+# a switch whose value builds a class of its own (OptimizerSwitch.replaces) rules out every switch after it.
+# tests/test_switches.py fails when an optimizer switch is missing here.
+OPTIMIZER_ORDER: tuple[tuple[str, str], ...] = (
+    ("optimizer_state", "first: the low-bit states replace the optimizer's class (torchao's Adam, whose update is "
+                        "one compiled kernel per tensor), so the built-in run builds that class instead of torch's "
+                        "and the switches after it, which act on torch's classes, do not apply while it is on"),
+    ("optimizer_impl", "after the class is chosen: foreach/fused are flags of torch's own optimizers' constructors, "
+                       "so it builds torch's AdamW/SGD when nothing before it chose another class, and rebuilds a "
+                       "user's torch optimizer as the same class with the flag"),
+    ("compile_optimizer", "last: it compiles the step of the object that will run, so every switch that rebuilds "
+                          "the optimizer as another object comes before it (a step compiled earlier would stay on "
+                          "the object they replace); the low-bit Adam rules it out (torchao compiles its update)"),
+)
+
+
+def optimizer_switches() -> list[tuple[str, OptimizerSwitch]]:
+    """(field, hooks) of the switches that act on the optimizer, in OPTIMIZER_ORDER; one the order does not place
+    is an error (its place would otherwise be an accident of module names)."""
+    place = {name: index for index, (name, _) in enumerate(OPTIMIZER_ORDER)}
+    found = [(s.fields[0], s.optimizer) for s in switches() if s.optimizer is not None]
+    missing = [name for name, _ in found if name not in place]
+    if missing:
+        raise LookupError(f"optimizer switch(es) {', '.join(missing)} not placed in techniques.OPTIMIZER_ORDER: add "
+                          "each where it must act relative to the others, with why")
+    return sorted(found, key=lambda pair: place[pair[0]])
+
+
+def optimizer_fields() -> tuple[str, ...]:
+    """The fields of the switches that act on the optimizer, in OPTIMIZER_ORDER."""
+    return tuple(name for name, _ in optimizer_switches())
+
+
+def build_run_optimizer(params, recipe) -> tuple[str, torch.optim.Optimizer]:
+    """The built-in run's optimizer on `params`: built by the first switch in OPTIMIZER_ORDER whose value chooses
+    the class (the low-bit Adam), else by the implementation flag's (torch's own class); with that field."""
+    for name, how in optimizer_switches():
+        built = how.build(params, recipe)
+        if built is not None:
+            return name, built
+    raise LookupError("no optimizer switch built the optimizer: one in OPTIMIZER_ORDER must build torch's own")
+
+
+def apply_optimizer_switches(optimizer: torch.optim.Optimizer, recipe, scheduler=None,
+                             built_by: str | None = None) -> torch.optim.Optimizer:
+    """`optimizer` with the recipe's optimizer switches, those it turns on (a value other than the switch's
+    default), in OPTIMIZER_ORDER: a user's optimizer rebuilt (param groups kept, `scheduler` rebound), or the
+    built-in run's, which the switch `built_by` has built already. A switch that replaces the class rules out
+    the ones after it. Raises where a switch cannot act on this optimizer, with why."""
+    for name, how in optimizer_switches():
+        value = getattr(recipe, name)
+        if value == how.default:
+            continue
+        if name != built_by:
+            optimizer = how.rebuild(optimizer, value, scheduler)
+        if how.replaces:
+            break
+    return optimizer
 
 
 @functools.cache

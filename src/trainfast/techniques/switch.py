@@ -95,6 +95,50 @@ class ModelSwitch:
     idle: tuple = ()
 
 
+def builds_nothing(params: Any, recipe: Any) -> None:
+    """The no-op build: the optimizer's class is not this switch's to choose."""
+    return None
+
+
+def keeps(optimizer: Any, value: Any, scheduler: Any = None) -> Any:
+    """The no-op rebuild: the optimizer as it is."""
+    return optimizer
+
+
+@dataclass(frozen=True)
+class OptimizerSwitch:
+    """A switch that acts on the optimizer (its implementation flag, the precision of its state, ...): how the
+    built-in run builds it, how a Session and the framework adapters rebuild a user's, and how a run reads it
+    back, through the same functions. They are applied in techniques.OPTIMIZER_ORDER.
+
+    label:     the setting as a run records and proves it ("optimizer implementation", "optimizer moments").
+    state(optimizer): the setting read back from an optimizer object (the proof a run records under `label`).
+    default:   the value that asks for nothing: a Session keeps the user's optimizer as it is.
+    build(params, recipe): the built-in run's optimizer, where this switch chooses its class (None: the next
+               switch in OPTIMIZER_ORDER builds it; the implementation flag's always does, torch's own class).
+    rebuild(optimizer, value, scheduler): the optimizer with `value` (the same object changed in place, or the
+               same param groups in another object, `scheduler` rebound to it). Where it cannot, it raises
+               ValueError (RecipeError), TypeError or RuntimeError with why (a class with no such flag, ...).
+    replaces:  why the later switches in OPTIMIZER_ORDER do not apply while this one's value is not `default`
+               (it builds a class of its own that takes none of them); "" where it keeps the class.
+    plugins:   {plugin ("deepspeed", "fsdp"): why that plugin decides the setting itself}.
+    trainer_optim(value, optim): transformers' TrainingArguments.optim for `value`, given the script's `optim`
+               (None: nothing to set); raises ValueError with why where the Trainer has no such choice. None:
+               the Trainer has no setting for it.
+    trainer_optim_of(optimizer): the `optim` name an optimizer the Trainer built reads as, where this switch
+               tells it (None: not this switch's to tell).
+    """
+    label: str
+    state: Callable[[Any], Any]
+    default: Any = None
+    build: Callable[[Any, Any], Any] = builds_nothing
+    rebuild: Callable[..., Any] = keeps
+    replaces: str = ""
+    plugins: Mapping[str, str] = field(default_factory=dict)
+    trainer_optim: Callable[[Any, str], str | None] | None = None
+    trainer_optim_of: Callable[[Any], str | None] | None = None
+
+
 @dataclass(frozen=True)
 class ProcessSwitch:
     """A switch that belongs to a whole process (a runtime's variable, the C library's allocator, a library-wide
@@ -146,6 +190,8 @@ class Switch:
                 batches, "stacked" batches of one shape, "image_folder" files decoded per sample, "padded_sizes"
                 detection images of different sizes, "documents" language-model documents of different lengths.
     model:      how it acts on the model object, for the switches that do (ModelSwitch).
+    optimizer:  how it builds, rebuilds and reads back the optimizer, for the switches that act on it
+                (OptimizerSwitch); its field is placed in techniques/__init__.py's OPTIMIZER_ORDER.
     process_hooks: how a process-wide switch reaches every process and is read back (ProcessSwitch); its module
                 is named in techniques/__init__.py's PROCESS_MODULES (read before torch loads).
     changes_math: it changes the arithmetic of training, not only its speed (the batch size, the rounding of a
@@ -165,6 +211,7 @@ class Switch:
     value_effect: Callable[[Any, torch.device, nn.Module | None], Effect] | None = None
     data: str = ""
     model: ModelSwitch | None = None
+    optimizer: OptimizerSwitch | None = None
     process_hooks: ProcessSwitch | None = None
     changes_math: bool = False
 
