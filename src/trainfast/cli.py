@@ -121,16 +121,16 @@ def use_gpu_default(args: argparse.Namespace) -> None:
 
 def prepare_task(args: argparse.Namespace) -> Recipe:
     """Resolve --task, --model and --data (the task's defaults where left out) into `args`, and return the
-    recipe: the task's starting point (detection: tasks.detection.DEFAULT_RECIPE) unless --recipe gives one,
-    with the explicit flags on top, checked against the task before any data is loaded."""
+    recipe: the task's starting point (its declaration's default_recipe) unless --recipe gives one, with the
+    explicit flags on top, checked against the task before any data is loaded (check_before_torch has refused
+    what needs no torch; this also judges what does, a timm model name, and the GPU default's flags)."""
     from .tasks import build_task, resolve_task
 
     args.task_given = args.task          # a script's task: given, or read from its batches (ablate -- COMMAND)
     args.task, args.model, args.data = resolve_task(args.task, args.model, args.data)
     task = build_task(args.task)
-    if args.task == "detection" and args.command in ("tune", "doctor") and args.user_command is None:
-        raise RecipeError(f"trainfast {args.command} runs the built-in classification run only; measure --task "
-                          f"{args.task} with trainfast ablate (or {args.command} -- python your_script.py)")
+    if args.user_command is None:
+        task.declaration.check_command(args.command)
     recipe = recipe_from_args(args, task.default_recipe if args.recipe is None else None)
     task.validate(recipe)
     task.check_model(args.model)
