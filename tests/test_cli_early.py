@@ -105,6 +105,10 @@ TASK_REFUSALS = [
     (["train", "--target", "auto"], "trainfast train: error: --target auto is the level a baseline's runs reach"),
     (["ablate", "--task", "lm", "--model", "llama-tinyy"],
      "trainfast ablate: error: --model 'llama-tinyy' is not a language model trainfast defines"),
+    (["ablate", "--resume"], "trainfast ablate: error: --resume needs --out DIR"),
+    (["tune", "--resume", "A", "--out", "B"], "trainfast tune: error: --resume A and --out B name different folders"),
+    (["tune", "--nproc", "2"], "trainfast tune: error: --nproc runs a `-- COMMAND` under torchrun"),
+    (["doctor", "--"], "trainfast doctor: error: doctor -- COMMAND: no command after `--`"),
     *TASK_REFUSALS,
 ])
 def test_a_command_line_that_cannot_work_is_refused_before_torch_loads(argv, message, tmp_path):

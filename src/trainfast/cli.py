@@ -171,9 +171,7 @@ def _tune(args, recipe: Recipe) -> int:
     from .ablation import TimingBudget
     from .tune import tune
 
-    resume, out = resume_folder(args.resume, args.out)
-    if args.nproc > 1 and args.user_command is None:
-        raise ValueError("--nproc runs a `-- COMMAND` under torchrun; the built-in search runs one process")
+    resume, out = resume_folder(args.resume, args.out)      # refused already, if it cannot work (check_before_torch)
     try:
         tune(args.model, data=args.data, image_size=args.image_size, recipe=recipe, device=args.device, out=out,
              amp_dtype=args.amp_dtype, repeats=args.repeats, budget_s=args.budget, planned_steps=args.planned_steps,
@@ -206,9 +204,7 @@ def _doctor(args, recipe: Recipe) -> int:
         raise ValueError(f"--device {args.device}: torch sees no GPU: {collect_environment()['no_gpu_reason']}")
     device = resolve_device(args.device)
     validate_for_device(recipe, device)
-    if args.user_command is not None:
-        if not args.user_command:
-            raise ValueError("doctor -- COMMAND: no command after `--` (e.g. `trainfast doctor -- python train.py`)")
+    if args.user_command:                # an empty one is refused by check_before_torch
         fields = {k: v for k, v in recipe.to_dict().items() if v != getattr(Recipe(), k)}   # the flags given
         try:
             obs = observe_script(args.user_command, out, steps=steps, sync_steps=watch_steps(recipe.log_every),

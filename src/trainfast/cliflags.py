@@ -16,7 +16,7 @@ from typing import Any, Callable
 from . import __version__, selfcheck
 from .cliargs import (DEVICE_HELP, AliasHelpFormatter, Duration, add_aliased, add_comparison, add_out, add_resume,
                       add_script_flags, add_switches, add_timing, fill_help_later, format_duration, int_or_auto,
-                      optional, positive_int, size_type, target_type, worker_count_or_auto)
+                      optional, positive_int, resume_folder, size_type, target_type, worker_count_or_auto)
 from .defaults import DOCTOR_EVAL_WITHIN, DOCTOR_STEPS, LADDER_MODES, MAX_REPEATS, SETTLE_WITHIN_S, TUNE_BUDGET_S
 from .modelnames import DEFAULT_DETECTION_MODEL, DETECTION_MODELS
 from .recipe import FIELD_CHOICES, Recipe, field_docs, field_problem, field_sections, preset
@@ -358,7 +358,8 @@ def check_data_folder(spec: str | None, task: TaskDeclaration) -> None:
 
 
 def check_before_torch(args: argparse.Namespace) -> None:
-    """What can be refused once the flags have parsed, without torch, from the task's declaration
+    """What can be refused once the flags have parsed, without torch: a --resume and --out that cannot work, --nproc
+    for the built-in search, a doctor with no command after `--`, and from the task's declaration
     (tasks/declarations.py): a subcommand with no built-in work for the task, a model name the task does not have, a
     --data folder that does not exist, an --image-size the task has no use for, a --recipe that cannot be read, and
     the recipe the flags make on the task's own starting point (a switch on data the task does not offer, one it
@@ -369,6 +370,12 @@ def check_before_torch(args: argparse.Namespace) -> None:
         check_data_folder(args.data, declared("classification"))
     if args.command not in ("ablate", "tune", "doctor", "train"):
         return
+    if args.command in ("ablate", "tune"):
+        resume_folder(args.resume, args.out)
+    if args.command == "tune" and args.nproc > 1 and args.user_command is None:
+        raise ValueError("--nproc runs a `-- COMMAND` under torchrun; the built-in search runs one process")
+    if args.command == "doctor" and args.user_command == []:
+        raise ValueError("doctor -- COMMAND: no command after `--` (e.g. `trainfast doctor -- python train.py`)")
     if args.command == "train" and args.target is not None and not args.target.known:
         raise ValueError("--target auto is the level a baseline's runs reach, which a single run has not: give the "
                          "level (val_loss<=3.2, val_acc>=0.95), or find it with trainfast ablate --target auto")
