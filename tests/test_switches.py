@@ -159,6 +159,19 @@ def test_effects_are_judged_by_device_model_then_data():
     assert field_effect("epochs", CPU, None).acts
 
 
+def test_the_data_read_before_torch_is_the_data_declared(tmp_path):
+    """The command line reads each switch's data kind from the modules' source (techniques/static.py), before torch
+    loads: exactly what the imported declarations say, and a declaration it cannot read is refused by name."""
+    from trainfast.techniques.static import declared_data, read_module_data
+
+    assert declared_data() == {name: switch.data for name, switch in techniques.owners().items() if switch.data}
+    (tmp_path / "named.py").write_text('KIND = "documents"\nSWITCHES = (Switch(("a", "b"), data=KIND),)\n')
+    assert read_module_data(tmp_path / "named.py") == {"a": "documents", "b": "documents"}
+    (tmp_path / "computed.py").write_text('SWITCHES = (Switch(fields(), data="images"),)\n')
+    with pytest.raises(LookupError, match="computed.py:1"):
+        read_module_data(tmp_path / "computed.py")
+
+
 def test_a_rung_declared_for_one_task_is_named_only_there():
     rung = RungSpec("x", {"epochs": 2}, place=5, tasks=("detection",), default_in=("detection",),
                     places={"detection": 99})

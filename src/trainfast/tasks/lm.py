@@ -12,39 +12,23 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from ..recipe import Recipe, RecipeError
+from ..recipe import RecipeError
 from ..techniques.chunked_loss import chunked_lm_loss, chunked_lm_loss_sum
-from .base import Metric, Task
-
-# Where `trainfast train --task lm` starts when no --recipe is given: AdamW at 1e-3 with a short warm-up, batches
-# of 16 documents, one epoch over the training documents.
-DEFAULT_RECIPE = Recipe(epochs=1, batch_size=16, lr=1e-3, weight_decay=0.01, warmup_steps=20, log_every=10)
-INSTALL_HINT = "the language-model task needs transformers and tokenizers: pip install 'trainfast[hf]'"
+from .base import Task
+from .declarations import LM, require_text_packages
 
 
 class LanguageModel(Task):
-    name = "lm"
-    # Validation loss in nats per predicted token: lower is better (its perplexity is recorded beside it).
-    metric = Metric("validation loss", "val loss", "min")
-    rate_unit = "tokens"                 # real tokens, never padding (TokenBatch.rate_count)
-    offers = frozenset({"", "documents"})
-    batches = "token ids of documents of different lengths"
-    # The CLI's default: 512 of the standard library's documents (32 steps of 16), so the default ablation's
-    # every run is seconds on 2 cores; --data stdlib is all 13,000-odd of them.
-    default_data = "stdlib:512"
-    default_recipe = DEFAULT_RECIPE
+    declaration = LM
 
-    @property
-    def default_model(self) -> str:
-        from ..text.models import DEFAULT_LM_MODEL
-
-        return DEFAULT_LM_MODEL
-
-    def __init__(self, chunked_loss: bool = False) -> None:
+    def __init__(self, loss_fn: Callable | None = None, dist=None, recipe=None) -> None:
+        if loss_fn is not None:
+            raise RecipeError("the language-model task takes no loss_fn: the model computes its own next-token loss")
         # The next-token loss of the step and of evaluation, chosen once: the model's own from its logits, or the
         # chunked_loss switch's (techniques/chunked_loss.py), which never holds the whole batch's logits.
-        self.loss = chunked_lm_loss if chunked_loss else model_loss
-        self.loss_sum = chunked_lm_loss_sum if chunked_loss else logits_loss_sum
+        chunked = recipe is not None and recipe.chunked_loss
+        self.loss = chunked_lm_loss if chunked else model_loss
+        self.loss_sum = chunked_lm_loss_sum if chunked else logits_loss_sum
 
     # --- the step -------------------------------------------------------------------------------------
     def forward(self, model: Callable, inputs, labels: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -104,30 +88,15 @@ class LanguageModel(Task):
     # --- data, model, schedule --------------------------------------------------------------------------
     def load_data(self, spec: str, image_size: int | None):
         require_text_packages()
-        if image_size is not None:
-            raise RecipeError(f"--image-size {image_size}: the language-model task reads documents, not images")
+        self.declaration.check_image_size(image_size)
         from ..text.batching import load_text
 
         return load_text(spec)
-
-    def check_model(self, name: str) -> None:
-        require_text_packages()
-        from ..text.models import check_lm_model_name
-
-        check_lm_model_name(name)
 
     def build_model(self, name: str, split) -> nn.Module:
         from ..text.models import build_lm
 
         return build_lm(name, split.vocab_size, split.max_length, split.pad_id, split.eos_id)
-
-    def validate(self, recipe) -> None:
-        """What cannot work for a language model, refused before any work starts (the switches on data it does
-        not offer are refused by Task.validate)."""
-        super().validate(recipe)
-        if recipe.strategy == "dp":
-            raise RecipeError("strategy=dp computes a classification loss inside each replica; for a language model "
-                              "use strategy=ddp under torchrun")
 
     def resolve_workers(self, recipe, split, device: torch.device):
         """num_workers="auto": the fastest worker count, measured once on the recipe's own batches."""
@@ -187,11 +156,3 @@ def logits_loss_sum(model: Callable, inputs, labels: torch.Tensor) -> tuple[torc
 def keep(batch):
     """A language-model batch needs nothing done on the device once it is there."""
     return batch
-
-
-def require_text_packages() -> None:
-    import importlib.util
-
-    missing = [name for name in ("transformers", "tokenizers") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise RecipeError(f"{INSTALL_HINT} (missing here: {', '.join(missing)})")
