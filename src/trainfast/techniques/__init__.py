@@ -196,7 +196,10 @@ def apply_model_switches(model: nn.Module, recipe) -> nn.Module:
 # wrapper runs in this order: a communication hook may be registered only once and before the first forward, so a
 # switch that changes the buckets it runs over comes first. tests/test_switches.py fails when a wrap switch is
 # missing here.
-WRAP_ORDER: tuple[tuple[str, str], ...] = ()
+WRAP_ORDER: tuple[tuple[str, str], ...] = (
+    ("ddp_bucket_mb", "first: its bucket size is a constructor option and does nothing once the wrapper is built, "
+                      "so it is in place before any switch that works on the built wrapper's buckets"),
+)
 
 
 def wrap_switches(strategy: str | None = None) -> list[tuple[str, WrapSwitch]]:
