@@ -65,7 +65,7 @@ def test_the_derived_ladders_are_the_ones_written_by_hand_before():
                            "device_decode", "workers", "passive_threads", "reuse_memory", "fast_fp32_matmul",
                            "channels_last", "compile",
                            "fused", "checkpointing", "async_checkpoint", "optimizer_state", "optimizer_state_4bit",
-                           "batch_2x", "batch_4x", "accum_4x", "ddp_buckets"]
+                           "batch_2x", "batch_4x", "accum_4x", "ddp_buckets", "gradient_as_bucket_view"]
     assert RUNGS["master-bf16"] == {"precision": "bf16", "precision_level": "master"}
     assert RUNGS["workers"] == {"num_workers": 2} and RUNGS["checkpointing"] == {"activation_checkpointing": True}
     assert list(DETECTION_LADDER) == ["baseline", "amp", "set_to_none", "group_aspect_ratio", "workers",
@@ -89,7 +89,8 @@ def test_the_derived_sets_are_the_ones_written_by_hand_before():
                                    "save_every", "strategy"}
     assert RESUMABLE_CHANGES == {"epochs", "log_every", "save_every", "keep_checkpoints", "max_consecutive_skips",
                                  "nonfinite", "num_workers", "prefetch_factor", "async_checkpoint", "passive_threads",
-                                 "reuse_memory", "fast_fp32_matmul", "ddp_bucket_mb"}
+                                 "reuse_memory", "fast_fp32_matmul", "ddp_bucket_mb",
+                                 "gradient_as_bucket_view"}
     assert techniques.tune_priority("classification") == ("channels_last", "decode_cache", "reuse_memory",
                                                           "set_to_none", "fused", "prefetch", "passive_threads",
                                                           "fast_fp32_matmul", "compile")

@@ -199,6 +199,8 @@ def apply_model_switches(model: nn.Module, recipe) -> nn.Module:
 WRAP_ORDER: tuple[tuple[str, str], ...] = (
     ("ddp_bucket_mb", "first: its bucket size is a constructor option and does nothing once the wrapper is built, "
                       "so it is in place before any switch that works on the built wrapper's buckets"),
+    ("gradient_as_bucket_view", "a constructor option too (the reducer lays its buckets and the gradients' views "
+                                "out as DDP is built), beside the bucket size it lays them out with"),
 )
 
 
