@@ -101,6 +101,16 @@ def test_without_nproc_the_rung_is_not_applicable_and_with_two_ranks_it_is_measu
     assert plan[1].status != Status.NO_EFFECT and plan[1].effect == Effect.MEASURED
 
 
+def test_under_fsdp_the_ddp_rungs_are_not_applicable_and_train_says_so_in_one_process():
+    from trainfast.cli import idle_switches
+
+    plan = plan_rungs(Recipe(strategy="fsdp"), ["ddp_buckets", "gradient_as_bucket_view"], device=CPU)
+    mark_effects(plan, CPU, ranks=2)
+    assert all(r.effect == Effect.NOT_APPLICABLE and "strategy=fsdp" in r.reason for r in plan[1:])
+    notes = idle_switches(Recipe(gradient_as_bucket_view=True), CPU, None)    # `trainfast train` without torchrun
+    assert any(n.startswith("--gradient-as-bucket-view has no effect here") and "--nproc 2" in n for n in notes)
+
+
 def test_the_bucket_size_must_be_positive():
     with pytest.raises(RecipeError, match="ddp_bucket_mb"):
         Recipe(ddp_bucket_mb=0)

@@ -245,6 +245,8 @@ def test_a_wrap_switch_builds_the_wrapper_acts_on_it_is_read_back_and_needs_rank
     alone = on_ranks(field_effect, 1)("bucket_test", CPU, None)
     assert not alone.acts and not alone.applies and "--nproc 2" in alone.reason      # "not applicable", why said
     assert on_ranks(field_effect, 2)("bucket_test", CPU, None).acts
+    other = on_ranks(field_effect, 2, "fsdp")("bucket_test", CPU, None)     # declared for the DDP wrapper only
+    assert not other.acts and not other.applies and "strategy=fsdp" in other.reason
     assert techniques.wrap_options(SimpleNamespace(bucket_test=50), "fsdp") == {}    # declared for DDP only
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:

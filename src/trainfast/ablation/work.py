@@ -77,7 +77,7 @@ def mark_effects(plan: list[Rung], dev: torch.device, model: torch.nn.Module | N
     its effect says why. In a cumulative ladder what a ruled-out rung switched is not passed on to the rungs below
     it (a backend that cannot run here, carried into the next rung, would fail it)."""
     base, dropped = plan[0].recipe if plan else None, {}
-    effect_of = on_ranks(effect_of, ranks)
+    effect_of = on_ranks(effect_of, ranks, base.strategy if base is not None else None)
     for rung in plan[1:]:
         inherited = {k: getattr(base, k) for k, v in dropped.items()
                      if k not in rung.changes and getattr(rung.recipe, k) == v}

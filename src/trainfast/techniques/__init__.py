@@ -233,16 +233,23 @@ def read_wrap_switches(wrapped: nn.Module, strategy: str) -> dict[str, Any]:
     return {name: hooks.state(wrapped) for name, hooks in wrap_switches(strategy)}
 
 
-def ranks_effect(field: str, ranks: int) -> Effect:
-    """Whether the switch owning `field` can act in a job of `ranks` processes (Switch.ranks): a wrap switch
-    in one process has no wrapper to act on, so it is not applicable there, never timed as noise."""
+def ranks_effect(field: str, ranks: int, strategy: str | None = None) -> Effect:
+    """Whether the switch owning `field` can act in a job of `ranks` processes wrapped by `strategy` (Switch.ranks,
+    WrapSwitch.strategies): a wrap switch in one process has no wrapper to act on, and one declared for DDP has
+    nothing to act on in an FSDP2 job, so it is not applicable there, never timed as noise."""
     from .base import ACTS, Effect
 
     switch = owners().get(field)
-    if switch is None or ranks >= switch.ranks:
+    if switch is None:
         return ACTS
-    return Effect(False, f"{field} acts on the data-parallel wrapper of a job of {switch.ranks} or more processes; "
-                         f"this one runs {ranks} (ablate --nproc {switch.ranks})", applies=False)
+    if ranks < switch.ranks:
+        return Effect(False, f"{field} acts on the data-parallel wrapper of a job of {switch.ranks} or more "
+                             f"processes; this one runs {ranks} (ablate --nproc {switch.ranks}, torchrun "
+                             f"--nproc-per-node {switch.ranks})", applies=False)
+    if switch.wrap is not None and strategy is not None and strategy not in switch.wrap.strategies:
+        return Effect(False, f"{field} acts on the {' / '.join(switch.wrap.strategies)} wrapper; this job wraps with "
+                             f"strategy={strategy}", applies=False)
+    return ACTS
 
 
 @functools.cache
