@@ -230,13 +230,14 @@ def idle_switches(recipe: Recipe, device, split) -> list[str]:
     as a recipe moves between machines, but said rather than passed over in silence."""
     import torch
 
-    from .tasks.effects import field_effect
+    from .tasks.effects import field_effect, on_ranks
 
     default = Recipe()
+    judge = on_ranks(field_effect, int(os.environ.get("WORLD_SIZE", "1")), recipe.strategy)   # a wrap switch's ranks
     notes = [f"--{name.replace('_', '-')} has no effect here: {effect.reason}"
              for name in (f.name for f in dataclasses.fields(Recipe))
              if getattr(recipe, name) != getattr(default, name) and isinstance(getattr(recipe, name), bool)
-             and not (effect := field_effect(name, device, None, split)).acts]
+             and not (effect := judge(name, device, None, split)).acts]
     if recipe.strategy == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) < 2:
         notes.append("--strategy fsdp has no effect here: one process has nothing to shard over (start it under "
                      "torchrun --nproc-per-node N)")

@@ -41,6 +41,7 @@ from .techniques import apply_process_switches, process_wide_in_effect
 
 MEASURE_ENV = "TRAINFAST_MEASURE"
 PROCESS_SWITCHES = "process_switches"     # the result's key for the process-wide switches read back
+WRAP_SWITCHES = "wrap_switches"           # the result's key for the wrap switches read back from DDP / FSDP2
 PROBE_MODES = ("speed", "full")    # stop once the budget is timed, or let the run end by itself
 CHECK_EVERY = 8          # updates between two speed-mode decisions (each a collective under torchrun)
 MAX_BUDGETS = 4          # speed mode stops after this many times the steps first asked for, met or not
@@ -361,6 +362,8 @@ def run_record(probe: Probe, stopped: str) -> dict[str, Any]:
         # passive_threads and reuse_memory as this process has them: the proof, for a script the recipe
         # reaches only through the environment it started with (no Session, no framework adapter)
         PROCESS_SWITCHES: process_wide_in_effect(),
+        # the wrap switches as the DDP / FSDP2 wrapper the Session built has them ({} in one process: no wrapper)
+        WRAP_SWITCHES: session.dist.wrap_state() if session is not None else {},
         # What the script reported: tf.report, and the evaluation its framework computed (frameworks/board.py)
         "reported": {**{k: v for s in probe.sections.values() for k, v in getattr(s, "metrics", {}).items()},
                      **(session.reported if session is not None else {})},

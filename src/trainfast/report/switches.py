@@ -25,6 +25,8 @@ def _scope(switch) -> str:
     scope = ["process" if switch.process or switch.process_hooks else "run"]
     if switch.process_hooks is not None:
         scope.append("start environment" if switch.process_hooks.environ() else "set at torch's import")
+    if switch.wrap is not None:
+        scope.append(f"{' / '.join(switch.wrap.strategies)} wrapper, {switch.ranks}+ ranks")
     if switch.resumable_fields:
         scope.append("resumable" if switch.resumable_fields == switch.fields
                      else f"resumable: {', '.join(switch.resumable_fields)}")

@@ -24,7 +24,8 @@ import pkgutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Iterator
 
-from .switch import ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, OptimizerSwitch, ProcessSwitch, RungSpec, Switch
+from .switch import (ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, OptimizerSwitch, ProcessSwitch, RungSpec, Switch,
+                     WrapSwitch)
 
 if TYPE_CHECKING:
     import torch
@@ -39,7 +40,8 @@ __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "Run
            "OptimizerSwitch", "OPTIMIZER_ORDER", "optimizer_switches", "optimizer_fields", "build_run_optimizer",
            "apply_optimizer_switches",
            "process_env", "process_wide_in_effect", "process_wide", "starting_with", "set_before_torch",
-           "apply_process_switches", "not_in_effect", "needs_fresh_process"]
+           "apply_process_switches", "not_in_effect", "needs_fresh_process", "WrapSwitch", "WRAP_ORDER",
+           "wrap_switches", "wrap_options", "apply_wrap_switches", "read_wrap_switches", "ranks_effect"]
 
 # The modules that declare a process switch (Switch.process_hooks): a process's start-up reads them before torch
 # loads (`trainfast train`'s early start, the environment the ablation spawns a run with), so they are named here
@@ -249,6 +251,70 @@ def apply_optimizer_switches(optimizer: torch.optim.Optimizer, recipe, scheduler
         if how.replaces:
             break
     return optimizer
+
+
+# The order the switches that act on the DDP / FSDP2 wrapper are applied in, written once beside MODEL_ORDER. As a
+# kind they act after the model switches and the precision cast (the wrapper buckets or shards the parameters as
+# they are then, in their final dtype and layout), before the optimizer is built on the wrapped parameters (FSDP2
+# replaces them with shards) and before compile traces the wrapper (session/build.py). Their constructor options
+# are given all at once (the wrapper is built once, with every one of them); then each one's work on the built
+# wrapper runs in this order: a communication hook may be registered only once and before the first forward, so a
+# switch that changes the buckets it runs over comes first. tests/test_switches.py fails when a wrap switch is
+# missing here.
+WRAP_ORDER: tuple[tuple[str, str], ...] = (
+    ("ddp_bucket_mb", "first: its bucket size is a constructor option and does nothing once the wrapper is built, "
+                      "so it is in place before any switch that works on the built wrapper's buckets"),
+    ("gradient_as_bucket_view", "a constructor option too (the reducer lays its buckets and the gradients' views "
+                                "out as DDP is built), beside the bucket size it lays them out with"),
+)
+
+
+def wrap_switches(strategy: str | None = None) -> list[tuple[str, WrapSwitch]]:
+    """(field, hooks) of the switches that act on the wrapper, in WRAP_ORDER; with `strategy`, those that act on
+    that wrapper ("ddp", "fsdp"). A wrap switch the order does not place is an error, as for MODEL_ORDER."""
+    place = {name: index for index, (name, _) in enumerate(WRAP_ORDER)}
+    found = [(s.fields[0], s.wrap) for s in switches() if s.wrap is not None]
+    missing = [name for name, _ in found if name not in place]
+    if missing:
+        raise LookupError(f"wrap switch(es) {', '.join(missing)} not placed in techniques.WRAP_ORDER: add each "
+                          "where it must run relative to the others, with why")
+    return sorted(((name, hooks) for name, hooks in found if strategy is None or strategy in hooks.strategies),
+                  key=lambda pair: place[pair[0]])
+
+
+def wrap_options(recipe, strategy: str) -> dict[str, Any]:
+    """The `strategy` wrapper's constructor keywords the recipe's wrap switches ask for."""
+    return {k: v for name, hooks in wrap_switches(strategy) for k, v in hooks.options(getattr(recipe, name)).items()}
+
+
+def apply_wrap_switches(wrapped: nn.Module, recipe, strategy: str) -> None:
+    """Each wrap switch's work on the built `strategy` wrapper (a communication hook), in WRAP_ORDER."""
+    for name, hooks in wrap_switches(strategy):
+        hooks.apply(wrapped, getattr(recipe, name))
+
+
+def read_wrap_switches(wrapped: nn.Module, strategy: str) -> dict[str, Any]:
+    """Each wrap switch of `strategy` read back from the wrapper a run built: field -> its state, the proof."""
+    return {name: hooks.state(wrapped) for name, hooks in wrap_switches(strategy)}
+
+
+def ranks_effect(field: str, ranks: int, strategy: str | None = None) -> Effect:
+    """Whether the switch owning `field` can act in a job of `ranks` processes wrapped by `strategy` (Switch.ranks,
+    WrapSwitch.strategies): a wrap switch in one process has no wrapper to act on, and one declared for DDP has
+    nothing to act on in an FSDP2 job, so it is not applicable there, never timed as noise."""
+    from .base import ACTS, Effect
+
+    switch = owners().get(field)
+    if switch is None:
+        return ACTS
+    if ranks < switch.ranks:
+        return Effect(False, f"{field} acts on the data-parallel wrapper of a job of {switch.ranks} or more "
+                             f"processes; this one runs {ranks} (ablate --nproc {switch.ranks}, torchrun "
+                             f"--nproc-per-node {switch.ranks})", applies=False)
+    if switch.wrap is not None and strategy is not None and strategy not in switch.wrap.strategies:
+        return Effect(False, f"{field} acts on the {' / '.join(switch.wrap.strategies)} wrapper; this job wraps with "
+                             f"strategy={strategy}", applies=False)
+    return ACTS
 
 
 @functools.cache

@@ -167,6 +167,45 @@ class ProcessSwitch:
     late: str = ""
 
 
+def no_options(value: Any) -> Mapping[str, Any]:
+    return {}
+
+
+def leave_wrapped(wrapped: Any, value: Any) -> None:
+    """Nothing to do to the wrapped module once it is built."""
+
+
+def reads_nothing(wrapped: Any) -> Any:
+    return None
+
+
+@dataclass(frozen=True)
+class WrapSwitch:
+    """A switch that acts on the data-parallel wrapper (DDP, FSDP2's fully_shard) rather than on the model inside
+    it or the whole process: its bucket size, gradient views, a communication hook, resharding after the forward.
+    distributed.py builds the wrapper with every declared wrap switch's `options` and then runs each one's
+    `apply`, in WRAP_ORDER (techniques/__init__.py); the Session and the built-in run get them through
+    build_state, and every run's record reads each one back from the wrapper it built (`state`).
+
+    label:      the setting as a run's proof records it (DDP's `bucket_cap_mb`, FSDP2's `reshard_after_forward`).
+    strategies: the wrappers it acts on (Recipe.strategy: "ddp", "fsdp"); another strategy leaves it alone.
+    options(value): the wrapper's constructor keywords for the recipe's value ({} where the value asks for the
+                wrapper's own default: a default passed explicitly is not always the default, DDP's bucket cap
+                keeps a small first bucket only when none is given).
+    apply(wrapped, value): what is done to the wrapper once it is built (register a communication hook).
+    state(wrapped): the setting read back from the wrapper (DDP keeps `bucket_bytes_cap`,
+                `gradient_as_bucket_view`, `static_graph`): the proof every run records.
+    ranks:      the fewest processes a job needs for the wrapper to exist: with fewer (one process: no wrapper
+                at all) the switch cannot act, and an ablation says "not applicable" instead of timing noise.
+    """
+    label: str
+    strategies: tuple[str, ...] = ("ddp",)
+    options: Callable[[Any], Mapping[str, Any]] = no_options
+    apply: Callable[[Any, Any], None] = leave_wrapped
+    state: Callable[[Any], Any] = reads_nothing
+    ranks: int = 2
+
+
 @dataclass(frozen=True)
 class Switch:
     """One switch (or one group of settings), declared next to its code.
@@ -194,6 +233,8 @@ class Switch:
                 (OptimizerSwitch); its field is placed in techniques/__init__.py's OPTIMIZER_ORDER.
     process_hooks: how a process-wide switch reaches every process and is read back (ProcessSwitch); its module
                 is named in techniques/__init__.py's PROCESS_MODULES (read before torch loads).
+    wrap:       how it acts on the DDP / FSDP2 wrapper, for the switches that do (WrapSwitch); its field is placed
+                in techniques/__init__.py's WRAP_ORDER.
     changes_math: it changes the arithmetic of training, not only its speed (the batch size, the rounding of a
                 half precision, which samples share a batch, the loss's normalization, quantized optimizer
                 state): a run with it follows another trajectory, so it is judged on the time to reach a target
@@ -214,6 +255,7 @@ class Switch:
     optimizer: OptimizerSwitch | None = None
     process_hooks: ProcessSwitch | None = None
     changes_math: bool = False
+    wrap: WrapSwitch | None = None
 
     @property
     def name(self) -> str:
@@ -223,6 +265,11 @@ class Switch:
     @property
     def resumable_fields(self) -> tuple[str, ...]:
         return self.fields if self.resumable is True else tuple(self.resumable or ())
+
+    @property
+    def ranks(self) -> int:
+        """The fewest processes of a job it can act in (a wrap switch's wrapper exists only with several)."""
+        return self.wrap.ranks if self.wrap is not None else 1
 
     def reason_unreachable(self, adapter: str) -> str | None:
         return self.unreachable.get(adapter) or self.unreachable.get(EVERY_ADAPTER)
