@@ -132,25 +132,23 @@ class LanguageModel(Task):
     def resolve_workers(self, recipe, split, device: torch.device):
         """num_workers="auto": the fastest worker count, measured once on the recipe's own batches."""
         from ..data.loader import choose_num_workers, with_workers
-        from ..text.batching import collate_for
 
         if recipe.num_workers != "auto":
             return recipe
-        collate = collate_for(recipe, split.pad_id)
+        collate, _ = train_batching(recipe, split)
         return with_workers(recipe, choose_num_workers(split.train, recipe, device, collate_fn=collate))
 
     def build_loaders(self, split, recipe, device: torch.device, dist) -> tuple[Any, Any]:
         """Training batches in the recipe's form (padded, packed, length-grouped); validation always padded, in
         the documents' order (the metric does not depend on the switches' batching)."""
-        from ..data.loader import loader_generator, make_loader
+        from ..data.loader import make_loader
         from ..techniques.transfer import DeviceBatches
-        from ..text.batching import PadCollate, collate_for, length_sampler
+        from ..text.batching import PadCollate
 
-        sampler = (length_sampler(split.train.lengths, recipe.batch_size, recipe.seed,
-                                  loader_generator(recipe.seed, dist.rank), dist)
-                   if recipe.group_by_length else dist.train_sampler(split.train, recipe.seed))
-        train = make_loader(split.train, recipe, device, True, sampler, rank=dist.rank,
-                            collate_fn=collate_for(recipe, split.pad_id))
+        collate, sampler = train_batching(recipe, split, dist)
+        if sampler is None:
+            sampler = dist.train_sampler(split.train, recipe.seed)
+        train = make_loader(split.train, recipe, device, True, sampler, rank=dist.rank, collate_fn=collate)
         val = make_loader(split.val, recipe, device, False, dist.val_sampler(split.val), rank=dist.rank,
                           collate_fn=PadCollate(split.pad_id))
         return tuple(DeviceBatches(loader, device, keep, recipe.non_blocking) for loader in (train, val))
@@ -168,6 +166,21 @@ class LanguageModel(Task):
         lengths = split.train.lengths
         context = sum(n * n for n in lengths) / max(1, sum(lengths))
         return flops_per_token(model, context)
+
+
+def train_batching(recipe, split, dist=None) -> tuple[Any, Any]:
+    """The built-in run's training collate function and sampler (None: the run's own shuffling one), as the recipe's
+    batch switches make them from padded documents (rounded, packed, length-grouped): the declarations' hooks
+    (techniques/padding.py), which a Session's loader and every framework adapter loop over too."""
+    from ..data.loader import loader_generator
+    from ..techniques import TrainBatches, asked_batches, choose_sampler, collate_batches
+    from ..text.batching import VARLEN_ATTENTION, PadCollate
+
+    values = asked_batches(recipe)
+    batches = TrainBatches(PadCollate(split.pad_id), lengths=split.train.lengths, batch_size=recipe.batch_size,
+                           seed=recipe.seed, generator=loader_generator(recipe.seed, dist.rank if dist else 0),
+                           dist=dist, one_row=recipe.attention in VARLEN_ATTENTION)
+    return collate_batches(batches, values), choose_sampler(batches, values) if dist is not None else None
 
 
 def model_loss(model: Callable, inputs, labels: torch.Tensor) -> torch.Tensor:
