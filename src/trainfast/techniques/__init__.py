@@ -38,7 +38,8 @@ __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "Run
            "unreachable", "MODEL_ORDER", "model_switches", "apply_model_switches", "field_effect", "process_switches",
            "process_env", "process_wide_in_effect", "process_wide", "starting_with", "set_before_torch",
            "apply_process_switches", "not_in_effect", "needs_fresh_process", "BatchSwitch", "TrainBatches",
-           "batch_switches", "batch_fields", "asked_batches", "collate_batches", "choose_sampler", "batch_refusals"]
+           "batch_switches", "batch_fields", "asked_batches", "collate_batches", "choose_sampler",
+           "choose_batch_sampler", "batch_refusals"]
 
 # The modules that declare a process switch (Switch.process_hooks): a process's start-up reads them before torch
 # loads (`trainfast train`'s early start, the environment the ablation spawns a run with), so they are named here
@@ -224,6 +225,16 @@ def choose_sampler(batches: TrainBatches, values: Mapping[str, Any]) -> Any:
     for name, hooks in batch_switches():
         if name in values and hooks.sampler is not None:
             sampler = hooks.sampler(batches, values[name])
+            chosen = sampler if sampler is not None else chosen
+    return chosen
+
+
+def choose_batch_sampler(batches: TrainBatches, values: Mapping[str, Any]) -> Any:
+    """The batch sampler a batch switch at `values` draws whole batches from (None: batch_size at a time)."""
+    chosen = None
+    for name, hooks in batch_switches():
+        if name in values and hooks.batch_sampler is not None:
+            sampler = hooks.batch_sampler(batches, values[name])
             chosen = sampler if sampler is not None else chosen
     return chosen
 

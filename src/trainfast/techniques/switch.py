@@ -174,6 +174,8 @@ class BatchSwitch:
                  collator wraps the script's collate function), and no padding to remove is why it cannot act.
     sampler(batches, value): the sampler drawing the training order (None: the loader's own stands); where it
                  cannot act, why goes to batches.cannot.
+    batch_sampler(batches, value): the batch sampler drawing whole batches, each of a size of its own (a token
+                 budget); it replaces batch_size and any sampler. None: batch_size samples at a time.
     refuse(collate_fn, value): why the collate function a run ended up with could not take it (None: it could):
                  read after the run, the counting collator's counts and its refusals included.
     state(collate_fn, loader): [(setting, read back, applied or None)]: the proof read at the end of a
@@ -189,6 +191,7 @@ class BatchSwitch:
     wraps: bool = False
     counts: bool = False
     sampler: Callable[[TrainBatches, Any], Any] | None = None
+    batch_sampler: Callable[[TrainBatches, Any], Any] | None = None
     refuse: Callable[[Any, Any], str | None] | None = None
     state: Callable[[Any, Any], list[tuple[str, Any, bool | None]]] | None = None
     arguments: Callable[[Any, Any], list[tuple[str, Any, Any]]] | None = None
