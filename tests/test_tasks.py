@@ -134,8 +134,9 @@ def test_a_task_rules_out_every_rung_whose_data_it_does_not_offer():
 
 
 @pytest.mark.parametrize("name, ruled_out", [
-    ("classification", {"group_aspect_ratio", "padding_free", "group_by_length", "pad_to_multiple"}),
-    ("detection", {"prefetch", "decode_cache", "device_decode", "padding_free", "group_by_length", "pad_to_multiple"}),
+    ("classification", {"group_aspect_ratio", "padding_free", "group_by_length", "pad_to_multiple", "batch_tokens"}),
+    ("detection", {"prefetch", "decode_cache", "device_decode", "padding_free", "group_by_length", "pad_to_multiple",
+                   "batch_tokens"}),
     ("lm", {"prefetch", "channels_last", "decode_cache", "device_decode", "group_aspect_ratio"}),
 ])
 def test_the_switches_declare_the_data_each_task_lacks(name, ruled_out):

@@ -105,6 +105,7 @@ class Recipe:
     padding_free: bool = False        # language models: pack each batch's documents into rows with no padding
     group_by_length: bool = False     # language models: batches of documents of similar length (less padding)
     pad_to_multiple: int = 0          # language models: padded batches' length rounded up to a multiple (0: off)
+    batch_tokens: int = 0             # language models: batches sized by tokens, up to N each with padding (0: off)
     attention: str = "model"          # transformers attention backend: "model" (its own) | eager | sdpa | flex | flash
     chunked_loss: bool = False        # language models: next-token loss over chunks of rows, logits never whole
 
@@ -262,7 +263,7 @@ def apply_env_recipe(recipe: Recipe, environ: Mapping[str, str] | None = None) -
 
 POSITIVE_INTS = ("epochs", "batch_size", "log_every", "max_consecutive_skips", "keep_checkpoints", "grad_accum_steps",
                  "dist_timeout_s", "batch_scale")
-NON_NEGATIVE_INTS = ("warmup_steps", "seed", "save_every", "pad_to_multiple")
+NON_NEGATIVE_INTS = ("warmup_steps", "seed", "save_every", "pad_to_multiple", "batch_tokens")
 
 
 def field_problem(name: str, value: Any) -> str | None:

@@ -36,14 +36,14 @@ from typing import Any
 import torch
 
 from ..recipe import Recipe
-from ..techniques import optimizer_switches
+from ..techniques import TrainBatches, batch_switches, optimizer_switches
 from ..techniques.batch_scale import scale_values
 from ..techniques.memory_format import memory_format_of
 from .board import UNSET, Board, FrameworkRecord
 from .common import (AUTO_WORKERS, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
                      switch_cudnn_benchmark, switch_models)
 from .hooks import when_imported
-from .packing import packing_collator, prove_packing, switch_pad_multiple, uses_length_groups
+from .packing import named_batches, prove_batches, switch_collate
 
 NAME = "transformers"
 ARG_LOADER = {"num_workers": "dataloader_num_workers", "pin_memory": "dataloader_pin_memory",
@@ -112,8 +112,7 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
         switch_batch_scale(args, record, fields)
     if "activation_checkpointing" in fields:
         switch_checkpointing_argument(args, record, bool(fields["activation_checkpointing"]))
-    if "group_by_length" in fields:
-        switch_length_groups(args, record, bool(fields["group_by_length"]))
+    switch_batch_arguments(args, record, fields)
     mark_shared_switches(record, fields)
     if "cudnn_benchmark" in fields:
         switch_cudnn_benchmark(record, bool(fields["cudnn_benchmark"]))
@@ -138,18 +137,13 @@ def switch_checkpointing_argument(args: Any, record: FrameworkRecord, enabled: b
         setattr(args, name, enabled)
 
 
-def switch_length_groups(args: Any, record: FrameworkRecord, enabled: bool) -> None:
-    """transformers 5 names the sampler in train_sampling_strategy ("group_by_length" among its choices), 4 has
-    a group_by_length flag. Off leaves the script's own strategy unless it was length grouping."""
-    if hasattr(args, "train_sampling_strategy"):
-        had = args.train_sampling_strategy
-        wanted = "group_by_length" if enabled else ("random" if had == "group_by_length" else had)
-        record.set("group_by_length", "train_sampling_strategy", wanted, had)
-        args.train_sampling_strategy = wanted
-        return
-    had = getattr(args, "group_by_length", None)
-    record.set("group_by_length", "group_by_length", enabled, UNSET if had is None else had)
-    args.group_by_length = enabled
+def switch_batch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any]) -> None:
+    """The batch switches the Trainer has an argument for (BatchSwitch.arguments: its length-grouped sampler), set
+    there; the others act on its collator (training_collator)."""
+    for name, hooks in batch_switches():
+        if name in fields and hooks.arguments is not None:
+            for setting, wanted, had in hooks.arguments(args, fields[name]):
+                record.set(name, setting, wanted, UNSET if had is None else had)
 
 
 def switch_optim(args: Any, record: FrameworkRecord, fields: dict[str, Any]) -> None:
@@ -248,10 +242,8 @@ def patch_trainer(cls: type, board: Board) -> None:
         record = record_of(board)
         if self.model is not None:
             self.model = switch_models(record, self.model, board.fields, NAME)
-        # Rounded on the script's own collator, which the packing collator below wraps: one collator, one path.
-        switch_pad_multiple(record, self.data_collator, board.fields, "data_collator.pad_to_multiple_of")
-        if "padding_free" in board.fields:
-            self._trainfast_packing = training_collator(self, record, board.fields)
+        # The batch switches on the script's own collator (set on it, or the counting collator wrapped around it).
+        self._trainfast_packing = training_collator(self, record, board.fields)
         args = self.args
         board.samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         # The latest Trainer is the one read back. Held, not weakly: the proof is read when the result is
@@ -288,33 +280,26 @@ def patch_trainer(cls: type, board: Board) -> None:
 
 
 def training_collator(trainer: Any, record: FrameworkRecord, fields: dict[str, Any]):
-    """The Trainer's training collator wrapped to count and pack its batches (frameworks/packing.py), proven from
-    the batches it made when the result is written."""
-    why = trl_packs(trainer, record)
-    if why:
-        record.unsupported["padding_free"] = why
-        fields = {**fields, "padding_free": False}
-    collator = packing_collator(record, trainer.model, trainer.data_collator, fields, "data_collator packs")
-    record.readers.append(lambda r: prove_packing(r, collator, fields, "data_collator packs"))
-    return collator
-
-
-def trl_packs(trainer: Any, record: FrameworkRecord) -> str | None:
-    """TRL's SFTTrainer packs by its own settings, read back in every run: SFTConfig(packing=True) packs the
-    dataset when the trainer is built, padding_free=True (or best-fit packing) makes its collator flatten each
-    batch into one row. Where the script has either on, why the padding_free switch cannot act: its batches are
-    already packed, and no baseline could be the script without them. Off, the script's padded batches go through
-    the packing collator, which gives the loss TRL's padding-free batches give (tests/test_trl.py)."""
-    args = trainer.args
-    if not (hasattr(args, "packing") and hasattr(args, "padding_free")):
+    """The batch switches the Trainer has no argument for, on its data_collator: set on it (its
+    pad_to_multiple_of), or a counting collator wrapped around it for the training batches (packing them), proven
+    from the batches it made when the result is written. None where nothing wraps it. A switch the Trainer cannot
+    take (TRL packing its batches itself) is said not applicable and left off."""
+    values = {name: value for name, value in named_batches(fields).items()
+              if next(h for n, h in batch_switches() if n == name).arguments is None}
+    for name, hooks in batch_switches():
+        if name in values and hooks.trainer_refusal is not None:
+            why = hooks.trainer_refusal(trainer, record.notes)
+            if why:
+                record.unsupported[name] = why
+                values[name] = False
+    count = any(hooks.counts for name, hooks in batch_switches() if name in values)
+    batches = TrainBatches(trainer.data_collator, model=trainer.model, checks_model=True, collate_name="data_collator")
+    collate = switch_collate(record, batches, values, count)
+    if not count:
         return None
-    packs, flat = bool(args.packing), bool(getattr(trainer, "padding_free", args.padding_free))
-    record.notes.append(f"TRL SFTConfig as the script set it: packing={packs}, padding_free={flat}")
-    if not (packs or flat):
-        return None
-    said = " and ".join(name for name, on in (("packing=True", packs), ("padding_free=True", flat)) if on)
-    return (f"the script's SFTConfig has {said}: TRL packs its batches itself, so there is no padding to remove "
-            "and no baseline without packing to compare with (set them False in the script to measure packing)")
+    proven = {**named_batches(fields), **values}          # the Trainer's own grouping: its batches' padding too
+    record.readers.append(lambda r: prove_batches(r, collate, None, proven, "data_collator"))
+    return collate
 
 
 def declare_metric(board: Board, args: Any) -> None:
@@ -352,11 +337,9 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
     for name, setting in ARG_LOADER.items():
         if loader is not None:
             record.prove(setting, getattr(loader, name, None))
-    grouped = uses_length_groups(loader)
-    record.prove("group_by_length", grouped)
-    strategy = getattr(args, "train_sampling_strategy", None)
-    record.prove("train_sampling_strategy", "group_by_length" if grouped else
-                 (strategy if strategy != "group_by_length" else "not in the loader"))
+    for _, hooks in batch_switches():
+        for setting, value in hooks.read_arguments(args, loader) if hooks.read_arguments is not None else ():
+            record.prove(setting, value)
     checkpointing = bool(getattr(trainer.model, "is_gradient_checkpointing", False))
     record.prove("activation_checkpointing", checkpointing)
     record.prove("gradient_checkpointing", checkpointing)

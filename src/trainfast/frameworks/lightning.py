@@ -54,7 +54,7 @@ from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_comp
                      mark_shared_switches, prove_loader, prove_optimizers, switch_loader, switch_models,
                      switch_optimizers)
 from .hooks import when_imported
-from .packing import asks_padding, prove_padding, switch_padding
+from .packing import asks_batches, prove_batches, switch_batches
 
 NAME = "lightning"
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -384,7 +384,7 @@ def patch_loader_source(cls: type, board: Board, record: Callable[[], FrameworkR
             return loaders
         if any(name in board.fields for name in LOADER_FIELDS):
             loaders = switch_loaders(record(), loaders, board.fields)
-        if asks_padding(board.fields):
+        if asks_batches(board.fields):
             loaders = switch_padded_loader(record(), loaders, board.fields, fitting.get("trainer"))
         loader = first_loader(loaders)
         sampler = getattr(loader, "batch_sampler", None)
@@ -415,7 +415,7 @@ def switch_padded_loader(record: FrameworkRecord, loaders: Any, fields: dict[str
     """The padding switches on the training loader the fit loop iterates (the first, where the script gives
     several), its collator kept on the fitting Trainer for the read-back (a later fit's loader replaces it)."""
     loader = first_loader(loaders)
-    switched, collator = switch_padding(record, loader if loader is not None else loaders, fields,
+    switched, collator = switch_batches(record, loader if loader is not None else loaders, fields,
                                         getattr(trainer, "lightning_module", None))
     if trainer is not None and hasattr(trainer, FIT_STATE):
         getattr(trainer, FIT_STATE).update(packing=collator, fields=fields)
@@ -476,7 +476,7 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
     loader = first_loader(trainer.train_dataloader) or state.get("train_loader")
     prove_loader(record, loader)
     if "packing" in state:
-        prove_padding(record, state["packing"], loader, state["fields"])
+        prove_batches(record, state["packing"], loader, state["fields"])
     if ASYNC_IO in record.switches:
         io = type(trainer.strategy.checkpoint_io)
         record.prove(ASYNC_IO, any(c.__name__ == "AsyncCheckpointIO" for c in io.__mro__))

@@ -101,25 +101,24 @@ class LanguageModel(Task):
     def resolve_workers(self, recipe, split, device: torch.device):
         """num_workers="auto": the fastest worker count, measured once on the recipe's own batches."""
         from ..data.loader import choose_num_workers, with_workers
-        from ..text.batching import collate_for
 
         if recipe.num_workers != "auto":
             return recipe
-        collate = collate_for(recipe, split.pad_id)
+        collate, _, _ = train_batching(recipe, split)
         return with_workers(recipe, choose_num_workers(split.train, recipe, device, collate_fn=collate))
 
     def build_loaders(self, split, recipe, device: torch.device, dist) -> tuple[Any, Any]:
         """Training batches in the recipe's form (padded, packed, length-grouped); validation always padded, in
         the documents' order (the metric does not depend on the switches' batching)."""
-        from ..data.loader import loader_generator, make_loader
+        from ..data.loader import make_loader
         from ..techniques.transfer import DeviceBatches
-        from ..text.batching import PadCollate, collate_for, length_sampler
+        from ..text.batching import PadCollate
 
-        sampler = (length_sampler(split.train.lengths, recipe.batch_size, recipe.seed,
-                                  loader_generator(recipe.seed, dist.rank), dist)
-                   if recipe.group_by_length else dist.train_sampler(split.train, recipe.seed))
-        train = make_loader(split.train, recipe, device, True, sampler, rank=dist.rank,
-                            collate_fn=collate_for(recipe, split.pad_id))
+        collate, sampler, batch_sampler = train_batching(recipe, split, dist)
+        if sampler is None and batch_sampler is None:
+            sampler = dist.train_sampler(split.train, recipe.seed)
+        train = make_loader(split.train, recipe, device, True, sampler, rank=dist.rank, collate_fn=collate,
+                            batch_sampler=batch_sampler)
         val = make_loader(split.val, recipe, device, False, dist.val_sampler(split.val), rank=dist.rank,
                           collate_fn=PadCollate(split.pad_id))
         return tuple(DeviceBatches(loader, device, keep, recipe.non_blocking) for loader in (train, val))
@@ -137,6 +136,24 @@ class LanguageModel(Task):
         lengths = split.train.lengths
         context = sum(n * n for n in lengths) / max(1, sum(lengths))
         return flops_per_token(model, context)
+
+
+def train_batching(recipe, split, dist=None) -> tuple[Any, Any, Any]:
+    """The built-in run's training collate function, sampler and batch sampler (None: the run's own shuffled
+    batches of batch_size), as the recipe's batch switches make them from padded documents (rounded, packed,
+    length-grouped, sized by tokens): the declarations' hooks (techniques/padding.py, ...), which a Session's loader
+    and every framework adapter loop over too."""
+    from ..data.loader import loader_generator
+    from ..techniques import TrainBatches, asked_batches, choose_batch_sampler, choose_sampler, collate_batches
+    from ..text.batching import VARLEN_ATTENTION, PadCollate
+
+    values = asked_batches(recipe)
+    batches = TrainBatches(PadCollate(split.pad_id), lengths=split.train.lengths, batch_size=recipe.batch_size,
+                           seed=recipe.seed, generator=loader_generator(recipe.seed, dist.rank if dist else 0),
+                           dist=dist, one_row=recipe.attention in VARLEN_ATTENTION)
+    if dist is None:                     # the collate function alone (num_workers="auto" measures with it)
+        return collate_batches(batches, values), None, None
+    return collate_batches(batches, values), choose_sampler(batches, values), choose_batch_sampler(batches, values)
 
 
 def model_loss(model: Callable, inputs, labels: torch.Tensor) -> torch.Tensor:

@@ -24,8 +24,8 @@ import pkgutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Iterator
 
-from .switch import (ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, OptimizerSwitch, ProcessSwitch, RungSpec, Switch,
-                     WrapSwitch)
+from .switch import (ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, BatchSwitch, OptimizerSwitch, ProcessSwitch, RungSpec,
+                     Switch, TrainBatches, WrapSwitch)
 
 if TYPE_CHECKING:
     import torch
@@ -41,7 +41,10 @@ __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "Run
            "apply_optimizer_switches",
            "process_env", "process_wide_in_effect", "process_wide", "starting_with", "set_before_torch",
            "apply_process_switches", "not_in_effect", "needs_fresh_process", "WrapSwitch", "WRAP_ORDER",
-           "wrap_switches", "wrap_options", "apply_wrap_switches", "read_wrap_switches", "ranks_effect"]
+           "wrap_switches", "wrap_options", "apply_wrap_switches", "read_wrap_switches", "ranks_effect",
+           "BatchSwitch", "TrainBatches",
+           "batch_switches", "batch_fields", "asked_batches", "collate_batches", "choose_sampler",
+           "choose_batch_sampler", "batch_refusals"]
 
 # The modules that declare a process switch (Switch.process_hooks): a process's start-up reads them before torch
 # loads (`trainfast train`'s early start, the environment the ablation spawns a run with), so they are named here
@@ -315,6 +318,69 @@ def ranks_effect(field: str, ranks: int, strategy: str | None = None) -> Effect:
         return Effect(False, f"{field} acts on the {' / '.join(switch.wrap.strategies)} wrapper; this job wraps with "
                              f"strategy={strategy}", applies=False)
     return ACTS
+
+
+def batch_switches() -> list[tuple[str, BatchSwitch]]:
+    """(field, hooks) of the switches that act on the training batches (Switch.batch), in declaration order."""
+    return [(s.fields[0], s.batch) for s in switches() if s.batch is not None]
+
+
+def batch_fields() -> tuple[str, ...]:
+    return tuple(name for name, _ in batch_switches())
+
+
+def asked_batches(recipe) -> dict[str, Any]:
+    """The batch switches a recipe turns on, with their values: what the built-in run and a Session act on."""
+    return {name: getattr(recipe, name) for name in batch_fields() if getattr(recipe, name)}
+
+
+def collate_batches(batches: TrainBatches, values: Mapping[str, Any], count: bool = False) -> Any:
+    """The training collate function with the batch switches at `values` (field -> value; a switch not named is left
+    alone): first those that set the collate function (the script's own collator, whose attribute a wrapper would
+    hide), then, with `count`, the counting collator around it (text/packing.py: the padding of the script's
+    batches, the proof of the switches that remove it), then those that wrap it. Also batches.collate."""
+    for wrapping in (False, True):
+        if wrapping and count:
+            from ..text.packing import PackingCollator
+
+            batches.collate = PackingCollator(batches.collate, pack=False, cannot=batches.cannot)
+        for name, hooks in batch_switches():
+            if name in values and hooks.collate is not None and hooks.wraps == wrapping:
+                batches.collate = hooks.collate(batches, values[name])
+    return batches.collate
+
+
+def choose_sampler(batches: TrainBatches, values: Mapping[str, Any]) -> Any:
+    """The sampler the batch switches at `values` draw the training order from (None: the loader's own stands)."""
+    chosen = None
+    for name, hooks in batch_switches():
+        if name in values and hooks.sampler is not None:
+            sampler = hooks.sampler(batches, values[name])
+            chosen = sampler if sampler is not None else chosen
+    return chosen
+
+
+def choose_batch_sampler(batches: TrainBatches, values: Mapping[str, Any]) -> Any:
+    """The batch sampler a batch switch at `values` draws whole batches from (None: batch_size at a time)."""
+    chosen = None
+    for name, hooks in batch_switches():
+        if name in values and hooks.batch_sampler is not None:
+            sampler = hooks.batch_sampler(batches, values[name])
+            chosen = sampler if sampler is not None else chosen
+    return chosen
+
+
+def batch_refusals(collate_fn: Any, values: Mapping[str, Any]) -> dict[str, str]:
+    """Of the batch switches at `values`, those that could not act on the batches `collate_fn` (the one the run
+    ended up with) made, each with why: asked of each switch, then what its hooks wrote down as they were set."""
+    cannot = getattr(collate_fn, "cannot", None) or {}
+    found = {}
+    for name, hooks in batch_switches():
+        if name in values:
+            why = (hooks.refuse(collate_fn, values[name]) if hooks.refuse is not None else None) or cannot.get(name)
+            if why:
+                found[name] = why
+    return found
 
 
 @functools.cache

@@ -206,6 +206,82 @@ class WrapSwitch:
     ranks: int = 2
 
 
+@dataclass
+class TrainBatches:
+    """A run's training batches as the batch switches act on them (BatchSwitch), and what each did there.
+
+    The built-in run describes its own documents (`lengths`; `loader` None: trainfast builds the loader); a Session
+    and a framework adapter describe the script's DataLoader (its collate function, the sampler trainfast
+    may replace: None where a batch sampler of the script's own draws the batches). The switches' hooks read these,
+    return the collate function and sampler the run takes, and write down the settings they made (`settings`:
+    (field, setting, wanted, the script's own), a framework run's proof), the values read back (`proofs`) and why
+    one could not act (`cannot`, by field; a counting collator keeps the same dict, so a Session reads it after the
+    run)."""
+    collate: Any
+    loader: Any = None
+    lengths: list[int] | None = None
+    sampler: Any = None
+    batch_size: int | None = None
+    seed: int = 0
+    generator: Any = None
+    dist: Any = None
+    model: Any = None                 # the model the batches reach (an adapter's: packing needs its position_ids)
+    checks_model: bool = False        # a framework's step calls the model: whether it takes the packed rows is checked
+    one_row: bool = False             # trainfast's own model's attention skips across documents (flex, flash)
+    collate_name: str = "collate_fn"  # the collate function's name in the proof (a Trainer's: data_collator)
+    settings: list[tuple[str, str, Any, Any]] = field(default_factory=list)
+    proofs: list[tuple[str, Any, bool | None]] = field(default_factory=list)
+    cannot: dict[str, str] = field(default_factory=dict)
+
+    def set(self, field_: str, setting: str, wanted: Any, script: Any) -> None:
+        self.settings.append((field_, setting, wanted, script))
+
+    def prove(self, setting: str, read_back: Any, applied: bool | None = None) -> None:
+        self.proofs.append((setting, read_back, applied))
+
+
+@dataclass(frozen=True)
+class BatchSwitch:
+    """A switch that acts on the training batches: how they are collated (padded, rounded, packed) and which
+    samples share one (the sampler). The built-in run (tasks/lm.py), a Session's adopted loader (data/adopt.py) and
+    every framework adapter (frameworks/packing.py, frameworks/hf.py) loop over these declarations
+    (techniques/__init__.py: collate_batches, choose_sampler, batch_refusals), so a new batch switch is its module.
+    Every hook is called with the switch's value (only a value that asks for something in a Session or the
+    built-in run; a framework run's baseline passes the off value too, so its proof says what the script had).
+
+    collate(batches, value): the collate function the run takes (batches.collate set, replaced or wrapped);
+                 None: it leaves the collate function alone.
+    wraps:       collate wraps the function rather than setting it: it runs after the switches that set the
+                 script's own collator (a wrapper would hide their attribute), on the counting collator.
+    counts:      its proof needs the padding of the script's batches counted (text/packing.py's counting
+                 collator wraps the script's collate function), and no padding to remove is why it cannot act.
+    sampler(batches, value): the sampler drawing the training order (None: the loader's own stands); where it
+                 cannot act, why goes to batches.cannot.
+    batch_sampler(batches, value): the batch sampler drawing whole batches, each of a size of its own (a token
+                 budget); it replaces batch_size and any sampler. None: batch_size samples at a time.
+    refuse(collate_fn, value): why the collate function a run ended up with could not take it (None: it could):
+                 read after the run, the counting collator's counts and its refusals included.
+    state(collate_fn, loader): [(setting, read back, applied or None)]: the proof read at the end of a
+                 framework run from what its collator and loader did ("{collate}" in a setting: the collate
+                 function's name there).
+    arguments(args, value): the framework's own setting where it has one (the Trainer's TrainingArguments): set
+                 there, [(setting, wanted, the script's own or None)]; a switch with it is not set on the
+                 Trainer's collator. read_arguments(args, loader): [(setting, read back)].
+    trainer_refusal(trainer, notes): why a Trainer of the script's own cannot take it (TRL packing itself), the
+                 script's setting appended to `notes`; None: it can.
+    """
+    collate: Callable[[TrainBatches, Any], Any] | None = None
+    wraps: bool = False
+    counts: bool = False
+    sampler: Callable[[TrainBatches, Any], Any] | None = None
+    batch_sampler: Callable[[TrainBatches, Any], Any] | None = None
+    refuse: Callable[[Any, Any], str | None] | None = None
+    state: Callable[[Any, Any], list[tuple[str, Any, bool | None]]] | None = None
+    arguments: Callable[[Any, Any], list[tuple[str, Any, Any]]] | None = None
+    read_arguments: Callable[[Any, Any], list[tuple[str, Any]]] | None = None
+    trainer_refusal: Callable[[Any, list[str]], str | None] | None = None
+
+
 @dataclass(frozen=True)
 class Switch:
     """One switch (or one group of settings), declared next to its code.
@@ -235,6 +311,7 @@ class Switch:
                 is named in techniques/__init__.py's PROCESS_MODULES (read before torch loads).
     wrap:       how it acts on the DDP / FSDP2 wrapper, for the switches that do (WrapSwitch); its field is placed
                 in techniques/__init__.py's WRAP_ORDER.
+    batch:      how it acts on the training batches (BatchSwitch: their collate function, their sampler).
     changes_math: it changes the arithmetic of training, not only its speed (the batch size, the rounding of a
                 half precision, which samples share a batch, the loss's normalization, quantized optimizer
                 state): a run with it follows another trajectory, so it is judged on the time to reach a target
@@ -256,6 +333,7 @@ class Switch:
     process_hooks: ProcessSwitch | None = None
     changes_math: bool = False
     wrap: WrapSwitch | None = None
+    batch: BatchSwitch | None = None
 
     @property
     def name(self) -> str:
