@@ -64,7 +64,7 @@ def resolve_task(task: str | None, model: str | None, data: str | None) -> tuple
 def build_task(name: str, loss_fn: Callable | None = None, dist=None, recipe=None) -> Task:
     """The task object. `dist`: the run's Dist, whose criterion wraps the training loss (strategy=dp computes
     it inside each replica); evaluation always uses `loss_fn` as given. `recipe`: the run's, for the switches
-    that act on the task's own loss (chunked_loss)."""
+    that act on the task's own loss (techniques.task_loss)."""
     if name == "detection":
         from .detection import Detection
 
@@ -77,7 +77,9 @@ def build_task(name: str, loss_fn: Callable | None = None, dist=None, recipe=Non
 
         if loss_fn is not None:
             raise RecipeError("the language-model task takes no loss_fn: the model computes its own next-token loss")
-        return LanguageModel(chunked_loss=bool(recipe is not None and recipe.chunked_loss))
+        from ..techniques import task_loss
+
+        return LanguageModel(task_loss(recipe, name))
     from .classification import Classification
 
     infer_task(name)                     # an unknown name is refused, naming the choices

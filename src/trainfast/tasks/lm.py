@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from ..recipe import Recipe, RecipeError
-from ..techniques.chunked_loss import chunked_lm_loss, chunked_lm_loss_sum
 from .base import Metric, Task
 
 # Where `trainfast train --task lm` starts when no --recipe is given: AdamW at 1e-3 with a short warm-up, batches
@@ -40,11 +39,11 @@ class LanguageModel(Task):
 
         return DEFAULT_LM_MODEL
 
-    def __init__(self, chunked_loss: bool = False) -> None:
-        # The next-token loss of the step and of evaluation, chosen once: the model's own from its logits, or the
-        # chunked_loss switch's (techniques/chunked_loss.py), which never holds the whole batch's logits.
-        self.loss = chunked_lm_loss if chunked_loss else model_loss
-        self.loss_sum = chunked_lm_loss_sum if chunked_loss else logits_loss_sum
+    def __init__(self, loss=None) -> None:
+        # The next-token loss of the step and of evaluation, chosen once: the model's own from its logits, or a
+        # loss switch's (`loss`, a techniques.switch.LossSwitch: the chunked loss never holds a batch's logits).
+        self.loss = loss.loss if loss is not None else model_loss
+        self.loss_sum = loss.loss_sum if loss is not None else logits_loss_sum
 
     # --- the step -------------------------------------------------------------------------------------
     def forward(self, model: Callable, inputs, labels: torch.Tensor) -> tuple[int, torch.Tensor]:

@@ -37,7 +37,9 @@ __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "Run
            "input_switches", "input_rung_specs",
            "unreachable", "MODEL_ORDER", "model_switches", "apply_model_switches", "field_effect", "process_switches",
            "process_env", "process_wide_in_effect", "process_wide", "starting_with", "set_before_torch",
-           "apply_process_switches", "not_in_effect", "needs_fresh_process"]
+           "apply_process_switches", "not_in_effect", "needs_fresh_process",
+           "loss_switches", "task_loss", "unreached_losses", "recipe_rewrites", "apply_recipe_rewrites",
+           "unapplied_rewrites", "rewritten_settings"]
 
 # The modules that declare a process switch (Switch.process_hooks): a process's start-up reads them before torch
 # loads (`trainfast train`'s early start, the environment the ablation spawns a run with), so they are named here
@@ -185,6 +187,65 @@ def apply_model_switches(model: nn.Module, recipe) -> nn.Module:
         switched = how.apply(target, value)
         model = switched if target is model else model
     return model
+
+
+def loss_switches() -> tuple[tuple[str, Switch], ...]:
+    """(field, switch) of every switch that replaces a task's own loss (Switch.loss), in module order."""
+    return tuple((s.fields[0], s) for s in switches() if s.loss is not None)
+
+
+def task_loss(recipe, task: str):
+    """The LossSwitch the recipe turns on for `task`'s loss, or None (the task's own loss). Two on at once, or one
+    with a switch it excludes, is refused: a task has one loss. `recipe` None: none."""
+    from ..recipe import RecipeError
+
+    if recipe is None:
+        return None
+    on = [(name, s) for name, s in loss_switches() if getattr(recipe, name) and s.loss.task == task]
+    if len(on) > 1:
+        raise RecipeError(f"{' and '.join(name for name, _ in on)} each replace the task's loss: turn on one")
+    for name, s in on:
+        for other, why in s.loss.excludes.items():
+            if getattr(recipe, other):
+                raise RecipeError(f"{name} cannot be combined with {other}: {why}")
+    return on[0][1].loss if on else None
+
+
+def unreached_losses(recipe) -> dict[str, str]:
+    """The loss switches a recipe turns on, each with why it cannot reach a script's own loss (a Session whose
+    loop is the script's says it in unsupported())."""
+    return {name: s.loss.unreachable for name, s in loss_switches() if getattr(recipe, name)}
+
+
+def recipe_rewrites() -> tuple[tuple[str, Switch], ...]:
+    """(field, switch) of every switch made concrete on the recipe's other fields (Switch.rewrite)."""
+    return tuple((s.fields[0], s) for s in switches() if s.rewrite is not None)
+
+
+def apply_recipe_rewrites(recipe, concrete: bool = True):
+    """The concrete recipe: every rewrite the recipe asks for applied (each resets its own switch, so applying this
+    twice is applying it once). Where a recipe becomes concrete, once: the built-in run's Session, the step count of
+    `trainfast train`, the tune's candidates. `concrete=False`: `recipe` as it is (a Session adopting a script's
+    own loop, which keeps its own batch)."""
+    for _, switch in recipe_rewrites() if concrete else ():
+        recipe = switch.rewrite.apply(recipe)
+    return recipe
+
+
+def unapplied_rewrites(recipe) -> dict[str, str]:
+    """The rewrites a recipe still asks for, each with why a script's own loop cannot get it (a Session adopting the
+    script's loader, optimizer and schedule says it in unsupported())."""
+    return {name: s.rewrite.own_loop for name, s in recipe_rewrites() if s.rewrite.asks(recipe)}
+
+
+def rewritten_settings(fields: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """For a framework that keeps the rewritten numbers as settings of its own: {Recipe field: (value, the switched
+    field that decides it)} from the run's switched `fields` and the framework's `current` values."""
+    found: dict[str, tuple[Any, str]] = {}
+    for _, switch in recipe_rewrites():
+        if switch.rewrite.settings is not None:
+            found.update(switch.rewrite.settings(fields, current))
+    return found
 
 
 @functools.cache

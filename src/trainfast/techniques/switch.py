@@ -124,6 +124,47 @@ class ProcessSwitch:
 
 
 @dataclass(frozen=True)
+class LossSwitch:
+    """A switch that replaces how a task computes its own loss (the next-token loss in chunks): the loss the step
+    and evaluation call instead of the task's. It reaches only a loop whose task computes the loss (the built-in
+    run); a script's loss is computed by its own code, so a Session there reports it in unsupported().
+
+    task:        the task whose loss it provides (its rung names that task alone).
+    loss(model, inputs, labels) -> loss: the training step's loss.
+    loss_sum(model, inputs, labels) -> (summed loss, predicted count): evaluation's, so a run's peak stays the step's.
+    excludes:    the switches it cannot be combined with, each with why; two loss switches on at once are refused
+                 too (a task has one loss).
+    unreachable: why it cannot reach a script's own loss (what Session.unsupported() says).
+    """
+    task: str
+    loss: Callable[[Any, Any, Any], Any]
+    loss_sum: Callable[[Any, Any, Any], Any]
+    unreachable: str
+    excludes: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecipeRewrite:
+    """A switch that is arithmetic on other Recipe fields (a bigger batch, with the learning rate and warm-up
+    following it): made concrete once, where a recipe becomes concrete (the built-in run's Session, `trainfast
+    train`'s step count, the tune's candidates), and never by changing a Session's recipe from outside.
+
+    apply(recipe): the concrete recipe, the switch back at its no-op value, so applying it twice is applying once.
+    asks(recipe):  whether `recipe` still asks for it (not concrete yet).
+    own_loop:      why a script's own loop cannot get it (it builds its own loader, optimizer and schedule): what
+                   Session.unsupported() says.
+    settings(fields, current): for a framework that keeps the same numbers as settings of its own (a Trainer's
+                   batch size, learning rate, warm-up): the run's switched `fields` and the framework's `current`
+                   values of the Recipe fields it makes concrete -> {Recipe field: (value, the switched field that
+                   decides it)}; {} where `fields` does not ask for it.
+    """
+    apply: Callable[[Any], Any]
+    asks: Callable[[Any], bool]
+    own_loop: str
+    settings: Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, tuple[Any, str]]] | None = None
+
+
+@dataclass(frozen=True)
 class Switch:
     """One switch (or one group of settings), declared next to its code.
 
@@ -152,6 +193,9 @@ class Switch:
                 half precision, which samples share a batch, the loss's normalization, quantized optimizer
                 state): a run with it follows another trajectory, so it is judged on the time to reach a target
                 loss or accuracy, not on its rate alone. False: the same update up to float reordering.
+    loss:       how it replaces the task's own loss, for the switches that do (LossSwitch).
+    rewrite:    how it is made concrete on the recipe's other fields, for the switches that are arithmetic on them
+                (RecipeRewrite).
     """
     fields: tuple[str, ...]
     rungs: tuple[RungSpec, ...] = ()
@@ -167,6 +211,8 @@ class Switch:
     model: ModelSwitch | None = None
     process_hooks: ProcessSwitch | None = None
     changes_math: bool = False
+    loss: LossSwitch | None = None
+    rewrite: RecipeRewrite | None = None
 
     @property
     def name(self) -> str:
