@@ -39,7 +39,7 @@ __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "Run
            "process_env", "process_wide_in_effect", "process_wide", "starting_with", "set_before_torch",
            "apply_process_switches", "not_in_effect", "needs_fresh_process",
            "loss_switches", "task_loss", "unreached_losses", "recipe_rewrites", "apply_recipe_rewrites",
-           "unapplied_rewrites", "rewritten_settings"]
+           "unapplied_rewrites", "rewritten_settings", "memory_rung_specs", "target_rung_specs", "memory_shrinkers"]
 
 # The modules that declare a process switch (Switch.process_hooks): a process's start-up reads them before torch
 # loads (`trainfast train`'s early start, the environment the ablation spawns a run with), so they are named here
@@ -123,6 +123,28 @@ def input_rung_specs() -> tuple[RungSpec, ...]:
     """The rungs the tune's input stage tries once a recipe waits for its batches, in its order; each says the
     recipe changes it tries (RungSpec.tune_steps)."""
     return tuple(sorted((r for r in _rungs() if r.tune_inputs is not None), key=lambda r: r.tune_inputs))
+
+
+def memory_rung_specs(task: str | None = None) -> tuple[RungSpec, ...]:
+    """The rungs the tune's memory stage tries (RungSpec.tune_memory), in its order; with `task`, those it can name."""
+    return tuple(sorted((r for r in _rungs() if r.tune_memory is not None and (task is None or r.named_in(task))),
+                        key=lambda r: r.tune_memory))
+
+
+def target_rung_specs(task: str | None = None) -> tuple[RungSpec, ...]:
+    """The rungs the tune's to-target stage tries on the rate pick (RungSpec.tune_target), in its order; with
+    `task`, those it can name."""
+    return tuple(sorted((r for r in _rungs() if r.tune_target is not None and (task is None or r.named_in(task))),
+                        key=lambda r: r.tune_target))
+
+
+def memory_shrinkers() -> dict[str, str]:
+    """Memory category -> the switches that shrink it (Switch.shrinks), in words, in declaration order."""
+    found: dict[str, list[str]] = {}
+    for switch in switches():
+        for item, how in switch.shrinks.items():
+            found.setdefault(item, []).append(how)
+    return {item: ", or ".join(hows) for item, hows in found.items()}
 
 
 def input_switches() -> tuple[str, ...]:

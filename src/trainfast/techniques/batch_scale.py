@@ -117,8 +117,10 @@ SWITCHES = (
     Switch(("batch_scale", "lr_scaling", "scale_by"),
            # Opt-in (--switches), late in the ladders and not in the tune: a bigger batch changes the math, so it
            # is only meaningful judged on time to target, and cumulative rungs after it would inherit its batch.
-           rungs=(RungSpec("batch_2x", {"batch_scale": 2}, place=75),
-                  RungSpec("batch_4x", {"batch_scale": 4}, place=76),
+           # `tune --target` tries the two bigger batches on its rate pick (tune/target.py), where samples to target
+           # are measured over seeds and a changed batch can be weighed.
+           rungs=(RungSpec("batch_2x", {"batch_scale": 2}, place=75, tune_target=1),
+                  RungSpec("batch_4x", {"batch_scale": 4}, place=76, tune_target=2),
                   RungSpec("accum_4x", {"batch_scale": 4, "scale_by": "accumulation"}, place=77)),
            changes_math=True,
            rewrite=RecipeRewrite(apply_batch_scale, asks, SESSION, trainer_settings),

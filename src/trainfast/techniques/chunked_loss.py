@@ -117,8 +117,9 @@ SWITCHES = (
     # After the attention and padding rungs, with the language-model rungs: it changes what the step keeps in memory.
     # Not in the tune's speed stages (it buys memory, not time): `tune --memory-limit` tries it in its memory stage.
     Switch(("chunked_loss",),
-           rungs=(RungSpec("chunked_loss", {"chunked_loss": True}, place=39, tasks=("lm",)),),
+           rungs=(RungSpec("chunked_loss", {"chunked_loss": True}, place=39, tasks=("lm",), tune_memory=1),),
            model_effect=effect,
+           shrinks={"activations": "chunked_loss where the logits are the largest activation"},
            loss=LossSwitch("lm", chunked_lm_loss, chunked_lm_loss_sum, OWN_LOSS),
            unreachable={EVERY_ADAPTER: UNREACHABLE}),
 )

@@ -100,11 +100,12 @@ def apply_optimizer_state(optimizer: torch.optim.Optimizer, state: str, schedule
 SWITCHES = (
     Switch(("optimizer_state",),
            # A memory switch: named with --switches, never in a default ladder (it trades speed and a changed
-           # update for memory, which only a run short of memory wants).
-           rungs=(RungSpec("optimizer_state", {"optimizer_state": "8bit"}, place=72),
+           # update for memory, which only a run short of memory wants); the tune's memory stage tries 8-bit states.
+           rungs=(RungSpec("optimizer_state", {"optimizer_state": "8bit"}, place=72, tune_memory=3),
                   RungSpec("optimizer_state_4bit", {"optimizer_state": "4bit"}, place=73)),
            device_effect=effect,
            changes_math=True,              # the moments carry quantization error
+           shrinks={"optimizer_state": "optimizer_state (8-bit or 4-bit Adam states)"},
            frameworks={"transformers": "TrainingArguments.optim (adamw_torch_8bit / adamw_torch_4bit)",
                        "lightning": "each Adam/AdamW configure_optimizers() returns, rebuilt (schedulers rebound)",
                        "accelerate": "the Adam/AdamW, rebuilt before prepare() (schedulers rebound)"}),

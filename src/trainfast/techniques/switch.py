@@ -48,7 +48,9 @@ class RungSpec:
     priority in the tune's first stage, where a tight budget cuts the last ones (None: not tried there);
     `tune_inputs`: tried in the tune's input stage, once the recipe waits for its batches; `tune_changes(recipe,
     cpus)`: the rungs (name, changes) that stage tries on top of `recipe` with `cpus` usable CPUs (None: this
-    rung's own changes, where the recipe does not have them yet)."""
+    rung's own changes, where the recipe does not have them yet). `tune_memory`: its order in the memory stage
+    (--memory-limit: each alone, then all together, at the full batch); `tune_target`: its order among the
+    candidates the to-target stage (--target) tries on top of the rate pick (a switch that changes the math)."""
     name: str
     changes: Mapping[str, Any]
     place: float
@@ -58,6 +60,8 @@ class RungSpec:
     tune: float | None = None
     tune_inputs: float | None = None
     tune_changes: Callable[[Any, int], list[tuple[str, dict[str, Any]]]] | None = None
+    tune_memory: float | None = None
+    tune_target: float | None = None
 
     def tune_steps(self, recipe, cpus: int) -> list[tuple[str, dict[str, Any]]]:
         """The input stage's rungs for this switch on top of `recipe` (tune/inputs.py)."""
@@ -193,6 +197,8 @@ class Switch:
                 half precision, which samples share a batch, the loss's normalization, quantized optimizer
                 state): a run with it follows another trajectory, so it is judged on the time to reach a target
                 loss or accuracy, not on its rate alone. False: the same update up to float reordering.
+    shrinks:    the memory it shrinks, by the category a step's memory is split into (measure/memory.py: ITEMS), each
+                with the switch in words: what the memory breakdown names where that category holds the most.
     loss:       how it replaces the task's own loss, for the switches that do (LossSwitch).
     rewrite:    how it is made concrete on the recipe's other fields, for the switches that are arithmetic on them
                 (RecipeRewrite).
@@ -211,6 +217,7 @@ class Switch:
     model: ModelSwitch | None = None
     process_hooks: ProcessSwitch | None = None
     changes_math: bool = False
+    shrinks: Mapping[str, str] = field(default_factory=dict)
     loss: LossSwitch | None = None
     rewrite: RecipeRewrite | None = None
 
