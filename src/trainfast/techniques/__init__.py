@@ -39,7 +39,8 @@ __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "Run
            "process_env", "process_wide_in_effect", "process_wide", "starting_with", "set_before_torch",
            "apply_process_switches", "not_in_effect", "needs_fresh_process",
            "loss_switches", "task_loss", "unreached_losses", "recipe_rewrites", "apply_recipe_rewrites",
-           "unapplied_rewrites", "rewritten_settings", "memory_rung_specs", "target_rung_specs", "memory_shrinkers"]
+           "unapplied_rewrites", "rewritten_settings", "memory_rung_specs", "target_rung_specs", "memory_shrinkers",
+           "prepare_once"]
 
 # The modules that declare a process switch (Switch.process_hooks): a process's start-up reads them before torch
 # loads (`trainfast train`'s early start, the environment the ablation spawns a run with), so they are named here
@@ -136,6 +137,15 @@ def target_rung_specs(task: str | None = None) -> tuple[RungSpec, ...]:
     `task`, those it can name."""
     return tuple(sorted((r for r in _rungs() if r.tune_target is not None and (task is None or r.named_in(task))),
                         key=lambda r: r.tune_target))
+
+
+def prepare_once(split, recipes) -> None:
+    """Each switch with a `prepare` hook (Switch.prepare) that one of `recipes` turns on: what its runs read, made
+    once, before them, from the first recipe that turns it on."""
+    for switch in (s for s in switches() if s.prepare is not None):
+        on = next((r for r in recipes if any(getattr(r, f) for f in switch.fields)), None)
+        if on is not None:
+            switch.prepare(split, on)
 
 
 def memory_shrinkers() -> dict[str, str]:

@@ -197,6 +197,11 @@ class Switch:
                 half precision, which samples share a batch, the loss's normalization, quantized optimizer
                 state): a run with it follows another trajectory, so it is judged on the time to reach a target
                 loss or accuracy, not on its rate alone. False: the same update up to float reordering.
+    data_idle:  said where the task offers its kind of data but this run's data is not of it (the decode cache on
+                data already in memory): a no-effect, something a user can turn on that does nothing here; "" (the
+                default): not applicable to this data.
+    prepare(split, recipe): what a run with it reads, made once before the runs that turn it on (the decode cache,
+                built on disk once so each run opens it rather than each building it); `recipe` is one of theirs.
     shrinks:    the memory it shrinks, by the category a step's memory is split into (measure/memory.py: ITEMS), each
                 with the switch in words: what the memory breakdown names where that category holds the most.
     loss:       how it replaces the task's own loss, for the switches that do (LossSwitch).
@@ -217,6 +222,8 @@ class Switch:
     model: ModelSwitch | None = None
     process_hooks: ProcessSwitch | None = None
     changes_math: bool = False
+    data_idle: str = ""
+    prepare: Callable[[Any, Any], Any] | None = None
     shrinks: Mapping[str, str] = field(default_factory=dict)
     loss: LossSwitch | None = None
     rewrite: RecipeRewrite | None = None

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from ..techniques.attention import VARLEN, packs_one_row
+
 IGNORE = -100                      # the label of a position no loss is taken on (torch's and transformers' default)
-VARLEN_ATTENTION = ("flex", "flash")   # attention that skips blocks across documents: one row per batch
+VARLEN_ATTENTION = VARLEN            # attention that skips blocks across documents: one row per batch
 
 
 class TokenDocs(Dataset):
@@ -143,7 +145,7 @@ def collate_for(recipe, pad_id: int):
     """The recipe's batches: packed (padding_free; one row where its attention has a variable-length path) or
     padded."""
     if recipe.padding_free:
-        return PackCollate(pad_id, one_row=recipe.attention in VARLEN_ATTENTION)
+        return PackCollate(pad_id, one_row=packs_one_row(recipe))
     return PadCollate(pad_id, recipe.pad_to_multiple)
 
 
