@@ -40,7 +40,7 @@ __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "Run
            "apply_process_switches", "not_in_effect", "needs_fresh_process",
            "loss_switches", "task_loss", "unreached_losses", "recipe_rewrites", "apply_recipe_rewrites",
            "unapplied_rewrites", "rewritten_settings", "memory_rung_specs", "target_rung_specs", "memory_shrinkers",
-           "prepare_once"]
+           "prepare_once", "held_input_rungs"]
 
 # The modules that declare a process switch (Switch.process_hooks): a process's start-up reads them before torch
 # loads (`trainfast train`'s early start, the environment the ablation spawns a run with), so they are named here
@@ -146,6 +146,11 @@ def prepare_once(split, recipes) -> None:
         on = next((r for r in recipes if any(getattr(r, f) for f in switch.fields)), None)
         if on is not None:
             switch.prepare(split, on)
+
+
+def held_input_rungs() -> tuple[RungSpec, ...]:
+    """The rungs the report names where an epoch is held by its input (RungSpec.held_note), in its order."""
+    return tuple(sorted((r for r in _rungs() if r.held_note is not None), key=lambda r: r.held_note[0]))
 
 
 def memory_shrinkers() -> dict[str, str]:

@@ -15,7 +15,8 @@ def build_cache(split, recipe) -> None:
 
 SWITCHES = (
     Switch(("decode_cache",),
-           rungs=(RungSpec("decode_cache", {"decode_cache": True}, place=41, tune=2, tune_inputs=2),),
+           rungs=(RungSpec("decode_cache", {"decode_cache": True}, place=41, tune=2, tune_inputs=2,
+                           held_note=(2, "the decode cache (--decode-cache)")),),
            data="image_folder",
            # A choice a user makes for any data, which does nothing where the data is already in memory
            data_idle="acts on image folders only; this data is already in memory",

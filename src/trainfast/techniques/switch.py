@@ -50,7 +50,9 @@ class RungSpec:
     cpus)`: the rungs (name, changes) that stage tries on top of `recipe` with `cpus` usable CPUs (None: this
     rung's own changes, where the recipe does not have them yet). `tune_memory`: its order in the memory stage
     (--memory-limit: each alone, then all together, at the full batch); `tune_target`: its order among the
-    candidates the to-target stage (--target) tries on top of the rate pick (a switch that changes the math)."""
+    candidates the to-target stage (--target) tries on top of the rate pick (a switch that changes the math).
+    `held_note`: (its order, its words) among the input switches the report names where an epoch is held by its
+    input and the rung lacks them (each where it can act on the run's device and data)."""
     name: str
     changes: Mapping[str, Any]
     place: float
@@ -62,6 +64,7 @@ class RungSpec:
     tune_changes: Callable[[Any, int], list[tuple[str, dict[str, Any]]]] | None = None
     tune_memory: float | None = None
     tune_target: float | None = None
+    held_note: tuple[float, str] | None = None
 
     def tune_steps(self, recipe, cpus: int) -> list[tuple[str, dict[str, Any]]]:
         """The input stage's rungs for this switch on top of `recipe` (tune/inputs.py)."""
