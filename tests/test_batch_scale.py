@@ -135,6 +135,38 @@ def test_a_session_says_it_cannot_scale_a_scripts_own_loop():
         session.close()
 
 
+def test_the_builtin_runs_session_makes_the_recipe_concrete_once_as_it_starts():
+    """The rewrite is applied where the recipe becomes concrete, the built-in run's Session, keeping the recipe as
+    asked beside it; a Session adopting a script's loop keeps the recipe as asked (and says so in unsupported())."""
+    from trainfast import techniques
+
+    asked = Recipe(batch_size=16, warmup_steps=8, batch_scale=4, scale_by="accumulation")
+    session = Session(asked, device="cpu", env=False, builtin=True)
+    try:
+        assert session.asked is asked and session.recipe == apply_batch_scale(asked)
+        assert session.recipe.grad_accum_steps == 4 and session.recipe.batch_scale == 1
+        session.setup(nn.Linear(4, 2))
+        assert session.unsupported() == {}
+    finally:
+        session.close()
+    assert techniques.apply_recipe_rewrites(asked) == apply_batch_scale(asked)
+    assert techniques.unapplied_rewrites(asked) == {"batch_scale": techniques.owner("batch_scale").rewrite.own_loop}
+    assert techniques.unapplied_rewrites(apply_batch_scale(asked)) == {}
+
+
+def test_a_frameworks_own_settings_are_scaled_by_the_declaration():
+    from trainfast import techniques
+
+    current = {"batch_size": 8, "grad_accum_steps": 1, "lr": 1e-3, "warmup_steps": 10}
+    assert techniques.rewritten_settings({"precision": "bf16"}, current) == {}
+    assert techniques.rewritten_settings({"batch_scale": 4, "lr_scaling": "linear"}, current) == {
+        "batch_size": (32, "batch_scale"), "lr": (pytest.approx(4e-3), "lr_scaling"),
+        "warmup_steps": (3, "batch_scale")}
+    ratio = {**current, "warmup_steps": None}          # a warm-up the framework keeps as a ratio: left alone
+    kept = techniques.rewritten_settings({"batch_scale": 2, "scale_by": "accumulation"}, ratio)
+    assert kept == {"grad_accum_steps": (2, "scale_by"), "lr": (pytest.approx(1e-3 * math.sqrt(2)), "batch_scale")}
+
+
 def test_lightning_and_accelerate_say_why_they_cannot_scale_it():
     from trainfast.frameworks.board import FrameworkRecord
     from trainfast.frameworks.common import mark_shared_switches

@@ -108,6 +108,30 @@ def test_the_switch_is_declared_for_language_models_only():
     assert not switch.model_effect(nn.Linear(2, 2)).acts and switch.model_effect(tiny_lm("gpt2-tiny")).acts
 
 
+def test_the_lm_task_takes_its_loss_from_the_loss_switch_declaration(monkeypatch):
+    """The task's loss is the declared LossSwitch's where the recipe turns it on; two loss switches at once, or one
+    with a switch it excludes, are refused (a task has one loss)."""
+    from dataclasses import replace
+
+    from trainfast.recipe import RecipeError
+    from trainfast.techniques.switch import LossSwitch, Switch
+
+    switch = techniques.owner("chunked_loss")
+    assert build_task("lm", recipe=Recipe(chunked_loss=True)).loss is switch.loss.loss
+    assert build_task("lm", recipe=Recipe()).loss is not switch.loss.loss
+    assert techniques.task_loss(Recipe(chunked_loss=True), "classification") is None
+    assert "computes its loss" in techniques.unreached_losses(Recipe(chunked_loss=True))["chunked_loss"]
+    other = Switch(("compile",), loss=LossSwitch("lm", switch.loss.loss, switch.loss.loss_sum, "its own"))
+    monkeypatch.setattr(techniques, "loss_switches", lambda: (("chunked_loss", switch), ("compile", other)))
+    with pytest.raises(RecipeError, match="chunked_loss and compile each replace the task's loss"):
+        build_task("lm", recipe=Recipe(chunked_loss=True, compile=True))
+    excluding = replace(switch, loss=replace(switch.loss, excludes={"compile": "it traces the full logits"}))
+    monkeypatch.setattr(techniques, "loss_switches", lambda: (("chunked_loss", excluding),))
+    with pytest.raises(RecipeError, match="chunked_loss cannot be combined with compile: it traces the full logits"):
+        build_task("lm", recipe=Recipe(chunked_loss=True, compile=True))
+    assert build_task("lm", recipe=Recipe(chunked_loss=True)).loss is switch.loss.loss
+
+
 def test_the_builtin_run_trains_the_same_with_the_loss_in_chunks(monkeypatch):
     """Per-step training losses and the validation loss within 1e-4 of the full loss's, over an epoch of AdamW,
     with a chunk size that cuts every batch into several chunks."""

@@ -112,3 +112,18 @@ def test_parallel_build_writes_every_image_at_its_offset(tmp_path):
     for i, path in enumerate(paths):
         if i != 9:
             assert torch.equal(pixels.get(i), decode_bytes(read_bytes(path), path))
+
+
+def test_the_cache_is_made_once_before_the_runs_that_read_it(monkeypatch):
+    """The ablation prepares what a switch's runs read from the declaration (Switch.prepare), once, from the first
+    recipe that turns it on; a plan without it prepares nothing."""
+    import trainfast.data.decoded_cache as decoded_cache
+    from trainfast import techniques
+
+    calls = []
+    monkeypatch.setattr(decoded_cache, "with_decode_cache", lambda split, recipe: calls.append((split, recipe)))
+    first = Recipe(decode_cache=True, num_workers=2)
+    techniques.prepare_once("split", [Recipe(), first, Recipe(decode_cache=True)])
+    assert calls == [("split", first)]
+    techniques.prepare_once("split", [Recipe(), Recipe(num_workers=2)])
+    assert len(calls) == 1

@@ -296,7 +296,7 @@ def test_the_doctor_names_the_padding_of_a_padded_run_and_nothing_on_a_packed_on
     assert found.status in ("problem", "measured") and f"{round(share * 100)}%" in found.evidence
     assert obs.text["padding"]["packed_s"] > 0 and obs.text["padding"]["padded_s"] > 0
     assert padded["attention backend"].evidence.startswith("sdpa in use")
-    assert {"sdpa", "eager"} <= set(obs.text["attention"]["seconds"])
+    assert {"sdpa", "eager"} <= set(obs.text["attention_backend"]["seconds"])
     packed, obs = findings(Recipe(batch_size=16, log_every=4, padding_free=True))
     assert "padding in the batches" not in packed and obs.text["padding"]["packed"]
 

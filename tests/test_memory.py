@@ -170,6 +170,24 @@ def test_the_tunes_memory_stage_tries_smaller_batches_and_each_memory_switch():
     assert [r.name for r in vision] == ["baseline", "checkpointing"]
 
 
+def test_the_memory_stage_and_what_shrinks_each_item_are_declared_on_the_switches():
+    """The memory stage's switches are the rungs that declare a memory-stage order; what shrinks each memory item
+    is said by the switches that declare it (several joined, in declaration order)."""
+    from trainfast import techniques
+    from trainfast.measure.memory import ITEMS, largest_text
+
+    assert [r.name for r in techniques.memory_rung_specs("lm")] == ["chunked_loss", "checkpointing", "optimizer_state"]
+    assert [r.name for r in techniques.memory_rung_specs("classification")] == ["checkpointing", "optimizer_state"]
+    shrink = techniques.memory_shrinkers()
+    assert set(shrink) <= set(ITEMS) and "inputs" not in shrink
+    assert shrink["activations"] == ("activation_checkpointing, or chunked_loss where the logits are the largest "
+                                     "activation")
+    memory = {"peak_bytes": 4 << 20, "at_peak": {**dict.fromkeys(ITEMS, 0), "optimizer_state": 3 << 20}}
+    assert largest_text(memory, shrink).endswith("optimizer_state (8-bit or 4-bit Adam states) would shrink it")
+    memory["at_peak"]["inputs"] = 4 << 20
+    assert largest_text(memory, shrink).endswith("no single switch shrinks it")
+
+
 def test_a_recommendation_over_the_limit_falls_back_to_what_fits():
     from conftest import scored_rung
 
@@ -199,5 +217,6 @@ def test_a_sessions_own_loop_says_the_chunked_loss_cannot_reach_it():
     tf = Session(Recipe(chunked_loss=True), device="cpu")
     tf.setup(torch.nn.Linear(2, 2))
     assert "computes its loss" in tf.unsupported()["chunked_loss"]
-    tf.loss_switches = True
-    assert "chunked_loss" not in tf.unsupported()
+    builtin = Session(Recipe(chunked_loss=True), device="cpu", builtin=True)
+    builtin.setup(torch.nn.Linear(2, 2))
+    assert "chunked_loss" not in builtin.unsupported()

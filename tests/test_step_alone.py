@@ -56,6 +56,21 @@ def test_the_input_switches_named_are_those_the_rung_lacks_and_that_act_here():
     assert input_switches(fed, {"device": "cuda:0", "data": "digits"}) == []     # nothing to decode in memory
 
 
+def test_the_input_switches_named_are_the_declared_ones(monkeypatch):
+    """The note's input switches are the rungs that declare a held_note, in its order: a new one is named where the
+    rung's recipe lacks it, with no list in the report to edit."""
+    from trainfast import Recipe, techniques
+    from trainfast.techniques.switch import RungSpec
+
+    declared = techniques.held_input_rungs()
+    assert [r.name for r in declared] == ["workers", "decode_cache", "device_decode", "non_blocking", "prefetch"]
+    new = RungSpec("set_to_none", {"set_to_none": True}, place=1, held_note=(0, "gradients set to None"))
+    monkeypatch.setattr(techniques, "held_input_rungs", lambda: (new, *declared))
+    cpu_digits = {"device": "cpu", "data": "digits"}
+    assert input_switches(Recipe(), cpu_digits)[0] == "gradients set to None"
+    assert "gradients set to None" not in input_switches(Recipe(set_to_none=True), cpu_digits)
+
+
 def test_a_wait_that_leaves_the_compute_above_the_roof_is_said():
     # The row a host clock produced on a GPU: 75% waiting and 85% of the roof in the same row.
     contradiction = roof_contradiction(RungResult(data_wait_fraction=0.75, ceiling_fraction=0.848))

@@ -93,7 +93,7 @@ def build_torchvision_pipeline(root: Path, recipe, device: torch.device, image_s
 
 def bench_data(data: str, batch_size: int = 64, num_workers: int | str = 2, image_size: int = 224,
                passes: int = 5, device: str = "auto", print_fn=print,
-               decode_cache: bool = True) -> dict[str, BenchResult]:
+               cache: bool = True) -> dict[str, BenchResult]:
     from .data.datasets import DataError
     from .data.loading import parse_data_spec
     from .recipe import Recipe, resolve_device
@@ -118,15 +118,15 @@ def bench_data(data: str, batch_size: int = 64, num_workers: int | str = 2, imag
              f"{torch.get_num_threads()} main-process thread(s), RandomResizedCrop({image_size}) + flip, "
              f"{passes} timed passes after 1 warm-up pass each; images decoded by {default_decoder()}")
     try:
-        return _run_passes(pipelines_for(split, recipe, dev, root, image_size, decode_cache, print_fn), passes,
+        return _run_passes(pipelines_for(split, recipe, dev, root, image_size, cache, print_fn), passes,
                            dev, print_fn)
     finally:
         torch.set_num_threads(threads)
 
 
-def pipelines_for(split, recipe, dev: torch.device, root: Path, image_size: int, decode_cache: bool,
+def pipelines_for(split, recipe, dev: torch.device, root: Path, image_size: int, cache: bool,
                   print_fn) -> dict:
-    from .data.decoded_cache import with_decode_cache
+    from .data.decoded_cache import cached_split
     from .data.pipeline import build_batches
 
     ours = build_batches(split.train, split, recipe, dev, train=True)
@@ -141,9 +141,9 @@ def pipelines_for(split, recipe, dev: torch.device, root: Path, image_size: int,
         alt = folder_split(root, image_size, other)
         pipelines[f"  trainfast with {other} decoding whole files"] = build_batches(alt.train, alt, recipe, dev,
                                                                                    train=True)
-    if decode_cache:
+    if cache:
         t0 = time.perf_counter()
-        cached = with_decode_cache(split, recipe.replace(decode_cache=True), log=lambda m: print_fn(f"  {m}"))
+        cached = cached_split(split, log=lambda m: print_fn(f"  {m}"))
         print_fn(f"  decode cache ready in {time.perf_counter() - t0:.1f} s (one-off; found, or built)")
         pipelines[CACHED] = build_batches(cached.train, cached, recipe, dev, train=True)
     return pipelines

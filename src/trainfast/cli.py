@@ -267,7 +267,7 @@ def _train(args, recipe: Recipe) -> int:
     from .measure import LossTermsError, NonFiniteLossError
     from .recipe import resolve_device, validate_for_device
     from .tasks import build_task
-    from .techniques.batch_scale import apply_batch_scale
+    from .techniques import apply_recipe_rewrites
     from .trainer import train
     resume, folder = resume_checkpoint(args.resume, args.out)
     device = resolve_device(args.device)
@@ -281,7 +281,7 @@ def _train(args, recipe: Recipe) -> int:
     # Under torchrun every rank runs this; rank 0 alone prints (the trainer makes it the only writer).
     rank, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1)))
     console = Console(quiet=rank != 0)
-    steps_per_epoch = len(split.train) // (apply_batch_scale(recipe).batch_size * world)    # the batch it trains with
+    steps_per_epoch = len(split.train) // (apply_recipe_rewrites(recipe).batch_size * world)  # the batch it trains with
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=console)
     bar = progress.add_task("train", total=steps_per_epoch * recipe.epochs, loss="…")

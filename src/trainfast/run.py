@@ -3,9 +3,9 @@
 `trainfast train`, every rung of a built-in ablation, `trainfast doctor` and `trainfast bench-data` get their
 run from here, so what one measures is what another trains. The order, each step needing the one before:
   1. a Session: the recipe (TRAINFAST_RECIPE on top, unless the caller's recipe is the experiment), the
-     process group under torchrun, the runtime flags (cudnn.benchmark, deterministic), every RNG seeded; then
-     the recipe's batch_scale made concrete (batch size or accumulation, learning rate, warm-up), here and
-     nowhere else, so the loaders, the optimizer and the schedule below all read the same scaled values;
+     process group under torchrun, the runtime flags (cudnn.benchmark, deterministic), every RNG seeded; the
+     built-in run's Session makes the recipe's rewrites concrete as it starts (a bigger batch: batch size or
+     accumulation, learning rate, warm-up), so the loaders, the optimizer and the schedule all read those values;
   2. the task (tasks/): what a batch, a loss and the judged metric mean;
   3. the model, built after seeding so its initialization is reproducible;
   4. the data: the decode cache when the recipe asks for it, num_workers="auto" measured (prepare_data);
@@ -31,7 +31,6 @@ from .recipe import Recipe
 from .session import Session, TrainState, sum_losses
 from .session.state import no_update_hook
 from .tasks import build_task, infer_task
-from .techniques.batch_scale import apply_batch_scale
 from .text.batching import TextSplit
 
 
@@ -92,11 +91,8 @@ def assemble_run(model: str | nn.Module | Callable[[], nn.Module], split, recipe
     when None. `env=False`: TRAINFAST_RECIPE is not applied (an ablation rung's recipe is the experiment)."""
     name = infer_task(task, model, split)
     build_task(name, loss_fn).validate(recipe or Recipe())        # refused before anything starts
-    session = Session(recipe, device=device, env=env)                                   # 1
-    asked = session.recipe                      # batch_scale as asked, for check_steps' message
-    session.recipe = apply_batch_scale(asked)   # batch_scale=1 from here: every reader below sees concrete values
+    session = Session(recipe, device=device, env=env, builtin=True)                     # 1
     try:
-        session.loss_switches = True            # the task's step computes the loss: chunked_loss reaches it
         work = build_task(name, loss_fn, session.dist, session.recipe)                  # 2
         work.validate(session.recipe)                    # again: TRAINFAST_RECIPE may have changed it
         module = build_module(model, work, split)                                       # 3
@@ -107,7 +103,7 @@ def assemble_run(model: str | nn.Module | Callable[[], nn.Module], split, recipe
         session.setup(module)                                                           # 6
         train_batches, val_batches = work.build_loaders(split, session.recipe, session.device, session.dist)  # 7
         check_steps(len(train_batches), len(split.train), session.recipe.batch_size, session.dist,
-                    scale=asked.batch_scale if asked.scale_by == "batch" else 1)
+                    scale=session.recipe.batch_size // session.asked.batch_size)
         work.apply_schedule(session.state, len(train_batches))
     except BaseException:
         session.close()

@@ -18,7 +18,6 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from ..curves import CurvePlan, judged_name
-from ..data.decoded_cache import with_decode_cache
 from ..engine import ZERO_GRAD_NOTE
 from ..frameworks import SECTION as FRAMEWORKS
 from ..measure import runs_tf32
@@ -30,7 +29,7 @@ from ..run import as_split, build_module
 from ..tasks import Task
 from ..target import Target
 from ..tasks.effects import changes_effect, field_effect, on_ranks
-from ..techniques import needs_fresh_process, starting_with, threads
+from ..techniques import needs_fresh_process, prepare_once, starting_with, threads
 from ..techniques.compile import CACHE_ENV, fresh_compile_cache
 from ..techniques.base import Effect as TechniqueEffect
 from .metric import SCRIPT_CHOICE, TASK_METRIC
@@ -112,14 +111,13 @@ class Builtin:
     fresh: bool = False                  # every run spawned, none forked from the server (a switch read at start)
 
     def mark_effects(self, plan: list[Rung]) -> None:
-        """As Work's, judged on the model and data; the decode cache rung's cache is built once here and
-        opened by the rungs. A plan with a switch read as a runtime loads (passive_threads) starts every run,
-        the baseline's too, as a fresh process: that rung needs one, and a baseline forked from the warm server
-        would then differ from it by more than the switch (what is imported during the first epoch, the memory a
-        process counts)."""
+        """As Work's, judged on the model and data; what a switch's runs read is made once here and opened by the
+        rungs (Switch.prepare: the decode cache). A plan with a switch read as a runtime loads (passive_threads)
+        starts every run, the baseline's too, as a fresh process: that rung needs one, and a baseline forked from
+        the warm server would then differ from it by more than the switch (what is imported during the first
+        epoch, the memory a process counts)."""
         mark_effects(plan, self.dev, self.probe_model, self.split, self.field_effect, self.job.nproc)
-        if any(r.recipe.decode_cache and r.status != Status.NO_EFFECT for r in plan):
-            with_decode_cache(self.split, self.base.replace(decode_cache=True))
+        prepare_once(self.split, [r.recipe for r in plan if r.status != Status.NO_EFFECT])
         self.fresh = any(needs_fresh_process(r.recipe) and r.status != Status.NO_EFFECT for r in plan)
 
     def field_effect(self, field: str, device: torch.device, model, split, value=None) -> TechniqueEffect:

@@ -28,7 +28,7 @@ CHECKS: tuple[Callable[[Observations], Finding | None], ...] = (
     compute.compile_graphs,
     evaluation.eval_dropout, evaluation.eval_graph, evaluation.eval_mode,
     loop.host_copies, loop.zero_grad, loop.data_parallel, loop.cudnn_shapes, loader.num_workers,
-    text.padding, text.attention,
+    text.padding, text.attention_backend,
 )
 
 

@@ -6,7 +6,7 @@ import shlex
 import statistics
 
 from ..measure.memory import largest_text
-from ..techniques import memory_reuse
+from ..techniques import memory_reuse, memory_shrinkers
 from .findings import (FAULTS_MARGIN, FAULTS_PER_STEP, HALF_ROOF, MATERIAL_SHARE, NEAR_ROOF, NOT_HERE, Finding,
                        Observations, ms, pct, pct3, sig)
 from .loader import bound
@@ -58,7 +58,7 @@ def memory(obs: Observations) -> Finding:
                  + (f"roughly {room:.1f}x" if room < 8 else "more than 8x")
                  + " the batch (rough: activations scale about linearly with the batch; 10% kept free)")
     if m.get("breakdown"):
-        text += f"; {largest_text(m['breakdown'])}"
+        text += f"; {largest_text(m['breakdown'], memory_shrinkers())}"
     return Finding("memory peak vs capacity", "time", "measured", text)
 
 

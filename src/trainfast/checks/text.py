@@ -46,8 +46,8 @@ def padding_fix(obs: Observations) -> str:
             "accuracy guard; a loop of its own packs them itself (trainfast.text.batching.pack)")
 
 
-def attention(obs: Observations) -> Finding | None:
-    seen = (obs.text or {}).get("attention")
+def attention_backend(obs: Observations) -> Finding | None:
+    seen = (obs.text or {}).get("attention_backend")
     if not seen or seen.get("in_use") is None:
         return None
     name = "attention backend"

@@ -191,11 +191,17 @@ def with_decode_cache(split: Split, recipe, dist=None, log=print) -> Split:
     """The split with its image-folder datasets reading from the decode cache (built on first use)
     when the recipe asks for it; unchanged otherwise. Under torchrun, rank 0 builds it and the other
     ranks wait for the finished cache to appear (a build can outlast any collective's timeout)."""
+    if not recipe.decode_cache:
+        return split
+    return cached_split(split, dist, log)
+
+
+def cached_split(split: Split, dist=None, log=print) -> Split:
+    """The split with its image-folder datasets reading from the decode cache (built on first use), whatever the
+    recipe: with_decode_cache's work, for a caller that compares the cache against the decoding it replaces."""
     import copy
     import dataclasses
 
-    if not recipe.decode_cache:
-        return split
     main = dist is None or dist.is_main
     datasets = {}
     for name in ("train", "val"):

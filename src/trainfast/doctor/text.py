@@ -27,7 +27,7 @@ NO_POSITIONS = ("the model's forward takes no position_ids, which packed rows ne
 
 
 def observe_text(run, batch, replay_steps) -> dict[str, Any] | None:
-    """{"padding": ..., "attention": ...} for a language-model run, None for any other. `replay_steps(batches)`:
+    """{"padding": ..., "attention_backend": ...} for a language-model run, None for any other. `replay_steps(batches)`:
     the run's own optimizer steps on those batches, their StepTimer entries (doctor/builtin.py: run_steps)."""
     from ..techniques.attention import holder
     from ..techniques.transfer import to_device
@@ -46,7 +46,7 @@ def observe_text(run, batch, replay_steps) -> dict[str, Any] | None:
         packed = to_device(PackCollate(run.split.pad_id)(documents_of(inputs)), run.device)
         padding = measure_padding(share, len(read), batch, packed, replay_steps)
     return {"padding": padding,
-            "attention": observe_attention(holder(run.state.model), run.device, batch, replay_steps)}
+            "attention_backend": observe_attention(holder(run.state.model), run.device, batch, replay_steps)}
 
 
 def measure_padding(share: float, batches: int, padded, packed, replay_steps) -> dict[str, Any]:
@@ -100,9 +100,9 @@ def observe_attention(model, device: torch.device, batch, replay_steps) -> dict[
 # --- a watched loop's or script's model -----------------------------------------------------------------------
 
 def observe_loop_text(model, count, device: torch.device, autocast: torch.dtype | None) -> dict[str, Any] | None:
-    """{"padding": ..., "attention": ...} for a loop whose training forwards took token ids, from its token count
-    (instruments/batches.py: TokenCount, its padding share and the batch it kept): the kept batch replayed as it
-    was and its documents packed without padding (text/batching.py: pack, position ids restarting at each one),
+    """{"padding": ..., "attention_backend": ...} for a loop whose training forwards took token ids, from its token
+    count (instruments/batches.py: TokenCount, its padding share and the batch it kept): the kept batch replayed as
+    it was and its documents packed without padding (text/batching.py: pack, position ids restarting at each one),
     on the loop's model. Where packing cannot act (no position_ids in the forward, a batch it cannot pack) the
     record says why instead of a time. `autocast`: the half type the loop's forwards ran under autocast, if any.
     None when the padding was never counted."""
@@ -120,7 +120,7 @@ def observe_loop_text(model, count, device: torch.device, autocast: torch.dtype 
         padding["cannot_pack"] = cannot
     elif not padding["packed"]:
         padding = measure_padding(share, count.forwards, batch, packed_form(batch, count.pad_id), steps)
-    return {"padding": padding, "attention": observe_attention(holder(model), device, batch, steps)}
+    return {"padding": padding, "attention_backend": observe_attention(holder(model), device, batch, steps)}
 
 
 def packed_form(batch: dict[str, Any], pad_id: int | None) -> dict[str, Any]:

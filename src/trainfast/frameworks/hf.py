@@ -35,9 +35,7 @@ from typing import Any
 
 import torch
 
-from ..recipe import Recipe
-from ..techniques import TrainBatches, batch_switches, optimizer_switches
-from ..techniques.batch_scale import scale_values
+from ..techniques import TrainBatches, batch_switches, optimizer_switches, rewritten_settings
 from ..techniques.memory_format import memory_format_of
 from .board import UNSET, Board, FrameworkRecord
 from .common import (AUTO_WORKERS, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
@@ -108,8 +106,7 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
             put(name, setting, value)
     if "seed" in fields:
         put("seed", "seed", int(fields["seed"]))
-    if "batch_scale" in fields:
-        switch_batch_scale(args, record, fields)
+    switch_rewritten(args, record, fields)
     if "activation_checkpointing" in fields:
         switch_checkpointing_argument(args, record, bool(fields["activation_checkpointing"]))
     switch_batch_arguments(args, record, fields)
@@ -179,39 +176,35 @@ def trainer_optim_of(optimizer: Any) -> str:
                  and (name := how.trainer_optim_of(optimizer)) is not None), type(optimizer).__name__)
 
 
-# The Trainer's arguments for the Recipe's fields that batch_scale makes concrete (techniques/batch_scale.py)
+# The Trainer's arguments for the Recipe's fields a recipe rewrite makes concrete (the batch size, the learning rate
+# and the warm-up a bigger batch scales: techniques/batch_scale.py)
 BATCH_ARGS = {"batch_size": "per_device_train_batch_size", "grad_accum_steps": "gradient_accumulation_steps",
               "lr": "learning_rate", "warmup_steps": "warmup_steps"}
 
 
-def switch_batch_scale(args: Any, record: FrameworkRecord, fields: dict[str, Any]) -> None:
-    """The script's batch (or accumulation), learning rate and warm-up scaled as the built-in run scales its own
-    (techniques.batch_scale.scale_values), each recorded with the script's value. A warm-up given as a ratio (a
-    float below 1: a share of the total steps, which already shrink with a bigger batch) is left alone. Each
-    setting is recorded for the field that decides it where the run names that field (scale_by for the size,
-    lr_scaling for the learning rate), so every field the run switches is proven by a setting."""
-    k = int(fields["batch_scale"])
-    rule, by = fields.get("lr_scaling", Recipe.lr_scaling), fields.get("scale_by", Recipe.scale_by)
+def switch_rewritten(args: Any, record: FrameworkRecord, fields: dict[str, Any]) -> None:
+    """The script's batch (or accumulation), learning rate and warm-up as the run's recipe rewrites make them
+    concrete from the script's own values (techniques.rewritten_settings: the built-in run's arithmetic), each
+    recorded with the script's value for the field that decides it. A warm-up given as a ratio (a float below 1: a
+    share of the total steps, which already shrink with a bigger batch) is left alone."""
     warmup = args.warmup_steps or 0
     ratio = 0 < warmup < 1
-    values = scale_values(k, rule, by, args.per_device_train_batch_size, args.gradient_accumulation_steps,
-                          args.learning_rate, 0 if ratio else int(warmup))
-    size = "batch_size" if by == "batch" else "grad_accum_steps"
-    owner = {size: "scale_by" if "scale_by" in fields else "batch_scale",
-             "lr": "lr_scaling" if "lr_scaling" in fields else "batch_scale", "warmup_steps": "batch_scale"}
-    if ratio:
-        del owner["warmup_steps"]
+    current = {name: getattr(args, setting) for name, setting in BATCH_ARGS.items()}
+    current["warmup_steps"] = None if ratio else int(warmup)
+    settings = rewritten_settings(fields, current)
+    if settings and ratio:
         record.notes.append(f"warmup_steps={warmup} is a ratio of the total steps: left as the script has it")
-    for name, field_ in owner.items():
+    for name, (value, field_) in settings.items():
         setting = BATCH_ARGS[name]
-        record.set(field_, setting, values[name], getattr(args, setting))
-        setattr(args, setting, values[name])
+        record.set(field_, setting, value, getattr(args, setting))
+        setattr(args, setting, value)
 
 
-def read_batch_scale(record: FrameworkRecord, trainer: Any, optimizer: Any, loader: Any) -> None:
-    """batch_scale's settings as the Trainer trains with them: the per-device batch of the loader it iterates
-    (its arguments' where the loader was not built), the learning rate the scheduler started the optimizer from,
-    the accumulation and the warm-up its training loop reads from its arguments."""
+def read_batch_settings(record: FrameworkRecord, trainer: Any, optimizer: Any, loader: Any) -> None:
+    """The batch size, learning rate, accumulation and warm-up as the Trainer trains with them (a bigger batch's
+    proof): the per-device batch of the loader it iterates (its arguments' where the loader was not built), the
+    learning rate the scheduler started the optimizer from, the accumulation and the warm-up its training loop
+    reads from its arguments."""
     args = trainer.args
     # Accelerate's loader batches through its batch sampler (its own batch_size is None)
     batch = (getattr(loader, "batch_size", None) or getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
@@ -332,7 +325,7 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
     if optimizer is not None:
         record.prove("optim", trainer_optim_of(optimizer))
     loader = getattr(trainer, "_trainfast_loader", None)
-    read_batch_scale(record, trainer, optimizer, loader)
+    read_batch_settings(record, trainer, optimizer, loader)
     prove_loader(record, loader)
     for name, setting in ARG_LOADER.items():
         if loader is not None:

@@ -30,11 +30,6 @@ import torch
 COLUMNS = (None, "parameters", "optimizer_state", "inputs", "temporaries", "activations", "gradients",
            "autograd_detail", "other")
 ITEMS = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "temporaries", "other")
-# What each item's largest share points to, when it is the largest at the step's peak
-SHRINK = {"optimizer_state": "optimizer_state (8-bit or 4-bit Adam states)",
-          "activations": "activation_checkpointing, or chunked_loss where the logits are the largest activation",
-          "gradients": "precision_level master/pure (half-precision gradients)",
-          "parameters": "precision_level pure (half-precision weights), or a smaller model"}
 PROFILED_STEP = 1          # the second step: after the first's compilation and the optimizer state's creation
 
 
@@ -89,13 +84,14 @@ def largest(memory: dict[str, Any]) -> tuple[str, int]:
     return item, memory["at_peak"][item]
 
 
-def largest_text(memory: dict[str, Any]) -> str:
-    """The largest item in words, with its share of the step's peak and what would shrink it."""
+def largest_text(memory: dict[str, Any], shrinkers: dict[str, str]) -> str:
+    """The largest item in words, with its share of the step's peak and what would shrink it (`shrinkers`: item ->
+    the switches that shrink it, as the declarations say: techniques.memory_shrinkers)."""
     item, held = largest(memory)
     share = held / memory["peak_bytes"] if memory["peak_bytes"] else 0.0
     return (f"the largest item at the profiled step's peak ({memory['peak_bytes'] / 2**20:,.0f} MiB of tensors) is "
             f"its {item.replace('_', ' ')}, {held / 2**20:,.0f} MiB ({share:.0%}): "
-            + (f"{SHRINK[item]} would shrink it" if item in SHRINK else "no single switch shrinks it"))
+            + (f"{shrinkers[item]} would shrink it" if item in shrinkers else "no single switch shrinks it"))
 
 
 class StepMemory:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..measure.memory import SHRINK, largest, limit_peak, run_memory
+from ..measure.memory import largest, limit_peak, run_memory
 from ..results import AblationResult, Rung
+from ..techniques import memory_shrinkers
 from .table import markdown_table
 
 # The columns shown, in order: the three a switch aims at first, then what the step makes
@@ -72,5 +73,5 @@ def memory_section(result: AblationResult) -> list[str]:
              markdown_table(headers, rows), "", *([limit, ""] if limit else [])]
     if result.rungs[0] is found[0][0]:
         lines += [f"The baseline's largest item is its {item.replace('_', ' ')} ({mib(held)} at the step's peak): "
-                  f"{SHRINK.get(item, 'no single switch')} would shrink it.", ""]
+                  f"{memory_shrinkers().get(item, 'no single switch')} would shrink it.", ""]
     return lines

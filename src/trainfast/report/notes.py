@@ -248,15 +248,20 @@ def input_held_note(rung: Rung, settings: dict) -> str:
 
 
 def input_switches(recipe, settings: dict) -> list[str]:
-    """The input switches a recipe has not turned on, those that can act on this device and data."""
-    cuda = str(settings.get("device", "")).startswith("cuda")
+    """The input switches a recipe has not turned on (techniques.held_input_rungs), those that can act on this
+    device (their device_effect on the run's kind of device) and data (one on image-folder files where the data is
+    such a folder)."""
+    import torch
+
+    from ..techniques import field_effect, held_input_rungs, owner
+
+    device = torch.device("cuda" if str(settings.get("device", "")).startswith("cuda") else "cpu")
     folder = str(settings.get("data", "")).startswith("imagefolder")
-    wanted = [(not recipe.num_workers, "loader workers (--num-workers)"),
-              (folder and not recipe.decode_cache, "the decode cache (--decode-cache)"),
-              (cuda and folder and not recipe.device_decode, "decoding on the device (--device-decode)"),
-              (cuda and not (recipe.pin_memory and recipe.non_blocking), "pinned copies (--pin-memory --non-blocking)"),
-              (not recipe.prefetch, "the prefetcher (--prefetch)")]
-    return [name for missing, name in wanted if missing]
+
+    def acts(field: str) -> bool:
+        return field_effect(field, device, None).acts and (folder or owner(field).data != "image_folder")
+    return [rung.held_note[1] for rung in held_input_rungs()
+            if not all(getattr(recipe, f) for f in rung.changes) and all(acts(f) for f in rung.changes)]
 
 
 def roof_contradiction(r) -> str | None:

@@ -73,10 +73,9 @@ from ..data.device import build_device_batches
 from ..distributed import setup_distributed
 from ..observers import session_observers
 from ..recipe import RECIPE_ENV, Recipe, RecipeError, apply_env_recipe, resolve_device, validate_for_device
-from ..techniques import apply_process_switches
-from ..techniques import asked_batches, batch_refusals
+from ..techniques import (apply_process_switches, apply_recipe_rewrites, asked_batches, batch_refusals,
+                          unapplied_rewrites, unreached_losses)
 from ..techniques.background_save import checkpoint_writer
-from ..techniques.batch_scale import SESSION as OWN_BATCH
 from ..techniques.precision import build_precision
 from ..techniques.runtime import apply_runtime_flags
 from .build import NoSchedule, build_state, refuse_rebuilt_step, seed_everything
@@ -101,9 +100,13 @@ class Session:
     loss code outside the model; `tf.log(**values)` and `tf.report(**metrics)` record numbers;
     `tf.save(path)` / `tf.load(path)` checkpoint the full state."""
 
-    def __init__(self, recipe: Recipe | None = None, *, device: str | torch.device = "auto", env: bool = True) -> None:
-        # env=False: the recipe as given, TRAINFAST_RECIPE ignored (an ablation rung: its recipe is the experiment)
+    def __init__(self, recipe: Recipe | None = None, *, device: str | torch.device = "auto", env: bool = True,
+                 builtin: bool = False) -> None:
+        # env=False: the recipe as given, TRAINFAST_RECIPE ignored (an ablation rung: its recipe is the experiment).
+        # builtin=True: the built-in run's, whose task computes the loss (the loss switches reach it) and whose
+        # recipe's rewrites (a bigger batch) are made concrete here, once (`asked`: the recipe as asked).
         self.recipe, self.overridden = apply_env_recipe(recipe or Recipe()) if env else (recipe or Recipe(), {})
+        self.asked, self.builtin, self.recipe = self.recipe, builtin, apply_recipe_rewrites(self.recipe, builtin)
         device = device if isinstance(device, torch.device) else resolve_device(device)
         validate_for_device(self.recipe, device)
         self.dist = setup_distributed(self.recipe, device)
@@ -116,7 +119,6 @@ class Session:
         self.state: TrainState | None = None
         self.loaders: list[SessionLoader] = []
         self.reported: dict[str, Any] = {}
-        self.loss_switches = False        # the built-in run's task computes the loss (chunked_loss reaches it)
         self.writer = checkpoint_writer(self.recipe)    # save(): in the loop, or in the background (async_checkpoint)
         self.logs = LogBuffer(self.recipe.log_every, self.device, self.dist)
         self.observers = session_observers()  # an instrument measuring this run (the ablation's probe)
@@ -190,11 +192,8 @@ class Session:
         if self.loaders:                  # each batch switch asked why it could not act on the training batches
             collator = getattr(getattr(self.loaders[0], "loader", None), "collate_fn", None)
             cannot.update(batch_refusals(collator, asked_batches(self.recipe)))
-        if self.recipe.batch_scale != 1:      # the built-in run made it concrete (run.assemble_run): 1 there
-            cannot["batch_scale"] = OWN_BATCH
-        if self.recipe.chunked_loss and not self.loss_switches:
-            cannot["chunked_loss"] = ("the script's own loop computes its loss (model(..., labels=...).loss or its "
-                                      "own criterion): trainfast cannot chunk it without patching the model")
+        cannot.update(unapplied_rewrites(self.recipe))      # none in the built-in run's: concrete since __init__
+        cannot.update({} if self.builtin else unreached_losses(self.recipe))
         return cannot
 
     def require_state(self) -> TrainState:

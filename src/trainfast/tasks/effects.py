@@ -22,8 +22,9 @@ def image_folder(field: str, model, split) -> Effect:
 
     if split is None or any(isinstance(d, ImageFiles) for d in (split.train, split.val)):
         return ACTS
-    if field == "decode_cache":
-        return Effect(False, "decode_cache acts on image folders only; this data is already in memory")
+    switch = owners().get(field)
+    if switch is not None and switch.data_idle:
+        return Effect(False, f"{field} {switch.data_idle}")
     return Effect(False, f"{field} decodes image-folder files; this data is already in memory", applies=False)
 
 
@@ -70,6 +71,12 @@ def offered(field: str, model, split) -> Effect:
 DATA_JUDGES: dict[str, Callable[[str, object, object], Effect]] = {
     "images": offered, "stacked": offered, "image_folder": image_folder, "padded_sizes": padded_sizes,
     "documents": documents}
+
+
+def holds(kind: str, split) -> bool:
+    """Whether `split` holds data of `kind` (techniques/switch.py: DATA_KINDS) a switch on that kind acts on (None:
+    not known yet, counts as holding it)."""
+    return DATA_JUDGES[kind]("", None, split).acts
 
 
 def field_effect(field: str, device: torch.device, model: nn.Module | None, split=None, value=None) -> Effect:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..recipe import RecipeError
-from ..techniques.chunked_loss import chunked_lm_loss, chunked_lm_loss_sum
+from ..techniques import task_loss
 from .base import Task
 from .declarations import LM, require_text_packages
 
@@ -24,11 +24,11 @@ class LanguageModel(Task):
     def __init__(self, loss_fn: Callable | None = None, dist=None, recipe=None) -> None:
         if loss_fn is not None:
             raise RecipeError("the language-model task takes no loss_fn: the model computes its own next-token loss")
-        # The next-token loss of the step and of evaluation, chosen once: the model's own from its logits, or the
-        # chunked_loss switch's (techniques/chunked_loss.py), which never holds the whole batch's logits.
-        chunked = recipe is not None and recipe.chunked_loss
-        self.loss = chunked_lm_loss if chunked else model_loss
-        self.loss_sum = chunked_lm_loss_sum if chunked else logits_loss_sum
+        # The next-token loss of the step and of evaluation, chosen once: the model's own from its logits, or a loss
+        # switch's (techniques.task_loss, a LossSwitch: the chunked loss never holds a batch's logits).
+        loss = task_loss(recipe, self.name)
+        self.loss = loss.loss if loss is not None else model_loss
+        self.loss_sum = loss.loss_sum if loss is not None else logits_loss_sum
 
     # --- the step -------------------------------------------------------------------------------------
     def forward(self, model: Callable, inputs, labels: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -145,12 +145,13 @@ def train_batching(recipe, split, dist=None) -> tuple[Any, Any, Any]:
     and every framework adapter loop over too."""
     from ..data.loader import loader_generator
     from ..techniques import TrainBatches, asked_batches, choose_batch_sampler, choose_sampler, collate_batches
-    from ..text.batching import VARLEN_ATTENTION, PadCollate
+    from ..techniques.attention import packs_one_row
+    from ..text.batching import PadCollate
 
     values = asked_batches(recipe)
     batches = TrainBatches(PadCollate(split.pad_id), lengths=split.train.lengths, batch_size=recipe.batch_size,
                            seed=recipe.seed, generator=loader_generator(recipe.seed, dist.rank if dist else 0),
-                           dist=dist, one_row=recipe.attention in VARLEN_ATTENTION)
+                           dist=dist, one_row=packs_one_row(recipe))
     if dist is None:                     # the collate function alone (num_workers="auto" measures with it)
         return collate_batches(batches, values), None, None
     return collate_batches(batches, values), choose_sampler(batches, values), choose_batch_sampler(batches, values)

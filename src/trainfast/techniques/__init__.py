@@ -44,7 +44,10 @@ __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "Run
            "wrap_switches", "wrap_options", "apply_wrap_switches", "read_wrap_switches", "ranks_effect",
            "BatchSwitch", "TrainBatches",
            "batch_switches", "batch_fields", "asked_batches", "collate_batches", "choose_sampler",
-           "choose_batch_sampler", "batch_refusals"]
+           "choose_batch_sampler", "batch_refusals",
+           "loss_switches", "task_loss", "unreached_losses", "recipe_rewrites", "apply_recipe_rewrites",
+           "unapplied_rewrites", "rewritten_settings", "memory_rung_specs", "target_rung_specs", "memory_shrinkers",
+           "prepare_once", "held_input_rungs"]
 
 # The modules that declare a process switch (Switch.process_hooks): a process's start-up reads them before torch
 # loads (`trainfast train`'s early start, the environment the ablation spawns a run with), so they are named here
@@ -128,6 +131,42 @@ def input_rung_specs() -> tuple[RungSpec, ...]:
     """The rungs the tune's input stage tries once a recipe waits for its batches, in its order; each says the
     recipe changes it tries (RungSpec.tune_steps)."""
     return tuple(sorted((r for r in _rungs() if r.tune_inputs is not None), key=lambda r: r.tune_inputs))
+
+
+def memory_rung_specs(task: str | None = None) -> tuple[RungSpec, ...]:
+    """The rungs the tune's memory stage tries (RungSpec.tune_memory), in its order; with `task`, those it can name."""
+    return tuple(sorted((r for r in _rungs() if r.tune_memory is not None and (task is None or r.named_in(task))),
+                        key=lambda r: r.tune_memory))
+
+
+def target_rung_specs(task: str | None = None) -> tuple[RungSpec, ...]:
+    """The rungs the tune's to-target stage tries on the rate pick (RungSpec.tune_target), in its order; with
+    `task`, those it can name."""
+    return tuple(sorted((r for r in _rungs() if r.tune_target is not None and (task is None or r.named_in(task))),
+                        key=lambda r: r.tune_target))
+
+
+def prepare_once(split, recipes) -> None:
+    """Each switch with a `prepare` hook (Switch.prepare) that one of `recipes` turns on: what its runs read, made
+    once, before them, from the first recipe that turns it on."""
+    for switch in (s for s in switches() if s.prepare is not None):
+        on = next((r for r in recipes if any(getattr(r, f) for f in switch.fields)), None)
+        if on is not None:
+            switch.prepare(split, on)
+
+
+def held_input_rungs() -> tuple[RungSpec, ...]:
+    """The rungs the report names where an epoch is held by its input (RungSpec.held_note), in its order."""
+    return tuple(sorted((r for r in _rungs() if r.held_note is not None), key=lambda r: r.held_note[0]))
+
+
+def memory_shrinkers() -> dict[str, str]:
+    """Memory category -> the switches that shrink it (Switch.shrinks), in words, in declaration order."""
+    found: dict[str, list[str]] = {}
+    for switch in switches():
+        for item, how in switch.shrinks.items():
+            found.setdefault(item, []).append(how)
+    return {item: ", or ".join(hows) for item, hows in found.items()}
 
 
 def input_switches() -> tuple[str, ...]:
@@ -380,6 +419,65 @@ def batch_refusals(collate_fn: Any, values: Mapping[str, Any]) -> dict[str, str]
             why = (hooks.refuse(collate_fn, values[name]) if hooks.refuse is not None else None) or cannot.get(name)
             if why:
                 found[name] = why
+    return found
+
+
+def loss_switches() -> tuple[tuple[str, Switch], ...]:
+    """(field, switch) of every switch that replaces a task's own loss (Switch.loss), in module order."""
+    return tuple((s.fields[0], s) for s in switches() if s.loss is not None)
+
+
+def task_loss(recipe, task: str):
+    """The LossSwitch the recipe turns on for `task`'s loss, or None (the task's own loss). Two on at once, or one
+    with a switch it excludes, is refused: a task has one loss. `recipe` None: none."""
+    from ..recipe import RecipeError
+
+    if recipe is None:
+        return None
+    on = [(name, s) for name, s in loss_switches() if getattr(recipe, name) and s.loss.task == task]
+    if len(on) > 1:
+        raise RecipeError(f"{' and '.join(name for name, _ in on)} each replace the task's loss: turn on one")
+    for name, s in on:
+        for other, why in s.loss.excludes.items():
+            if getattr(recipe, other):
+                raise RecipeError(f"{name} cannot be combined with {other}: {why}")
+    return on[0][1].loss if on else None
+
+
+def unreached_losses(recipe) -> dict[str, str]:
+    """The loss switches a recipe turns on, each with why it cannot reach a script's own loss (a Session whose
+    loop is the script's says it in unsupported())."""
+    return {name: s.loss.unreachable for name, s in loss_switches() if getattr(recipe, name)}
+
+
+def recipe_rewrites() -> tuple[tuple[str, Switch], ...]:
+    """(field, switch) of every switch made concrete on the recipe's other fields (Switch.rewrite)."""
+    return tuple((s.fields[0], s) for s in switches() if s.rewrite is not None)
+
+
+def apply_recipe_rewrites(recipe, concrete: bool = True):
+    """The concrete recipe: every rewrite the recipe asks for applied (each resets its own switch, so applying this
+    twice is applying it once). Where a recipe becomes concrete, once: the built-in run's Session, the step count of
+    `trainfast train`, the tune's candidates. `concrete=False`: `recipe` as it is (a Session adopting a script's
+    own loop, which keeps its own batch)."""
+    for _, switch in recipe_rewrites() if concrete else ():
+        recipe = switch.rewrite.apply(recipe)
+    return recipe
+
+
+def unapplied_rewrites(recipe) -> dict[str, str]:
+    """The rewrites a recipe still asks for, each with why a script's own loop cannot get it (a Session adopting the
+    script's loader, optimizer and schedule says it in unsupported())."""
+    return {name: s.rewrite.own_loop for name, s in recipe_rewrites() if s.rewrite.asks(recipe)}
+
+
+def rewritten_settings(fields: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """For a framework that keeps the rewritten numbers as settings of its own: {Recipe field: (value, the switched
+    field that decides it)} from the run's switched `fields` and the framework's `current` values."""
+    found: dict[str, tuple[Any, str]] = {}
+    for _, switch in recipe_rewrites():
+        if switch.rewrite.settings is not None:
+            found.update(switch.rewrite.settings(fields, current))
     return found
 
 

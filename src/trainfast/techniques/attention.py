@@ -68,6 +68,16 @@ def backend_effect(value: str, device: torch.device, model: Any) -> Effect:
     return ACTS
 
 
+# The backends with a variable-length path: they skip the blocks across documents, so padding-free batches pack a
+# whole batch in one row (the others keep rows bounded: their cost grows with a row's length squared).
+VARLEN = ("flex", "flash")
+
+
+def packs_one_row(recipe) -> bool:
+    """Whether the recipe's backend packs a padding-free batch in one row (text/batching.py: PackCollate)."""
+    return recipe.attention in VARLEN
+
+
 SWITCHES = (
     Switch(("attention",),
            rungs=(RungSpec("eager", {"attention": "eager"}, place=35.5, tasks=("lm",)),    # what sdpa buys, named

@@ -24,15 +24,16 @@ the activation memory of one micro-batch, and slower steps (k forward/backward p
 device less well than one of a big batch). It is the memory-saving way to the same effective batch.
 
 Applied once: `apply_batch_scale(recipe)` is the concrete recipe (batch_size or grad_accum_steps, lr and
-warmup_steps changed) with batch_scale back to 1, so applying it twice changes nothing. The built-in run resolves
-it in one place (run.assemble_run) before the loaders, the optimizer and the schedule are built; a transformers
-Trainer gets the same numbers on its own arguments (frameworks/hf.py)."""
+warmup_steps changed) with batch_scale back to 1, so applying it twice changes nothing. It is declared as a recipe
+rewrite (RecipeRewrite), which is applied where a recipe becomes concrete: the built-in run's Session, before the
+loaders, the optimizer and the schedule are built; a transformers Trainer gets the same numbers on its own arguments
+(`trainer_settings`, set by frameworks/hf.py)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
-from .switch import RungSpec, Switch
+from .switch import RecipeRewrite, RungSpec, Switch
 
 # Why a script's own loop is not scaled: its batch size, learning rate and warm-up are three objects of its own
 # that must change together, and trainfast has no setting that changes all three (a Session says it too).
@@ -85,14 +86,44 @@ def apply_batch_scale(recipe):
     return recipe.replace(**values, batch_scale=1)
 
 
+def asks(recipe) -> bool:
+    """Whether `recipe` still asks for a bigger batch (not made concrete yet)."""
+    return recipe.batch_scale != 1
+
+
+def trainer_settings(fields: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """A framework's own batch (or accumulation), learning rate and warm-up (`current`, by the Recipe's field
+    names; a warm-up of None is one the framework keeps in another form and is left alone) scaled as the built-in
+    run scales its own: {field: (value, the switched field that decides it)}. Each is decided by the field the run
+    names (scale_by for the size, lr_scaling for the learning rate) where it names it, so every field it switches
+    is proven by a setting. {} where the run's `fields` do not scale the batch."""
+    if "batch_scale" not in fields:
+        return {}
+    from ..recipe import Recipe
+
+    rule, by = fields.get("lr_scaling", Recipe.lr_scaling), fields.get("scale_by", Recipe.scale_by)
+    warmup = current.get("warmup_steps")
+    values = scale_values(int(fields["batch_scale"]), rule, by, current["batch_size"], current["grad_accum_steps"],
+                          current["lr"], 0 if warmup is None else int(warmup))
+    size = "batch_size" if by == "batch" else "grad_accum_steps"
+    owner = {size: "scale_by" if "scale_by" in fields else "batch_scale",
+             "lr": "lr_scaling" if "lr_scaling" in fields else "batch_scale"}
+    if warmup is not None:
+        owner["warmup_steps"] = "batch_scale"
+    return {name: (values[name], field_) for name, field_ in owner.items()}
+
+
 SWITCHES = (
     Switch(("batch_scale", "lr_scaling", "scale_by"),
            # Opt-in (--switches), late in the ladders and not in the tune: a bigger batch changes the math, so it
            # is only meaningful judged on time to target, and cumulative rungs after it would inherit its batch.
-           rungs=(RungSpec("batch_2x", {"batch_scale": 2}, place=75),
-                  RungSpec("batch_4x", {"batch_scale": 4}, place=76),
+           # `tune --target` tries the two bigger batches on its rate pick (tune/target.py), where samples to target
+           # are measured over seeds and a changed batch can be weighed.
+           rungs=(RungSpec("batch_2x", {"batch_scale": 2}, place=75, tune_target=1),
+                  RungSpec("batch_4x", {"batch_scale": 4}, place=76, tune_target=2),
                   RungSpec("accum_4x", {"batch_scale": 4, "scale_by": "accumulation"}, place=77)),
            changes_math=True,
+           rewrite=RecipeRewrite(apply_batch_scale, asks, SESSION, trainer_settings),
            frameworks={"transformers": "per_device_train_batch_size (or gradient_accumulation_steps) x k, "
                                        "learning_rate and warmup_steps scaled"},
            unreachable=UNREACHABLE),

@@ -107,8 +107,9 @@ def switch_checkpointing(model: nn.Module, enabled: bool) -> nn.Module:
 
 SWITCHES = (
     Switch(("activation_checkpointing",),
-           rungs=(RungSpec("checkpointing", {"activation_checkpointing": True}, place=71),),
+           rungs=(RungSpec("checkpointing", {"activation_checkpointing": True}, place=71, tune_memory=2),),
            model_effect=effect,
+           shrinks={"activations": "activation_checkpointing"},
            model=ModelSwitch("activation checkpointing", switch_checkpointing, is_checkpointing, target=holder),
            frameworks={"transformers": "TrainingArguments.gradient_checkpointing",
                        "lightning": ON_MODEL, "accelerate": ON_MODEL}),

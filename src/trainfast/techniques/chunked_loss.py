@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .base import ACTS, Effect
-from .switch import EVERY_ADAPTER, RungSpec, Switch
+from .switch import EVERY_ADAPTER, LossSwitch, RungSpec, Switch
 
 # Rows (token positions) projected onto the vocabulary at once. A chunk's fp32 logits are 4 KB per vocabulary
 # entry (32 MB at an 8k vocabulary, 128 MB at 32k), against 16 x 2048 rows for a batch of 16 documents of 2048
@@ -109,12 +109,17 @@ def effect(model: nn.Module | None) -> Effect:
 
 UNREACHABLE = ("a script computes its loss inside its model's forward (model(..., labels=labels).loss, or its "
                "own training step): trainfast cannot chunk it without patching the model")
+# What a Session adopting a script's own loop says when asked for it (Session.unsupported()).
+OWN_LOSS = ("the script's own loop computes its loss (model(..., labels=...).loss or its own criterion): trainfast "
+            "cannot chunk it without patching the model")
 
 SWITCHES = (
     # After the attention and padding rungs, with the language-model rungs: it changes what the step keeps in memory.
     # Not in the tune's speed stages (it buys memory, not time): `tune --memory-limit` tries it in its memory stage.
     Switch(("chunked_loss",),
-           rungs=(RungSpec("chunked_loss", {"chunked_loss": True}, place=39, tasks=("lm",)),),
+           rungs=(RungSpec("chunked_loss", {"chunked_loss": True}, place=39, tasks=("lm",), tune_memory=1),),
            model_effect=effect,
+           shrinks={"activations": "chunked_loss where the logits are the largest activation"},
+           loss=LossSwitch("lm", chunked_lm_loss, chunked_lm_loss_sum, OWN_LOSS),
            unreachable={EVERY_ADAPTER: UNREACHABLE}),
 )

@@ -25,7 +25,8 @@ def decode_on_device(recipe, device: torch.device) -> bool:
 
 SWITCHES = (
     Switch((FIELD,),
-           rungs=(RungSpec(FIELD, {FIELD: True}, place=42, tune_inputs=1),),
+           rungs=(RungSpec(FIELD, {FIELD: True}, place=42, tune_inputs=1,
+                           held_note=(3, "decoding on the device (--device-decode)")),),
            device_effect=effect, data="image_folder",
            unreachable={EVERY_ADAPTER: "trainfast's device decoding works on its image-folder loader; the "
                                        "script's loader is the framework's"}),

@@ -127,14 +127,15 @@ def trainer_optim_of(optimizer: Any) -> str | None:
 SWITCHES = (
     Switch(("optimizer_state",),
            # A memory switch: named with --switches, never in a default ladder (it trades speed and a changed
-           # update for memory, which only a run short of memory wants).
-           rungs=(RungSpec("optimizer_state", {"optimizer_state": "8bit"}, place=72),
+           # update for memory, which only a run short of memory wants); the tune's memory stage tries 8-bit states.
+           rungs=(RungSpec("optimizer_state", {"optimizer_state": "8bit"}, place=72, tune_memory=3),
                   RungSpec("optimizer_state_4bit", {"optimizer_state": "4bit"}, place=73)),
            device_effect=effect,
            changes_math=True,              # the moments carry quantization error
            optimizer=OptimizerSwitch("optimizer moments", state_of, default="full", build=build_low_bit,
                                      rebuild=apply_optimizer_state, replaces=LOW_BIT, trainer_optim=trainer_optim,
                                      trainer_optim_of=trainer_optim_of),
+           shrinks={"optimizer_state": "optimizer_state (8-bit or 4-bit Adam states)"},
            frameworks={"transformers": "TrainingArguments.optim (adamw_torch_8bit / adamw_torch_4bit)",
                        "lightning": "each Adam/AdamW configure_optimizers() returns, rebuilt (schedulers rebound)",
                        "accelerate": "the Adam/AdamW, rebuilt before prepare() (schedulers rebound)"}),

@@ -75,9 +75,9 @@ def pack_batches(batches: TrainBatches, value: Any) -> Any:
     """padding_free: trainfast's documents packed (one row where its attention skips across documents by itself);
     a script's batches packed after its collator, by the counting collator that wraps it. Where a framework's step
     calls a model that cannot take packed rows (no position_ids), not applicable, said why."""
-    from ..text.batching import VARLEN_ATTENTION, PackCollate, PadCollate
+    from ..text.batching import PackCollate, PadCollate
     from ..text.packing import positions_model
-    from .attention import in_use
+    from .attention import VARLEN, in_use
 
     collate = batches.collate
     if isinstance(collate, PadCollate):
@@ -89,7 +89,7 @@ def pack_batches(batches: TrainBatches, value: Any) -> Any:
             batches.cannot["padding_free"] = NO_POSITIONS.format(model=type(batches.model).__name__)
             wanted = False
         batches.set("padding_free", f"{batches.collate_name} packs", wanted, False)
-    collate.pack, collate.one_row = wanted, in_use(target) in VARLEN_ATTENTION
+    collate.pack, collate.one_row = wanted, in_use(target) in VARLEN
     if wanted and target is not None:
         collate.watch_positions(target)
     return collate

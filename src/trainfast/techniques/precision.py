@@ -512,6 +512,8 @@ SWITCHES = (
                        for i, (name, changes) in enumerate(LEVEL_RUNGS.items())),
            served_value="autocast",
            changes_math=True,              # O2/O3 round the weights and the update themselves to half
+           shrinks={"gradients": "precision_level master/pure (half-precision gradients)",
+                    "parameters": "precision_level pure (half-precision weights), or a smaller model"},
            unreachable={"transformers": "the Trainer's bf16/fp16 are autocast (O1) only",
                         "lightning": "the Trainer's *-mixed precisions are autocast (O1); master weights and pure "
                                      "half are not switched",

@@ -108,7 +108,8 @@ class HostBuffers:
 
 SWITCHES = (
     Switch(("prefetch",),
-           rungs=(RungSpec("prefetch", {"prefetch": True}, place=40, default_in=("classification",), tune=6),),
+           rungs=(RungSpec("prefetch", {"prefetch": True}, place=40, default_in=("classification",), tune=6,
+                           held_note=(5, "the prefetcher (--prefetch)")),),
            device_effect=effect, data="stacked",      # its buffers are recycled at one batch shape
            unreachable={EVERY_ADAPTER: "trainfast's device-side prefetcher works on trainfast's own loaders; the "
                                        "script's loader is the framework's"}),

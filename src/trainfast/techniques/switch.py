@@ -48,7 +48,11 @@ class RungSpec:
     priority in the tune's first stage, where a tight budget cuts the last ones (None: not tried there);
     `tune_inputs`: tried in the tune's input stage, once the recipe waits for its batches; `tune_changes(recipe,
     cpus)`: the rungs (name, changes) that stage tries on top of `recipe` with `cpus` usable CPUs (None: this
-    rung's own changes, where the recipe does not have them yet)."""
+    rung's own changes, where the recipe does not have them yet). `tune_memory`: its order in the memory stage
+    (--memory-limit: each alone, then all together, at the full batch); `tune_target`: its order among the
+    candidates the to-target stage (--target) tries on top of the rate pick (a switch that changes the math).
+    `held_note`: (its order, its words) among the input switches the report names where an epoch is held by its
+    input and the rung lacks them (each where it can act on the run's device and data)."""
     name: str
     changes: Mapping[str, Any]
     place: float
@@ -58,6 +62,9 @@ class RungSpec:
     tune: float | None = None
     tune_inputs: float | None = None
     tune_changes: Callable[[Any, int], list[tuple[str, dict[str, Any]]]] | None = None
+    tune_memory: float | None = None
+    tune_target: float | None = None
+    held_note: tuple[float, str] | None = None
 
     def tune_steps(self, recipe, cpus: int) -> list[tuple[str, dict[str, Any]]]:
         """The input stage's rungs for this switch on top of `recipe` (tune/inputs.py)."""
@@ -283,6 +290,47 @@ class BatchSwitch:
 
 
 @dataclass(frozen=True)
+class LossSwitch:
+    """A switch that replaces how a task computes its own loss (the next-token loss in chunks): the loss the step
+    and evaluation call instead of the task's. It reaches only a loop whose task computes the loss (the built-in
+    run); a script's loss is computed by its own code, so a Session there reports it in unsupported().
+
+    task:        the task whose loss it provides (its rung names that task alone).
+    loss(model, inputs, labels) -> loss: the training step's loss.
+    loss_sum(model, inputs, labels) -> (summed loss, predicted count): evaluation's, so a run's peak stays the step's.
+    excludes:    the switches it cannot be combined with, each with why; two loss switches on at once are refused
+                 too (a task has one loss).
+    unreachable: why it cannot reach a script's own loss (what Session.unsupported() says).
+    """
+    task: str
+    loss: Callable[[Any, Any, Any], Any]
+    loss_sum: Callable[[Any, Any, Any], Any]
+    unreachable: str
+    excludes: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecipeRewrite:
+    """A switch that is arithmetic on other Recipe fields (a bigger batch, with the learning rate and warm-up
+    following it): made concrete once, where a recipe becomes concrete (the built-in run's Session, `trainfast
+    train`'s step count, the tune's candidates), and never by changing a Session's recipe from outside.
+
+    apply(recipe): the concrete recipe, the switch back at its no-op value, so applying it twice is applying once.
+    asks(recipe):  whether `recipe` still asks for it (not concrete yet).
+    own_loop:      why a script's own loop cannot get it (it builds its own loader, optimizer and schedule): what
+                   Session.unsupported() says.
+    settings(fields, current): for a framework that keeps the same numbers as settings of its own (a Trainer's
+                   batch size, learning rate, warm-up): the run's switched `fields` and the framework's `current`
+                   values of the Recipe fields it makes concrete -> {Recipe field: (value, the switched field that
+                   decides it)}; {} where `fields` does not ask for it.
+    """
+    apply: Callable[[Any], Any]
+    asks: Callable[[Any], bool]
+    own_loop: str
+    settings: Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, tuple[Any, str]]] | None = None
+
+
+@dataclass(frozen=True)
 class Switch:
     """One switch (or one group of settings), declared next to its code.
 
@@ -316,6 +364,16 @@ class Switch:
                 half precision, which samples share a batch, the loss's normalization, quantized optimizer
                 state): a run with it follows another trajectory, so it is judged on the time to reach a target
                 loss or accuracy, not on its rate alone. False: the same update up to float reordering.
+    data_idle:  said where the task offers its kind of data but this run's data is not of it (the decode cache on
+                data already in memory): a no-effect, something a user can turn on that does nothing here; "" (the
+                default): not applicable to this data.
+    prepare(split, recipe): what a run with it reads, made once before the runs that turn it on (the decode cache,
+                built on disk once so each run opens it rather than each building it); `recipe` is one of theirs.
+    shrinks:    the memory it shrinks, by the category a step's memory is split into (measure/memory.py: ITEMS), each
+                with the switch in words: what the memory breakdown names where that category holds the most.
+    loss:       how it replaces the task's own loss, for the switches that do (LossSwitch).
+    rewrite:    how it is made concrete on the recipe's other fields, for the switches that are arithmetic on them
+                (RecipeRewrite).
     """
     fields: tuple[str, ...]
     rungs: tuple[RungSpec, ...] = ()
@@ -334,6 +392,11 @@ class Switch:
     changes_math: bool = False
     wrap: WrapSwitch | None = None
     batch: BatchSwitch | None = None
+    data_idle: str = ""
+    prepare: Callable[[Any, Any], Any] | None = None
+    shrinks: Mapping[str, str] = field(default_factory=dict)
+    loss: LossSwitch | None = None
+    rewrite: RecipeRewrite | None = None
 
     @property
     def name(self) -> str:

@@ -96,6 +96,7 @@ class DeviceBatches:
 SWITCHES = (
     Switch(("non_blocking",),
            rungs=(RungSpec("non_blocking", {"non_blocking": True, "pin_memory": True}, place=30,
+                           held_note=(4, "pinned copies (--pin-memory --non-blocking)"),
                            default_in=("classification",)),),
            device_effect=effect,
            frameworks={"accelerate": "DataLoaderConfiguration(non_blocking=...)"},

@@ -31,6 +31,7 @@ def more_workers(recipe, cpus: int) -> list[tuple[str, dict[str, Any]]]:
 SWITCHES = (
     Switch(("num_workers", "persistent_workers", "prefetch_factor"),
            rungs=(RungSpec("workers", {"num_workers": 2}, place=43, places={"detection": 26},
+                           held_note=(1, "loader workers (--num-workers)"),
                            default_in=("detection",), tune_inputs=3, tune_changes=more_workers),),
            process=True,
            # persistent workers keep their random streams across epochs: a resume that changes it changes the

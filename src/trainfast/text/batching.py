@@ -21,7 +21,6 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 IGNORE = -100                      # the label of a position no loss is taken on (torch's and transformers' default)
-VARLEN_ATTENTION = ("flex", "flash")   # attention that skips blocks across documents: one row per batch
 
 
 class TokenDocs(Dataset):

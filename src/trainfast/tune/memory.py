@@ -1,9 +1,10 @@
 """--memory-limit: the search's first stage (memory/) when the run must fit in a given memory. Side by side, in one
 ladder: the baseline at its batch size and at each halving of it (what a user short of memory does first), and the
-switches whose purpose is memory (a chunked loss, activation checkpointing, 8-bit optimizer states), each alone and
-all together, at the full batch size. What fits is held to the limit by its measured peak (measure.memory.
-limit_peak); of the rungs that fit, the fastest is the recipe the rest of the search starts from, and the reference
-it is judged against is the baseline at the largest batch that fits without the switches.
+switches whose purpose is memory (those whose rung declares a memory-stage order, RungSpec.tune_memory: a chunked
+loss, activation checkpointing, 8-bit optimizer states), each alone and all together, at the full batch size. What
+fits is held to the limit by its measured peak (measure.memory.limit_peak); of the rungs that fit, the fastest is
+the recipe the rest of the search starts from, and the reference it is judged against is the baseline at the
+largest batch that fits without the switches.
 
 The stages after it hold every rung to the limit too (a speed switch that costs memory, compile's buffers, is not
 recommended over it), and the recommendation is checked against it at the end."""
@@ -13,31 +14,31 @@ from typing import Any
 
 from ..ablation.scoring import fits, ladder_noises, recipe_changes, versus
 from ..measure.memory import limit_peak
-from ..recipe import Recipe
+from ..recipe import Recipe, RecipeError
 from ..results import AblationResult, Rung, Status
 from .combine import Decision, mib, over_limit
 
-# The memory switches, as their rungs change the recipe, in the order they are tried
-MEMORY_SWITCHES = {"chunked_loss": {"chunked_loss": True}, "checkpointing": {"activation_checkpointing": True},
-                   "optimizer_state": {"optimizer_state": "8bit"}}
 HALVINGS = 3          # the baseline at 1/2, 1/4 and 1/8 of its batch: a smaller one is rarely a run worth having
 MEMORY_SHARE = 0.4    # of the search's budget: the stages after it search the speed switches on what fits
 
 
 def memory_rungs(base: Recipe, task: str, batch_search: bool) -> list[Rung]:
     """The baseline, its batch halvings (HALVINGS of them, when the run's batch size is the recipe's to change),
-    each memory switch the task can name alone, and all of them together."""
-    from ..techniques import rung_table
+    each memory switch the task can name alone (one the recipe refuses on top of `base`, 8-bit Adam states for
+    SGD, is left out), and all of them together."""
+    from ..techniques import memory_rung_specs
 
     rungs = [Rung("baseline", {}, base)]
     sizes = [base.batch_size >> k for k in range(1, HALVINGS + 1)] if batch_search else []
     for size in (s for s in sizes if s >= 1):
         rungs.append(Rung(f"batch-{size}", {"batch_size": size}, base.replace(batch_size=size)))
-    named = rung_table(task)
-    usable = {name: changes for name, changes in MEMORY_SWITCHES.items()
-              if name in named and not (name == "optimizer_state" and base.optimizer != "adamw")}
-    for name, changes in usable.items():
-        rungs.append(Rung(name, changes, base.replace(**changes)))
+    usable = {}
+    for spec in memory_rung_specs(task):
+        try:
+            rungs.append(Rung(spec.name, dict(spec.changes), base.replace(**spec.changes)))
+        except RecipeError:
+            continue
+        usable[spec.name] = dict(spec.changes)
     if len(usable) > 1:
         together = {k: v for changes in usable.values() for k, v in changes.items()}
         rungs.append(Rung("+".join(usable), together, base.replace(**together)))

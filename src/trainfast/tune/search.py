@@ -133,10 +133,10 @@ def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: 
         raise RecipeError(f"{out_dir} already holds a search: pass --resume to continue it, or choose another --out")
     work: Work | None = None
     if opts.command is None:
-        from ..tasks.effects import image_folder
+        from ..tasks.effects import holds
 
         work = prepare_builtin(spec, recipe, device)
-        base, dev, image_folder = work.base, work.dev, image_folder("decode_cache", None, work.split).acts
+        base, dev, image_folder = work.base, work.dev, holds("image_folder", work.split)
         task = work.task.name
     else:          # a script: the task given, else the one its batches show in stage 1's first run
         base, dev, image_folder, task = recipe or Recipe(), resolve_device(device), False, spec.task or "classification"

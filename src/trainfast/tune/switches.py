@@ -7,7 +7,7 @@ from ..ablation import plan_rungs
 from ..recipe import Recipe
 from ..results import Effect, Rung, Status
 from ..stats import FASTER
-from ..techniques import tune_priority
+from ..techniques import owner, tune_priority
 
 PRECISION_FIELDS = ("precision", "precision_level")
 
@@ -23,7 +23,8 @@ def single_names(amp: str, image_folder: bool, task: str = "classification") -> 
     """Stage 1's switches in the search's priority, those the task can run (a language model has no use for an
     image prefetcher: its data is not what prefetch acts on, Task.rules_out). The input switches that pay only once
     the step outruns its input (more loader workers, decoding on the device) are stage 3's (inputs.py): the decode
-    cache is tried in both, as it also takes the decode off a CPU step that its workers share the cores with."""
+    cache is tried in both, as it also takes the decode off a CPU step that its workers share the cores with. A
+    switch on image-folder files (Switch.data) is tried only where `image_folder`: the data is such a folder."""
     from ..ablation.ladders import LADDERS
     from ..recipe import RecipeError
     from ..tasks import declared
@@ -31,6 +32,8 @@ def single_names(amp: str, image_folder: bool, task: str = "classification") -> 
     checker, table = declared(task), LADDERS[task][1]
 
     def runs(name: str) -> bool:
+        if not image_folder and any(owner(f).data == "image_folder" for f in table[name]):
+            return False
         if checker.rules_out(table[name]) is not None:
             return False
         try:
@@ -38,8 +41,7 @@ def single_names(amp: str, image_folder: bool, task: str = "classification") -> 
         except RecipeError:
             return False
         return True
-    return [f"autocast-{amp}", f"master-{amp}", *(n for n in tune_priority(task)
-                                                 if (n != "decode_cache" or image_folder) and runs(n))]
+    return [f"autocast-{amp}", f"master-{amp}", *(n for n in tune_priority(task) if runs(n))]
 
 
 def plan_singles(base: Recipe, names: list[str], amp: str, dev: torch.device, slow: str | None,

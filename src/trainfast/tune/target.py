@@ -22,7 +22,8 @@ from ..ablation.target import SOONER, ratio_interval
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
 from ..target import Target
-from ..techniques.batch_scale import apply_batch_scale, lr_factor
+from ..techniques import apply_recipe_rewrites, target_rung_specs
+from ..techniques.batch_scale import lr_factor
 from .combine import Decision
 
 # The share of --budget kept for this stage: its candidates train to the target (longer runs than a timed one) and
@@ -35,7 +36,7 @@ STAGE = "to-target"
 def halved(recipe: Recipe) -> Recipe | None:
     """`recipe` at half its batch, the learning rate scaled down by its rule and the warm-up doubled (the same
     samples); None where the batch cannot halve."""
-    concrete = apply_batch_scale(recipe)
+    concrete = apply_recipe_rewrites(recipe)
     if concrete.batch_size < 2:
         return None
     warmup = concrete.warmup_steps * 2 if concrete.warmup_steps else 0
@@ -45,19 +46,20 @@ def halved(recipe: Recipe) -> Recipe | None:
 
 def target_candidates(base: Recipe, picked: Recipe, train_samples: int | None,
                       accuracy_dropped: list[Rung] = ()) -> list[Rung]:
-    """The stage's rungs (module docstring); a bigger batch only where an epoch still holds four steps of it.
-    `accuracy_dropped`: the singles the rate search left out for their accuracy, each added to the rate pick."""
+    """The stage's rungs (module docstring); the declared to-target rungs (RungSpec.tune_target: the bigger
+    batches) only where an epoch still holds four steps of their effective batch. `accuracy_dropped`: the singles
+    the rate search left out for their accuracy, each added to the rate pick."""
     rungs = [Rung("baseline", {}, base)]
     if picked != base:
         rungs.append(Rung(PICK, recipe_changes(base, picked), picked))
     half = halved(picked)
     if half is not None:
         rungs.append(Rung("batch_half", recipe_changes(base, half), half))
-    for k in (2, 4):
-        scaled = picked.replace(batch_scale=k)
-        concrete = apply_batch_scale(scaled)
+    for spec in target_rung_specs():
+        scaled = picked.replace(**spec.changes)
+        concrete = apply_recipe_rewrites(scaled)
         if train_samples is None or concrete.batch_size * concrete.grad_accum_steps * 4 <= train_samples:
-            rungs.append(Rung(f"batch_{k}x", recipe_changes(base, scaled), scaled))
+            rungs.append(Rung(spec.name, recipe_changes(base, scaled), scaled))
     for single in accuracy_dropped:
         with_it = picked.replace(**single.changes)
         if with_it != picked:
