@@ -25,7 +25,7 @@ def views_in_effect(wrapped: Any) -> bool:
 SCRIPT_SETS_IT = "the adapter does not reach the framework's DDP wrapper; the script sets it with "
 SWITCHES = (
     Switch((FIELD,),
-           rungs=(RungSpec(FIELD, {FIELD: True}, place=79),),
+           rungs=(RungSpec(FIELD, {FIELD: True}, place=73.7),),    # before the batch sizes, which change the math
            resumable=True,
            wrap=WrapSwitch(FIELD, strategies=("ddp",), options=view_options, state=views_in_effect),
            unreachable={"transformers": "Trainer builds its DDP from TrainingArguments, which has no setting for it "

@@ -28,7 +28,7 @@ def bucket_mb(wrapped: Any) -> float:
 SCRIPT_SETS_IT = "the adapter does not reach the framework's DDP wrapper; the script sets its bucket size with "
 SWITCHES = (
     Switch((FIELD,),
-           rungs=(RungSpec("ddp_buckets", {FIELD: 100.0}, place=78),),     # 4x DDP's 25: fewer all-reduce calls
+           rungs=(RungSpec("ddp_buckets", {FIELD: 100.0}, place=73.5),),   # 4x DDP's 25: fewer all-reduce calls
            resumable=True,
            wrap=WrapSwitch("bucket_cap_mb", strategies=("ddp",), options=bucket_options, state=bucket_mb),
            unreachable={"transformers": SCRIPT_SETS_IT + "TrainingArguments(ddp_bucket_cap_mb=...)",
