@@ -77,11 +77,11 @@ def write_summary(result, name: str, args, split) -> None:
             lines.append(f"| {rung.name} | {rung.reason or rung.status} | | | | | |")
             continue
         interval = f" ({r.speedup_interval[0]:.2f}–{r.speedup_interval[1]:.2f})" if r.speedup_interval else ""
-        delta = f" ({r.accuracy_delta:+.3f})" if r.accuracy_delta is not None else ""
+        delta = f" ({r.metric_delta:+.3f})" if r.metric_delta is not None else ""
         mfu = f"{r.flops_per_s / peak:.1%}" if peak and r.flops_per_s else "—"
         roof = f"{r.ceiling_fraction:.1%}" if r.ceiling_fraction else "—"
         lines.append(f"| {rung.name} | {r.throughput:,.0f} | {r.speedup:.2f}x{interval} | {r.verdict} | "
-                     f"{r.accuracy:.3f}{delta} | {mfu} | {roof} |")
+                     f"{r.metric:.3f}{delta} | {mfu} | {roof} |")
     text = "\n".join(lines) + "\n"
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "summary.md").write_text(text)

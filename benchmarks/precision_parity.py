@@ -2,7 +2,7 @@
 digits data for the same epochs, over several seeds per level, with the shared engine (trainfast.train), and
 compare each level's held-out accuracy with fp32's.
 
-Band: a level is "within band" when |mean(level) - mean(fp32)| <= ablate.accuracy_band(mean(fp32), n_val),
+Band: a level is "within band" when |mean(level) - mean(fp32)| <= scoring.metric_band(mean(fp32), n_val),
 the same noise band the ablation report flags rungs with (two binomial standard errors of a difference of two
 accuracies on the same n held-out images). Averaging over seeds only shrinks the real noise, so the band is
 conservative.
@@ -19,7 +19,7 @@ import warnings
 
 from trainfast import train
 from trainfast.ablation.ladders import RUNG_ALIASES
-from trainfast.ablation.scoring import accuracy_band
+from trainfast.ablation.scoring import metric_band
 from trainfast.data.loading import load_data
 from trainfast.measure import NonFiniteLossError
 from trainfast.models import DEFAULT_MODEL, build_model
@@ -79,7 +79,7 @@ def main() -> None:
 
     ref = [a for a in results.get("fp32", []) if a is not None]
     ref_mean = statistics.mean(ref) if ref else None
-    band = accuracy_band(ref_mean, n_val) if ref_mean is not None else None
+    band = metric_band(ref_mean, n_val) if ref_mean is not None else None
     print()
     print(f"{'level':16s} {'accuracy mean ± std':>22s} {'delta vs fp32':>14s}  within band (±{band:.3f})" if band
           else f"{'level':16s} {'accuracy mean ± std':>22s}")

@@ -123,13 +123,13 @@ def test_full_mode_compares_the_reported_metric_with_the_baselines_band(tmp_path
         assert rung["status"] == "done"
         assert all(run["stopped"] == "script ended" and "val_accuracy" in run["reported"] for run in rung["runs"])
         # the metric compared is the one named, the mean over the rung's runs
-        assert rung["accuracy"] == pytest.approx(sum(r["reported"]["val_loss"] for r in rung["runs"]) / 2)
+        assert rung["metric"]["value"] == pytest.approx(sum(r["reported"]["val_loss"] for r in rung["runs"]) / 2)
     assert len(results["baseline_seeds"]) == 3                # the baseline's seeds make the band
-    seeds = [s["accuracy"] for s in results["baseline_seeds"]]
+    seeds = [s["metric"] for s in results["baseline_seeds"]]
     assert len(set(seeds)) == 3                               # the ablation's seed reached the script
-    assert amp["accuracy_band"] > 0 and "accuracy_delta" in amp and isinstance(amp["accuracy_flag"], bool)
+    assert amp["metric_band"] > 0 and "metric_delta" in amp and isinstance(amp["metric_flag"], bool)
     # a loss is minimized: worse means higher
-    assert amp["accuracy_worse"] == (amp["accuracy_flag"] and amp["accuracy_delta"] > 0)
+    assert amp["metric_worse"] == (amp["metric_flag"] and amp["metric_delta"] > 0)
     report = (out / "report.md").read_text()
     assert "val_loss (Δ)" in report and "val_loss noise band" in report
 
@@ -144,7 +144,7 @@ def test_full_mode_runs_the_adopted_example_to_its_end_in_each_rung(tmp_path):
     measured = [r for r in results["rungs"] if r["status"] == "done"]
     assert [r["name"] for r in measured] == ["baseline", "amp", "compile"]
     for rung in measured:
-        assert rung["runs"][0]["stopped"] == "script ended" and 0.2 < rung["accuracy"] <= 1.0   # val_accuracy
+        assert rung["runs"][0]["stopped"] == "script ended" and 0.2 < rung["metric"]["value"] <= 1.0   # val_accuracy
 
 
 @pytest.mark.slow
@@ -154,7 +154,7 @@ def test_full_mode_says_when_the_script_never_reported_the_metric(tmp_path):
     out = tmp_path / "unreported"
     proc, results = ablate(out, "--measure", "full", "--metric", "val_f1", "--repeats", "1", "--noise-seeds", "1",
                            "--settle-within", "0", "--rungs", "amp", command=[sys.executable, ADOPTED, "--epochs", "1"])
-    assert all(rung["accuracy"] is None for rung in results["rungs"] if rung["status"] == "done")
+    assert all(rung["metric"] is None for rung in results["rungs"] if rung["status"] == "done")
     said = "on speed alone: the script never reported val_f1, so no rung's accuracy was checked"
     assert said in " ".join(proc.stdout.split()) and said in " ".join((out / "report.md").read_text().split())
 

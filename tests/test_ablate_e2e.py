@@ -9,7 +9,7 @@ import torch
 from conftest import scored_rung, tiny_resnet
 
 from trainfast import Recipe, RecipeError, ablate
-from trainfast.ablation.scoring import accuracy_band, pick_best, score_rungs
+from trainfast.ablation.scoring import metric_band, pick_best, score_rungs
 from trainfast.techniques.precision import auto_amp_dtype, slow_half_reason
 
 RUNG_KEYS = {"name", "recipe", "effect", "verdict", "throughput", "throughput_interval", "speedup", "speedup_interval",
@@ -33,7 +33,7 @@ def cli_report(tmp_path_factory):
 @pytest.mark.slow
 def test_report_folder_has_everything(cli_report):
     out, stdout = cli_report
-    for name in ("results.json", "report.md", "throughput.png", "peak_memory.png", "accuracy.png"):
+    for name in ("results.json", "report.md", "throughput.png", "peak_memory.png", "metric.png"):
         assert (out / name).stat().st_size > 0, name
     assert "baseline (fp32)" in stdout and "no effect on this device" in stdout   # the printed table
 
@@ -48,14 +48,14 @@ def test_results_schema_and_numbers(cli_report):
     names = [r["name"] for r in data["rungs"]]
     assert names == ["baseline", "amp", "non_blocking", "channels_last"]
     seeds = data["baseline_seeds"]
-    assert [s["seed"] for s in seeds] == [0, 1] and all(s["accuracy"] > 0.5 for s in seeds)
+    assert [s["seed"] for s in seeds] == [0, 1] and all(s["metric"] > 0.5 for s in seeds)
     for rung in data["rungs"]:
         assert RUNG_KEYS <= set(rung), RUNG_KEYS - set(rung)
         assert Recipe.from_dict(rung["recipe"])          # the full recipe, loadable
     measured = [r for r in data["rungs"] if r["effect"] == "measured"]
     for rung in measured:
         assert rung["throughput"] > 0 and rung["epoch_time_s"] > 0 and rung["peak_memory_bytes"] > 2**20
-        assert rung["accuracy"] > 0.5, rung   # chance is 0.1
+        assert rung["metric"]["value"] > 0.5, rung   # chance is 0.1
         assert 0 < rung["ceiling_fraction"] < 5 and rung["flops_per_s"] > 0
         lo, hi = rung["throughput_interval"]
         assert lo <= rung["throughput"] <= hi
@@ -133,7 +133,7 @@ def test_python_api_with_own_model_and_datasets(tmp_path, digits16):
     assert all(run.get("reused") for r in again.rungs for run in r.repeats)
     second = json.loads((tmp_path / "results.json").read_text())
     for a, b in zip(first["rungs"], second["rungs"]):
-        assert a["throughput"] == b["throughput"] and a["accuracy"] == b["accuracy"] and a["verdict"] == b["verdict"]
+        assert a["throughput"] == b["throughput"] and a["metric"] == b["metric"] and a["verdict"] == b["verdict"]
     # ... and so are records written before `metric` and `unit`, whose `accuracy` held the judged metric.
     for path in (tmp_path / "runs").glob("*.json"):
         record = json.loads(path.read_text())
@@ -141,7 +141,7 @@ def test_python_api_with_own_model_and_datasets(tmp_path, digits16):
         del record["unit"]
         path.write_text(json.dumps({**record, "accuracy": metric["value"]}))
     third = ablate(tiny_resnet, digits16.train, digits16.val, **kwargs, resume=True)
-    assert [r.result.accuracy for r in third.rungs] == [r["accuracy"] for r in first["rungs"]]
+    assert [r.result.metric for r in third.rungs] == [r["metric"]["value"] for r in first["rungs"]]
     # ... and a different plan is refused with the difference named, never mixed.
     changed = dict(kwargs, rungs=["channels_last"])
     with pytest.raises(RecipeError, match="differs from this command in rungs"):
@@ -149,22 +149,22 @@ def test_python_api_with_own_model_and_datasets(tmp_path, digits16):
 
 
 def test_noise_band_and_best_pick():
-    band = accuracy_band(0.9, 400)
+    band = metric_band(0.9, 400)
     assert 0.03 < band < 0.05            # 2 * sqrt(2 * 0.9 * 0.1 / 400) = 0.042
     # seed-to-seed spread dominates: 2 * stdev(0.8, 0.9, 1.0) * sqrt(1 + 1/3)
-    assert accuracy_band(0.9, 400, [0.8, 0.9, 1.0]) == pytest.approx(2 * 0.1 * (4 / 3) ** 0.5)
-    assert accuracy_band(0.9, 400, [0.9, 0.9, 0.9]) == band
+    assert metric_band(0.9, 400, [0.8, 0.9, 1.0]) == pytest.approx(2 * 0.1 * (4 / 3) ** 0.5)
+    assert metric_band(0.9, 400, [0.9, 0.9, 0.9]) == band
     # a rung measured as the mean of 2 seeds is compared with a narrower band: sqrt(1/2 + 1/3)
-    assert accuracy_band(0.9, 400, [0.8, 0.9, 1.0], runs=2) == pytest.approx(2 * 0.1 * (1 / 2 + 1 / 3) ** 0.5)
+    assert metric_band(0.9, 400, [0.8, 0.9, 1.0], runs=2) == pytest.approx(2 * 0.1 * (1 / 2 + 1 / 3) ** 0.5)
 
     rungs = [scored_rung("baseline", [100, 100], 0.90),
              scored_rung("fast_but_wrong", [300, 300], 0.70, set_to_none=True),
              scored_rung("fast", [200, 200], 0.89, channels_last=True)]
     score_rungs(rungs, {"fp32": 10.0}, [0.90, 0.91, 0.89])
-    assert rungs[1].result.accuracy_flag and not rungs[2].result.accuracy_flag
+    assert rungs[1].result.metric_flag and not rungs[2].result.metric_flag
     assert rungs[2].result.speedup == pytest.approx(2.0, rel=0.05)
     assert pick_best(rungs)[0].name == "fast"
     # O3 (pure half, no fp32 master) is faster and inside the band, but risky by construction: never picked.
     rungs.append(scored_rung("pure-bf16", [400, 400], 0.90, precision="bf16", precision_level="pure"))
     score_rungs(rungs, {"fp32": 10.0, "bf16": 20.0}, [0.90, 0.91, 0.89])
-    assert not rungs[3].result.accuracy_flag and pick_best(rungs)[0].name == "fast"
+    assert not rungs[3].result.metric_flag and pick_best(rungs)[0].name == "fast"

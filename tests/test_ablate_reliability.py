@@ -75,7 +75,7 @@ def test_killed_ablation_leaves_no_process_and_resumes(tmp_path):
     assert "reused baseline (fp32), run 1" in done.stdout
     results = json.loads((out / "results.json").read_text())
     base, rung = results["rungs"]
-    assert base["runs"][0]["timing"] == finished["timing"] and base["accuracy"] == finished["metric"]["value"]
+    assert base["runs"][0]["timing"] == finished["timing"] and base["metric"] == finished["metric"]
     assert base["runs"][0]["reused"] and rung["status"] == "done" and rung["verdict"] != "failed"
 
     # A changed plan is refused with the difference named.

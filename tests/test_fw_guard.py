@@ -34,7 +34,7 @@ def test_a_faster_rung_that_ruins_the_frameworks_metric_is_not_recommended(tmp_p
         for run in rung["runs"]:
             assert math.isfinite(run["reported"][metric]), run["reported"]
     assert amp["verdict"] == "faster", amp
-    assert amp["accuracy_worse"] is True and amp["accuracy_flag"] is True, amp
+    assert amp["metric_worse"] is True and amp["metric_flag"] is True, amp
     assert results["best"]["name"] == "baseline"
     report = (out / "report.md").read_text()
     assert f"Judged on {metric}" in report and "recommended: baseline" in report

@@ -346,14 +346,14 @@ def test_half_weight_levels_train_the_real_data_like_fp32(digits16, fp32_digits,
     from test_parity import BF16_MEAN_ABS_GAP
 
     from trainfast import train
-    from trainfast.ablation.scoring import accuracy_band
+    from trainfast.ablation.scoring import metric_band
 
     recipe = Recipe(epochs=2, batch_size=64, log_every=5, precision=precision, precision_level=level)
     half = train(tiny_resnet, digits16, recipe=recipe, device="cpu")
     curves = [[x for r in run.history for x in r["train_losses"]] for run in (fp32_digits, half)]
     gap = sum(abs(a - b) for a, b in zip(*curves)) / len(curves[0])
     ref, got = fp32_digits.history[-1]["val_accuracy"], half.history[-1]["val_accuracy"]
-    band = accuracy_band(ref, half.history[-1].get("val_samples", len(digits16.val)))
+    band = metric_band(ref, half.history[-1].get("val_samples", len(digits16.val)))
     assert gap < 2 * BF16_MEAN_ABS_GAP, f"mean |loss_{level} - loss_fp32| = {gap:.4f}"
     assert abs(got - ref) <= band, (got, ref, band)
     assert curves[0] != curves[1]
@@ -397,14 +397,14 @@ def test_compile_runs_on_the_master_weight_model_and_matches_eager(digits16):
     from conftest import tiny_resnet
     from test_parity import BF16_MEAN_ABS_GAP
 
-    from trainfast.ablation.scoring import accuracy_band
+    from trainfast.ablation.scoring import metric_band
 
     eager, compiled = compiled_and_eager_master_runs(tiny_resnet, digits16, epochs=2)
     curves = [[x for r in run.history for x in r["train_losses"]] for run in (eager, compiled)]
     gap = sum(abs(a - b) for a, b in zip(*curves)) / len(curves[0])
     assert gap < 2 * BF16_MEAN_ABS_GAP, f"mean |loss_compiled - loss_eager| = {gap:.4f}"
     ref, got = eager.history[-1]["val_accuracy"], compiled.history[-1]["val_accuracy"]
-    assert abs(got - ref) <= accuracy_band(ref, len(digits16.val)), (got, ref)
+    assert abs(got - ref) <= metric_band(ref, len(digits16.val)), (got, ref)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])

@@ -328,7 +328,7 @@ def test_tune_weighs_the_rate_pick_and_its_batch_sizes_and_keeps_the_pick_unless
     grouped, fused, failed = rung("+group_by_length", []), rung("+fused", []), rung("+compile", [])
     grouped.changes, fused.changes, failed.changes = {"group_by_length": True}, {"optimizer_impl": "fused"}, \
         {"compile": True}
-    grouped.result.accuracy_worse, fused.result.accuracy_worse, failed.result.accuracy_worse = True, False, True
+    grouped.result.metric_worse, fused.result.metric_worse, failed.result.metric_worse = True, False, True
     failed.status = Status.FAILED
     dropped = lost_accuracy([rung("baseline", []), grouped, fused, failed])
     assert dropped == [grouped]

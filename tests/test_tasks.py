@@ -218,7 +218,10 @@ def test_an_old_run_folder_whose_records_say_accuracy_resumes(tmp_path):
     result = run_ladder([Rung(r.name, r.changes, r.recipe) for r in plan], work, settings, out, options)
     base, amp = result.rungs
     assert work.launched == ["amp"] and base.repeats[0]["reused"]            # the old record read back, not rerun
-    assert base.result.accuracy == old["accuracy"] and amp.result.accuracy == old["loss"] + 0.01
+    assert base.result.metric == old["accuracy"] and amp.result.metric == old["loss"] + 0.01
+    # read back in today's names (store.current_record): the value moved to `metric`, named as the plan names it
+    assert base.repeats[0]["metric"] == {"name": "validation loss", "goal": None, "value": old["accuracy"]}
+    assert "accuracy" not in base.repeats[0]
     assert amp.result.unit == "tokens" and base.result.unit is None          # an old record never said its unit
     data = json.loads((out / "results.json").read_text())
     assert data["metric"]["name"] == "validation loss" and "lower is better" in data["metric"]["why"]

@@ -79,7 +79,7 @@ def test_batch_size_search_climbs_while_firmly_faster_with_accuracy_kept_and_is_
     assert search([100, 150, 152, 300], [0.95] * 4)["batch_size"] == 512
     # 256 gains, but loses accuracy outside the band: it is not a candidate, 128 is kept
     found = search([100, 150, 200, 210], [0.95, 0.95, 0.80, 0.80])
-    assert found["batch_size"] == 128 and found["sizes"]["batch-256"]["accuracy_worse"]
+    assert found["batch_size"] == 128 and found["sizes"]["batch-256"]["metric_worse"]
     assert search([100, 101, 99, 100], [0.95] * 4)["batch_size"] == 64          # nothing gains: the size stays
 
 

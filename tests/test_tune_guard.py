@@ -14,7 +14,7 @@ PACKED = Recipe(precision="bf16", padding_free=True)
 
 def rung(name: str, recipe: Recipe, losses: list[float]) -> Rung:
     r = Rung(name, {}, recipe, status=Status.DONE)
-    r.result = RungResult(repeats=len(losses), accuracies=losses)
+    r.result = RungResult(repeats=len(losses), metric_values=losses)
     return r
 
 
@@ -58,13 +58,13 @@ def test_of_two_singles_at_the_same_speed_the_one_that_kept_the_metric_is_chosen
     grouped = scored_rung("group_by_length", [158, 156, 158], 0.5, group_by_length=True)
     slow = scored_rung("reuse_memory", [120, 118, 121], 0.5, reuse_memory=True)
     score_rungs([base, packed, grouped, slow], {})
-    grouped.result.accuracy_flag = True           # its metric moved past the band (on the better side)
+    grouped.result.metric_flag = True           # its metric moved past the band (on the better side)
     assert tied_best([packed, grouped, slow], [base, packed, grouped, slow], 0.05) is packed
-    grouped.result.accuracy_flag = False
+    grouped.result.metric_flag = False
     faster = max(packed, grouped, key=lambda r: r.result.speedup)          # none moved it: the faster of the two
     assert tied_best([packed, grouped, slow], [base, packed, grouped, slow], 0.05) is faster
     # inside the band both, but grouping moved the metric and packing did not: packing, however the tie fell
-    packed.result.accuracy_delta, grouped.result.accuracy_delta = 0.0, 0.018
+    packed.result.metric_delta, grouped.result.metric_delta = 0.0, 0.018
     grouped.result.speedup = packed.result.speedup * 1.01
     assert tied_best([packed, grouped, slow], [base, packed, grouped, slow], 0.05) is packed
     # stage 2 measures the combination against that same single switch

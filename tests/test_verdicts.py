@@ -2,6 +2,7 @@
 that agrees with the clock. Synthetic step times where the truth is known; one real training loop for
 the clock."""
 import re
+import statistics
 import time
 
 import numpy as np
@@ -114,7 +115,7 @@ def test_ladder_scoring_judges_each_rung_against_baseline_and_the_rung_above():
     amp, stn, wrong = (r.result for r in rungs[1:])
     assert amp.verdict == FASTER and stn.verdict == FASTER
     assert stn.vs_previous["rung"] == "amp" and stn.vs_previous["verdict"] == SAME
-    assert wrong.accuracy_flag and wrong.accuracy_delta < 0
+    assert wrong.metric_flag and wrong.metric_delta < 0
     best, tie, _ = pick_best(rungs)
     assert best.name == "amp" and set(tie) == {"amp", "set_to_none"}     # "wrong" loses accuracy: excluded
 
@@ -425,19 +426,19 @@ def test_the_report_says_how_often_a_rerun_repeats_every_verdict_at_once(tmp_pat
     assert f"a rerun would repeat every one of them about {100 * together:.0f}% of the time" in report
 
 
-def test_a_report_with_one_finished_baseline_run_says_there_is_no_accuracy_band(tmp_path):
+def test_a_report_with_one_finished_baseline_run_says_there_is_no_metric_band(tmp_path):
     # a held-out accuracy with one baseline run (its other seeds failed): no band to judge with, said in words
     # (this crashed the report of a ViT ablation whose baseline kept one run of three)
     from trainfast.recipe import Recipe
-    from trainfast.report import accuracy_note
+    from trainfast.report import metric_note
     from trainfast.results import AblationResult, Rung, RungResult, Status
 
-    base = Rung("baseline", {}, Recipe(), result=RungResult(accuracy=0.34, val_samples=64), status=Status.PARTIAL)
-    amp = Rung("amp", {"precision": "bf16"}, Recipe(precision="bf16"), result=RungResult(accuracy=0.45, val_samples=64),
+    base = Rung("baseline", {}, Recipe(), result=RungResult(metric=0.34, val_samples=64), status=Status.PARTIAL)
+    amp = Rung("amp", {"precision": "bf16"}, Recipe(precision="bf16"), result=RungResult(metric=0.45, val_samples=64),
                status=Status.DONE)
-    result = AblationResult([base, amp], {}, tmp_path, Recipe(), "baseline", {}, [{"accuracy": 0.34}],
+    result = AblationResult([base, amp], {}, tmp_path, Recipe(), "baseline", {}, [{"metric": 0.34}],
                             settings={"repeats": 3})
-    assert "no noise band (one baseline run)" in accuracy_note(result)
+    assert "no noise band (one baseline run)" in metric_note(result)
 
 
 def test_a_gain_estimated_past_the_minimum_effect_but_not_resolved_asks_for_more_passes():
@@ -492,6 +493,8 @@ def test_results_json_names_the_metric_beside_its_value(tmp_path):
     assert data["metric"] == {"name": "accuracy", "goal": "max",
                               "why": "the task's metric on held-out data, higher is better"}
     keys, fused = list(data["rungs"][2]), data["rungs"][2]
-    assert keys[keys.index("accuracy") + 1] == "metric"
-    assert fused["metric"] == {"name": "accuracy", "goal": "max", "value": fused["accuracy"]}
-    assert fused["accuracy"] is not None and data["schema_version"] == 4
+    assert keys[keys.index("peak_memory_bytes") + 1] == "metric" and "accuracy" not in keys
+    assert fused["metric"] == {"name": "accuracy", "goal": "max", "value": statistics.fmean(fused["metric_values"])}
+    assert fused["metric"]["value"] is not None and data["schema_version"] == 5
+    assert {"metric_reference", "metric_delta", "metric_band", "metric_flag", "metric_worse"} <= set(keys)
+    assert not [k for k in keys if k.startswith("accuracy")] and "metric" in data["baseline_seeds"][0]

@@ -17,7 +17,9 @@ from .recipe import Recipe
 
 # 3: every rung carries every result key (null when not measured); status/effect enumerated. 4: each rung's judged
 # metric as `metric` ({"name", "goal", "value"}; `accuracy` still holds its value) and the unit its rate counts.
-SCHEMA_VERSION = 4
+# 5: the judged metric's numbers are `metric_*` (`accuracy*` held a validation loss or an mAP as well): a rung's
+# metric_values, metric_reference, metric_delta, metric_band, metric_flag, metric_worse; a baseline seed's `metric`.
+SCHEMA_VERSION = 5
 
 
 class Status(str, Enum):
@@ -68,9 +70,9 @@ class RungResult:
     throughput_spread: float | None = None
     documents_per_s: float | None = None     # a token script's documents/s beside its tokens/s (mean over repeats)
     # The judged metric's value (classification accuracy, detection mAP, a language model's validation loss, a
-    # script's): its name and goal are the ladder's (AblationResult.metric); every `accuracy_*` below is about it.
-    accuracy: float | None = None
-    accuracies: list[float] = field(default_factory=list)
+    # script's): its name and goal are the ladder's (AblationResult.metric); every `metric_*` below is about it.
+    metric: float | None = None
+    metric_values: list[float] = field(default_factory=list)     # each run's, in the order of `repeats`
     loss: float | None = None
     train_loss: float | None = None
     epoch_time_s: float | None = None
@@ -104,11 +106,11 @@ class RungResult:
     firm: bool | None = None                 # agreement of at least stats.FIRM
     vs_previous: dict[str, Any] | None = None  # {"rung", "speedup", "interval", "verdict", "agreement", "firm", "text"}
     memory_ratio: float | None = None
-    accuracy_reference: float | None = None  # the baseline: its mean over the noise seeds
-    accuracy_delta: float | None = None
-    accuracy_band: float | None = None
-    accuracy_flag: bool | None = None        # outside the baseline's band
-    accuracy_worse: bool | None = None       # ... on the wrong side
+    metric_reference: float | None = None    # the baseline: its mean over the noise seeds
+    metric_delta: float | None = None
+    metric_band: float | None = None
+    metric_flag: bool | None = None          # outside the baseline's band
+    metric_worse: bool | None = None         # ... on the wrong side
     noise: dict[str, Any] | None = None      # scoring.noise_summary
     # --target: time to target and its two factors against the baseline, with the verdict (ablation/target.py)
     to_target: dict[str, Any] | None = None

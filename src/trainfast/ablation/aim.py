@@ -66,7 +66,7 @@ class Aim:
         score_targets(self.plan, self.target, self.min_effect)
         if self.target.known:
             for rung in self.plan:
-                rung.result.accuracy_flag = rung.result.accuracy_worse = None
+                rung.result.metric_flag = rung.result.metric_worse = None
 
     def seeds(self, next_index: int) -> list[Entry]:
         """Seed runs for each rung that changed the math (its curve left the baseline's band) and has fewer than

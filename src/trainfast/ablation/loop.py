@@ -357,7 +357,7 @@ class LadderRun:
         choice = self.metric.choice()
         metric = (choice.name, choice.goal) if choice is not None else (None, None)
         self.seed_runs = [seed_summary(r, metric[0]) for r in base.repeats + base.seed_runs]
-        score_rungs(self.plan, self.ceilings, [s["accuracy"] for s in self.seed_runs], self.work.flops_per_sample,
+        score_rungs(self.plan, self.ceilings, [s["metric"] for s in self.seed_runs], self.work.flops_per_sample,
                     self.opts.mode, self.opts.min_effect, metric)
         if self.aim is not None:
             self.aim.score()

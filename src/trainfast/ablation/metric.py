@@ -71,10 +71,10 @@ def choose_metric(asked: str | None, goal: str | None, run: dict[str, Any] | Non
 
 
 def task_metric_value(run: dict[str, Any]) -> Any:
-    """The built-in run's judged value: its record's `metric` ({"name", "goal", "value"}), or in a record written
-    before that field (a run folder resumed) its `accuracy`, the slot that held every task's metric."""
+    """The built-in run's judged value: its record's `metric` ({"name", "goal", "value"}; a record an earlier
+    version wrote is read in today's names by store.current_record)."""
     judged = run.get("metric")
-    return judged.get("value") if isinstance(judged, dict) else run.get("accuracy")
+    return judged.get("value") if isinstance(judged, dict) else None
 
 
 def is_number(value: Any) -> bool:

@@ -21,9 +21,10 @@ from ..techniques.precision import level_note
 from .metric import SCRIPT_CHOICE, TASK_METRIC, choose_metric, metric_goal, task_metric_value
 
 
-def accuracy_band(accuracy: float, n: int | None, seed_accuracies: list[float] | None = None,
-                  runs: int = 1) -> float | None:
-    """Half-width of the band within which a rung's accuracy is indistinguishable from the baseline's.
+def metric_band(reference: float, n: int | None, seed_values: list[float] | None = None,
+                runs: int = 1) -> float | None:
+    """Half-width of the band within which a rung's judged metric is indistinguishable from the baseline's
+    `reference` (with n held-out samples: an accuracy, or an mAP taken as a proportion of that size).
 
     Two noise sources: evaluation sampling (n held-out samples: two binomial standard errors of a
     difference, sqrt(2) x one run's) and training itself (another seed, or the numerics of a technique,
@@ -31,15 +32,15 @@ def accuracy_band(accuracy: float, n: int | None, seed_accuracies: list[float] |
     sqrt(1/runs + 1/k) for comparing the mean of a rung's `runs` repeats against the mean of k). The band
     is the larger of the two. A script's own metric (n None: not a proportion of held-out samples that we
     know of) has the training-noise part only, and no band at all (None) from fewer than two seeds."""
-    if not n and len(seed_accuracies or []) < 2:
+    if not n and len(seed_values or []) < 2:
         return None
     band = 0.0
     if n:
-        p = min(max(accuracy, 1.0 / n), 1 - 1.0 / n)
+        p = min(max(reference, 1.0 / n), 1 - 1.0 / n)
         band = 2 * math.sqrt(2 * p * (1 - p) / n)
-    if seed_accuracies and len(seed_accuracies) >= 2:
-        k = len(seed_accuracies)
-        band = max(band, 2 * statistics.stdev(seed_accuracies) * math.sqrt(1 / max(1, runs) + 1 / k))
+    if seed_values and len(seed_values) >= 2:
+        k = len(seed_values)
+        band = max(band, 2 * statistics.stdev(seed_values) * math.sqrt(1 / max(1, runs) + 1 / k))
     return band
 
 
@@ -114,8 +115,8 @@ def aggregate(rung: Rung, noise: Noise | None, metric: str | None = "accuracy") 
         throughput_interval=rate.interval if rate else None,
         throughput_spread=rate.half_width if rate else None,
         documents_per_s=mean("documents_per_s"),
-        accuracy=statistics.fmean(values) if known else None,
-        accuracies=values if known else [],
+        metric=statistics.fmean(values) if known else None,
+        metric_values=values if known else [],
         loss=mean("loss"),
         train_loss=mean("train_loss"),
         epoch_time_s=mean("epoch_time_s"),
@@ -142,13 +143,13 @@ def step_alone_rate(reps: list[dict[str, Any]]) -> float | None:
     return statistics.fmean(rates) if rates and None not in rates and all(rates) else None
 
 
-def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: list[float] | None = None,
+def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_values: list[float] | None = None,
                 flops_per_sample: float | None = None, mode: str = "cumulative",
                 min_effect: float = MIN_EFFECT, metric: tuple[str | None, str | None] = ("accuracy", "max")) -> None:
     """Speed-up with its interval and verdict against the baseline (and, cumulative, against the rung
-    before: what adding this switch bought), memory ratio, ceiling fraction and accuracy flags. Accuracy (or
-    a script's reported `metric`) is judged against the baseline's mean over its seeds; a flag marks a rung
-    outside the band, `accuracy_worse` one outside it on the wrong side (below for a metric to maximize)."""
+    before: what adding this switch bought), memory ratio, ceiling fraction and the judged metric's flags. The
+    metric (the task's, or a script's reported one) is judged against the baseline's mean over its seeds: `metric_flag`
+    marks a rung outside the band, `metric_worse` one outside it on the wrong side (below for a metric to maximize)."""
     name, goal = metric
     sign = -1.0 if (goal or metric_goal(name)) == "min" else 1.0
     noises = ladder_noises(rungs)
@@ -157,8 +158,8 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
     base = rungs[0] if rungs and rungs[0].status == Status.DONE and rungs[0].result.repeats else None
     reference, seeds = None, []
     if base:
-        seeds = [a for a in (seed_accuracies or base.result.accuracies) if a is not None]
-        reference = statistics.fmean(seeds) if seeds and base.result.accuracy is not None else None
+        seeds = [a for a in (seed_values or base.result.metric_values) if a is not None]
+        reference = statistics.fmean(seeds) if seeds and base.result.metric is not None else None
     previous = base
     for rung in rungs:
         r = rung.result
@@ -175,19 +176,19 @@ def score_rungs(rungs: list[Rung], ceilings: dict[str, float], seed_accuracies: 
                 r.step_alone_speedup = r.step_alone / base.result.step_alone
         if base and rung is not base:
             judge_against(rung, base, previous if mode == "cumulative" else None, min_effect, noises)
-            if reference is not None and r.accuracy is not None:
-                r.accuracy_delta = r.accuracy - reference
-                r.accuracy_band = accuracy_band(reference, base.result.val_samples, seeds, runs=r.repeats)
+            if reference is not None and r.metric is not None:
+                r.metric_delta = r.metric - reference
+                r.metric_band = metric_band(reference, base.result.val_samples, seeds, runs=r.repeats)
                 # A metric that is no number (a loss gone NaN: fp16 without a scaler, a diverged learning rate)
                 # is outside any band and worse, whatever its goal: abs(nan) > band would say it is inside.
-                lost = not math.isfinite(r.accuracy)
-                r.accuracy_flag = lost or (r.accuracy_band is not None and abs(r.accuracy_delta) > r.accuracy_band)
-                r.accuracy_worse = lost or (r.accuracy_flag and sign * r.accuracy_delta < 0)
+                lost = not math.isfinite(r.metric)
+                r.metric_flag = lost or (r.metric_band is not None and abs(r.metric_delta) > r.metric_band)
+                r.metric_worse = lost or (r.metric_flag and sign * r.metric_delta < 0)
         elif rung is base:
             r.speedup, r.speedup_interval, r.verdict = 1.0, [1.0, 1.0], "reference"
             if reference is not None:
-                r.accuracy_reference = reference
-                r.accuracy_band = accuracy_band(reference, r.val_samples, seeds, runs=r.repeats)
+                r.metric_reference = reference
+                r.metric_band = metric_band(reference, r.val_samples, seeds, runs=r.repeats)
         paired, noise = noises.basis(paired_repeats(rung) is not None, base is not None and
                                      paired_repeats(base) is not None)
         r.noise = noise_summary(noises.own(rung.name, paired) if noise is not None else None, r.repeats,
@@ -247,7 +248,7 @@ def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT,
     if base.status != Status.DONE or not rung_repeats(base):
         return None, [], {}
     candidates = [base] + [r for r in rungs[1:] if r.status == Status.DONE and rung_repeats(r)
-                           and level_note(r.recipe) is None and not r.result.accuracy_worse]
+                           and level_note(r.recipe) is None and not r.result.metric_worse]
     if not fits(base, memory_limit):
         # The baseline does not fit: of the rungs that do, the fastest (none fits: nothing can be recommended).
         fitting = [r for r in candidates[1:] if fits(r, memory_limit)]
@@ -290,8 +291,8 @@ def unresolved(rung: Rung, min_effect: float = MIN_EFFECT) -> bool:
 
 
 def seed_summary(result: dict[str, Any], metric: str | None) -> dict[str, Any]:
-    """One baseline run as a noise seed: its seed, loss, rate and judged metric."""
-    return {**{k: result.get(k) for k in ("seed", "loss", "throughput")}, "accuracy": run_metric(result, metric)}
+    """One baseline run as a noise seed: its seed, loss, rate and judged metric's value (`metric`)."""
+    return {**{k: result.get(k) for k in ("seed", "loss", "throughput")}, "metric": run_metric(result, metric)}
 
 
 def run_metric(result: dict[str, Any], metric: str | None) -> float | None:

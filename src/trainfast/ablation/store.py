@@ -2,7 +2,8 @@
 
 `out/plan.json` holds the plan (the settings that decide what runs), `out/runs/<rung>-r<i>.json` one finished
 run each (the probe's record), both written atomically. With resume, a finished run is read back instead of
-run again; a plan that differs from the folder's is refused with the differences named, never mixed.
+run again; a plan that differs from the folder's is refused with the differences named, never mixed. A folder an
+earlier version wrote is read here and only here, in today's names (DESCRIPTIVE, comparable_plan, current_record).
 """
 from __future__ import annotations
 
@@ -51,6 +52,18 @@ def comparable_plan(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return {**new, "rungs": trimmed}
 
 
+def current_record(record: dict[str, Any], metric_name: str | None) -> dict[str, Any]:
+    """A finished run's record in today's names, whatever version wrote it. A built-in run's record written before
+    `metric` ({"name", "goal", "value"}) held its task's judged value in `accuracy` (a language model's validation
+    loss, a detector's mAP too): it is moved to `metric`, named as the folder's plan names it (`metric_name`; its
+    goal is the ladder's, decided again on resume)."""
+    if "metric" in record or "accuracy" not in record:
+        return record
+    upgraded = {k: v for k, v in record.items() if k != "accuracy"}
+    upgraded["metric"] = {"name": metric_name, "goal": None, "value": record["accuracy"]}
+    return upgraded
+
+
 class RunStore:
     def __init__(self, out_dir: Path, settings: dict[str, Any], resume: bool) -> None:
         self.dir = out_dir / "runs"
@@ -68,12 +81,13 @@ class RunStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         write_json(plan_path, settings)
         self.resume = resume
+        self.metric_name = settings.get("metric_name")
 
     def load(self, key: str) -> dict[str, Any] | None:
         path = self.dir / f"{key}.json"
         if not self.resume or not path.exists():
             return None
-        result = json.loads(path.read_text())
+        result = current_record(json.loads(path.read_text()), self.metric_name)
         result["reused"] = True
         return result
 

@@ -22,7 +22,7 @@ from .doctor_findings import doctor_section, replace_doctor_section, saves_text
 from .format import fmt_bytes, fmt_flops, fmt_rate, fmt_sig, fmt_speedup, rung_label, short_verdict
 from .live import Display
 from .machine import environment
-from .markdown import accuracy_note, data_wait_line, how_to_read, write_report
+from .markdown import metric_note, data_wait_line, how_to_read, write_report
 from .notes import above_ceiling_note, rung_notes
 from .results_json import results_dict, write_results_json
 from .summary import best_line, joint_agreement, repeatability_line
@@ -31,5 +31,5 @@ from .table import Columns, headers, markdown_table, table_rows
 __all__ = ["Display", "environment", "write_report", "results_dict", "write_results_json", "write_charts",
            "Columns", "headers", "table_rows", "markdown_table", "rung_label", "fmt_rate", "fmt_sig", "fmt_bytes",
            "fmt_flops", "fmt_speedup", "short_verdict", "best_line", "repeatability_line", "joint_agreement",
-           "accuracy_note", "data_wait_line", "above_ceiling_note", "how_to_read", "rung_notes", "doctor_section",
+           "metric_note", "data_wait_line", "above_ceiling_note", "how_to_read", "rung_notes", "doctor_section",
            "replace_doctor_section", "saves_text"]

@@ -20,10 +20,10 @@ def chart_specs(result: AblationResult, done: list[Rung]) -> list[tuple[str, str
         ("throughput", f"{columns.unit} (95% interval bars)", rates, rate_errors),
         ("peak_memory", "peak memory (MiB)", [r.result.peak_memory_bytes / 2**20 for r in done], None),
     ]
-    if all(r.result.accuracy is not None for r in done):
+    if all(r.result.metric is not None for r in done):
         held_out = "held-out " + judged_name(result)
-        specs.append(("accuracy", held_out if not result.settings.get("command") else columns.metric_label,
-                      [r.result.accuracy for r in done], None))
+        specs.append(("metric", held_out if not result.settings.get("command") else columns.metric_label,
+                      [r.result.metric for r in done], None))
     return specs
 
 
@@ -56,9 +56,9 @@ def write_charts(result: AblationResult) -> list[Path]:
         ax.bar_label(bars, labels=bar_texts(name, values, done), fontsize=7, padding=2)
         tops = [v + (errors[1][i] if errors else 0) for i, v in enumerate(values)]
         ax.set_ylim(0, max(tops) * 1.25)          # room for the labels above the tallest bar
-        if name == "accuracy" and base.accuracy_band:
-            mean = base.accuracy_reference if base.accuracy_reference is not None else base.accuracy
-            ax.axhspan(mean - base.accuracy_band, mean + base.accuracy_band, color="#999", alpha=0.25,
+        if name == "metric" and base.metric_band:
+            mean = base.metric_reference if base.metric_reference is not None else base.metric
+            ax.axhspan(mean - base.metric_band, mean + base.metric_band, color="#999", alpha=0.25,
                        label="baseline noise band")
             ax.legend(loc="lower right", fontsize=8)
         ax.set_xticks(range(len(values)), labels, rotation=20, ha="right", fontsize=8)

@@ -1,7 +1,7 @@
 """report.md, and write_report: the whole report folder (results.json, the charts, report.md) for a result.
 
 report.md puts the claim, the evidence and the environment together: the machine and its measured peak, the
-table, how repeatable its verdicts are, how to read it, the accuracy band, notes, the doctor's findings when
+table, how repeatable its verdicts are, how to read it, the metric's noise band, notes, the doctor's findings when
 `trainfast doctor --out` wrote them to the same folder, the recommendation and the charts."""
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
         *([machine, ""] if (machine := machine_line(result)) else []),
         how_to_read(result), "",
     ]
-    if result.rungs[0].result.accuracy is not None:
-        lines += [accuracy_note(result), ""]
+    if result.rungs[0].result.metric is not None:
+        lines += [metric_note(result), ""]
     lines += target_section(result, charts)     # --target: time to target, its factors, its verdict
     items = rung_notes(result)
     if items:
@@ -141,17 +141,17 @@ def data_wait_line(rungs: list[Rung]) -> str:
     return "Time waiting for data (share of the timed steps; the rest is computing): " + (", ".join(parts) or "—") + "."
 
 
-def accuracy_note(result: AblationResult) -> str:
+def metric_note(result: AblationResult) -> str:
     """The judged metric's noise band, how it was made, and the rungs outside it (or that there is none)."""
     if (result.settings.get("target") or {}).get("value") is not None:
         return ("With --target each run stopped at its first evaluation that reached the target (the baseline trained "
                 "half as long again past its planned end): the metric column is where each run stopped, not one "
                 "step, and no rung is judged on it; the time to target below judges them.")
     base = result.rungs[0].result
-    band = next((r.result.accuracy_band for r in result.rungs if r.result.accuracy_band is not None), None)
-    flagged = [rung_label(r) for r in result.rungs if r.result.accuracy_flag]
-    accs = [s["accuracy"] for s in result.seed_runs if s.get("accuracy") is not None]
-    seeds = ", ".join(f"{a:.3f}" for a in accs)
+    band = next((r.result.metric_band for r in result.rungs if r.result.metric_band is not None), None)
+    flagged = [rung_label(r) for r in result.rungs if r.result.metric_flag]
+    values = [s["metric"] for s in result.seed_runs if s.get("metric") is not None]
+    seeds = ", ".join(f"{v:.3f}" for v in values)
     runs = result.settings.get("repeats", 1)
     outside = ("Outside it (marked !): " + ", ".join(flagged) + ".") if flagged else "Every rung is inside it."
     if band is None:        # one baseline run finished (a seed failed or --noise-seeds 1): nothing to judge against
@@ -162,7 +162,7 @@ def accuracy_note(result: AblationResult) -> str:
         name = Columns.for_settings(result.settings, result.rungs, result.metric).metric_label
         judged = judged_line(result)
         text = (f"{judged}. " if judged else "") + (f"{name} noise band: ±{band:.3g} around the baseline's mean over "
-                f"{len(accs)} seed(s) ({seeds}): two seed-to-seed standard deviations, scaled for comparing a rung's "
+                f"{len(values)} seed(s) ({seeds}): two seed-to-seed standard deviations, scaled for comparing a rung's "
                 f"mean over its {runs} seed(s) with that mean. Δ is measured from that mean. ")
         if band == 0:
             text += ("The seeds all gave the same value: if the script seeds its own random generators after "
@@ -172,7 +172,7 @@ def accuracy_note(result: AblationResult) -> str:
     title = name if name[1:2].isupper() else name[0].upper() + name[1:]       # "mAP" stays "mAP"
     proxy = "" if name == "accuracy" else (f" (for {name}, those of a proportion of that size: a proxy, as {name} "
                                            "is not a share of images)")
-    return (f"{title} noise band: ±{band:.3f} around the baseline's mean {name} over {len(accs)} "
+    return (f"{title} noise band: ±{band:.3f} around the baseline's mean {name} over {len(values)} "
             f"seed(s) ({seeds}) on {base.val_samples} held-out samples: the larger of two binomial standard errors "
             f"of a difference{proxy} and two seed-to-seed standard deviations (scaled for comparing a rung's mean over "
             f"its {runs} seed(s) with that mean). Δ is measured from that mean. " + outside)

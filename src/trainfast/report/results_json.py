@@ -11,7 +11,7 @@ from ..results import SCHEMA_VERSION, AblationResult, Effect, Rung, Status
 
 # A rung's numbers that lead its entry, in this order (what the table shows); every other result field follows.
 HEADLINE = ("throughput", "throughput_interval", "throughput_spread", "speedup", "speedup_interval", "epoch_time_s",
-            "peak_memory_bytes", "accuracy", "loss", "flops_per_s", "ceiling_fraction")
+            "peak_memory_bytes", "metric", "loss", "flops_per_s", "ceiling_fraction")
 
 
 def rung_verdict(rung: Rung) -> str | None:
@@ -30,7 +30,7 @@ def rung_dict(rung: Rung, metric: dict[str, Any] | None = None) -> dict[str, Any
     """One rung's entry: what it changed and its recipe, its status, its verdict, then every RungResult field
     (null when not measured), the headline numbers first, then every process's own record (step times
     included). `metric`: the ladder's judged metric (AblationResult.metric), whose name and goal the rung's
-    `metric` carries beside its value (None when the runs were only timed)."""
+    `metric` carries beside its value (None when the runs were only timed); its other numbers are `metric_*`."""
     numbers = rung.result.to_dict()
     del numbers["verdict"]
     item: dict[str, Any] = {
@@ -44,14 +44,13 @@ def rung_dict(rung: Rung, metric: dict[str, Any] | None = None) -> dict[str, Any
     }
     for key in HEADLINE:
         item[key] = numbers.pop(key)
-        if key == "accuracy":
-            # The judged metric, named: accuracy, mAP, a language model's validation loss (lower is better), a
-            # script's own. `accuracy` holds the same value, kept for readers of results.json before `metric`.
-            item["metric"] = ({"name": metric.get("name"), "goal": metric.get("goal"), "value": rung.result.accuracy}
-                              if metric else None)
+    # The judged metric, named: accuracy, mAP, a language model's validation loss (lower is better), a script's own.
+    value = item["metric"]
+    item["metric"] = ({"name": (metric or {}).get("name"), "goal": (metric or {}).get("goal"), "value": value}
+                      if metric or value is not None else None)
     item.update(numbers)
     item["runs"] = rung.repeats
-    if rung.seed_runs:              # accuracy-only runs: the baseline's noise seeds, a --target rung's extra seeds
+    if rung.seed_runs:              # metric-only runs: the baseline's noise seeds, a --target rung's extra seeds
         item["seed_runs"] = rung.seed_runs
     return item
 

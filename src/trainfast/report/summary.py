@@ -73,7 +73,7 @@ def unreported_metric(result: AblationResult) -> str | None:
     settings = result.settings
     if settings.get("measure") != "full" or not settings.get("command"):
         return None
-    if any(r.result.accuracy is not None for r in result.rungs if r.result is not None):
+    if any(r.result.metric is not None for r in result.rungs if r.result is not None):
         return None
     return (settings.get("metric") or {}).get("name") or ""
 

@@ -106,9 +106,9 @@ def measured_row(rung: Rung, columns: Columns) -> list[str]:
     verdict = "reference" if baseline else short_verdict(r.verdict, r.speedup, r.is_firm)
     if rung.status != Status.DONE:
         verdict += f" (so far: {len(rung.repeats)} repeat(s))"
-    acc = "—" if r.accuracy is None else f"{r.accuracy:.3f}"
-    if not baseline and r.accuracy_delta is not None:
-        acc += f" ({r.accuracy_delta:+.3f}{' !' if r.accuracy_flag else ''})"
+    acc = "—" if r.metric is None else f"{r.metric:.3f}"
+    if not baseline and r.metric_delta is not None:
+        acc += f" ({r.metric_delta:+.3f}{' !' if r.metric_flag else ''})"
     frac = "—" if r.ceiling_fraction is None else f"{100 * r.ceiling_fraction:.1f}%"
     mem = fmt_bytes(r.peak_memory_bytes)
     if r.memory_ratio and not baseline:

@@ -29,7 +29,7 @@ def batch_finding(result: AblationResult) -> dict[str, Any]:
     rungs = result.rungs
     sizes = {r.name: {"batch_size": r.recipe.batch_size, "status": r.status, "speedup": r.result.speedup,
                       "speedup_interval": r.result.speedup_interval, "verdict": r.result.verdict_text,
-                      "accuracy": r.result.accuracy, "accuracy_worse": r.result.accuracy_worse,
+                      "metric": r.result.metric, "metric_worse": r.result.metric_worse,
                       "peak_memory_bytes": r.result.peak_memory_bytes} for r in rungs}
     failed = [r.recipe.batch_size for r in rungs if r.status == Status.FAILED]
     return {"batch_size": result.best.batch_size if result.best else rungs[0].recipe.batch_size,

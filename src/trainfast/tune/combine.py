@@ -70,8 +70,8 @@ def why_not(rung: Rung) -> str | None:
             return not_run_text(rung.reason)
         return {Status.NO_EFFECT: "no effect here", Status.FAILED: "failed"}.get(rung.status,
                                                                                  rung.reason or str(rung.status))
-    if r.accuracy_worse:
-        return f"lost accuracy ({r.accuracy_delta:+.3f}, outside the baseline's band)"
+    if r.metric_worse:
+        return f"lost accuracy ({r.metric_delta:+.3f}, outside the baseline's band)"
     if not firm_gain(rung):
         return f"no firm gain alone ({r.verdict_text if r.verdict_text is not None else r.verdict})"
     return None
@@ -144,7 +144,7 @@ def tied_best(gainers: list[Rung], singles: list[Rung], min_effect: float) -> Ru
     fastest = max(gainers, key=lambda r: r.result.speedup)
     noises = ladder_noises([r for r in singles if r.status == Status.DONE])     # the stage's own noise
     tied = [r for r in gainers if r is fastest or versus(r, fastest, min_effect, noises).verdict == SAME]
-    return max(tied, key=lambda r: (not r.result.accuracy_flag, -abs(r.result.accuracy_delta or 0.0),
+    return max(tied, key=lambda r: (not r.result.metric_flag, -abs(r.result.metric_delta or 0.0),
                                     r.result.speedup))
 
 
@@ -200,8 +200,8 @@ def decide(stage: list[Rung], min_effect: float = MIN_EFFECT) -> Decision:
             name = rung.name.removeprefix("without-")
             decision.dropped[name] = f"hurts in combination: the combination without it is {against.text}"
             final = rung
-    if final.status == Status.DONE and final.result.accuracy_worse:
-        decision.dropped[final.name] = (f"loses accuracy ({final.result.accuracy_delta:+.3f}, outside the "
+    if final.status == Status.DONE and final.result.metric_worse:
+        decision.dropped[final.name] = (f"loses accuracy ({final.result.metric_delta:+.3f}, outside the "
                                         "baseline's band)")
         final = None
     if final is not None:

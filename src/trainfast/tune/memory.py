@@ -54,7 +54,7 @@ def run_memory(search: Any, task: str) -> AblationResult:
     result = search.stage("memory", rungs, search.options.repeats, share=MEMORY_SHARE)
     done = [r for r in result.rungs if r.status == Status.DONE and r.repeats]
     base = result.rungs[0]
-    fitting = [r for r in done if fits(r, limit) and (r is base or not r.result.accuracy_worse)]
+    fitting = [r for r in done if fits(r, limit) and (r is base or not r.result.metric_worse)]
     needs = {r.name: mib(limit_peak(r)) for r in result.rungs}
     if base in fitting:
         search.notes.append(f"memory limit {mib(limit)}: the baseline fits as it is ({needs[base.name]})")

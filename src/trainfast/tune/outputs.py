@@ -39,11 +39,11 @@ def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, co
 
 
 def summary(result: AblationResult | None) -> dict[str, Any]:
-    """A stage's rungs as tune.json gives them: each one's status, switches, verdict, speed-up and accuracy."""
+    """A stage's rungs as tune.json gives them: each one's status, switches, verdict, speed-up and judged metric."""
     return {r.name: {"status": r.status, "changes": r.changes, "verdict": r.result.verdict,
                      "speedup": r.result.speedup, "speedup_interval": r.result.speedup_interval,
-                     "firm": r.result.firm, "accuracy": r.result.accuracy,
-                     "accuracy_worse": r.result.accuracy_worse}
+                     "firm": r.result.firm, "metric": r.result.metric,
+                     "metric_worse": r.result.metric_worse}
             for r in (result.rungs if result else [])}
 
 

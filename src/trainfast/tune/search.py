@@ -253,25 +253,25 @@ def guarded_by_its_runs(search: Search, found: Findings, decision: Decision) -> 
     script's runs are timed whole, probe.Probe.whole_run) and reported its metric: the recipe's rung (stage 1's
     or stage 1b's) against stage 1's baseline, the script as it is, and its band over the baseline's seeds, as
     the scores judge a rung. None where those runs did not judge a metric: the guard then runs (guard_measured)."""
-    from ..ablation.scoring import accuracy_band
+    from ..ablation.scoring import metric_band
 
     if not getattr(search.work, "learned", {}).get("whole_run") or not (found.first.metric or {}).get("name"):
         return None
     measured = [*found.singles, *(found.on_level.rungs if found.on_level else [])]
-    rung = next((r for r in measured if r.status == Status.DONE and r.result.accuracies
+    rung = next((r for r in measured if r.status == Status.DONE and r.result.metric_values
                  and not recipe_changes(r.recipe, decision.recipe)), None)
     base = found.singles[0]
-    seeds = [a for a in (base.result.accuracies if base.status == Status.DONE else []) if a is not None]
+    seeds = [a for a in (base.result.metric_values if base.status == Status.DONE else []) if a is not None]
     if rung is None or len(seeds) < 2:
         return None
     metric = found.first.metric
     reference = statistics.fmean(seeds)
-    value = statistics.fmean(rung.result.accuracies)
-    band = accuracy_band(reference, None, seeds, runs=len(rung.result.accuracies))
+    value = statistics.fmean(rung.result.metric_values)
+    band = metric_band(reference, None, seeds, runs=len(rung.result.metric_values))
     delta = value - reference
     worse = not math.isfinite(value) or (abs(delta) > band and (delta < 0) == (metric.get("goal") != "min"))
     said = (f"{metric['name']} {value:.4g} ({delta:+.3g}) against the script as it is ({reference:.4g} over "
-            f"{len(seeds)} seeds, band ±{band:.3g}), on the {len(rung.result.accuracies)} runs that timed it, each "
+            f"{len(seeds)} seeds, band ±{band:.3g}), on the {len(rung.result.metric_values)} runs that timed it, each "
             "run to the script's end")
     if worse:
         return Decision(search.base, "baseline", gainers=decision.gainers, dropped={
@@ -295,9 +295,9 @@ def guard_measured(search: Search, decision: Decision, per_run: float) -> Decisi
     result = search.stage("guard", rungs, repeats, measure="full", last=True)
     rung = result.rungs[1]
     guarded = judged_line(result)
-    if rung.status == Status.DONE and rung.result.accuracy_worse:
+    if rung.status == Status.DONE and rung.result.metric_worse:
         return Decision(search.base, "baseline", gainers=decision.gainers, dropped={
-            **decision.dropped, decision.name: f"loses accuracy run to its end ({rung.result.accuracy_delta:+.3g}, "
+            **decision.dropped, decision.name: f"loses accuracy run to its end ({rung.result.metric_delta:+.3g}, "
                                                "outside the baseline's band)"},
             notes=decision.notes + ([f"the accuracy guard {guarded[0].lower() + guarded[1:]}"] if guarded else []))
     if guarded:

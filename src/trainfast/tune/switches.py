@@ -65,7 +65,7 @@ def is_level(rung: Rung) -> bool:
 
 def firm_gain(rung: Rung) -> bool:
     r = rung.result
-    return rung.status == Status.DONE and r.verdict == FASTER and r.is_firm and not r.accuracy_worse
+    return rung.status == Status.DONE and r.verdict == FASTER and r.is_firm and not r.metric_worse
 
 
 def kept_level(singles: list[Rung], in_combination: list[str]) -> Rung | None:

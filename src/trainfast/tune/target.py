@@ -69,7 +69,7 @@ def target_candidates(base: Recipe, picked: Recipe, train_samples: int | None,
 
 def lost_accuracy(singles: list[Rung]) -> list[Rung]:
     """The measured singles whose metric at the planned step fell outside the baseline's band (combine.why_not)."""
-    return [r for r in singles[1:] if r.status == Status.DONE and r.result.accuracy_worse]
+    return [r for r in singles[1:] if r.status == Status.DONE and r.result.metric_worse]
 
 
 def run_target_stage(search, decision: Decision, singles: list[Rung]) -> tuple[AblationResult, Decision]:
