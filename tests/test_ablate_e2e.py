@@ -13,7 +13,7 @@ from trainfast.ablation.scoring import metric_band, pick_best, score_rungs
 from trainfast.techniques.precision import auto_amp_dtype, slow_half_reason
 
 RUNG_KEYS = {"name", "recipe", "effect", "verdict", "throughput", "throughput_interval", "speedup", "speedup_interval",
-             "epoch_time_s", "peak_memory_bytes", "accuracy", "loss", "flops_per_s", "ceiling_fraction", "runs"}
+             "epoch_time_s", "peak_memory_bytes", "metric", "loss", "flops_per_s", "ceiling_fraction", "runs"}
 CPU = torch.device("cpu")
 VERDICTS = {"faster", "slower", "no measurable difference"}
 
