@@ -450,3 +450,18 @@ def test_an_own_loops_compute_dtype_is_read_from_its_autocast_or_its_weights():
     assert dtype_of(loop(autocast=True)) == torch.bfloat16
     assert dtype_of(loop(autocast=False)) == torch.float32
     assert dtype_of(loop(autocast=False, cast=torch.bfloat16)) == torch.bfloat16
+
+
+def test_what_compiled_before_the_loop_is_not_the_loops():
+    """Dynamo's counters count for the whole process: a graph break compiled before the observed loop (another
+    model, a library's compiled step) is not reported as the loop's."""
+    @torch.compile(backend="eager")
+    def broken(x):
+        x = x + 1
+        torch._dynamo.graph_break()
+        return x * 2
+
+    broken(torch.ones(2))
+    obs, findings = loop_findings()
+    assert not (obs.compile or {}).get("graph_breaks")
+    assert finding(findings, "compile: graph breaks and recompilations").status != "problem"

@@ -30,7 +30,7 @@ from ..measure import detect_warmup
 from ..techniques import memory_reuse
 from ..instruments.watch import Watch
 from .common import (DEFAULT_STEPS, add_evaluation, add_machine_load, add_page_faults, add_watch, capacity,
-                     current_memory)
+                     compiled_since, current_memory)
 from .peaks import half_ceiling, measure_flops
 from .text import observe_text
 
@@ -61,6 +61,9 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
     from ..measure import peak_memory_bytes
     from ..run import assemble_run
 
+    from ..probe import compile_counters
+
+    counted = compile_counters()           # the process's counters: what this run compiles is their difference
     run = assemble_run(model, split, recipe, device=device, loss_fn=loss_fn)
     state, recipe, dev = run.state, run.recipe, run.device
     obs = Observations("built-in", str(dev), collect_environment())
@@ -88,8 +91,6 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
                                                    if flops and loss_fn is not None else (None, None))
     finally:
         run.close()
-    from ..probe import compile_counters
-
     warmup = detect_warmup([s.seconds for s in timed], min_skip=1)
     steady = timed[warmup:]
     obs.steps_run, obs.warmup_steps = state.step, warmup
@@ -104,7 +105,8 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
     obs.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
     obs.ceiling_dtype = recipe.precision
     obs.half_ceiling = half_ceiling(dev, recipe.precision) if obs.ceiling_flops else None
-    obs.compiled, obs.compile, obs.recompiles = recipe.compile, compile_counters(), recompiles
+    obs.compile = compiled_since(counted, compile_counters())
+    obs.compiled, obs.recompiles = recipe.compile, recompiles
     obs.notes.append(f"recipe: {json.dumps(recipe.to_dict())}")
     return obs
 

@@ -44,6 +44,19 @@ def add_watch(obs: Observations, watch: Watch) -> None:
     obs.data_parallel = watch.forwards.data_parallel
 
 
+def compiled_since(before: dict | None, after: dict | None) -> dict | None:
+    """What was compiled between two reads of dynamo's counters (probe.compile_counters): they count for the whole
+    process, so what compiled before the observed run (another model, a library's own compiled step) is left out;
+    None when nothing was ever compiled."""
+    if after is None or not before:
+        return after
+    since = dict(after)
+    for key in ("graphs", "frames", "graph_breaks"):
+        since[key] = after.get(key, 0) - before.get(key, 0)
+    since["break_reasons"] = [r for r in after.get("break_reasons", []) if r not in before.get("break_reasons", [])]
+    return since
+
+
 def add_evaluation(obs: Observations, watch: Watch) -> None:
     """What the watch saw of the loop's evaluation, and how its wait for one ended (Watch.wait_record)."""
     obs.eval_forwards, obs.eval_graph = watch.forwards.eval_forwards, dict(watch.forwards.eval_graph)

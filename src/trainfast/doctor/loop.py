@@ -18,7 +18,7 @@ from ..envcheck import collect_environment
 from ..measure import detect_warmup
 from ..instruments.watch import EnoughSteps, Watch
 from .common import (DEFAULT_EVAL_WITHIN, DEFAULT_STEPS, add_evaluation, add_machine_load, add_page_faults, add_watch,
-                     capacity)
+                     capacity, compiled_since)
 from .peaks import DTYPE_NAMES, half_ceiling, loop_dtype, loop_flops, token_flops
 from .text import observe_loop_text
 
@@ -28,10 +28,13 @@ def observe_loop(loop: Callable[[], Any], *, steps: int = DEFAULT_STEPS, sync_st
     """Run `loop()` (a user's training loop) under the Watch for 1 + sync_steps + steps optimizer steps, then,
     if it has not evaluated yet, up to `eval_within` more seconds (untimed) until it does; then it is stopped
     (a loop that ends sooner is read as it ends) and what was observed is returned."""
+    from ..probe import compile_counters
+
     taken: list[Observations] = []
+    before = compile_counters()            # the process's counters: what this loop compiles is their difference
     watch = Watch(None, device_type=torch.device(device).type, sync_window=(1, 1 + sync_steps),
                   stop_after=1 + sync_steps + steps, eval_within=eval_within,
-                  on_stop=lambda w: taken.append(loop_observations(w, device, w.forwards.dropout_check())))
+                  on_stop=lambda w: taken.append(loop_observations(w, device, w.forwards.dropout_check(), before)))
     with watch:
         try:
             loop()
@@ -39,12 +42,13 @@ def observe_loop(loop: Callable[[], Any], *, steps: int = DEFAULT_STEPS, sync_st
             pass
     if watch.eval_wait is None:           # the loop ended on its own
         watch.eval_wait = watch.wait_record("ended")
-    obs = taken[0] if taken else loop_observations(watch, device, watch.forwards.dropout_check())
+    obs = taken[0] if taken else loop_observations(watch, device, watch.forwards.dropout_check(), before)
     add_evaluation(obs, watch)
     return obs
 
 
-def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observations:
+def loop_observations(watch: Watch, device: str, dropout: dict | None, compiled_before: dict | None = None
+                      ) -> Observations:
     from ..measure import peak_memory_bytes
     from ..probe import compile_counters
 
@@ -76,7 +80,7 @@ def loop_observations(watch: Watch, device: str, dropout: dict | None) -> Observ
         obs.handoff_s = worker_handoff_s(clock.last_batch)
     obs.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
     obs.memory = {"peak_bytes": peak_memory_bytes(dev), "capacity_bytes": capacity(dev)}
-    counters = compile_counters()
+    counters = compiled_since(compiled_before, compile_counters())
     obs.compiled, obs.compile = bool(counters and counters.get("frames")), counters
     if obs.samples:
         obs.flops_per_sample, obs.ceiling_flops = (token_flops(watch.batches.outer, count, dev, loop_dtype(watch))
