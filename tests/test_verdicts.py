@@ -177,7 +177,7 @@ def test_reported_rate_agrees_with_the_wall_clock(digits16, clock, monkeypatch):
 def _ladder(true_rates: list[float], passes: int, sigma: float, drift: list[float]) -> list[list]:
     """Rungs x passes of repeats: rate x the pass's drift x log-normal process noise."""
     rng = np.random.default_rng(1)
-    return [[noisy_repeat(rate * drift[i] * float(np.exp(sigma * rng.standard_normal())), noise=0.005)
+    return [[noisy_repeat(rate * drift[i] * float(np.exp(sigma * rng.standard_normal())), noise=0.005, rng=rng)
              for i in range(passes)] for rate in true_rates]
 
 

@@ -93,8 +93,8 @@ class Recipe:
     num_workers: int | str = 0        # DataLoader worker processes, or "auto": the fastest of a short measurement
     persistent_workers: bool = False  # keep workers alive across epochs (needs num_workers > 0)
     prefetch_factor: int | None = None  # batches each worker loads ahead (needs num_workers > 0)
-    pin_memory: bool = False          # page-locked host batches, required for async copies (CUDA only)
     non_blocking: bool = False        # host->device copies do not block the host (CUDA only)
+    pin_memory: bool = False          # page-locked host batches, required for async copies (CUDA only)
     prefetch: bool = False            # uint8 transport + side-stream copy + normalize on the device
     decode_cache: bool = False        # image folders: decode every file once to a uint8 cache on disk
     device_decode: bool = False       # CUDA image folders: nvJPEG decode, crop, normalize on device; workers read bytes

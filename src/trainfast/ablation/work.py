@@ -251,9 +251,14 @@ class CommandWork:
         values = recipe.to_dict()
         return {k: values[k] for k in self.switched}
 
+    @property
+    def ranks(self) -> int:
+        """The processes each run of the command is (--nproc; a test's fake command has none: one)."""
+        return getattr(self.cmd, "nproc", None) or 1
+
     def mark_effects(self, plan: list[Rung]) -> None:
         """What the device alone rules out (the script's model and data are not known before it runs)."""
-        mark_effects(plan, self.dev, ranks=self.cmd.nproc)
+        mark_effects(plan, self.dev, ranks=self.ranks)
 
     def launcher(self, measure: str) -> Launch:
         """measure "speed": a run stops once warm-up and the timing budget are timed; "full": it runs to its
@@ -364,7 +369,7 @@ class CommandWork:
         ladder = by_task.get(seen["task"])
         if ladder is None:                 # classification (the default ladder already), or the rungs were named
             return
-        mark_effects(ladder, self.dev, ranks=self.cmd.nproc)
+        mark_effects(ladder, self.dev, ranks=self.ranks)
         plan[1:] = ladder[1:]
 
     def grow(self, plan: list[Rung]) -> None:
@@ -373,7 +378,7 @@ class CommandWork:
         added, self.if_no_session = self.if_no_session, []
         if not added:
             return
-        mark_effects([plan[0], *added], self.dev, ranks=self.cmd.nproc)
+        mark_effects([plan[0], *added], self.dev, ranks=self.ranks)
         for rung in added:
             rung.reason = f"{GROWN}; {rung.reason}" if rung.reason else GROWN
         plan.extend(added)
