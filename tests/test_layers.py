@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                       "trainfast.bench_data", "trainfast.trainer", "trainfast.selfcheck", "trainfast.selfcheck.*"]),
     ("output", ["trainfast.report", "trainfast.report.*"]),
     ("assembly and instruments", ["trainfast.run", "trainfast.curves", "trainfast.launch", "trainfast.probe",
+                                  "trainfast.probe.*",
                                   "trainfast.checks", "trainfast.checks.*",
                                   "trainfast.instruments", "trainfast.instruments.*", "trainfast.envcheck",
                                   "trainfast.frameworks",
