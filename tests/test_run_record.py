@@ -48,3 +48,32 @@ def test_a_section_that_writes_another_sections_key_is_refused(key):
     with pytest.raises(RecordError, match=f"'{key}'"):
         run_record(hand_probe(), "end", curve=type("Curve", (), {"record": lambda self: {"curve": []}})(),
                    task=Keys({key: "again"}))
+
+
+def test_only_a_task_over_image_files_counts_them():
+    from trainfast.tasks import build_task
+
+    lm, detection, classification = (build_task(name).build_file_counts()
+                                      for name in ("lm", "detection", "classification"))
+    assert lm.to_dict() == {} and lm.epoch_record(None, None, None) == {}       # no count, no collective
+    assert detection.to_dict() == {"skipped_files": 0}                           # its images never decode on device
+    assert set(classification.to_dict()) == {"skipped_files", "host_decoded_files", "host_decoded_named"}
+
+
+def test_a_language_models_rung_and_epochs_pass_no_image_folder_stop(monkeypatch):
+    import trainfast.data.badfiles as badfiles
+    from test_lm import text_split
+
+    from trainfast import Recipe, train
+    from trainfast.ablation.rung import Job, run_rung
+
+    def image_stop(*args, **kwargs):
+        raise AssertionError("a language model's run counted image files")
+
+    monkeypatch.setattr(badfiles, "reduce_counts", image_stop)      # every image-file count's all-reduce
+    split, recipe = text_split(16, 8), Recipe(batch_size=8, epochs=1)
+    record = run_rung(Job("llama-tiny", split, device="cpu", task="lm"), recipe, lambda e: None)
+    assert not {"skipped_files", "host_decoded_files", "host_decoded_named"} & set(record)
+    assert record["unit"] == "tokens" and record["metric"]["name"] == "validation loss"
+    history = train("llama-tiny", split, recipe=recipe, device="cpu", task="lm").history
+    assert not {"skipped_files", "val_skipped_files", "host_decoded_files"} & set(history[0])

@@ -22,8 +22,6 @@ import torch
 
 from ..checkpoint import NoCheckpoints, build_checkpointer
 from ..curves import BuiltinCurve, CurvePlan
-from ..data.badfiles import skipped_last_pass
-from ..data.device_decode import host_decoded_last_pass, host_decoded_names
 from ..defaults import TIMING_FLOOR, TIMING_SECONDS, TIMING_STEPS
 from ..engine import train_one_epoch
 from ..measure import BLOCK_SECONDS, EpochStats, Timing
@@ -110,7 +108,7 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
     probe.watch(state, recipe.num_workers)
     progress = Progress(emit, len(run.train_batches) * recipe.epochs)
 
-    trained, epoch_times, skipped, host_decoded = EpochStats(), [], 0, 0
+    trained, epoch_times, files = EpochStats(), [], task.build_file_counts()     # files: an image folder's counts
     curve = BuiltinCurve(run, plan) if plan is not None else None
     epoch = 0
     while curve.more() if curve is not None else epoch < recipe.epochs:
@@ -118,8 +116,7 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
         stats = train_pass(run, epoch, batches, progress, checkpoints, curve)
         trained.absorb(stats)
         epoch_times.append(stats.seconds)
-        skipped += skipped_last_pass(run.train_batches, run.device)
-        host_decoded += host_decoded_last_pass(run.train_batches, run.device)
+        files.after_pass(run.train_batches, run.device)
         epoch += 1
     metrics = (curve.finish(state) if curve is not None
                else task.evaluate(state.model, run.val_batches, state.precision, run.dist))
@@ -131,11 +128,9 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
     figures = RungFigures(task.metric.value(task.judged(metrics)), epoch_times, task.rung_metrics(metrics),
                           train_metrics, trained.losses, updates, checkpoints.saves, checkpoints.loop_seconds,
                           process_wide_in_effect(), alone)
-    data = ImageCounts(skipped + skipped_last_pass(run.val_batches, run.device),
-                       host_decoded + host_decoded_last_pass(run.val_batches, run.device),
-                       host_decoded_names(run.train_batches) + host_decoded_names(run.val_batches))
     stopped = "accuracy run ended" + (", then the timing budget" if extra_passes else "")
-    return run_record(probe, stopped, curve=curve, task=figures, data=data)
+    return run_record(probe, stopped, curve=curve, task=figures,
+                      data=files.finish(run.train_batches, run.val_batches, run.device))
 
 
 @dataclass
@@ -159,17 +154,6 @@ class RungFigures:
                 "epoch_times_s": self.epoch_times_s, **self.evaluation, **self.train,
                 "train_losses": self.train_losses, "steps": self.steps, "checkpoint_saves": self.checkpoint_saves,
                 "checkpoint_loop_s": self.checkpoint_loop_s, **self.in_effect, "step_alone": self.step_alone}
-
-
-@dataclass
-class ImageCounts:
-    """An image folder's counts over every epoch of both splits (placeholder)."""
-    skipped_files: int
-    host_decoded_files: int
-    host_decoded_named: list[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def pair_with_reference(job: Job, run: BuiltinRun, reference: Recipe, budget: TimingBudget) -> dict[str, Any]:
