@@ -17,7 +17,7 @@ PACKAGE = SRC / "trainfast"
 MAX_LINES = 600
 # Past this a class does more than one job: move a cohesive group of its methods into a helper object of its own
 # (Watch's instruments are the example) or into module-level functions.
-MAX_CLASS_LINES = 200
+MAX_CLASS_LINES = 180
 
 # Top to bottom. A name matches a module or, with ".*", every module of a package.
 LAYERS: list[tuple[str, list[str]]] = [
