@@ -145,7 +145,7 @@ def run_record(probe, stopped: str, *, curve=None, task: Section | None = None,
     built-in run's sections (the module docstring)."""
     timing = probe.timing()
     return RunRecord(rate_of(probe, timing), run_state(probe, stopped), script_said(probe),
-                     Keys((curve or probe.curve).record()), task, data).to_dict()
+                     Keys((curve if curve is not None else probe.curve).record()), task, data).to_dict()
 
 
 def rate_of(probe, timing) -> Rate:
