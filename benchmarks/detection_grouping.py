@@ -45,11 +45,11 @@ def run(model_name: str, grouped: bool, batch_size: int, warmup: int, steps: int
     from trainfast.engine import train_one_epoch
     from trainfast.measure import Meter
     from trainfast.session import build_state, seed_everything
-    from trainfast.tasks.detection import DEFAULT_RECIPE, Detection
+    from trainfast.tasks.detection import Detection
 
     device = torch.device("cpu")
     task = Detection()
-    recipe = DEFAULT_RECIPE.replace(batch_size=batch_size, seed=seed, group_aspect_ratio=grouped)
+    recipe = Detection.default_recipe.replace(batch_size=batch_size, seed=seed, group_aspect_ratio=grouped)
     split = load_detection_data("synthetic")
     seed_everything(seed)
     model = task.build_model(model_name, split)

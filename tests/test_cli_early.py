@@ -1,7 +1,9 @@
 """A command line that cannot work is refused before torch is imported: argparse's refusals (an unknown flag, a
 bad type or choice, a Recipe field out of its range) and the checks that need no torch (a --data folder that does
-not exist, a --recipe file that is missing, a model name the task does not have). Each runs in a fresh process
-whose import of torch is blocked and recorded, so a refusal that reached torch fails here whatever it printed."""
+not exist, a --recipe file that is missing, a model name the task does not have, and what a task's declaration
+refuses: a switch on data it does not offer, a strategy or flag it has no use for, a contradiction in its own
+default recipe). Each runs in a fresh process whose import of torch is blocked and recorded, so a refusal that
+reached torch fails here whatever it printed."""
 from __future__ import annotations
 
 import os
@@ -10,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from trainfast.cliflags import parse_command_line
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -42,6 +46,36 @@ def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+# What a task refuses, read from its declaration (tasks/declarations.py) before torch loads
+TASK_REFUSALS = [
+    (["ablate", "--task", "lm", "--channels-last"],
+     "trainfast ablate: error: channels_last=True: channels_last acts on image batches (NCHW tensors a conv net "
+     "reads); the lm task's batches are token ids of documents of different lengths"),
+    (["train", "--task", "lm", "--persistent-workers"],      # on the language model's own default recipe
+     "trainfast train: error: persistent_workers=True needs num_workers > 0"),
+    (["ablate", "--task", "detection", "--padding-free"],
+     "trainfast ablate: error: padding_free=True: padding_free acts on a language model's documents"),
+    (["train", "--model", "llama-tiny", "--decode-cache"],    # the task inferred from the model's name
+     "trainfast train: error: decode_cache=True: decode_cache acts on image-folder files"),
+    (["tune", "--task", "lm", "--prefetch"],
+     "trainfast tune: error: prefetch=True: prefetch acts on batches stacked at one shape"),
+    (["train", "--task", "detection", "--strategy", "dp"],
+     "trainfast train: error: strategy=dp computes a classification loss inside each replica; for detection"),
+    (["train", "--task", "lm", "--strategy", "dp"],
+     "trainfast train: error: strategy=dp computes a classification loss inside each replica; for a language"),
+    (["ablate", "--task", "detection", "--precision", "bf16", "--precision-level", "master"],
+     "trainfast ablate: error: precision_level='master' casts the whole detector to bf16"),
+    (["train", "--task", "lm", "--image-size", "32"],
+     "trainfast train: error: --image-size 32: the language-model task reads documents, not images"),
+    (["ablate", "--task", "detection", "--image-size", "100"],
+     "trainfast ablate: error: --image-size 100: detection models resize their images themselves"),
+    (["tune", "--task", "detection"],
+     "trainfast tune: error: trainfast tune runs the built-in classification run only; measure --task detection"),
+    (["doctor", "--model", "fasterrcnn_mobilenet_v3_large_fpn"],
+     "trainfast doctor: error: trainfast doctor runs the built-in classification run only"),
+]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["ablate", "--bogus"], "trainfast ablate: error: unrecognized arguments: --bogus"),
     (["tune", "--bogus"], "trainfast tune: error: unrecognized arguments: --bogus"),
@@ -71,6 +105,11 @@ def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     (["train", "--target", "auto"], "trainfast train: error: --target auto is the level a baseline's runs reach"),
     (["ablate", "--task", "lm", "--model", "llama-tinyy"],
      "trainfast ablate: error: --model 'llama-tinyy' is not a language model trainfast defines"),
+    (["ablate", "--resume"], "trainfast ablate: error: --resume needs --out DIR"),
+    (["tune", "--resume", "A", "--out", "B"], "trainfast tune: error: --resume A and --out B name different folders"),
+    (["tune", "--nproc", "2"], "trainfast tune: error: --nproc runs a `-- COMMAND` under torchrun"),
+    (["doctor", "--"], "trainfast doctor: error: doctor -- COMMAND: no command after `--`"),
+    *TASK_REFUSALS,
 ])
 def test_a_command_line_that_cannot_work_is_refused_before_torch_loads(argv, message, tmp_path):
     done = run_cli(argv, tmp_path)
@@ -87,6 +126,25 @@ def test_an_unreadable_recipe_file_is_refused_before_torch_loads(tmp_path):
     done = run_cli(["train", "--recipe", "zero.yaml"], tmp_path)
     assert done.returncode == 2 and "config file zero.yaml: batch_size=0 must be a positive integer" in done.stderr
     assert "torch never imported" in done.stderr
+    (tmp_path / "grouped.yaml").write_text("group_aspect_ratio: true\n")     # a recipe file's switch, not a flag's
+    done = run_cli(["train", "--task", "lm", "--recipe", "grouped.yaml"], tmp_path)
+    assert done.returncode == 2
+    assert "group_aspect_ratio=True: group_aspect_ratio acts on detection images" in done.stderr
+    assert "torch never imported" in done.stderr
+
+
+@pytest.mark.parametrize("argv, message", TASK_REFUSALS)
+def test_a_task_refuses_with_the_words_of_its_later_check(argv, message):
+    """Each early refusal of a task's is the one the run would give after torch has loaded (cli.prepare_task, then
+    the task's data), word for word: check_before_torch reads the same declarations."""
+    from trainfast.cli import prepare_task
+    from trainfast.tasks import build_task
+
+    args = parse_command_line(argv)
+    with pytest.raises(ValueError) as refused:
+        prepare_task(args)
+        build_task(args.task).load_data(args.data, args.image_size)
+    assert message in f"trainfast {args.command}: error: {refused.value}"
 
 
 def test_the_blocker_sees_torch_when_it_is_imported(tmp_path):
@@ -104,9 +162,11 @@ def test_the_light_name_lists_match_what_builds_the_models():
 
 
 def test_a_name_the_task_has_and_a_folder_that_exists_pass_the_early_checks(tmp_path):
-    from trainfast.cliflags import check_before_torch, parse_command_line
+    from trainfast.cliflags import check_before_torch
 
     for argv in (["train", "--data", f"imagefolder:{tmp_path}"], ["ablate", "--model", "llama-tiny"],
-                 ["train", "--model", "resnet18"], ["doctor", "--task", "detection", "--data", "synthetic"],
-                 ["ablate", "--task", "detection", "--epochs", "2"]):     # detection's own recipe: checked later
+                 ["train", "--model", "resnet18"], ["ablate", "--task", "detection", "--data", "synthetic"],
+                 ["doctor", "--task", "detection", "--", "python", "train.py"],       # a script's own run
+                 ["ablate", "--task", "detection", "--epochs", "2"],       # on detection's own recipe
+                 ["train", "--task", "lm", "--num-workers", "2", "--persistent-workers"]):
         check_before_torch(parse_command_line(argv))

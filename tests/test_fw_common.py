@@ -7,8 +7,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainfast.frameworks.board import UNSET, Board
-from trainfast.frameworks.common import optimizer_impl, switch_loader, switch_models, switch_optimizer
+from trainfast.frameworks.common import switch_loader, switch_models, switch_optimizers
 from trainfast.techniques.memory_format import memory_format_of
+from trainfast.techniques.optimizer import impl_of
 
 
 def record():
@@ -55,8 +56,8 @@ def test_the_loader_is_rebuilt_with_the_same_batches_and_the_optimizer_with_its_
     model = nn.Linear(2, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    new = switch_optimizer(rec, opt, "default", sched)
-    assert new is not opt and optimizer_impl(new) == "default" and sched.optimizer is new
+    new = switch_optimizers(rec, opt, {"optimizer_impl": "default"}, sched)
+    assert new is not opt and impl_of(new) == "default" and sched.optimizer is new
     assert rec.switches["optimizer implementation"].script == "fused"
 
 
@@ -67,17 +68,20 @@ def test_low_bit_states_rebuild_a_scripts_adamw_and_say_what_they_cannot_rebuild
     import pytest
 
     pytest.importorskip("torchao")
-    from trainfast.frameworks.common import MOMENTS, prove_optimizers, switch_optimizers
+    from trainfast.frameworks.common import prove_optimizers
+    from trainfast.techniques import owner
+
+    MOMENTS = owner("optimizer_state").optimizer.label
 
     rec = record()
     model = nn.Linear(64, 64)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    new = switch_optimizers(rec, opt, "fused", "8bit", sched)
+    new = switch_optimizers(rec, opt, {"optimizer_impl": "fused", "optimizer_state": "8bit"}, sched)
     assert type(new).__name__ == "AdamW8bit" and sched.optimizer is new
     prove_optimizers(rec, [new])
     assert rec.switches[MOMENTS].applied and rec.switches[MOMENTS].script == "full"
     assert "no foreach/fused choice" in rec.unsupported["optimizer_impl"]
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-    assert switch_optimizers(rec, sgd, None, "4bit") is sgd
+    assert switch_optimizers(rec, sgd, {"optimizer_state": "4bit"}) is sgd
     assert "is not torch's Adam or AdamW" in rec.unsupported["optimizer_state"]

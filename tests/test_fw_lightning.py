@@ -116,12 +116,15 @@ def fused(optimizer) -> bool:
     return bool(optimizer.param_groups[0].get("fused"))
 
 
+FUSED, DEFAULT = {"optimizer_impl": "fused"}, {"optimizer_impl": "default"}     # the run's optimizer switches
+
+
 def test_a_bare_optimizer_and_a_list_of_them_are_rebuilt_fused():
     record = FrameworkRecord("lightning", "x")
     opt = adamw()
-    assert fused(adapter.switch_optim_conf(record, opt, "fused"))
+    assert fused(adapter.switch_optim_conf(record, opt, FUSED))
     first, second = adamw(), adamw()
-    out = adapter.switch_optim_conf(record, [first, second, first], "fused")
+    out = adapter.switch_optim_conf(record, [first, second, first], FUSED)
     assert isinstance(out, list) and all(fused(o) for o in out)
     assert out[0] is out[2] and out[0] is not first            # one replacement per optimizer
     assert record.switches["optimizer implementation"].script == "default"
@@ -132,7 +135,7 @@ def test_two_lists_rebind_each_scheduler_to_its_optimizers_replacement():
     record = FrameworkRecord("lightning", "x")
     o1, o2 = adamw(), adamw()
     s1, s2 = torch.optim.lr_scheduler.StepLR(o1, 1, gamma=0.5), torch.optim.lr_scheduler.LambdaLR(o2, lambda e: 0.1)
-    opts, scheds = adapter.switch_optim_conf(record, ([o1, o2], [s1, s2]), "fused")
+    opts, scheds = adapter.switch_optim_conf(record, ([o1, o2], [s1, s2]), FUSED)
     assert scheds[0].optimizer is opts[0] and scheds[1].optimizer is opts[1]
     opts[0].step()
     s1.step()                                                   # the schedule now moves the optimizer that runs
@@ -145,12 +148,12 @@ def test_dicts_with_scheduler_configs_are_rewritten_and_rebound():
     s1 = torch.optim.lr_scheduler.StepLR(o1, 1)
     s2 = torch.optim.lr_scheduler.ReduceLROnPlateau(o2)
     single = adapter.switch_optim_conf(record, {"optimizer": o1, "lr_scheduler": {"scheduler": s1,
-                                                                                   "interval": "step"}}, "default")
+                                                                                   "interval": "step"}}, DEFAULT)
     assert not fused(single["optimizer"]) and single["lr_scheduler"]["scheduler"].optimizer is single["optimizer"]
     assert single["lr_scheduler"]["interval"] == "step"
     many = adapter.switch_optim_conf(record, [{"optimizer": o1, "lr_scheduler": s1},
                                               {"optimizer": o2, "lr_scheduler": {"scheduler": s2, "monitor": "loss"}}],
-                                     "default")
+                                     DEFAULT)
     assert s2.optimizer is many[1]["optimizer"] and not fused(many[1]["optimizer"])
     assert record.switches["optimizer implementation"].script == "fused"     # what the script had
 
@@ -162,10 +165,10 @@ def test_rewritten_results_still_parse_as_lightning_reads_them():
     opt = adamw()
     sched = torch.optim.lr_scheduler.StepLR(opt, 1)
     optimizers, schedulers, _ = _configure_optimizers(
-        adapter.switch_optim_conf(record, ([opt], [sched]), "fused"))
+        adapter.switch_optim_conf(record, ([opt], [sched]), FUSED))
     assert fused(optimizers[0]) and schedulers[0].optimizer is optimizers[0]
     mock = _MockOptimizer()                                     # configure_optimizers() returned None
-    assert adapter.switch_optim_conf(record, mock, "fused") is mock
+    assert adapter.switch_optim_conf(record, mock, FUSED) is mock
 
 
 # --- pure: the Trainer's arguments and the model at fit ----------------------------------------------------

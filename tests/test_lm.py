@@ -309,7 +309,7 @@ def test_a_scripts_padded_batches_are_packed_after_its_own_collator():
     from tokenizers import Tokenizer, models
 
     from trainfast.frameworks.board import FrameworkRecord
-    from trainfast.frameworks.packing import PackingCollator, prove_packing
+    from trainfast.frameworks.packing import PackingCollator, prove_batches
 
     vocab = {f"t{i}": i for i in range(VOCAB)}
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t1")),
@@ -324,7 +324,7 @@ def test_a_scripts_padded_batches_are_packed_after_its_own_collator():
     assert "attention_mask" not in packed and collator.packed == 1 and 0 < collator.padding_share < 1
     record = FrameworkRecord("transformers", "test")
     record.set("padding_free", "data_collator packs", True)
-    prove_packing(record, collator, {"padding_free": True, "group_by_length": False})
+    prove_batches(record, collator, None, {"padding_free": True, "group_by_length": False}, "data_collator")
     assert record.switches["data_collator packs"].applied and not record.unsupported
     # a classifier's batch (a label per sequence) is left as it is, and why is said
     classify = PackingCollator(lambda f: {**script(f), "labels": torch.zeros(len(f), dtype=torch.long)}, pack=True)
@@ -333,7 +333,7 @@ def test_a_scripts_padded_batches_are_packed_after_its_own_collator():
     full = PackingCollator(script, pack=False)
     full([{"input_ids": list(range(2, 18))} for _ in range(4)])
     record = FrameworkRecord("transformers", "test")
-    prove_packing(record, full, {"padding_free": False, "group_by_length": False})
+    prove_batches(record, full, None, {"padding_free": False, "group_by_length": False}, "data_collator")
     assert "hold no padding" in record.unsupported["padding_free"] and "group_by_length" in record.unsupported
 
 

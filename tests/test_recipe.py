@@ -164,3 +164,26 @@ def test_a_device_this_machine_lacks_is_refused_naming_the_flag(name, message):
     with pytest.raises(RecipeError, match=f"--device '{name}'") as raised:
         resolve_device(name)
     assert message in str(raised.value)
+
+
+def test_every_field_sits_in_a_section_and_the_help_groups_by_them(capsys):
+    """The Recipe is read in sections (the class's `# --- section ---` lines): every field is in exactly one, and
+    `--help` shows one group per section with its fields under it."""
+    import dataclasses
+
+    from trainfast.cli import main
+    from trainfast.recipe import field_sections
+
+    sections = field_sections()
+    named = [name for names in sections.values() for name in names]
+    assert sorted(named) == sorted(f.name for f in dataclasses.fields(Recipe)) and len(named) == len(set(named))
+    assert {"what is trained", "the input pipeline", "memory", "reliability"} <= set(sections)
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    for title, names in sections.items():
+        block = text[text.index(f"recipe: {title}"):]
+        following = [t for t in sections if t != title and f"recipe: {t}" in block]
+        end = min((block.index(f"recipe: {t}") for t in following), default=len(block))
+        for name in names:
+            assert "--" + name.replace("_", "-").removesuffix("-s") in block[:end], (title, name)

@@ -144,7 +144,11 @@ def test_the_padded_to_multiple_loss_is_the_unpadded_loss():
 def test_pad_multiple_is_an_lm_rung_outside_the_default_ladders():
     from trainfast.recipe import Recipe, RecipeError
     from trainfast.techniques import default_ladder, rung_table
-    from trainfast.text.batching import PackCollate, PadCollate, collate_for
+    from trainfast.techniques import TrainBatches, asked_batches, collate_batches
+    from trainfast.text.batching import PackCollate, PadCollate
+
+    def collate_for(recipe, pad_id):          # the built-in run's collate function, from the batch switches
+        return collate_batches(TrainBatches(PadCollate(pad_id)), asked_batches(recipe))
 
     assert rung_table("lm")["pad_multiple"] == {"pad_to_multiple": 64}
     assert "pad_multiple" not in rung_table("classification") and "pad_multiple" not in rung_table("detection")
@@ -157,15 +161,16 @@ def test_pad_multiple_is_an_lm_rung_outside_the_default_ladders():
 
 def test_a_trainer_collator_is_rounded_through_its_own_setting():
     from trainfast.frameworks.board import FrameworkRecord
-    from trainfast.frameworks.packing import switch_pad_multiple
+    from trainfast.frameworks.packing import switch_collate
+    from trainfast.techniques import TrainBatches
 
     class Collator:                        # what transformers' padding collators hold
         pad_to_multiple_of = None
 
     record, collator = FrameworkRecord("transformers", "test"), Collator()
-    switch_pad_multiple(record, collator, {"pad_to_multiple": 64}, "data_collator.pad_to_multiple_of")
+    switch_collate(record, TrainBatches(collator, collate_name="data_collator"), {"pad_to_multiple": 64}, False)
     assert collator.pad_to_multiple_of == 64
     assert record.switches["data_collator.pad_to_multiple_of"].applied
     bare = FrameworkRecord("transformers", "test")
-    switch_pad_multiple(bare, object(), {"pad_to_multiple": 64}, "data_collator.pad_to_multiple_of")
+    switch_collate(bare, TrainBatches(object(), collate_name="data_collator"), {"pad_to_multiple": 64}, False)
     assert "no pad_to_multiple_of" in bare.unsupported["pad_to_multiple"]

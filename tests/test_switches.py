@@ -19,7 +19,7 @@ from trainfast.recipe import Recipe
 from trainfast.tasks import TASKS
 from trainfast.tasks.effects import DATA_JUDGES, field_effect
 from trainfast.techniques import ADAPTERS, EVERY_ADAPTER, ON_MODEL
-from trainfast.techniques.switch import RungSpec, Switch
+from trainfast.techniques.switch import RungSpec, Switch, WrapSwitch
 
 CPU = torch.device("cpu")
 
@@ -64,8 +64,9 @@ def test_the_derived_ladders_are_the_ones_written_by_hand_before():
                            "master-fp16", "pure-fp16", "set_to_none", "non_blocking", "prefetch", "decode_cache",
                            "device_decode", "workers", "passive_threads", "reuse_memory", "fast_fp32_matmul",
                            "channels_last", "compile",
-                           "fused", "checkpointing", "async_checkpoint", "optimizer_state", "optimizer_state_4bit",
-                           "batch_2x", "batch_4x", "accum_4x"]
+                           "fused", "checkpointing", "compile_optimizer", "async_checkpoint", "optimizer_state",
+                           "optimizer_state_4bit",
+                           "batch_2x", "batch_4x", "accum_4x", "ddp_buckets", "gradient_as_bucket_view"]
     assert RUNGS["master-bf16"] == {"precision": "bf16", "precision_level": "master"}
     assert RUNGS["workers"] == {"num_workers": 2} and RUNGS["checkpointing"] == {"activation_checkpointing": True}
     assert list(DETECTION_LADDER) == ["baseline", "amp", "set_to_none", "group_aspect_ratio", "workers",
@@ -89,7 +90,8 @@ def test_the_derived_sets_are_the_ones_written_by_hand_before():
                                    "save_every", "strategy"}
     assert RESUMABLE_CHANGES == {"epochs", "log_every", "save_every", "keep_checkpoints", "max_consecutive_skips",
                                  "nonfinite", "num_workers", "prefetch_factor", "async_checkpoint", "passive_threads",
-                                 "reuse_memory", "fast_fp32_matmul"}
+                                 "reuse_memory", "fast_fp32_matmul", "ddp_bucket_mb",
+                                 "gradient_as_bucket_view"}
     assert techniques.tune_priority("classification") == ("channels_last", "decode_cache", "reuse_memory",
                                                           "set_to_none", "fused", "prefetch", "passive_threads",
                                                           "fast_fp32_matmul", "compile")
@@ -158,6 +160,19 @@ def test_effects_are_judged_by_device_model_then_data():
     assert field_effect("epochs", CPU, None).acts
 
 
+def test_the_data_read_before_torch_is_the_data_declared(tmp_path):
+    """The command line reads each switch's data kind from the modules' source (techniques/static.py), before torch
+    loads: exactly what the imported declarations say, and a declaration it cannot read is refused by name."""
+    from trainfast.techniques.static import declared_data, read_module_data
+
+    assert declared_data() == {name: switch.data for name, switch in techniques.owners().items() if switch.data}
+    (tmp_path / "named.py").write_text('KIND = "documents"\nSWITCHES = (Switch(("a", "b"), data=KIND),)\n')
+    assert read_module_data(tmp_path / "named.py") == {"a": "documents", "b": "documents"}
+    (tmp_path / "computed.py").write_text('SWITCHES = (Switch(fields(), data="images"),)\n')
+    with pytest.raises(LookupError, match="computed.py:1"):
+        read_module_data(tmp_path / "computed.py")
+
+
 def test_a_rung_declared_for_one_task_is_named_only_there():
     rung = RungSpec("x", {"epochs": 2}, place=5, tasks=("detection",), default_in=("detection",),
                     places={"detection": 99})
@@ -176,6 +191,17 @@ def test_the_docs_table_is_the_one_the_declarations_make():
         "import update_docs; update_docs()'")
 
 
+def test_the_readmes_recipe_list_is_the_one_recipe_py_makes():
+    from pathlib import Path
+
+    from trainfast.report.switches import recipe_block
+
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    assert recipe_block() in readme.read_text(), (
+        "README.md's Recipe list is out of date: run\n  python -c 'from trainfast.report.switches "
+        "import update_docs; update_docs()'")
+
+
 def test_every_model_switch_has_its_place_in_the_written_order():
     """The order the model switches are applied in is chosen and written (techniques.MODEL_ORDER), never an
     accident of module names: each declared model switch is placed, and a new one that is not fails."""
@@ -189,6 +215,27 @@ def test_every_model_switch_has_its_place_in_the_written_order():
     stray = Switch(("fused_kernels",), model=ModelSwitch("fused kernels", lambda m, v: m, lambda m: False))
     with pytest.raises(LookupError, match="fused_kernels not placed in techniques.MODEL_ORDER"):
         ordered_model_switches([*model_switches(), ("fused_kernels", stray)])
+
+
+def test_every_optimizer_switch_has_its_place_in_the_written_order(monkeypatch):
+    """The optimizer switches are built, rebuilt and read back in an order written with why (techniques.
+    OPTIMIZER_ORDER): each declared one is placed, a new one that is not fails, and one of them builds the
+    built-in run's optimizer whatever the recipe (torch's own class, where none chooses another)."""
+    from trainfast.techniques import OPTIMIZER_ORDER, build_run_optimizer, optimizer_switches
+    from trainfast.techniques.switch import OptimizerSwitch
+
+    declared = {s.fields[0] for s in techniques.switches() if s.optimizer is not None}
+    assert declared == {name for name, _ in OPTIMIZER_ORDER}
+    assert [name for name, _ in optimizer_switches()] == [name for name, _ in OPTIMIZER_ORDER]
+    assert all(len(why) > 40 for _, why in OPTIMIZER_ORDER)
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    built_by, optimizer = build_run_optimizer(params, Recipe())
+    assert built_by in declared and type(optimizer) is torch.optim.AdamW
+    stray = Switch(("fused_kernels",), optimizer=OptimizerSwitch("fused kernels", lambda o: False))
+    declared_all = (*techniques.switches(), stray)
+    monkeypatch.setattr(techniques, "switches", lambda: declared_all)
+    with pytest.raises(LookupError, match="fused_kernels not placed in techniques.OPTIMIZER_ORDER"):
+        optimizer_switches()
 
 
 def test_the_tunes_input_stage_tries_every_declared_input_switch(monkeypatch):
@@ -206,3 +253,53 @@ def test_the_tunes_input_stage_tries_every_declared_input_switch(monkeypatch):
     assert held[3].changes == {"num_workers": 4, "persistent_workers": True}
     # a switch the recipe already has is not tried again
     assert "pinned" not in [r.name for r in inputs.input_rungs(Recipe(pin_memory=True), names, 4)]
+
+
+def test_every_wrap_switch_has_its_place_in_the_written_order(monkeypatch):
+    """The order the wrap switches act on the DDP / FSDP2 wrapper is written (techniques.WRAP_ORDER), each place
+    with why; a declared wrap switch with no place fails."""
+    from trainfast.techniques import WRAP_ORDER, wrap_switches
+
+    declared = {s.fields[0] for s in techniques.switches() if s.wrap is not None}
+    assert declared == {name for name, _ in WRAP_ORDER}
+    assert [name for name, _ in wrap_switches()] == [name for name, _ in WRAP_ORDER]
+    assert all(len(why) > 40 for _, why in WRAP_ORDER)
+    everything = techniques.switches()
+    monkeypatch.setattr(techniques, "switches", lambda: (*everything, Switch(("fast_buckets",),
+                                                                             wrap=WrapSwitch("bucket"))))
+    with pytest.raises(LookupError, match="fast_buckets not placed in techniques.WRAP_ORDER"):
+        wrap_switches()
+
+
+def test_a_wrap_switch_builds_the_wrapper_acts_on_it_is_read_back_and_needs_ranks(monkeypatch, tmp_path):
+    """The kind end to end on a declared switch: its options reach DDP's constructor, its apply runs on the built
+    wrapper, the run's proof reads it back from the wrapper, and in one process it is not applicable."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from trainfast.distributed import Dist
+    from trainfast.tasks.effects import on_ranks
+
+    applied = []
+    fake = Switch(("bucket_test",), wrap=WrapSwitch("bucket_cap_mb", options=lambda mb: {"bucket_cap_mb": mb},
+                                                    apply=lambda wrapped, mb: applied.append(mb),
+                                                    state=lambda wrapped: wrapped.bucket_bytes_cap / 2 ** 20))
+    monkeypatch.setattr(techniques, "switches", lambda: (fake,))      # alone: the declared ones have their tests
+    monkeypatch.setattr(techniques, "owners", lambda: {"bucket_test": fake})
+    monkeypatch.setattr(techniques, "WRAP_ORDER", (("bucket_test", "the only one"),))
+    alone = on_ranks(field_effect, 1)("bucket_test", CPU, None)
+    assert not alone.acts and not alone.applies and "--nproc 2" in alone.reason      # "not applicable", why said
+    assert on_ranks(field_effect, 2)("bucket_test", CPU, None).acts
+    other = on_ranks(field_effect, 2, "fsdp")("bucket_test", CPU, None)     # declared for the DDP wrapper only
+    assert not other.acts and not other.applies and "strategy=fsdp" in other.reason
+    assert techniques.wrap_options(SimpleNamespace(bucket_test=50), "fsdp") == {}    # declared for DDP only
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        job = Dist(CPU, world_size=2)      # what wrap() sees in a job of two ranks (one process of it here)
+        wrapped = job.wrap(nn.Linear(4, 2), SimpleNamespace(bucket_test=50, precision="fp32"))
+        assert wrapped.bucket_bytes_cap == 50 * 2 ** 20 and applied == [50]
+        assert job.wrap_state() == {"bucket_test": 50.0}
+    finally:
+        dist.destroy_process_group()
+    assert Dist(CPU).wrap_state() == {}                 # one process: nothing wrapped, nothing to read back

@@ -11,7 +11,7 @@ from torch import nn
 from trainfast.ablation.ladders import LADDERS, plan_rungs
 from trainfast.recipe import Recipe, RecipeError
 from trainfast.results import Effect, Status
-from trainfast.tasks import TASKS, Task, as_task, build_task
+from trainfast.tasks import TASKS, Metric, Task, TaskDeclaration, as_task, build_task
 from trainfast.tasks.classification import Classification
 from trainfast.techniques import owners, rung_table
 from trainfast.techniques.switch import DATA_KINDS
@@ -36,6 +36,75 @@ def test_every_task_declares_what_the_rest_reads():
     assert isinstance(as_task(loss), Classification) and as_task(loss).loss_fn is loss     # a bare loss function
     task = build_task("lm")
     assert as_task(task) is task
+
+
+def test_each_task_is_its_declaration_registered_by_name():
+    """The declarations the command line reads before torch are the ones the task objects answer with."""
+    from trainfast.tasks import declared, task_class
+
+    for name in TASKS:
+        declaration = declared(name)
+        assert task_class(name).declaration is declaration and build_task(name).metric is declaration.metric
+        assert task_class(name).rate_unit == declaration.rate_unit          # on the class as on its objects
+        assert build_task(name).default_recipe is declaration.default_recipe
+    with pytest.raises(RecipeError, match="--task 'speech' is not one of classification, detection, lm"):
+        build_task("speech")
+
+
+def test_a_task_must_implement_what_tasks_differ_in():
+    """Task is abstract: a task that leaves out one of the points where tasks differ cannot be made, and the
+    methods every caller uses are declared on the base."""
+    with pytest.raises(TypeError, match="abstract"):
+        Task()
+    methods = {"forward", "score", "probe_batch", "evaluate", "judged", "rung_metrics", "train_metrics",
+               "val_metrics", "summary", "load_data", "build_model", "resolve_workers", "build_loaders",
+               "flops_per_sample"}
+    assert Task.__abstractmethods__ == methods
+    partial = {name: getattr(Classification, name) for name in methods - {"summary"}}
+    with pytest.raises(TypeError, match="summary"):
+        type("NoSummary", (Task,), {"declaration": Classification.declaration, **partial})()
+    for shared in ("validate", "rules_out", "data_reason", "field_effect", "check_model", "count_batch",
+                   "tokens_per_sample", "apply_schedule"):
+        assert callable(getattr(Task, shared))
+
+
+# A task outside trainfast: its declaration names its implementation by module, which build_task imports.
+SPEECH = TaskDeclaration(
+    name="speech", metric=Metric("word error rate", "WER", "min"), rate_unit="seconds", offers=frozenset({""}),
+    batches="audio frames", implementation=f"{__name__}:Speech", default_model="tiny-asr", default_data="synthetic",
+    models=("tiny-asr",), image_size="audio has no images",
+    refusals=(lambda recipe: "no dp for speech" if recipe.strategy == "dp" else None,))
+
+
+class Speech(Classification):
+    declaration = SPEECH
+
+    def __init__(self, loss_fn=None, dist=None, recipe=None) -> None:
+        super().__init__(loss_fn, dist, recipe)
+        self.recipe = recipe
+
+
+def test_a_new_task_is_its_declaration_and_its_implementation():
+    """Registered by name: build_task finds it (made with the run's loss, Dist and recipe), the command line's checks
+    read its declaration, and its own refusals are refused in a recipe."""
+    from trainfast.tasks import declared, infer_task, register
+    from trainfast.tasks.declarations import REGISTRY
+
+    register(SPEECH)
+    try:
+        assert declared("speech") is SPEECH and infer_task(None, "tiny-asr") == "speech"
+        assert SPEECH.rules_out({"channels_last": True}) is not None and SPEECH.rules_out({"epochs": 2}) is None
+        with pytest.raises(RecipeError, match="no dp for speech"):
+            SPEECH.validate(Recipe(strategy="dp"))
+        with pytest.raises(RecipeError, match="--image-size 32: audio has no images"):
+            SPEECH.check_image_size(32)
+        loss, recipe = nn.MSELoss(), Recipe(epochs=2)
+        task = build_task("speech", loss, recipe=recipe)
+        assert isinstance(task, Speech) and task.name == "speech" and task.loss_fn is loss and task.recipe is recipe
+        with pytest.raises(LookupError, match="registered twice"):
+            register(SPEECH)
+    finally:
+        REGISTRY.pop("speech", None)
 
 
 def test_a_task_rules_out_every_rung_whose_data_it_does_not_offer():
@@ -65,8 +134,9 @@ def test_a_task_rules_out_every_rung_whose_data_it_does_not_offer():
 
 
 @pytest.mark.parametrize("name, ruled_out", [
-    ("classification", {"group_aspect_ratio", "padding_free", "group_by_length", "pad_to_multiple"}),
-    ("detection", {"prefetch", "decode_cache", "device_decode", "padding_free", "group_by_length", "pad_to_multiple"}),
+    ("classification", {"group_aspect_ratio", "padding_free", "group_by_length", "pad_to_multiple", "batch_tokens"}),
+    ("detection", {"prefetch", "decode_cache", "device_decode", "padding_free", "group_by_length", "pad_to_multiple",
+                   "batch_tokens"}),
     ("lm", {"prefetch", "channels_last", "decode_cache", "device_decode", "group_aspect_ratio"}),
 ])
 def test_the_switches_declare_the_data_each_task_lacks(name, ruled_out):

@@ -121,16 +121,16 @@ def use_gpu_default(args: argparse.Namespace) -> None:
 
 def prepare_task(args: argparse.Namespace) -> Recipe:
     """Resolve --task, --model and --data (the task's defaults where left out) into `args`, and return the
-    recipe: the task's starting point (detection: tasks.detection.DEFAULT_RECIPE) unless --recipe gives one,
-    with the explicit flags on top, checked against the task before any data is loaded."""
+    recipe: the task's starting point (its declaration's default_recipe) unless --recipe gives one, with the
+    explicit flags on top, checked against the task before any data is loaded (check_before_torch has refused
+    what needs no torch; this also judges what does, a timm model name, and the GPU default's flags)."""
     from .tasks import build_task, resolve_task
 
     args.task_given = args.task          # a script's task: given, or read from its batches (ablate -- COMMAND)
     args.task, args.model, args.data = resolve_task(args.task, args.model, args.data)
     task = build_task(args.task)
-    if args.task == "detection" and args.command in ("tune", "doctor") and args.user_command is None:
-        raise RecipeError(f"trainfast {args.command} runs the built-in classification run only; measure --task "
-                          f"{args.task} with trainfast ablate (or {args.command} -- python your_script.py)")
+    if args.user_command is None:
+        task.declaration.check_command(args.command)
     recipe = recipe_from_args(args, task.default_recipe if args.recipe is None else None)
     task.validate(recipe)
     task.check_model(args.model)
@@ -171,9 +171,7 @@ def _tune(args, recipe: Recipe) -> int:
     from .ablation import TimingBudget
     from .tune import tune
 
-    resume, out = resume_folder(args.resume, args.out)
-    if args.nproc > 1 and args.user_command is None:
-        raise ValueError("--nproc runs a `-- COMMAND` under torchrun; the built-in search runs one process")
+    resume, out = resume_folder(args.resume, args.out)      # refused already, if it cannot work (check_before_torch)
     try:
         tune(args.model, data=args.data, image_size=args.image_size, recipe=recipe, device=args.device, out=out,
              amp_dtype=args.amp_dtype, repeats=args.repeats, budget_s=args.budget, planned_steps=args.planned_steps,
@@ -206,9 +204,7 @@ def _doctor(args, recipe: Recipe) -> int:
         raise ValueError(f"--device {args.device}: torch sees no GPU: {collect_environment()['no_gpu_reason']}")
     device = resolve_device(args.device)
     validate_for_device(recipe, device)
-    if args.user_command is not None:
-        if not args.user_command:
-            raise ValueError("doctor -- COMMAND: no command after `--` (e.g. `trainfast doctor -- python train.py`)")
+    if args.user_command:                # an empty one is refused by check_before_torch
         fields = {k: v for k, v in recipe.to_dict().items() if v != getattr(Recipe(), k)}   # the flags given
         try:
             obs = observe_script(args.user_command, out, steps=steps, sync_steps=watch_steps(recipe.log_every),
@@ -234,13 +230,14 @@ def idle_switches(recipe: Recipe, device, split) -> list[str]:
     as a recipe moves between machines, but said rather than passed over in silence."""
     import torch
 
-    from .tasks.effects import field_effect
+    from .tasks.effects import field_effect, on_ranks
 
     default = Recipe()
+    judge = on_ranks(field_effect, int(os.environ.get("WORLD_SIZE", "1")), recipe.strategy)   # a wrap switch's ranks
     notes = [f"--{name.replace('_', '-')} has no effect here: {effect.reason}"
              for name in (f.name for f in dataclasses.fields(Recipe))
              if getattr(recipe, name) != getattr(default, name) and isinstance(getattr(recipe, name), bool)
-             and not (effect := field_effect(name, device, None, split)).acts]
+             and not (effect := judge(name, device, None, split)).acts]
     if recipe.strategy == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) < 2:
         notes.append("--strategy fsdp has no effect here: one process has nothing to shard over (start it under "
                      "torchrun --nproc-per-node N)")

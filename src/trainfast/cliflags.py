@@ -1,8 +1,9 @@
 """The CLI's subcommands and their flags (cli.py runs them), and every check of a command line that needs no
 torch: argparse's own (an unknown flag, a bad type or choice, a Recipe field's range), then check_before_torch
-(a --recipe that cannot be read, the recipe the flags make, a --data folder that does not exist, a detection or
-language-model name the task does not have). Nothing here imports torch, so a command line that cannot work is
-refused in a fraction of a second, not after the seconds torch takes to load; what needs torch to be judged (a
+(a --recipe that cannot be read, the recipe the flags make and what the task refuses in it, a --data folder that
+does not exist, a detection or language-model name the task does not have, a flag the task has no use for, all read
+from the task's declaration, tasks/declarations.py). Nothing here imports torch, so a command line that cannot work
+is refused in a fraction of a second, not after the seconds torch takes to load; what needs torch to be judged (a
 timm model name, the device) is checked by cli.prepare_task, before any data is loaded."""
 from __future__ import annotations
 
@@ -15,12 +16,11 @@ from typing import Any, Callable
 from . import __version__, selfcheck
 from .cliargs import (DEVICE_HELP, AliasHelpFormatter, Duration, add_aliased, add_comparison, add_out, add_resume,
                       add_script_flags, add_switches, add_timing, fill_help_later, format_duration, int_or_auto,
-                      optional, positive_int, size_type, target_type, worker_count_or_auto)
+                      optional, positive_int, resume_folder, size_type, target_type, worker_count_or_auto)
 from .defaults import DOCTOR_EVAL_WITHIN, DOCTOR_STEPS, LADDER_MODES, MAX_REPEATS, SETTLE_WITHIN_S, TUNE_BUDGET_S
-from .modelnames import (DEFAULT_DETECTION_MODEL, DETECTION_MODELS, LM_MODELS, check_detection_model_name,
-                         check_lm_model_name)
-from .recipe import FIELD_CHOICES, Recipe, field_docs, field_problem, preset
-from .tasks import TASKS
+from .modelnames import DEFAULT_DETECTION_MODEL, DETECTION_MODELS
+from .recipe import FIELD_CHOICES, Recipe, field_docs, field_problem, field_sections, preset
+from .tasks import TASKS, TaskDeclaration, declared, infer_task
 
 
 def field_value(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -38,10 +38,16 @@ def field_value(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("recipe (one flag per Recipe field; default: the field's default)")
+    """One flag per Recipe field, in one help group per section of the Recipe (recipe.field_sections)."""
     hints = typing.get_type_hints(Recipe)
     docs = field_docs()
+    section_of = {name: title for title, names in field_sections().items() for name in names}
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(Recipe):
+        title = section_of.get(f.name, "other fields")
+        if title not in groups:
+            groups[title] = parser.add_argument_group(f"recipe: {title}")
+        group = groups[title]
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
         args = typing.get_args(hint)
@@ -339,23 +345,12 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace:
 
 # --- what is refused after argparse, still before torch loads ------------------------------------------------
 
-# --data kinds whose value is a folder, per task: the loaders refuse a missing one with these same words
-# (data/imagefolder.py, data/datasets.py, detection/coco.py, text/corpus.py), after torch has loaded.
-DATA_FOLDERS = {"classification": ("imagefolder", "cifar10"), "detection": ("coco",), "lm": ("text",)}
-
-
-def early_task(task: str | None, model: str | None) -> str:
-    """The task as tasks.infer_task decides it from the names alone (--task, else the kind of --model)."""
-    if task is not None:
-        return task
-    return "detection" if model in DETECTION_MODELS else "lm" if model in LM_MODELS else "classification"
-
-
-def check_data_folder(spec: str | None, task: str) -> None:
-    """A --data folder that does not exist, refused with the loader's own message; every other spec (a built-in
-    dataset, a folder that exists, a spec the task does not read) is left to the loader to judge."""
+def check_data_folder(spec: str | None, task: TaskDeclaration) -> None:
+    """A --data folder that does not exist, refused with the loader's own message (data/imagefolder.py,
+    data/datasets.py, detection/coco.py, text/corpus.py say these same words after torch has loaded); every other
+    spec (a built-in dataset, a folder that exists, a spec the task does not read) is left to the loader to judge."""
     kind, _, path = (spec or "").partition(":")
-    if not path or kind not in DATA_FOLDERS.get(task, ()) or Path(path).is_dir():
+    if not path or kind not in task.folders or Path(path).is_dir():
         return
     if kind == "text":
         raise ValueError(f"--data {spec}: {path} is not a folder")
@@ -363,23 +358,32 @@ def check_data_folder(spec: str | None, task: str) -> None:
 
 
 def check_before_torch(args: argparse.Namespace) -> None:
-    """What can be refused once the flags have parsed, without torch: a --data folder that does not exist, a
-    detection or language-model name the task does not have, a --recipe that cannot be read and the recipe the
-    flags make (when its base is known here: a --recipe, or the classification task's Recipe(); the detection and
-    language-model tasks start from their own, in modules that import torch, so prepare_task checks those).
-    Raises ValueError (RecipeError, ModelError) with the same message the later check would give."""
+    """What can be refused once the flags have parsed, without torch: a --resume and --out that cannot work, --nproc
+    for the built-in search, a doctor with no command after `--`, and from the task's declaration
+    (tasks/declarations.py): a subcommand with no built-in work for the task, a model name the task does not have, a
+    --data folder that does not exist, an --image-size the task has no use for, a --recipe that cannot be read, and
+    the recipe the flags make on the task's own starting point (a switch on data the task does not offer, one it
+    cannot train with, a field that contradicts another). What needs torch to be judged (a timm model name, the
+    device) is left to cli.prepare_task. Raises ValueError (RecipeError, ModelError) with the same message the later
+    check would give."""
     if args.command == "bench-data":
-        check_data_folder(args.data, "classification")
+        check_data_folder(args.data, declared("classification"))
     if args.command not in ("ablate", "tune", "doctor", "train"):
         return
+    if args.command in ("ablate", "tune"):
+        resume_folder(args.resume, args.out)
+    if args.command == "tune" and args.nproc > 1 and args.user_command is None:
+        raise ValueError("--nproc runs a `-- COMMAND` under torchrun; the built-in search runs one process")
+    if args.command == "doctor" and args.user_command == []:
+        raise ValueError("doctor -- COMMAND: no command after `--` (e.g. `trainfast doctor -- python train.py`)")
     if args.command == "train" and args.target is not None and not args.target.known:
         raise ValueError("--target auto is the level a baseline's runs reach, which a single run has not: give the "
                          "level (val_loss<=3.2, val_acc>=0.95), or find it with trainfast ablate --target auto")
-    task = early_task(args.task, args.model)
-    if args.model is not None and task == "detection":
-        check_detection_model_name(args.model)
-    if args.model is not None and task == "lm":
-        check_lm_model_name(args.model)
+    task = declared(infer_task(args.task, args.model))
+    if args.user_command is None:              # a script's data, model and images are its own
+        task.check_command(args.command)
+        task.check_image_size(args.image_size)
+    if args.model is not None and task.check_name is not None:
+        task.check_name(args.model)
     check_data_folder(args.data, task)
-    if args.recipe is not None or task == "classification":
-        recipe_from_args(args)
+    task.validate(recipe_from_args(args, task.default_recipe if args.recipe is None else None))

@@ -35,6 +35,7 @@ from torch import nn
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from .measure import LossTermsError
+from .techniques import apply_wrap_switches, read_wrap_switches, wrap_options
 
 
 def always_sync(update: bool) -> None:
@@ -228,6 +229,7 @@ class Dist(Collectives):
     monitor: Any = None                      # separate gloo group: monitored_barrier, scalar reductions
     owns_group: bool = False                 # we opened the process group, so we close it
     samplers: list = field(default_factory=list)
+    wrapped: Any = None                      # the DDP / FSDP2 module wrap() built: what wrap switches read back
 
     @property
     def enabled(self) -> bool:
@@ -284,12 +286,22 @@ class Dist(Collectives):
             return ReplicaForward(nn.DataParallel(ReplicaLoss(model)))
         if not self.enabled:
             return model
+        options = wrap_options(recipe, self.strategy)        # the wrap switches' constructor options
         if self.strategy == "fsdp":
-            return apply_fsdp(model, recipe.precision)
-        from torch.nn.parallel import DistributedDataParallel as DDP
+            wrapped = apply_fsdp(model, recipe.precision, options)
+        else:
+            from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        return DDP(model, device_ids=ids, find_unused_parameters=self.find_unused_parameters)
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            wrapped = DDP(model, device_ids=ids, find_unused_parameters=self.find_unused_parameters, **options)
+        apply_wrap_switches(wrapped, recipe, self.strategy)   # then their work on it, in WRAP_ORDER
+        self.wrapped = wrapped
+        return wrapped
+
+    def wrap_state(self) -> dict[str, Any]:
+        """The wrap switches read back from the wrapper this process built (field -> state): every run's proof.
+        Empty in one process, where nothing is wrapped."""
+        return read_wrap_switches(self.wrapped, self.strategy) if self.wrapped is not None else {}
 
     def precision_name(self, recipe) -> str:
         """Under FSDP2 the MixedPrecisionPolicy casts parameters, so autocast is not layered on top."""
@@ -359,10 +371,11 @@ def find_unused_parameters(model: nn.Module, loss_of: Callable[[nn.Module], torc
     return [name for name, p in shadow.named_parameters() if p.requires_grad and p.grad is None]
 
 
-def apply_fsdp(model: nn.Module, precision: str) -> nn.Module:
+def apply_fsdp(model: nn.Module, precision: str, options: dict[str, Any] | None = None) -> nn.Module:
     """FSDP2: shard each direct child that holds parameters, then the root (torchtitan's pattern: one
     all-gather per block, overlapped with the previous block's compute). bf16 goes through
-    MixedPrecisionPolicy: bf16 compute and all-gathers, fp32 gradient reduction and master shards."""
+    MixedPrecisionPolicy: bf16 compute and all-gathers, fp32 gradient reduction and master shards.
+    `options`: the wrap switches' fully_shard keywords (reshard_after_forward), given to every call."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from .techniques.precision import DTYPES
@@ -371,8 +384,8 @@ def apply_fsdp(model: nn.Module, precision: str) -> nn.Module:
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     for child in model.children():
         if any(p.requires_grad for p in child.parameters()):
-            fully_shard(child, mp_policy=policy)
-    return fully_shard(model, mp_policy=policy)
+            fully_shard(child, mp_policy=policy, **(options or {}))
+    return fully_shard(model, mp_policy=policy, **(options or {}))
 
 
 # --- legacy nn.DataParallel with the loss inside each replica (a parallel criterion: no imbalance on the first GPU) ---

@@ -32,6 +32,26 @@ FIELD_CHOICES = {"precision": PRECISIONS, "precision_level": PRECISION_LEVELS, "
                  "attention": ATTENTION, "lr_scaling": LR_SCALINGS, "scale_by": SCALE_BY}
 
 
+def field_sections() -> dict[str, list[str]]:
+    """The Recipe's fields by section, as the class groups them under its `# --- section ---` lines: the CLI's
+    help and the docs show the same groups (empty when the source is not available)."""
+    import inspect
+    import re
+
+    try:
+        source = inspect.getsource(Recipe)
+    except (OSError, TypeError):
+        return {}
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in source.splitlines():
+        if (head := re.match(r"^    # --- (.+?) -+$", line)):
+            current = sections.setdefault(head.group(1), [])
+        elif (name := re.match(r"^    (\w+): ", line)) and current is not None:
+            current.append(name.group(1))
+    return sections
+
+
 def field_docs() -> dict[str, str]:
     """Each Recipe field's trailing comment in this file: the one description, used for the CLI's --help.
     Fields documented above their line instead get none (empty when the source is not available)."""
@@ -52,7 +72,7 @@ class RecipeError(ValueError):
 
 @dataclass(frozen=True)
 class Recipe:
-    # --- what is trained ---------------------------------------------------------------------
+    # --- what is trained --------------------------------------------------------------------------------------
     epochs: int = 1                   # passes over the training data
     batch_size: int = 64              # samples per micro-batch (per rank under torchrun)
     optimizer: str = "adamw"          # "sgd" (momentum 0.9) or "adamw"
@@ -62,34 +82,49 @@ class Recipe:
     seed: int = 0                     # one seed drives init, data order and per-worker streams
     grad_accum_steps: int = 1         # micro-batches per optimizer step (loss / k; DDP syncs on the k-th only)
 
-    # --- speed techniques (all off = a plain PyTorch loop) --------------------------
+    # --- precision --------------------------------------------------------------------------------------------
     precision: str = "fp32"           # "fp32" | "bf16" | "fp16": autocast dtype; fp16 adds a GradScaler
-    set_to_none: bool = False         # force zero_grad(set_to_none=True) in a loop that zeroes in place (torch's frees)
-    non_blocking: bool = False        # host->device copies do not block the host (CUDA only)
-    pin_memory: bool = False          # page-locked host batches, required for async copies (CUDA only)
-    num_workers: int | str = 0        # DataLoader worker processes, or "auto": the fastest of a short measurement
-    persistent_workers: bool = False  # keep workers alive across epochs (needs num_workers > 0)
-    prefetch_factor: int | None = None  # batches each worker loads ahead (needs num_workers > 0)
-    prefetch: bool = False            # uint8 transport + side-stream copy + normalize on the device
-    decode_cache: bool = False        # image folders: decode every file once to a uint8 cache on disk
-    device_decode: bool = False       # CUDA image folders: nvJPEG decode, crop, normalize on device; workers read bytes
-    group_aspect_ratio: bool = False  # detection: batch images of similar aspect ratio together (less padding)
-    padding_free: bool = False        # language models: pack each batch's documents into rows with no padding
-    group_by_length: bool = False     # language models: batches of documents of similar length (less padding)
-    pad_to_multiple: int = 0          # language models: padded batches' length rounded up to a multiple (0: off)
-    attention: str = "model"          # transformers attention backend: "model" (its own) | eager | sdpa | flex | flash
-    chunked_loss: bool = False        # language models: next-token loss over chunks of rows, logits never whole
-    channels_last: bool = False       # NHWC memory format for model and inputs (conv nets)
-    compile: bool = False             # torch.compile the model
-    optimizer_impl: str = "default"   # "default" (torch picks) | "for-loop" | "foreach" | "fused"
-    optimizer_state: str = "full"     # Adam's moments: "full" (fp32) | "8bit" | "4bit" (torchao, block-quantized)
-    cudnn_benchmark: bool = False     # let cuDNN autotune conv algorithms (CUDA only)
-    activation_checkpointing: bool = False  # recompute activations in backward: less memory, slower (timm/transformers)
-    grad_clip: float | None = None    # clip the global grad norm to this value (after unscaling)
-    deterministic: bool = False       # torch.use_deterministic_algorithms(True), may be slower
     # How a bf16/fp16 `precision` is applied: "autocast" (O1: fp32 weights, autocast), "master" (O2:
     # half weights, fp32 master copy in the optimizer, norms fp32), "pure" (O3: all half, risky). fp32 = O0.
     precision_level: str = "autocast"  # with bf16/fp16: "autocast" (O1), "master" (O2), "pure" (O3, risky)
+    fast_fp32_matmul: bool = False    # fp32 matmuls with bf16 (CPU with native bf16) or TF32 (GPU) inputs, fp32 out
+
+    # --- the input pipeline -----------------------------------------------------------------------------------
+    num_workers: int | str = 0        # DataLoader worker processes, or "auto": the fastest of a short measurement
+    persistent_workers: bool = False  # keep workers alive across epochs (needs num_workers > 0)
+    prefetch_factor: int | None = None  # batches each worker loads ahead (needs num_workers > 0)
+    pin_memory: bool = False          # page-locked host batches, required for async copies (CUDA only)
+    non_blocking: bool = False        # host->device copies do not block the host (CUDA only)
+    prefetch: bool = False            # uint8 transport + side-stream copy + normalize on the device
+    decode_cache: bool = False        # image folders: decode every file once to a uint8 cache on disk
+    device_decode: bool = False       # CUDA image folders: nvJPEG decode, crop, normalize on device; workers read bytes
+    passive_threads: bool = False     # OMP_WAIT_POLICY=PASSIVE at start: idle OpenMP threads sleep, cores go to workers
+    group_aspect_ratio: bool = False  # detection: batch images of similar aspect ratio together (less padding)
+
+    # --- language-model batches and attention -----------------------------------------------------------------
+    padding_free: bool = False        # language models: pack each batch's documents into rows with no padding
+    group_by_length: bool = False     # language models: batches of documents of similar length (less padding)
+    pad_to_multiple: int = 0          # language models: padded batches' length rounded up to a multiple (0: off)
+    batch_tokens: int = 0             # language models: batches sized by tokens, up to N each with padding (0: off)
+    attention: str = "model"          # transformers attention backend: "model" (its own) | eager | sdpa | flex | flash
+    chunked_loss: bool = False        # language models: next-token loss over chunks of rows, logits never whole
+
+    # --- the model and the step -------------------------------------------------------------------------------
+    set_to_none: bool = False         # force zero_grad(set_to_none=True) in a loop that zeroes in place (torch's frees)
+    channels_last: bool = False       # NHWC memory format for model and inputs (conv nets)
+    compile: bool = False             # torch.compile the model
+    optimizer_impl: str = "default"   # "default" (torch picks) | "for-loop" | "foreach" | "fused"
+    compile_optimizer: bool = False   # torch.compile the optimizer's step (its many small update kernels fused)
+    cudnn_benchmark: bool = False     # let cuDNN autotune conv algorithms (CUDA only)
+    grad_clip: float | None = None    # clip the global grad norm to this value (after unscaling)
+    deterministic: bool = False       # torch.use_deterministic_algorithms(True), may be slower
+
+    # --- memory -----------------------------------------------------------------------------------------------
+    activation_checkpointing: bool = False  # recompute activations in backward: less memory, slower (timm/transformers)
+    optimizer_state: str = "full"     # Adam's moments: "full" (fp32) | "8bit" | "4bit" (torchao, block-quantized)
+    reuse_memory: bool = False        # freed host memory stays mapped (glibc: no mmap/trim): no CPU page faults anew
+
+    # --- batch size (changes the math: judged on time to target) ----------------------------------------------
     # A bigger effective batch (techniques/batch_scale.py): fewer, larger steps, so the math changes and the switch
     # is judged on time to target. The learning rate follows it: "linear" (lr x k, the rule for SGD), "sqrt"
     # (lr x sqrt(k), the rule for Adam-family optimizers; the default, as the built-in runs use AdamW) or "none";
@@ -99,7 +134,7 @@ class Recipe:
     lr_scaling: str = "sqrt"          # how lr follows batch_scale: "linear" (SGD) | "sqrt" (Adam-family) | "none"
     scale_by: str = "batch"           # batch_scale multiplies "batch" (batch_size) or "accumulation" (grad_accum_steps)
 
-    # --- reliability ---------------------------------------------------------------------------
+    # --- reliability ------------------------------------------------------------------------------------------
     nonfinite: str = "stop"           # non-finite loss: "stop" with a message naming the step, or "skip" the step
     log_every: int = 10               # steps between reads of device-side metrics (each read syncs)
     max_bad_fraction: float = 0.01    # unreadable images are skipped and counted; stop above this fraction
@@ -107,13 +142,12 @@ class Recipe:
     save_every: int = 0               # checkpoint every N steps (0: only at each epoch end); needs a run folder
     keep_checkpoints: int = 2         # newest checkpoints kept in the run folder (older ones pruned after a save)
     async_checkpoint: bool = False    # write checkpoints in a background thread while training runs (same atomic files)
-    passive_threads: bool = False     # OMP_WAIT_POLICY=PASSIVE at start: idle OpenMP threads sleep, cores go to workers
-    reuse_memory: bool = False        # freed host memory stays mapped (glibc: no mmap/trim): no CPU page faults anew
-    fast_fp32_matmul: bool = False    # fp32 matmuls with bf16 (CPU with native bf16) or TF32 (GPU) inputs, fp32 out
 
-    # --- distributed (under torchrun; a single process ignores strategy=ddp) -------------------------
+    # --- distributed (under torchrun; a single process ignores strategy=ddp) ----------------------------------
     strategy: str = "ddp"             # "ddp" | "fsdp" (FSDP2 fully_shard) | "dp" (legacy DataParallel, CUDA)
     find_unused_parameters: bool = False  # DDP: traverse the graph every step for unused params (costly)
+    ddp_bucket_mb: float | None = None  # DDP's gradient bucket size in MiB (unset: DDP's 25): bigger, fewer all-reduces
+    gradient_as_bucket_view: bool = False  # DDP: gradients as views into its buckets (one gradient-sized copy less)
     dist_timeout_s: int = 300         # a rank silent this long is reported by rank and the run stops
 
     def __post_init__(self) -> None:
@@ -229,7 +263,7 @@ def apply_env_recipe(recipe: Recipe, environ: Mapping[str, str] | None = None) -
 
 POSITIVE_INTS = ("epochs", "batch_size", "log_every", "max_consecutive_skips", "keep_checkpoints", "grad_accum_steps",
                  "dist_timeout_s", "batch_scale")
-NON_NEGATIVE_INTS = ("warmup_steps", "seed", "save_every", "pad_to_multiple")
+NON_NEGATIVE_INTS = ("warmup_steps", "seed", "save_every", "pad_to_multiple", "batch_tokens")
 
 
 def field_problem(name: str, value: Any) -> str | None:
@@ -255,8 +289,8 @@ def field_problem(name: str, value: Any) -> str | None:
         return "must be a non-negative integer"
     if name == "num_workers" and value != "auto" and not (whole and value >= 0):
         return "must be a non-negative integer or 'auto'"
-    if (name == "lr" and not value > 0) or (name == "grad_clip" and not value > 0):
-        return "must be positive" + (" (or unset)" if name == "grad_clip" else "")
+    if name in ("lr", "grad_clip", "ddp_bucket_mb") and not value > 0:
+        return "must be positive" + (" (or unset)" if name != "lr" else "")
     if name == "weight_decay" and value < 0:
         return "must be >= 0"
     if name == "max_bad_fraction" and not 0 <= value < 1:

@@ -15,7 +15,7 @@ import torch
 from ..defaults import LADDER_MODES  # how a ladder's rungs build on each other (the CLI's --mode)
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import Effect, Rung
-from ..tasks import TASKS, build_task
+from ..tasks import TASKS, declared
 from ..techniques import AMP, default_ladder, rung_table
 from ..techniques.precision import auto_amp_dtype, slow_half_reason
 
@@ -52,7 +52,7 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
     if amp_dtype not in ("bf16", "fp16"):
         raise RecipeError(f"--amp-dtype {amp!r} must be auto, bf16 or fp16")
     ladder, table = LADDERS[task]
-    checker = build_task(task) if task != SCRIPT else None       # a script's task is its own
+    checker = declared(task) if task != SCRIPT else None         # a script's task is its own
     names = list(ladder) if not names else [RUNG_ALIASES.get(n, n) for n in names]
     unknown = [n for n in names if n not in table]
     if unknown:

@@ -29,7 +29,7 @@ from ..results import Effect, Rung, Status
 from ..run import as_split, build_module
 from ..tasks import Task
 from ..target import Target
-from ..tasks.effects import changes_effect, field_effect
+from ..tasks.effects import changes_effect, field_effect, on_ranks
 from ..techniques import needs_fresh_process, starting_with, threads
 from ..techniques.compile import CACHE_ENV, fresh_compile_cache
 from ..techniques.base import Effect as TechniqueEffect
@@ -72,11 +72,12 @@ class Work(Protocol):
 
 
 def mark_effects(plan: list[Rung], dev: torch.device, model: torch.nn.Module | None = None, split=None,
-                 effect_of: Callable = field_effect) -> None:
-    """Every rung after the baseline whose switches cannot act here is not run: its effect says why. In a
-    cumulative ladder what a ruled-out rung switched is not passed on to the rungs below it (a backend that cannot
-    run here, carried into the next rung, would fail it)."""
+                 effect_of: Callable = field_effect, ranks: int = 1) -> None:
+    """Every rung after the baseline whose switches cannot act here (in a job of `ranks` processes) is not run:
+    its effect says why. In a cumulative ladder what a ruled-out rung switched is not passed on to the rungs below
+    it (a backend that cannot run here, carried into the next rung, would fail it)."""
     base, dropped = plan[0].recipe if plan else None, {}
+    effect_of = on_ranks(effect_of, ranks, base.strategy if base is not None else None)
     for rung in plan[1:]:
         inherited = {k: getattr(base, k) for k, v in dropped.items()
                      if k not in rung.changes and getattr(rung.recipe, k) == v}
@@ -116,7 +117,7 @@ class Builtin:
         the baseline's too, as a fresh process: that rung needs one, and a baseline forked from the warm server
         would then differ from it by more than the switch (what is imported during the first epoch, the memory a
         process counts)."""
-        mark_effects(plan, self.dev, self.probe_model, self.split, self.field_effect)
+        mark_effects(plan, self.dev, self.probe_model, self.split, self.field_effect, self.job.nproc)
         if any(r.recipe.decode_cache and r.status != Status.NO_EFFECT for r in plan):
             with_decode_cache(self.split, self.base.replace(decode_cache=True))
         self.fresh = any(needs_fresh_process(r.recipe) and r.status != Status.NO_EFFECT for r in plan)
@@ -254,7 +255,7 @@ class CommandWork:
 
     def mark_effects(self, plan: list[Rung]) -> None:
         """What the device alone rules out (the script's model and data are not known before it runs)."""
-        mark_effects(plan, self.dev)
+        mark_effects(plan, self.dev, ranks=self.cmd.nproc)
 
     def launcher(self, measure: str) -> Launch:
         """measure "speed": a run stops once warm-up and the timing budget are timed; "full": it runs to its
@@ -365,7 +366,7 @@ class CommandWork:
         ladder = by_task.get(seen["task"])
         if ladder is None:                 # classification (the default ladder already), or the rungs were named
             return
-        mark_effects(ladder, self.dev)
+        mark_effects(ladder, self.dev, ranks=self.cmd.nproc)
         plan[1:] = ladder[1:]
 
     def grow(self, plan: list[Rung]) -> None:
@@ -374,7 +375,7 @@ class CommandWork:
         added, self.if_no_session = self.if_no_session, []
         if not added:
             return
-        mark_effects([plan[0], *added], self.dev)
+        mark_effects([plan[0], *added], self.dev, ranks=self.cmd.nproc)
         for rung in added:
             rung.reason = f"{GROWN}; {rung.reason}" if rung.reason else GROWN
         plan.extend(added)

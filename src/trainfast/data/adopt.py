@@ -46,12 +46,8 @@ def loader_changes(loader: DataLoader, recipe, device: torch.device, dist, mean,
     changes: dict[str, Any] = {}
     if dist.enabled:
         changes.update(shard(loader, recipe, dist))
-    if train and recipe.pad_to_multiple and hasattr(loader.collate_fn, "pad_to_multiple_of"):
-        # transformers' padding collators round their batches' length themselves (Session.unsupported says
-        # when the script's collator has no such setting)
-        loader.collate_fn.pad_to_multiple_of = recipe.pad_to_multiple
-    if train and (recipe.padding_free or recipe.group_by_length):
-        changes.update(padding_changes(loader, recipe, dist))
+    if train:
+        changes.update(batch_changes(loader, recipe, dist))
     if recipe.num_workers not in (0, loader.num_workers):
         changes["num_workers"] = recipe.num_workers
     if recipe.persistent_workers and not loader.persistent_workers:
@@ -68,47 +64,28 @@ def loader_changes(loader: DataLoader, recipe, device: torch.device, dist, mean,
     return changes
 
 
-def padding_changes(loader: DataLoader, recipe, dist) -> dict[str, Any]:
-    """A language model's padding switches on a script's own training loader: its collate function wrapped to
-    count the padding of its batches and, with padding_free, pack them (text/packing.py); with group_by_length,
-    its order drawn by a length-grouped sampler (grouped_sampler). What cannot act is recorded on the collator with
-    why (the Session reports it: Session.unsupported)."""
-    from ..text.packing import PackingCollator
+def batch_changes(loader: DataLoader, recipe, dist) -> dict[str, Any]:
+    """The recipe's batch switches on a script's own training loader, through their declarations
+    (techniques/padding.py): set on its collate function (a transformers collator's pad_to_multiple_of, in place),
+    a counting collator wrapped around it where a switch removes padding (text/packing.py: it packs with
+    padding_free), a sampler chosen (a length-grouped one). What cannot act is recorded on the counting collator
+    with why (the Session reports it: Session.unsupported)."""
+    from ..techniques import TrainBatches, asked_batches, batch_switches, choose_sampler, collate_batches
 
-    collator = PackingCollator(loader.collate_fn, pack=recipe.padding_free)
-    changes: dict[str, Any] = {"collate_fn": collator}
-    sampler = grouped_sampler(loader, collator, recipe.seed, dist) if recipe.group_by_length else None
+    values = asked_batches(recipe)
+    if not values:
+        return {}
+    batches = TrainBatches(loader.collate_fn, loader=loader, sampler=own_sampler(loader), seed=recipe.seed,
+                           dist=dist)
+    count = any(hooks.counts for name, hooks in batch_switches() if name in values)
+    changes: dict[str, Any] = {}
+    collate = collate_batches(batches, values, count)
+    if collate is not loader.collate_fn:
+        changes["collate_fn"] = collate
+    sampler = choose_sampler(batches, values)
     if sampler is not None:
         changes["sampler"] = sampler
     return changes
-
-
-def grouped_sampler(loader: DataLoader, collator, seed: int, dist) -> Sampler | None:
-    """group_by_length on a script's own training loader: a length-grouped sampler in place of its shuffling one,
-    reading the items' token counts (text/packing.py: document_lengths), its order drawn from the generator the
-    script's shuffle drew from (its sampler's, else the loader's; none: the global RNG the script seeds), so a
-    seeded script stays reproducible. None where it cannot act, why recorded on `collator` (the PackingCollator that
-    wraps the loader's collate function): items without token ids, a batch sampler of the script's own, or an
-    order the script chose (no shuffle, a sampler of its own) that a shuffled grouping would replace."""
-    from ..text.batching import length_sampler
-    from ..text.packing import document_lengths
-
-    lengths = document_lengths(loader.dataset)
-    if lengths is None:
-        collator.ungrouped = ("the script's training items are not token sequences (a mapping with input_ids, a "
-                              "list of ints or a 1-D integer tensor), whose lengths length grouping reads")
-        return None
-    sampler = own_sampler(loader)
-    if sampler is None or loader.batch_size is None:
-        collator.ungrouped = (f"the script's loader draws its batches with its own batch_sampler "
-                              f"({type(loader.batch_sampler).__name__}), which trainfast does not replace")
-        return None
-    if not isinstance(sampler, (RandomSampler, DistributedSampler)):
-        collator.ungrouped = (f"the script's training loader keeps an order of its own ({type(sampler).__name__}, "
-                              "not shuffle=True), which a shuffled length-grouped order would replace")
-        return None
-    generator = getattr(sampler, "generator", None) or loader.generator
-    return length_sampler(lengths, loader.batch_size, seed, generator, dist)
 
 
 def seed_then(user_init: Callable[[int], None] | None, worker_id: int) -> None:

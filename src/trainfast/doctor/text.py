@@ -40,7 +40,7 @@ def observe_text(run, batch, replay_steps) -> dict[str, Any] | None:
     slots = sum(b[0].slots for b in read)
     tokens = sum(b[0].rate_count for b in read)
     share = 1 - tokens / slots if slots else 0.0
-    if run.recipe.padding_free:
+    if "position_ids" in inputs:         # the batches are packed already: nothing to compare them with
         padding: dict[str, Any] = {"share": share, "batches": len(read), "packed": True}
     else:
         packed = to_device(PackCollate(run.split.pad_id)(documents_of(inputs)), run.device)

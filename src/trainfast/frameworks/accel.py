@@ -70,15 +70,15 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
+from ..techniques import optimizer_fields
 from ..techniques.memory_format import memory_format_of
 from ..techniques.optimizer import rebind_scheduler
-from ..text.packing import PADDING_FIELDS
 from .board import UNSET, Board, FrameworkRecord
 from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_compiled, mark_plugin_owned,
                      mark_shared_switches, prove_loader, prove_optimizers, switch_cudnn_benchmark, switch_loader,
                      switch_models, switch_optimizers)
 from .hooks import when_imported
-from .packing import asks_padding, prove_padding, switch_padding
+from .packing import asks_batches, named_batches, prove_batches, switch_batches
 
 NAME = "accelerate"
 PATCHED = "_trainfast_patched"
@@ -290,18 +290,18 @@ def switch_prepared(accelerator: Any, run: Run, record: FrameworkRecord, fields:
     for i, obj in enumerate(args):
         if isinstance(obj, torch.nn.Module):
             args[i] = switch_model(record, obj, fields, accelerator)
-        elif isinstance(obj, torch.optim.Optimizer) and ("optimizer_impl" in fields or "optimizer_state" in fields):
-            rebuilt = switch_optimizers(record, obj, fields.get("optimizer_impl"), fields.get("optimizer_state"))
+        elif isinstance(obj, torch.optim.Optimizer) and any(name in fields for name in optimizer_fields()):
+            rebuilt = switch_optimizers(record, obj, fields)
             if rebuilt is not obj:
                 run.replaced[id(obj)] = (obj, rebuilt)
                 args[i] = rebuilt
         elif i == train_at:
             args[i] = switch_loader(record, obj, fields)
-    if train_at is not None and asks_padding(fields):
+    if train_at is not None and asks_batches(fields):
         # After the model's switches (its attention backend decides how packed rows are laid out): the model of
         # this call, else one prepared before, is the one the batches go to.
         models = [a for a in args if isinstance(a, torch.nn.Module)] + run.models
-        args[train_at], run.packing = switch_padding(record, args[train_at], fields, (models or [None])[0])
+        args[train_at], run.packing = switch_batches(record, args[train_at], fields, (models or [None])[0])
     rebind_schedulers(accelerator, run, args)
     return tuple(args), train_at
 
@@ -427,7 +427,7 @@ def read_back(record: FrameworkRecord, run: Run) -> None:
     """Each switch as the Accelerator and the objects it prepared ended up with (the run's proof)."""
     accelerator = run.accelerator
     if run.loader is None:
-        for name in [*LOADER_FIELDS, *PADDING_FIELDS, "non_blocking"]:
+        for name in [*LOADER_FIELDS, *named_batches(run.fields), "non_blocking"]:
             if name in run.fields:
                 record.unsupported[name] = NOT_PREPARED
         record.switches.pop("non_blocking", None)
@@ -443,7 +443,7 @@ def read_back(record: FrameworkRecord, run: Run) -> None:
             record.prove("memory format", formats.pop() if len(formats) == 1 else sorted(formats))
     prove_optimizers(record, [getattr(o, "optimizer", o) for o in run.optimizers])
     prove_loader(record, run.loader)
-    prove_padding(record, run.packing, run.loader, run.fields)
+    prove_batches(record, run.packing, run.loader, run.fields)
     loader_copies = getattr(run.loader, "_non_blocking", None)
     record.prove("non_blocking", accelerator.non_blocking if loader_copies is None else loader_copies)
     if run.set_to_none is not None:

@@ -1,7 +1,7 @@
 """The switches every adapter applies the same way, on the torch objects a framework hands over: the training
-DataLoader's settings, the optimizer's implementation, the model's memory format, cudnn.benchmark, and their
-read-backs. Each uses the technique's own object (techniques/), so a framework's run and the built-in loop
-switch a technique through the same code."""
+DataLoader's settings, the optimizer switches (techniques.OPTIMIZER_ORDER), the model's memory format,
+cudnn.benchmark, and their read-backs. Each uses the technique's own object (techniques/), so a framework's run
+and the built-in loop switch a technique through the same code."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,9 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader
 
-from ..techniques import model_switches, process_switches, unreachable
-from ..techniques.optimizer import IMPL_FLAGS, rebuild_optimizer
-from ..techniques.optimizer_state import apply_optimizer_state, state_of
+from ..techniques import model_switches, optimizer_switches, process_switches, unreachable
 from .board import UNSET, FrameworkRecord
 
 LOADER_FIELDS = {"num_workers": "num_workers", "pin_memory": "pin_memory",
@@ -25,7 +23,6 @@ PLUGIN_OWNS = {
         "precision": "DeepSpeed's configuration decides the precision (its bf16/fp16 sections and loss scaling), "
                      "not the framework's mixed-precision setting this rung switches",
         "precision_level": "DeepSpeed's configuration decides the precision",
-        "optimizer_impl": "DeepSpeed wraps and steps the optimizer itself (its own fused kernels, ZeRO partitions)",
     },
     "fsdp": {
         "precision": "FSDP's mixed-precision policy casts the parameters and gradients itself, not the autocast "
@@ -40,10 +37,18 @@ COMPILED_INSIDE = ("the script compiles a submodule ({name}) itself: compiling t
 def mark_plugin_owned(record: FrameworkRecord, fields: dict[str, Any], plugin: str, where: str) -> set[str]:
     """Mark the fields of `fields` that `plugin` ("deepspeed", "fsdp", configured at `where`) owns as not
     applicable here, with the reason; those fields, which the caller then leaves as the script has them."""
-    owned = {name for name in PLUGIN_OWNS[plugin] if name in fields}
+    owns = plugin_owns(plugin)
+    owned = {name for name in owns if name in fields}
     for name in owned:
-        record.unsupported[name] = f"{where} is a {plugin} configuration: {PLUGIN_OWNS[plugin][name]}"
+        record.unsupported[name] = f"{where} is a {plugin} configuration: {owns[name]}"
     return owned
+
+
+def plugin_owns(plugin: str) -> dict[str, str]:
+    """The fields `plugin` decides itself, each with why: PLUGIN_OWNS's and the optimizer switches' own
+    (OptimizerSwitch.plugins)."""
+    return {**PLUGIN_OWNS[plugin], **{name: how.plugins[plugin] for name, how in optimizer_switches()
+                                      if plugin in how.plugins}}
 
 
 def compiled_submodule(model: Any) -> str | None:
@@ -125,72 +130,45 @@ def prove_loader(record: FrameworkRecord, loader: Any) -> None:
             record.prove(f"DataLoader.{name}", getattr(loader, name, None))
 
 
-def impl_flags(impl: str) -> dict[str, Any]:
-    """The constructor flags of an optimizer implementation; "default" clears any the script passed (what torch
-    picks when none is given), so a baseline turns off the script's own fused=True."""
-    return IMPL_FLAGS[impl] if impl != "default" else {"fused": None, "foreach": None}
-
-
-def optimizer_impl(optimizer: torch.optim.Optimizer) -> str:
-    """What an optimizer runs, read from its param groups: "fused", "foreach", "for-loop", or "default"."""
-    group = optimizer.param_groups[0] if optimizer.param_groups else {}
-    if group.get("fused"):
-        return "fused"
-    if group.get("foreach"):
-        return "foreach"
-    return "for-loop" if group.get("foreach") is False else "default"
-
-
-def switch_optimizer(record: FrameworkRecord, optimizer: Any, impl: str, scheduler=None) -> Any:
-    """`optimizer` rebuilt with `impl` (techniques.optimizer: same class, same groups, scheduler rebound)."""
+def switch_optimizers(record: FrameworkRecord, optimizer: Any, fields: dict[str, Any], scheduler=None) -> Any:
+    """`optimizer` with the run's optimizer switches (those in `fields`), in techniques.OPTIMIZER_ORDER, each
+    recorded with the script's own setting and rebuilt where it differs (same groups, scheduler rebound); one
+    that cannot act on this optimizer is said so and left as the script has it. A switch that replaces the class
+    (the low-bit states) rules out the ones after it: said where the run asks for the class, silent where it
+    keeps the script's own (its low-bit optimizer under a run asking for full states)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         return optimizer
-    had = optimizer_impl(optimizer)
-    record.set("optimizer_impl", "optimizer implementation", impl, had)
-    if had == impl:
-        return optimizer
-    try:
-        return rebuild_optimizer(optimizer, impl_flags(impl), scheduler, impl)
-    except (ValueError, TypeError, RuntimeError) as exc:
-        record.unsupported["optimizer_impl"] = f"{type(optimizer).__name__}: {exc}"
-        return optimizer
-
-
-MOMENTS = "optimizer moments"       # the optimizer_state switch's setting, as a run records and proves it
-LOW_BIT_IMPL = "the low-bit Adam's update is one compiled kernel per tensor (torchao): no foreach/fused choice"
-
-
-def switch_optimizers(record: FrameworkRecord, optimizer: Any, impl: str | None = None, state: str | None = None,
-                      scheduler=None) -> Any:
-    """`optimizer` with the run's optimizer switches (None: not asked): its moments in low bits
-    (techniques.optimizer_state) where the run asks for them, else its implementation (switch_optimizer). The
-    script's own low-bit optimizer under a run asking for full states is kept, and said (its moments are not
-    converted back)."""
-    if not isinstance(optimizer, torch.optim.Optimizer) or state is None:
-        return optimizer if impl is None else switch_optimizer(record, optimizer, impl, scheduler)
-    had = state_of(optimizer)
-    record.set("optimizer_state", MOMENTS, state, had)
-    if state == "full":
-        if had != "full":
-            record.unsupported["optimizer_state"] = (f"the script's own {type(optimizer).__name__} keeps its {had} "
-                                                     "moments")
-        return optimizer if impl is None or had != "full" else switch_optimizer(record, optimizer, impl, scheduler)
-    if impl is not None:
-        record.unsupported["optimizer_impl"] = LOW_BIT_IMPL
-    try:
-        return apply_optimizer_state(optimizer, state, scheduler)
-    except ValueError as exc:            # RecipeError: not an Adam, already stepped, no torchao
-        record.unsupported["optimizer_state"] = str(exc)
-        return optimizer
+    ruled_out = None                     # None: nothing rules the later switches out; "": silently
+    for name, how in optimizer_switches():
+        if name not in fields:
+            continue
+        if ruled_out is not None:
+            if ruled_out:
+                record.unsupported[name] = ruled_out
+            continue
+        value, had = fields[name], how.state(optimizer)
+        record.set(name, how.label, value, had)
+        if had != value:
+            try:
+                optimizer = how.rebuild(optimizer, value, scheduler)
+            except ValueError as exc:        # RecipeError: why, the class named
+                record.unsupported[name] = str(exc)
+            except (TypeError, RuntimeError) as exc:         # the class's own constructor or load_state_dict
+                record.unsupported[name] = f"{type(optimizer).__name__}: {exc}"
+        if how.replaces and value != how.default:
+            ruled_out = how.replaces
+        elif how.replaces and how.state(optimizer) != how.default:
+            ruled_out = ""
+    return optimizer
 
 
 def prove_optimizers(record: FrameworkRecord, optimizers: list) -> None:
     """The optimizer switches read back from the optimizers the framework steps."""
     if not optimizers:
         return
-    for setting, read in (("optimizer implementation", optimizer_impl), (MOMENTS, state_of)):
-        values = sorted({read(o) for o in optimizers})
-        record.prove(setting, values[0] if len(values) == 1 else values)
+    for _, how in optimizer_switches():
+        values = sorted({how.state(o) for o in optimizers})
+        record.prove(how.label, values[0] if len(values) == 1 else values)
 
 
 def switch_models(record: FrameworkRecord, model: torch.nn.Module, fields: dict[str, Any],

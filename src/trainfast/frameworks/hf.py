@@ -36,18 +36,16 @@ from typing import Any
 import torch
 
 from ..recipe import Recipe
+from ..techniques import TrainBatches, batch_switches, optimizer_switches
 from ..techniques.batch_scale import scale_values
 from ..techniques.memory_format import memory_format_of
-from ..techniques.optimizer_state import TRAINER_OPTIM, state_of
 from .board import UNSET, Board, FrameworkRecord
-from .common import (AUTO_WORKERS, LOW_BIT_IMPL, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
+from .common import (AUTO_WORKERS, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
                      switch_cudnn_benchmark, switch_models)
 from .hooks import when_imported
-from .packing import packing_collator, prove_packing, switch_pad_multiple, uses_length_groups
+from .packing import named_batches, prove_batches, switch_collate
 
 NAME = "transformers"
-ADAMW = ("adamw_torch", "adamw_torch_fused")
-LOW_BIT_OPTIM = (TRAINER_OPTIM["8bit"], TRAINER_OPTIM["4bit"])
 ARG_LOADER = {"num_workers": "dataloader_num_workers", "pin_memory": "dataloader_pin_memory",
               "persistent_workers": "dataloader_persistent_workers", "prefetch_factor": "dataloader_prefetch_factor"}
 PATCHED = "_trainfast_patched"
@@ -100,11 +98,7 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
             put("compile", "torch_compile_backend", None)
             put("compile", "torch_compile_mode", None)
         put("tf32", "tf32", False)
-    if fields.get("optimizer_state", "full") != "full":
-        switch_optim_state(args, record, fields["optimizer_state"], "optimizer_impl" in fields)
-    elif "optimizer_impl" in fields or "optimizer_state" in fields:        # fp32 moments: one of optim's AdamWs
-        switch_optim(args, record, fields.get("optimizer_impl", "default"),
-                     "optimizer_impl" if "optimizer_impl" in fields else "optimizer_state")
+    switch_optim(args, record, fields)
     for name, setting in ARG_LOADER.items():
         if name in fields:
             value = fields[name]
@@ -118,8 +112,7 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
         switch_batch_scale(args, record, fields)
     if "activation_checkpointing" in fields:
         switch_checkpointing_argument(args, record, bool(fields["activation_checkpointing"]))
-    if "group_by_length" in fields:
-        switch_length_groups(args, record, bool(fields["group_by_length"]))
+    switch_batch_arguments(args, record, fields)
     mark_shared_switches(record, fields)
     if "cudnn_benchmark" in fields:
         switch_cudnn_benchmark(record, bool(fields["cudnn_benchmark"]))
@@ -144,50 +137,46 @@ def switch_checkpointing_argument(args: Any, record: FrameworkRecord, enabled: b
         setattr(args, name, enabled)
 
 
-def switch_length_groups(args: Any, record: FrameworkRecord, enabled: bool) -> None:
-    """transformers 5 names the sampler in train_sampling_strategy ("group_by_length" among its choices), 4 has
-    a group_by_length flag. Off leaves the script's own strategy unless it was length grouping."""
-    if hasattr(args, "train_sampling_strategy"):
-        had = args.train_sampling_strategy
-        wanted = "group_by_length" if enabled else ("random" if had == "group_by_length" else had)
-        record.set("group_by_length", "train_sampling_strategy", wanted, had)
-        args.train_sampling_strategy = wanted
-        return
-    had = getattr(args, "group_by_length", None)
-    record.set("group_by_length", "group_by_length", enabled, UNSET if had is None else had)
-    args.group_by_length = enabled
+def switch_batch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any]) -> None:
+    """The batch switches the Trainer has an argument for (BatchSwitch.arguments: its length-grouped sampler), set
+    there; the others act on its collator (training_collator)."""
+    for name, hooks in batch_switches():
+        if name in fields and hooks.arguments is not None:
+            for setting, wanted, had in hooks.arguments(args, fields[name]):
+                record.set(name, setting, wanted, UNSET if had is None else had)
 
 
-def switch_optim_state(args: Any, record: FrameworkRecord, state: str, impl_asked: bool) -> None:
-    """The Trainer's own low-bit AdamW (optim adamw_torch_8bit / _4bit builds torchao's class), from the script's
-    AdamW of any implementation; another optimizer is left as the script has it, why said."""
+def switch_optim(args: Any, record: FrameworkRecord, fields: dict[str, Any]) -> None:
+    """The run's optimizer switches through the Trainer's one `optim` choice, in techniques.OPTIMIZER_ORDER:
+    each asked switch that has a Trainer setting (OptimizerSwitch.trainer_optim) turns the script's optim into
+    its own (the low-bit states into adamw_torch_8bit / _4bit, which build torchao's classes; the implementation
+    into adamw_torch / adamw_torch_fused), recorded with the script's optim; one the Trainer has no choice for
+    is said so. A switch that replaces the class (the low-bit states) rules out the ones after it."""
     optim = getattr(args.optim, "value", args.optim)
-    if impl_asked:
-        record.unsupported["optimizer_impl"] = LOW_BIT_IMPL
-    if optim not in ADAMW + LOW_BIT_OPTIM:
-        record.unsupported["optimizer_state"] = (f"the script's optim {optim!r} is not one of the Trainer's torch "
-                                                 f"AdamWs (only {' / '.join(ADAMW)} have low-bit twins)")
-        return
-    record.set("optimizer_state", "optim", TRAINER_OPTIM[state], optim)
-    args.optim = TRAINER_OPTIM[state]
+    ruled_out = ""
+    for name, how in optimizer_switches():
+        if name not in fields or how.trainer_optim is None:
+            continue
+        if ruled_out:
+            record.unsupported[name] = ruled_out
+            continue
+        if how.replaces and fields[name] != how.default:
+            ruled_out = how.replaces
+        try:
+            wanted = how.trainer_optim(fields[name], optim)
+        except ValueError as exc:
+            record.unsupported[name] = str(exc)
+            continue
+        if wanted is not None:
+            record.set(name, "optim", wanted, optim)
+            args.optim = optim = wanted
 
 
-def switch_optim(args: Any, record: FrameworkRecord, impl: str, field_: str = "optimizer_impl") -> None:
-    """optim's fused or unfused AdamW for `impl`, recorded for `field_` (optimizer_state when the run asks only
-    for fp32 moments: a script's own low-bit AdamW becomes the torch one)."""
-    optim = getattr(args.optim, "value", args.optim)
-    if field_ == "optimizer_state" and optim not in LOW_BIT_OPTIM:
-        return                                     # fp32 moments already: nothing to switch
-    if optim not in ADAMW + LOW_BIT_OPTIM:
-        record.unsupported[field_] = (f"the script's optim {optim!r} has no fused/unfused pair among the "
-                                      f"Trainer's optim choices (only {' / '.join(ADAMW)})")
-        return
-    if impl not in ("default", "fused"):
-        record.unsupported[field_] = f"the Trainer's optim choices have no {impl!r} AdamW"
-        return
-    wanted = "adamw_torch_fused" if impl == "fused" else "adamw_torch"
-    record.set(field_, "optim", wanted, optim)
-    args.optim = wanted
+def trainer_optim_of(optimizer: Any) -> str:
+    """The `optim` name of the optimizer the Trainer built, as the optimizer switches read it; its class's
+    name where none does."""
+    return next((name for _, how in optimizer_switches() if how.trainer_optim_of is not None
+                 and (name := how.trainer_optim_of(optimizer)) is not None), type(optimizer).__name__)
 
 
 # The Trainer's arguments for the Recipe's fields that batch_scale makes concrete (techniques/batch_scale.py)
@@ -253,10 +242,8 @@ def patch_trainer(cls: type, board: Board) -> None:
         record = record_of(board)
         if self.model is not None:
             self.model = switch_models(record, self.model, board.fields, NAME)
-        # Rounded on the script's own collator, which the packing collator below wraps: one collator, one path.
-        switch_pad_multiple(record, self.data_collator, board.fields, "data_collator.pad_to_multiple_of")
-        if "padding_free" in board.fields:
-            self._trainfast_packing = training_collator(self, record, board.fields)
+        # The batch switches on the script's own collator (set on it, or the counting collator wrapped around it).
+        self._trainfast_packing = training_collator(self, record, board.fields)
         args = self.args
         board.samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         # The latest Trainer is the one read back. Held, not weakly: the proof is read when the result is
@@ -293,33 +280,26 @@ def patch_trainer(cls: type, board: Board) -> None:
 
 
 def training_collator(trainer: Any, record: FrameworkRecord, fields: dict[str, Any]):
-    """The Trainer's training collator wrapped to count and pack its batches (frameworks/packing.py), proven from
-    the batches it made when the result is written."""
-    why = trl_packs(trainer, record)
-    if why:
-        record.unsupported["padding_free"] = why
-        fields = {**fields, "padding_free": False}
-    collator = packing_collator(record, trainer.model, trainer.data_collator, fields, "data_collator packs")
-    record.readers.append(lambda r: prove_packing(r, collator, fields, "data_collator packs"))
-    return collator
-
-
-def trl_packs(trainer: Any, record: FrameworkRecord) -> str | None:
-    """TRL's SFTTrainer packs by its own settings, read back in every run: SFTConfig(packing=True) packs the
-    dataset when the trainer is built, padding_free=True (or best-fit packing) makes its collator flatten each
-    batch into one row. Where the script has either on, why the padding_free switch cannot act: its batches are
-    already packed, and no baseline could be the script without them. Off, the script's padded batches go through
-    the packing collator, which gives the loss TRL's padding-free batches give (tests/test_trl.py)."""
-    args = trainer.args
-    if not (hasattr(args, "packing") and hasattr(args, "padding_free")):
+    """The batch switches the Trainer has no argument for, on its data_collator: set on it (its
+    pad_to_multiple_of), or a counting collator wrapped around it for the training batches (packing them), proven
+    from the batches it made when the result is written. None where nothing wraps it. A switch the Trainer cannot
+    take (TRL packing its batches itself) is said not applicable and left off."""
+    values = {name: value for name, value in named_batches(fields).items()
+              if next(h for n, h in batch_switches() if n == name).arguments is None}
+    for name, hooks in batch_switches():
+        if name in values and hooks.trainer_refusal is not None:
+            why = hooks.trainer_refusal(trainer, record.notes)
+            if why:
+                record.unsupported[name] = why
+                values[name] = False
+    count = any(hooks.counts for name, hooks in batch_switches() if name in values)
+    batches = TrainBatches(trainer.data_collator, model=trainer.model, checks_model=True, collate_name="data_collator")
+    collate = switch_collate(record, batches, values, count)
+    if not count:
         return None
-    packs, flat = bool(args.packing), bool(getattr(trainer, "padding_free", args.padding_free))
-    record.notes.append(f"TRL SFTConfig as the script set it: packing={packs}, padding_free={flat}")
-    if not (packs or flat):
-        return None
-    said = " and ".join(name for name, on in (("packing=True", packs), ("padding_free=True", flat)) if on)
-    return (f"the script's SFTConfig has {said}: TRL packs its batches itself, so there is no padding to remove "
-            "and no baseline without packing to compare with (set them False in the script to measure packing)")
+    proven = {**named_batches(fields), **values}          # the Trainer's own grouping: its batches' padding too
+    record.readers.append(lambda r: prove_batches(r, collate, None, proven, "data_collator"))
+    return collate
 
 
 def declare_metric(board: Board, args: Any) -> None:
@@ -350,22 +330,16 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
     record.prove("use_cpu", args.use_cpu)
     optimizer = getattr(getattr(trainer, "optimizer", None), "optimizer", getattr(trainer, "optimizer", None))
     if optimizer is not None:
-        fused = bool(optimizer.param_groups[0].get("fused")) if optimizer.param_groups else False
-        name = type(optimizer).__name__
-        state = state_of(optimizer)          # torchao's AdamW8bit / AdamW4bit: the Trainer's low-bit optim names
-        record.prove("optim", TRAINER_OPTIM[state] if state != "full" else
-                     ("adamw_torch_fused" if fused else "adamw_torch") if name == "AdamW" else name)
+        record.prove("optim", trainer_optim_of(optimizer))
     loader = getattr(trainer, "_trainfast_loader", None)
     read_batch_scale(record, trainer, optimizer, loader)
     prove_loader(record, loader)
     for name, setting in ARG_LOADER.items():
         if loader is not None:
             record.prove(setting, getattr(loader, name, None))
-    grouped = uses_length_groups(loader)
-    record.prove("group_by_length", grouped)
-    strategy = getattr(args, "train_sampling_strategy", None)
-    record.prove("train_sampling_strategy", "group_by_length" if grouped else
-                 (strategy if strategy != "group_by_length" else "not in the loader"))
+    for _, hooks in batch_switches():
+        for setting, value in hooks.read_arguments(args, loader) if hooks.read_arguments is not None else ():
+            record.prove(setting, value)
     checkpointing = bool(getattr(trainer.model, "is_gradient_checkpointing", False))
     record.prove("activation_checkpointing", checkpointing)
     record.prove("gradient_checkpointing", checkpointing)

@@ -46,6 +46,7 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader
 
+from ..techniques import optimizer_fields
 from ..techniques.memory_format import memory_format_of
 from ..techniques.optimizer import rebind_scheduler
 from .board import UNSET, Board, FrameworkRecord
@@ -53,7 +54,7 @@ from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_comp
                      mark_shared_switches, prove_loader, prove_optimizers, switch_loader, switch_models,
                      switch_optimizers)
 from .hooks import when_imported
-from .packing import asks_padding, prove_padding, switch_padding
+from .packing import asks_batches, prove_batches, switch_batches
 
 NAME = "lightning"
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -314,26 +315,26 @@ def patch_optimizer_conf(module: Any, board: Board, record: Callable[[], Framewo
 
     @functools.wraps(original)
     def _configure_optimizers(optim_conf: Any) -> Any:
-        if "optimizer_impl" in board.fields or "optimizer_state" in board.fields:
-            optim_conf = switch_optim_conf(record(), optim_conf, board.fields.get("optimizer_impl"),
-                                           board.fields.get("optimizer_state"))
+        if any(name in board.fields for name in optimizer_fields()):
+            optim_conf = switch_optim_conf(record(), optim_conf, board.fields)
         return original(optim_conf)
 
     setattr(_configure_optimizers, PATCHED, True)
     module._configure_optimizers = _configure_optimizers
 
 
-def switch_optim_conf(record: FrameworkRecord, conf: Any, impl: str | None, state: str | None = None) -> Any:
+def switch_optim_conf(record: FrameworkRecord, conf: Any, fields: dict[str, Any]) -> Any:
     """What configure_optimizers() returned (an optimizer, a list of them, ([optimizers], [schedulers]), a dict
-    with "optimizer" and "lr_scheduler", a list of such dicts) with each torch optimizer rebuilt with `impl` and
-    `state` (common.switch_optimizers), and every scheduler in it rebound to its optimizer's replacement."""
+    with "optimizer" and "lr_scheduler", a list of such dicts) with each torch optimizer rebuilt with the run's
+    optimizer switches in `fields` (common.switch_optimizers), and every scheduler in it rebound to its
+    optimizer's replacement."""
     swapped: dict[int, tuple[Any, Any]] = {}
 
     def swap(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         if type(optimizer).__name__ == "_MockOptimizer":      # Lightning's stand-in when it returned None
             return optimizer
         if id(optimizer) not in swapped:
-            swapped[id(optimizer)] = (optimizer, switch_optimizers(record, optimizer, impl, state))
+            swapped[id(optimizer)] = (optimizer, switch_optimizers(record, optimizer, fields))
         return swapped[id(optimizer)][1]
 
     rewritten = map_conf(conf, swap)
@@ -383,7 +384,7 @@ def patch_loader_source(cls: type, board: Board, record: Callable[[], FrameworkR
             return loaders
         if any(name in board.fields for name in LOADER_FIELDS):
             loaders = switch_loaders(record(), loaders, board.fields)
-        if asks_padding(board.fields):
+        if asks_batches(board.fields):
             loaders = switch_padded_loader(record(), loaders, board.fields, fitting.get("trainer"))
         loader = first_loader(loaders)
         sampler = getattr(loader, "batch_sampler", None)
@@ -414,7 +415,7 @@ def switch_padded_loader(record: FrameworkRecord, loaders: Any, fields: dict[str
     """The padding switches on the training loader the fit loop iterates (the first, where the script gives
     several), its collator kept on the fitting Trainer for the read-back (a later fit's loader replaces it)."""
     loader = first_loader(loaders)
-    switched, collator = switch_padding(record, loader if loader is not None else loaders, fields,
+    switched, collator = switch_batches(record, loader if loader is not None else loaders, fields,
                                         getattr(trainer, "lightning_module", None))
     if trainer is not None and hasattr(trainer, FIT_STATE):
         getattr(trainer, FIT_STATE).update(packing=collator, fields=fields)
@@ -475,7 +476,7 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
     loader = first_loader(trainer.train_dataloader) or state.get("train_loader")
     prove_loader(record, loader)
     if "packing" in state:
-        prove_padding(record, state["packing"], loader, state["fields"])
+        prove_batches(record, state["packing"], loader, state["fields"])
     if ASYNC_IO in record.switches:
         io = type(trainer.strategy.checkpoint_io)
         record.prove(ASYNC_IO, any(c.__name__ == "AsyncCheckpointIO" for c in io.__mro__))

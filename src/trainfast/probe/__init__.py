@@ -9,8 +9,8 @@ ablation's runs, which are the same kind of run). One job per module:
 from .agent import CHECK_EVERY, MAX_BUDGETS, LoaderWorkers, Probe
 from .bootstrap import apply_command_switches, current, install
 from .contract import MEASURE_ENV, PROBE_MODES, MeasureError, MeasureSpec, StopRun
-from .record import PROCESS_SWITCHES, RecordError, RunRecord, compile_counters, run_record, run_seed
+from .record import PROCESS_SWITCHES, WRAP_SWITCHES, RecordError, RunRecord, compile_counters, run_record, run_seed
 
 __all__ = ["CHECK_EVERY", "MAX_BUDGETS", "LoaderWorkers", "Probe", "apply_command_switches", "current", "install",
-           "MEASURE_ENV", "PROBE_MODES", "MeasureError", "MeasureSpec", "StopRun", "PROCESS_SWITCHES", "RecordError",
-           "RunRecord", "compile_counters", "run_record", "run_seed"]
+           "MEASURE_ENV", "PROBE_MODES", "MeasureError", "MeasureSpec", "StopRun", "PROCESS_SWITCHES", "WRAP_SWITCHES",
+           "RecordError", "RunRecord", "compile_counters", "run_record", "run_seed"]

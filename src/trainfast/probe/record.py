@@ -28,6 +28,7 @@ from ..procstate import process_state
 from ..techniques import process_wide_in_effect
 
 PROCESS_SWITCHES = "process_switches"     # the result's key for the process-wide switches read back
+WRAP_SWITCHES = "wrap_switches"           # the result's key for the wrap switches read back from DDP / FSDP2
 
 
 class RecordError(ValueError):
@@ -83,6 +84,8 @@ class RunState(Fields):
     # passive_threads and reuse_memory as this process has them: the proof, for a script the recipe reaches only
     # through the environment it started with (no Session, no framework adapter)
     process_switches: dict[str, bool]
+    # the wrap switches as the DDP / FSDP2 wrapper the Session built has them ({} in one process: no wrapper)
+    wrap_switches: dict[str, Any]
     batches: dict[str, Any] | None  # a command's run: what its batches are (instruments/batches.py)
     run_seconds: float
     process: dict[str, Any]        # its cores, threads, preemptions, faults (procstate.py)
@@ -186,6 +189,7 @@ def run_state(probe, stopped: str) -> RunState:
         scaler_skips=precision.get("skipped_steps"),
         compile=compile_counters(probe.compiles),
         process_switches=process_wide_in_effect(),
+        wrap_switches=session.dist.wrap_state() if session is not None else {},
         batches=probe.batches.to_dict() if probe.batches is not None else None,
         run_seconds=time.perf_counter() - probe.started,
         process=process_state())

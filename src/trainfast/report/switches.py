@@ -3,7 +3,7 @@ switch's fields, its rungs and where each task's ladder runs them, its scope, an
 sets it or why it cannot, all read from the declarations (techniques/switch.py). Nothing here is written twice."""
 from __future__ import annotations
 
-from ..recipe import field_docs
+from ..recipe import field_docs, field_sections
 from ..tasks import TASKS
 from ..techniques import ADAPTERS, ON_MODEL, rung_table, switches
 
@@ -25,6 +25,8 @@ def _scope(switch) -> str:
     scope = ["process" if switch.process or switch.process_hooks else "run"]
     if switch.process_hooks is not None:
         scope.append("start environment" if switch.process_hooks.environ() else "set at torch's import")
+    if switch.wrap is not None:
+        scope.append(f"{' / '.join(switch.wrap.strategies)} wrapper, {switch.ranks}+ ranks")
     if switch.resumable_fields:
         scope.append("resumable" if switch.resumable_fields == switch.fields
                      else f"resumable: {', '.join(switch.resumable_fields)}")
@@ -82,13 +84,26 @@ def docs_block() -> str:
     return f"{DOCS_START}\n{switch_table()}\n{DOCS_END}"
 
 
-def update_docs(path: str = "docs/techniques.md") -> bool:
-    """Write the current table between the markers of `path`; whether it changed."""
+RECIPE_START, RECIPE_END = "<!-- recipe: generated from recipe.py's sections -->", "<!-- recipe: end -->"
+
+
+def recipe_block() -> str:
+    """README's list of the Recipe's fields, one line per section of the class (recipe.field_sections)."""
+    lines = [f"- **{title}**: " + ", ".join(f"`{name}`" for name in names) for title, names in field_sections().items()]
+    return "\n".join([RECIPE_START, *lines, RECIPE_END])
+
+
+def update_docs(path: str = "docs/techniques.md", readme: str = "README.md") -> bool:
+    """Write the current switch table between the markers of `path`, and the Recipe's sections between those of
+    `readme`; whether either changed."""
     from pathlib import Path
 
-    doc = Path(path)
-    text = doc.read_text()
-    start, end = text.index(DOCS_START), text.index(DOCS_END) + len(DOCS_END)
-    new = text[:start] + docs_block() + text[end:]
-    doc.write_text(new)
-    return new != text
+    changed = False
+    for doc, (first, last), block in ((Path(path), (DOCS_START, DOCS_END), docs_block()),
+                                      (Path(readme), (RECIPE_START, RECIPE_END), recipe_block())):
+        text = doc.read_text()
+        start, end = text.index(first), text.index(last) + len(last)
+        new = text[:start] + block + text[end:]
+        doc.write_text(new)
+        changed = changed or new != text
+    return changed

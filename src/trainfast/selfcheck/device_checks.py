@@ -14,6 +14,7 @@ from ..data.device import build_device_batches
 from ..models import resnet9
 from ..recipe import Recipe
 from ..session import build_state, seed_everything
+from ..techniques import owner, rung_table
 from ..techniques.precision import auto_amp_dtype
 from ..techniques.runtime import apply_runtime_flags
 from .common import Clock, interleaved_medians, short_run, step_fn
@@ -158,12 +159,15 @@ def check_compile(ctx) -> Verdict:
 
 
 def check_fused_adamw(ctx) -> Verdict:
+    """The `fused` rung as declared, against the same switch's for-loop update, read back through its
+    declaration (OptimizerSwitch.state)."""
+    changes = rung_table()["fused"]
     base = Recipe(optimizer="adamw", lr=5e-3)
-    loop = short_run(base.replace(optimizer_impl="for-loop"), ctx.device, steps=10)
-    fused = short_run(base.replace(optimizer_impl="fused"), ctx.device, steps=10)
-    group = fused.state.optimizer.optimizer.param_groups[0]
-    if not group.get("fused"):
-        return Verdict(False, None, "", f"the optimizer was built with fused={group.get('fused')!r}")
+    loop = short_run(base.replace(**{name: "for-loop" for name in changes}), ctx.device, steps=10)
+    fused = short_run(base.replace(**changes), ctx.device, steps=10)
+    built = {name: owner(name).optimizer.state(fused.state.optimizer.optimizer) for name in changes}
+    if built != changes:
+        return Verdict(False, None, "", f"the optimizer was built as {built}, not {changes}")
     diff = max(float((a.detach() - b.detach()).abs().max())
                for a, b in zip(loop.state.model.parameters(), fused.state.model.parameters()))
     return judge_close(diff, FUSED_MAX_DIFF, "fused vs for-loop AdamW weights after 10 steps")

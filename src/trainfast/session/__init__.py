@@ -74,6 +74,7 @@ from ..distributed import setup_distributed
 from ..observers import session_observers
 from ..recipe import RECIPE_ENV, Recipe, apply_env_recipe, resolve_device, validate_for_device
 from ..techniques import apply_process_switches
+from ..techniques import asked_batches, batch_refusals
 from ..techniques.background_save import checkpoint_writer
 from ..techniques.batch_scale import SESSION as OWN_BATCH
 from ..techniques.precision import build_precision
@@ -175,20 +176,16 @@ class Session:
         """The switches this run asked for that could not act on the script's own loop, each with why (a padding
         switch on batches that hold no padding or no token ids, a loss switch on a loss the script computes, a
         bigger batch for loaders and an optimizer the script built): the ablation rules their rung out."""
-        collator = getattr(getattr(self.loaders[0], "loader", None), "collate_fn", None) if self.loaders else None
-        script_collator = getattr(collator, "inner", collator)
-        cannot = {} if not (self.loaders and self.recipe.pad_to_multiple) or hasattr(
-            script_collator, "pad_to_multiple_of") else {"pad_to_multiple": (
-                f"the script's collator ({type(script_collator).__name__}) has no pad_to_multiple_of to set")}
+        cannot: dict[str, str] = {}
+        if self.loaders:                  # each batch switch asked why it could not act on the training batches
+            collator = getattr(getattr(self.loaders[0], "loader", None), "collate_fn", None)
+            cannot.update(batch_refusals(collator, asked_batches(self.recipe)))
         if self.recipe.batch_scale != 1:      # the built-in run made it concrete (run.assemble_run): 1 there
             cannot["batch_scale"] = OWN_BATCH
         if self.recipe.chunked_loss and not self.loss_switches:
             cannot["chunked_loss"] = ("the script's own loop computes its loss (model(..., labels=...).loss or its "
                                       "own criterion): trainfast cannot chunk it without patching the model")
-        if not hasattr(collator, "unsupported"):
-            return cannot
-        asked = [name for name in ("padding_free", "group_by_length") if getattr(self.recipe, name)]
-        return {**cannot, **collator.unsupported(asked, packing=self.recipe.padding_free)}
+        return cannot
 
     def require_state(self) -> TrainState:
         if self.state is None:

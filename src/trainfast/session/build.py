@@ -12,11 +12,10 @@ from torch import nn
 from ..distributed import Dist
 from ..faults import build_nonfinite_policy
 from ..recipe import Recipe
-from ..techniques import apply_model_switches
+from ..techniques import apply_model_switches, apply_optimizer_switches, build_run_optimizer, optimizer_fields
 from ..techniques.clip import Clipper
 from ..techniques.compile import apply_compile
-from ..techniques.optimizer import apply_optimizer_impl, build_optimizer, build_scheduler, remap_params
-from ..techniques.optimizer_state import apply_optimizer_state, build_low_bit
+from ..techniques.optimizer import build_scheduler, remap_params
 from ..techniques.precision import Precision, build_precision
 from .state import BackwardOutsideSession, TrainState
 
@@ -31,9 +30,9 @@ def build_state(model: nn.Module, recipe: Recipe, device: torch.device, dist: Di
                 precision: Precision | None = None, optimizer: torch.optim.Optimizer | None = None,
                 scheduler: Any = None) -> TrainState:
     """The techniques, applied in the documented order (the package docstring, session/__init__.py). Without
-    `optimizer`, the recipe's own (optimizer, lr, weight_decay, optimizer_impl) with its linear warm-up is built
-    on the final tensors: the built-in loop. `precision` overrides the one the recipe names (tests and benchmarks tune
-    the loss scaler with it)."""
+    `optimizer`, the recipe's own (optimizer, lr, weight_decay and its optimizer switches) with its linear warm-up
+    is built on the final tensors: the built-in loop. `precision` overrides the one the recipe names (tests and
+    benchmarks tune the loss scaler with it)."""
     dist = dist or Dist(device, strategy=recipe.strategy)
     precision = precision or build_precision(dist.precision_name(recipe), device, recipe.precision_level)
     adopted = optimizer is not None
@@ -47,18 +46,15 @@ def build_state(model: nn.Module, recipe: Recipe, device: torch.device, dist: Di
         stepped = {id(p): q for p, q in zip(trainable, params)}
         current = dict(model.named_parameters())
         remap_params(optimizer, {old: stepped.get(id(current[name]), current[name]) for old, name in names.items()})
-    else:                                          #    the built-in loop: the recipe's, its impl included
-        optimizer = (build_optimizer(params, recipe) if recipe.optimizer_state == "full"
-                     else build_low_bit(params, recipe))          # torchao's compiled step: no impl flags
+        built_by = None
+    else:                                          #    the built-in loop: the recipe's, built by its switches
+        built_by, optimizer = build_run_optimizer(params, recipe)   # (techniques.OPTIMIZER_ORDER)
         scheduler = build_scheduler(optimizer, recipe.warmup_steps)
     forward = apply_compile(trained, recipe.compile)                                                 # 4
-    if adopted:
-        rebuilt = (apply_optimizer_state(optimizer, recipe.optimizer_state, scheduler)               # 5
-                   if recipe.optimizer_state != "full" else
-                   apply_optimizer_impl(optimizer, recipe.optimizer_impl, scheduler))
-        if rebuilt is not optimizer:
-            optimizer.register_step_pre_hook(refuse_rebuilt_step)
-        optimizer = rebuilt
+    rebuilt = apply_optimizer_switches(optimizer, recipe, scheduler, built_by)                       # 5
+    if rebuilt is not optimizer:
+        optimizer.register_step_pre_hook(refuse_rebuilt_step)
+    optimizer = rebuilt
     masters = any(q is not p for p, q in zip(trainable, params))
     clipped = [p for group in optimizer.param_groups for p in group["params"]]
     return TrainState(model, forward, optimizer, scheduler if scheduler is not None else NoSchedule(), precision,
@@ -69,7 +65,7 @@ def build_state(model: nn.Module, recipe: Recipe, device: torch.device, dist: Di
 
 def refuse_rebuilt_step(optimizer, args, kwargs) -> None:
     raise BackwardOutsideSession(
-        "this optimizer was rebuilt by Session.setup() for the recipe's optimizer_impl/optimizer_state and no longer "
+        f"this optimizer was rebuilt by Session.setup() for the recipe's {'/'.join(optimizer_fields())} and no longer "
         "trains the model: step the optimizer that setup() returned")
 
 

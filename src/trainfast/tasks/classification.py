@@ -7,27 +7,21 @@ import torch
 from torch import nn
 
 from ..measure import count_correct, count_train_flops
-from .base import Metric, Task
+from .base import Task
+from .declarations import CLASSIFICATION
 
 
 class Classification(Task):
-    name = "classification"
-    metric = Metric("accuracy", "val acc", "max")
-    rate_unit = "samples"
-    # Stacked batches of one shape, image batches as the built-in data has them (a user's own tensors too: the
-    # model's judge says whether channels_last has convolutions to act on), image folders as --data gives them.
-    offers = frozenset({"", "images", "stacked", "image_folder"})
-    batches = "samples stacked at one shape"
-    default_model = "resnet9"
-    default_data = "digits"
-    # On a GPU the default above is a launch-bound toy (resnet9's 16-px kernels take microseconds: the host's
-    # launches set the pace, and the switches' effects on the arithmetic never show). `trainfast ablate` with no
-    # flags on a GPU runs this instead: the same built-in digits at 160 px through ResNet-50, batch 256, whose
-    # step keeps the GPU busy. compile is left out of its ladder: every run would compile for about a minute.
+    declaration = CLASSIFICATION
+    # On a GPU the default (resnet9 on digits: declarations.py) is a launch-bound toy (resnet9's 16-px kernels take
+    # microseconds: the host's launches set the pace, and the switches' effects on the arithmetic never show).
+    # `trainfast ablate` with no flags on a GPU runs this instead: the same built-in digits at 160 px through
+    # ResNet-50, batch 256, whose step keeps the GPU busy. compile is left out of its ladder: every run would compile
+    # for about a minute.
     gpu_default = {"model": "resnet50", "image_size": 160, "batch_size": 256, "epochs": 4,
                    "switches": "amp,non_blocking,prefetch,channels_last,fused"}
 
-    def __init__(self, loss_fn: Callable | None = None, dist=None) -> None:
+    def __init__(self, loss_fn: Callable | None = None, dist=None, recipe=None) -> None:
         self.loss_fn = loss_fn or nn.CrossEntropyLoss()
         # Training goes through the run's criterion (strategy=dp: inside each replica); evaluation does not.
         self.criterion = dist.criterion(self.loss_fn) if dist is not None else self.loss_fn
@@ -89,6 +83,7 @@ class Classification(Task):
     def load_data(self, spec: str, image_size: int | None):
         from ..data.loading import load_data
 
+        self.declaration.check_image_size(image_size)
         return load_data(spec, image_size)
 
     def check_model(self, name: str) -> None:

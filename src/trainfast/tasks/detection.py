@@ -17,34 +17,19 @@ from ..detection.batching import (DetectionDeviceBatches, build_detection_loader
                                   targets_to_device)
 from ..detection.engine import predict_detection, warmup_scheduler
 from ..detection.metrics import compute_map
-from ..recipe import Recipe, RecipeError
+from ..recipe import RecipeError
 from ..techniques.base import Effect
-from .base import Metric, Task
-
-# Where `trainfast train --task detection` starts when no --recipe is given (flags still override it): the
-# settings the detection defaults were measured with (detection/models.py: AdamW lr 1e-3, batch 4), weight
-# decay as torchvision's detection reference, and 3 epochs, a few minutes on 2 cores for Faster R-CNN on the
-# built-in data. The warm-up is the detection reference's first-epoch warm-up (apply_schedule), so warmup_steps stays 0.
-DEFAULT_RECIPE = Recipe(epochs=3, batch_size=4, lr=1e-3, weight_decay=1e-4, log_every=8)
+from .base import Task
+from .declarations import DETECTION
 
 
 class Detection(Task):
-    name = "detection"
-    metric = Metric("mAP", "mAP", "max")
-    rate_unit = "images"
-    # Lists of images of different sizes (not stacked), padded per batch by the model: no image-folder decoding
-    # (its data is synthetic or a coco:PATH folder, decoded by its own dataset).
-    offers = frozenset({"", "images", "padded_sizes"})
-    batches = "lists of images of different sizes (each copied as uint8 and converted on the device)"
-    loss_terms = True                    # per-term logging, key sets compared across ranks
-    default_data = "synthetic"
-    default_recipe = DEFAULT_RECIPE
+    declaration = DETECTION
 
-    @property
-    def default_model(self) -> str:
-        from ..detection.models import DEFAULT_DETECTION_MODEL
-
-        return DEFAULT_DETECTION_MODEL
+    def __init__(self, loss_fn: Callable | None = None, dist=None, recipe=None) -> None:
+        if loss_fn is not None:
+            raise RecipeError("the detection task takes no loss_fn: a torchvision detector computes its own "
+                              "losses in train mode (model(images, targets) -> dict of losses)")
 
     # --- the step -------------------------------------------------------------------------------------
     def forward(self, model: Callable, images: list[torch.Tensor], targets: list[dict]) -> tuple[None, dict]:
@@ -94,33 +79,13 @@ class Detection(Task):
     def load_data(self, spec: str, image_size: int | None):
         from ..detection.loading import load_detection_data
 
-        if image_size is not None:
-            raise RecipeError(f"--image-size {image_size}: detection models resize their images themselves "
-                              "(Faster R-CNN: short side 320, long side at most 480; SSDlite: 320x320)")
+        self.declaration.check_image_size(image_size)
         return load_detection_data(spec)
-
-    def check_model(self, name: str) -> None:
-        from ..detection.models import check_detection_model_name
-
-        check_detection_model_name(name)
 
     def build_model(self, name: str, split) -> nn.Module:
         from ..detection.models import build_detection_model
 
         return build_detection_model(name, split.num_classes)
-
-    def validate(self, recipe) -> None:
-        """What cannot work for a torchvision detector, refused before any work starts (the switches on data it
-        does not offer are refused by Task.validate)."""
-        super().validate(recipe)
-        if recipe.precision != "fp32" and recipe.precision_level != "autocast":
-            raise RecipeError(
-                f"precision_level={recipe.precision_level!r} casts the whole detector to {recipe.precision}; its "
-                "anchors, box coding, RoIAlign sampling and losses need fp32 coordinates, so detection uses "
-                "autocast only: --precision bf16 (or fp16) with --precision-level autocast (O1)")
-        if recipe.strategy == "dp":
-            raise RecipeError("strategy=dp computes a classification loss inside each replica; for detection use "
-                              "strategy=ddp under torchrun")
 
     def build_file_counts(self):
         """A coco:PATH folder's unreadable images, skipped and counted as classification's are; its images are

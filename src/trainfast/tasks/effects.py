@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from ..techniques import field_effect as technique_effect
-from ..techniques import owners
+from ..techniques import owners, ranks_effect
 from ..techniques.base import ACTS, Effect
 
 if TYPE_CHECKING:
@@ -92,3 +92,12 @@ def changes_effect(changed: dict, device: torch.device, model: nn.Module | None,
         reasons = [e.reason for e in effects if e.reason]
         return Effect(True, "; ".join(reasons))
     return Effect(False, "; ".join(dict.fromkeys(e.reason for e in effects)), applies=all(e.applies for e in effects))
+
+
+def on_ranks(effect_of: Callable[..., Effect], ranks: int, strategy: str | None = None) -> Callable[..., Effect]:
+    """`effect_of`, judged first on the job's number of processes and its wrapper (Switch.ranks: a switch that acts
+    on the data-parallel wrapper cannot act in one process, which has none, nor on a wrapper it is not for)."""
+    def judge(field: str, device: torch.device, model: nn.Module | None, split=None, value=None) -> Effect:
+        alone = ranks_effect(field, ranks, strategy)
+        return alone if not alone.acts else effect_of(field, device, model, split, value=value)
+    return judge

@@ -12,39 +12,23 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from ..recipe import Recipe, RecipeError
+from ..recipe import RecipeError
 from ..techniques.chunked_loss import chunked_lm_loss, chunked_lm_loss_sum
-from .base import Metric, Task
-
-# Where `trainfast train --task lm` starts when no --recipe is given: AdamW at 1e-3 with a short warm-up, batches
-# of 16 documents, one epoch over the training documents.
-DEFAULT_RECIPE = Recipe(epochs=1, batch_size=16, lr=1e-3, weight_decay=0.01, warmup_steps=20, log_every=10)
-INSTALL_HINT = "the language-model task needs transformers and tokenizers: pip install 'trainfast[hf]'"
+from .base import Task
+from .declarations import LM, require_text_packages
 
 
 class LanguageModel(Task):
-    name = "lm"
-    # Validation loss in nats per predicted token: lower is better (its perplexity is recorded beside it).
-    metric = Metric("validation loss", "val loss", "min")
-    rate_unit = "tokens"                 # real tokens, never padding (TokenBatch.rate_count)
-    offers = frozenset({"", "documents"})
-    batches = "token ids of documents of different lengths"
-    # The CLI's default: 512 of the standard library's documents (32 steps of 16), so the default ablation's
-    # every run is seconds on 2 cores; --data stdlib is all 13,000-odd of them.
-    default_data = "stdlib:512"
-    default_recipe = DEFAULT_RECIPE
+    declaration = LM
 
-    @property
-    def default_model(self) -> str:
-        from ..text.models import DEFAULT_LM_MODEL
-
-        return DEFAULT_LM_MODEL
-
-    def __init__(self, chunked_loss: bool = False) -> None:
+    def __init__(self, loss_fn: Callable | None = None, dist=None, recipe=None) -> None:
+        if loss_fn is not None:
+            raise RecipeError("the language-model task takes no loss_fn: the model computes its own next-token loss")
         # The next-token loss of the step and of evaluation, chosen once: the model's own from its logits, or the
         # chunked_loss switch's (techniques/chunked_loss.py), which never holds the whole batch's logits.
-        self.loss = chunked_lm_loss if chunked_loss else model_loss
-        self.loss_sum = chunked_lm_loss_sum if chunked_loss else logits_loss_sum
+        chunked = recipe is not None and recipe.chunked_loss
+        self.loss = chunked_lm_loss if chunked else model_loss
+        self.loss_sum = chunked_lm_loss_sum if chunked else logits_loss_sum
 
     # --- the step -------------------------------------------------------------------------------------
     def forward(self, model: Callable, inputs, labels: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -104,53 +88,37 @@ class LanguageModel(Task):
     # --- data, model, schedule --------------------------------------------------------------------------
     def load_data(self, spec: str, image_size: int | None):
         require_text_packages()
-        if image_size is not None:
-            raise RecipeError(f"--image-size {image_size}: the language-model task reads documents, not images")
+        self.declaration.check_image_size(image_size)
         from ..text.batching import load_text
 
         return load_text(spec)
-
-    def check_model(self, name: str) -> None:
-        require_text_packages()
-        from ..text.models import check_lm_model_name
-
-        check_lm_model_name(name)
 
     def build_model(self, name: str, split) -> nn.Module:
         from ..text.models import build_lm
 
         return build_lm(name, split.vocab_size, split.max_length, split.pad_id, split.eos_id)
 
-    def validate(self, recipe) -> None:
-        """What cannot work for a language model, refused before any work starts (the switches on data it does
-        not offer are refused by Task.validate)."""
-        super().validate(recipe)
-        if recipe.strategy == "dp":
-            raise RecipeError("strategy=dp computes a classification loss inside each replica; for a language model "
-                              "use strategy=ddp under torchrun")
-
     def resolve_workers(self, recipe, split, device: torch.device):
         """num_workers="auto": the fastest worker count, measured once on the recipe's own batches."""
         from ..data.loader import choose_num_workers, with_workers
-        from ..text.batching import collate_for
 
         if recipe.num_workers != "auto":
             return recipe
-        collate = collate_for(recipe, split.pad_id)
+        collate, _, _ = train_batching(recipe, split)
         return with_workers(recipe, choose_num_workers(split.train, recipe, device, collate_fn=collate))
 
     def build_loaders(self, split, recipe, device: torch.device, dist) -> tuple[Any, Any]:
         """Training batches in the recipe's form (padded, packed, length-grouped); validation always padded, in
         the documents' order (the metric does not depend on the switches' batching)."""
-        from ..data.loader import loader_generator, make_loader
+        from ..data.loader import make_loader
         from ..techniques.transfer import DeviceBatches
-        from ..text.batching import PadCollate, collate_for, length_sampler
+        from ..text.batching import PadCollate
 
-        sampler = (length_sampler(split.train.lengths, recipe.batch_size, recipe.seed,
-                                  loader_generator(recipe.seed, dist.rank), dist)
-                   if recipe.group_by_length else dist.train_sampler(split.train, recipe.seed))
-        train = make_loader(split.train, recipe, device, True, sampler, rank=dist.rank,
-                            collate_fn=collate_for(recipe, split.pad_id))
+        collate, sampler, batch_sampler = train_batching(recipe, split, dist)
+        if sampler is None and batch_sampler is None:
+            sampler = dist.train_sampler(split.train, recipe.seed)
+        train = make_loader(split.train, recipe, device, True, sampler, rank=dist.rank, collate_fn=collate,
+                            batch_sampler=batch_sampler)
         val = make_loader(split.val, recipe, device, False, dist.val_sampler(split.val), rank=dist.rank,
                           collate_fn=PadCollate(split.pad_id))
         return tuple(DeviceBatches(loader, device, keep, recipe.non_blocking) for loader in (train, val))
@@ -170,6 +138,24 @@ class LanguageModel(Task):
         return flops_per_token(model, context)
 
 
+def train_batching(recipe, split, dist=None) -> tuple[Any, Any, Any]:
+    """The built-in run's training collate function, sampler and batch sampler (None: the run's own shuffled
+    batches of batch_size), as the recipe's batch switches make them from padded documents (rounded, packed,
+    length-grouped, sized by tokens): the declarations' hooks (techniques/padding.py, ...), which a Session's loader
+    and every framework adapter loop over too."""
+    from ..data.loader import loader_generator
+    from ..techniques import TrainBatches, asked_batches, choose_batch_sampler, choose_sampler, collate_batches
+    from ..text.batching import VARLEN_ATTENTION, PadCollate
+
+    values = asked_batches(recipe)
+    batches = TrainBatches(PadCollate(split.pad_id), lengths=split.train.lengths, batch_size=recipe.batch_size,
+                           seed=recipe.seed, generator=loader_generator(recipe.seed, dist.rank if dist else 0),
+                           dist=dist, one_row=recipe.attention in VARLEN_ATTENTION)
+    if dist is None:                     # the collate function alone (num_workers="auto" measures with it)
+        return collate_batches(batches, values), None, None
+    return collate_batches(batches, values), choose_sampler(batches, values), choose_batch_sampler(batches, values)
+
+
 def model_loss(model: Callable, inputs, labels: torch.Tensor) -> torch.Tensor:
     """The model's own loss: transformers shifts the labels and averages over the predicted tokens."""
     return model(**inputs, labels=labels).loss
@@ -187,11 +173,3 @@ def logits_loss_sum(model: Callable, inputs, labels: torch.Tensor) -> tuple[torc
 def keep(batch):
     """A language-model batch needs nothing done on the device once it is there."""
     return batch
-
-
-def require_text_packages() -> None:
-    import importlib.util
-
-    missing = [name for name in ("transformers", "tokenizers") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise RecipeError(f"{INSTALL_HINT} (missing here: {', '.join(missing)})")

@@ -24,7 +24,8 @@ import pkgutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Iterator
 
-from .switch import ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, ProcessSwitch, RungSpec, Switch
+from .switch import (ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, BatchSwitch, OptimizerSwitch, ProcessSwitch, RungSpec,
+                     Switch, TrainBatches, WrapSwitch)
 
 if TYPE_CHECKING:
     import torch
@@ -36,8 +37,14 @@ __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "Run
            "rung_table", "default_ladder", "process_fields", "math_fields", "resumable_fields", "tune_priority",
            "input_switches", "input_rung_specs",
            "unreachable", "MODEL_ORDER", "model_switches", "apply_model_switches", "field_effect", "process_switches",
+           "OptimizerSwitch", "OPTIMIZER_ORDER", "optimizer_switches", "optimizer_fields", "build_run_optimizer",
+           "apply_optimizer_switches",
            "process_env", "process_wide_in_effect", "process_wide", "starting_with", "set_before_torch",
-           "apply_process_switches", "not_in_effect", "needs_fresh_process"]
+           "apply_process_switches", "not_in_effect", "needs_fresh_process", "WrapSwitch", "WRAP_ORDER",
+           "wrap_switches", "wrap_options", "apply_wrap_switches", "read_wrap_switches", "ranks_effect",
+           "BatchSwitch", "TrainBatches",
+           "batch_switches", "batch_fields", "asked_batches", "collate_batches", "choose_sampler",
+           "choose_batch_sampler", "batch_refusals"]
 
 # The modules that declare a process switch (Switch.process_hooks): a process's start-up reads them before torch
 # loads (`trainfast train`'s early start, the environment the ablation spawns a run with), so they are named here
@@ -185,6 +192,195 @@ def apply_model_switches(model: nn.Module, recipe) -> nn.Module:
         switched = how.apply(target, value)
         model = switched if target is model else model
     return model
+
+
+# The order the switches that act on the optimizer are applied in, written once, with why each sits where it does.
+# The built-in run builds its optimizer with the first switch that chooses the class (OptimizerSwitch.build), a
+# Session and every framework adapter rebuild a user's in this order (session/build.py, frameworks/common.py), and
+# a switch whose value builds a class of its own (OptimizerSwitch.replaces) rules out every switch after it.
+# tests/test_switches.py fails when an optimizer switch is missing here.
+OPTIMIZER_ORDER: tuple[tuple[str, str], ...] = (
+    ("optimizer_state", "first: the low-bit states replace the optimizer's class (torchao's Adam, whose update is "
+                        "one compiled kernel per tensor), so the built-in run builds that class instead of torch's "
+                        "and the switches after it, which act on torch's classes, do not apply while it is on"),
+    ("optimizer_impl", "after the class is chosen: foreach/fused are flags of torch's own optimizers' constructors, "
+                       "so it builds torch's AdamW/SGD when nothing before it chose another class, and rebuilds a "
+                       "user's torch optimizer as the same class with the flag"),
+    ("compile_optimizer", "last: it compiles the step of the object that will run, so every switch that rebuilds "
+                          "the optimizer as another object comes before it (a step compiled earlier would stay on "
+                          "the object they replace); the low-bit Adam rules it out (torchao compiles its update)"),
+)
+
+
+def optimizer_switches() -> list[tuple[str, OptimizerSwitch]]:
+    """(field, hooks) of the switches that act on the optimizer, in OPTIMIZER_ORDER; one the order does not place
+    is an error (its place would otherwise be an accident of module names)."""
+    place = {name: index for index, (name, _) in enumerate(OPTIMIZER_ORDER)}
+    found = [(s.fields[0], s.optimizer) for s in switches() if s.optimizer is not None]
+    missing = [name for name, _ in found if name not in place]
+    if missing:
+        raise LookupError(f"optimizer switch(es) {', '.join(missing)} not placed in techniques.OPTIMIZER_ORDER: add "
+                          "each where it must act relative to the others, with why")
+    return sorted(found, key=lambda pair: place[pair[0]])
+
+
+def optimizer_fields() -> tuple[str, ...]:
+    """The fields of the switches that act on the optimizer, in OPTIMIZER_ORDER."""
+    return tuple(name for name, _ in optimizer_switches())
+
+
+def build_run_optimizer(params, recipe) -> tuple[str, torch.optim.Optimizer]:
+    """The built-in run's optimizer on `params`: built by the first switch in OPTIMIZER_ORDER whose value chooses
+    the class (the low-bit Adam), else by the implementation flag's (torch's own class); with that field."""
+    for name, how in optimizer_switches():
+        built = how.build(params, recipe)
+        if built is not None:
+            return name, built
+    raise LookupError("no optimizer switch built the optimizer: one in OPTIMIZER_ORDER must build torch's own")
+
+
+def apply_optimizer_switches(optimizer: torch.optim.Optimizer, recipe, scheduler=None,
+                             built_by: str | None = None) -> torch.optim.Optimizer:
+    """`optimizer` with the recipe's optimizer switches, those it turns on (a value other than the switch's
+    default), in OPTIMIZER_ORDER: a user's optimizer rebuilt (param groups kept, `scheduler` rebound), or the
+    built-in run's, which the switch `built_by` has built already. A switch that replaces the class rules out
+    the ones after it. Raises where a switch cannot act on this optimizer, with why."""
+    for name, how in optimizer_switches():
+        value = getattr(recipe, name)
+        if value == how.default:
+            continue
+        if name != built_by:
+            optimizer = how.rebuild(optimizer, value, scheduler)
+        if how.replaces:
+            break
+    return optimizer
+
+
+# The order the switches that act on the DDP / FSDP2 wrapper are applied in, written once beside MODEL_ORDER. As a
+# kind they act after the model switches and the precision cast (the wrapper buckets or shards the parameters as
+# they are then, in their final dtype and layout), before the optimizer is built on the wrapped parameters (FSDP2
+# replaces them with shards) and before compile traces the wrapper (session/build.py). Their constructor options
+# are given all at once (the wrapper is built once, with every one of them); then each one's work on the built
+# wrapper runs in this order: a communication hook may be registered only once and before the first forward, so a
+# switch that changes the buckets it runs over comes first. tests/test_switches.py fails when a wrap switch is
+# missing here.
+WRAP_ORDER: tuple[tuple[str, str], ...] = (
+    ("ddp_bucket_mb", "first: its bucket size is a constructor option and does nothing once the wrapper is built, "
+                      "so it is in place before any switch that works on the built wrapper's buckets"),
+    ("gradient_as_bucket_view", "a constructor option too (the reducer lays its buckets and the gradients' views "
+                                "out as DDP is built), beside the bucket size it lays them out with"),
+)
+
+
+def wrap_switches(strategy: str | None = None) -> list[tuple[str, WrapSwitch]]:
+    """(field, hooks) of the switches that act on the wrapper, in WRAP_ORDER; with `strategy`, those that act on
+    that wrapper ("ddp", "fsdp"). A wrap switch the order does not place is an error, as for MODEL_ORDER."""
+    place = {name: index for index, (name, _) in enumerate(WRAP_ORDER)}
+    found = [(s.fields[0], s.wrap) for s in switches() if s.wrap is not None]
+    missing = [name for name, _ in found if name not in place]
+    if missing:
+        raise LookupError(f"wrap switch(es) {', '.join(missing)} not placed in techniques.WRAP_ORDER: add each "
+                          "where it must run relative to the others, with why")
+    return sorted(((name, hooks) for name, hooks in found if strategy is None or strategy in hooks.strategies),
+                  key=lambda pair: place[pair[0]])
+
+
+def wrap_options(recipe, strategy: str) -> dict[str, Any]:
+    """The `strategy` wrapper's constructor keywords the recipe's wrap switches ask for."""
+    return {k: v for name, hooks in wrap_switches(strategy) for k, v in hooks.options(getattr(recipe, name)).items()}
+
+
+def apply_wrap_switches(wrapped: nn.Module, recipe, strategy: str) -> None:
+    """Each wrap switch's work on the built `strategy` wrapper (a communication hook), in WRAP_ORDER."""
+    for name, hooks in wrap_switches(strategy):
+        hooks.apply(wrapped, getattr(recipe, name))
+
+
+def read_wrap_switches(wrapped: nn.Module, strategy: str) -> dict[str, Any]:
+    """Each wrap switch of `strategy` read back from the wrapper a run built: field -> its state, the proof."""
+    return {name: hooks.state(wrapped) for name, hooks in wrap_switches(strategy)}
+
+
+def ranks_effect(field: str, ranks: int, strategy: str | None = None) -> Effect:
+    """Whether the switch owning `field` can act in a job of `ranks` processes wrapped by `strategy` (Switch.ranks,
+    WrapSwitch.strategies): a wrap switch in one process has no wrapper to act on, and one declared for DDP has
+    nothing to act on in an FSDP2 job, so it is not applicable there, never timed as noise."""
+    from .base import ACTS, Effect
+
+    switch = owners().get(field)
+    if switch is None:
+        return ACTS
+    if ranks < switch.ranks:
+        return Effect(False, f"{field} acts on the data-parallel wrapper of a job of {switch.ranks} or more "
+                             f"processes; this one runs {ranks} (ablate --nproc {switch.ranks}, torchrun "
+                             f"--nproc-per-node {switch.ranks})", applies=False)
+    if switch.wrap is not None and strategy is not None and strategy not in switch.wrap.strategies:
+        return Effect(False, f"{field} acts on the {' / '.join(switch.wrap.strategies)} wrapper; this job wraps with "
+                             f"strategy={strategy}", applies=False)
+    return ACTS
+
+
+def batch_switches() -> list[tuple[str, BatchSwitch]]:
+    """(field, hooks) of the switches that act on the training batches (Switch.batch), in declaration order."""
+    return [(s.fields[0], s.batch) for s in switches() if s.batch is not None]
+
+
+def batch_fields() -> tuple[str, ...]:
+    return tuple(name for name, _ in batch_switches())
+
+
+def asked_batches(recipe) -> dict[str, Any]:
+    """The batch switches a recipe turns on, with their values: what the built-in run and a Session act on."""
+    return {name: getattr(recipe, name) for name in batch_fields() if getattr(recipe, name)}
+
+
+def collate_batches(batches: TrainBatches, values: Mapping[str, Any], count: bool = False) -> Any:
+    """The training collate function with the batch switches at `values` (field -> value; a switch not named is left
+    alone): first those that set the collate function (the script's own collator, whose attribute a wrapper would
+    hide), then, with `count`, the counting collator around it (text/packing.py: the padding of the script's
+    batches, the proof of the switches that remove it), then those that wrap it. Also batches.collate."""
+    for wrapping in (False, True):
+        if wrapping and count:
+            from ..text.packing import PackingCollator
+
+            batches.collate = PackingCollator(batches.collate, pack=False, cannot=batches.cannot)
+        for name, hooks in batch_switches():
+            if name in values and hooks.collate is not None and hooks.wraps == wrapping:
+                batches.collate = hooks.collate(batches, values[name])
+    return batches.collate
+
+
+def choose_sampler(batches: TrainBatches, values: Mapping[str, Any]) -> Any:
+    """The sampler the batch switches at `values` draw the training order from (None: the loader's own stands)."""
+    chosen = None
+    for name, hooks in batch_switches():
+        if name in values and hooks.sampler is not None:
+            sampler = hooks.sampler(batches, values[name])
+            chosen = sampler if sampler is not None else chosen
+    return chosen
+
+
+def choose_batch_sampler(batches: TrainBatches, values: Mapping[str, Any]) -> Any:
+    """The batch sampler a batch switch at `values` draws whole batches from (None: batch_size at a time)."""
+    chosen = None
+    for name, hooks in batch_switches():
+        if name in values and hooks.batch_sampler is not None:
+            sampler = hooks.batch_sampler(batches, values[name])
+            chosen = sampler if sampler is not None else chosen
+    return chosen
+
+
+def batch_refusals(collate_fn: Any, values: Mapping[str, Any]) -> dict[str, str]:
+    """Of the batch switches at `values`, those that could not act on the batches `collate_fn` (the one the run
+    ended up with) made, each with why: asked of each switch, then what its hooks wrote down as they were set."""
+    cannot = getattr(collate_fn, "cannot", None) or {}
+    found = {}
+    for name, hooks in batch_switches():
+        if name in values:
+            why = (hooks.refuse(collate_fn, values[name]) if hooks.refuse is not None else None) or cannot.get(name)
+            if why:
+                found[name] = why
+    return found
 
 
 @functools.cache

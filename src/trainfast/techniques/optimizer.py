@@ -16,11 +16,16 @@ from typing import Any, Iterable
 import torch
 
 from .base import ACTS, Effect
-from .switch import RungSpec, Switch
+from .switch import OptimizerSwitch, RungSpec, Switch
 
 # optimizer_impl -> the constructor flags that select it
 IMPL_FLAGS: dict[str, dict[str, bool]] = {
     "default": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+# The Trainer's torch AdamWs (transformers' TrainingArguments.optim): the unfused/fused pair this switch chooses
+# between, and the low-bit twins the optimizer's state switch chooses (optimizer_state.py), which an
+# implementation asked of the Trainer turns back into one of the pair.
+TRAINER_ADAMW = {"default": "adamw_torch", "fused": "adamw_torch_fused"}
+TRAINER_LOW_BIT = {"8bit": "adamw_torch_8bit", "4bit": "adamw_torch_4bit"}
 
 
 def effect(device: torch.device) -> Effect:
@@ -61,17 +66,6 @@ def remap_params(optimizer: torch.optim.Optimizer, mapping: dict[int, torch.Tens
             optimizer.state[new] = optimizer.state.pop(old)
 
 
-def apply_optimizer_impl(optimizer: torch.optim.Optimizer, impl: str, scheduler=None) -> torch.optim.Optimizer:
-    """The optimizer with `impl` selected. "default" keeps the user's object as it is; otherwise the same class
-    is built again on the same param groups with the impl's flags, its state carried over, and `scheduler`
-    (with the schedulers it chains) rebound to the new object. Refuses an optimizer class that has no such
-    flag (a non-torch optimizer, LBFGS...) with a message naming it."""
-    flags = IMPL_FLAGS[impl]
-    if not flags:
-        return optimizer
-    return rebuild_optimizer(optimizer, flags, scheduler, impl)
-
-
 def rebuild_optimizer(optimizer: torch.optim.Optimizer, flags: dict[str, Any], scheduler=None,
                       impl: str | None = None) -> torch.optim.Optimizer:
     """The same class built again on the same param groups with `flags` (foreach/fused; None: torch picks),
@@ -97,6 +91,47 @@ def rebuild_optimizer(optimizer: torch.optim.Optimizer, flags: dict[str, Any], s
     if scheduler is not None:
         rebind_scheduler(scheduler, rebuilt)
     return rebuilt
+
+
+def impl_flags(impl: str) -> dict[str, Any]:
+    """The constructor flags of an optimizer implementation; "default" clears any the script passed (what torch
+    picks when none is given), so a framework's baseline turns off the script's own fused=True."""
+    return IMPL_FLAGS[impl] if impl != "default" else {"fused": None, "foreach": None}
+
+
+def switch_impl(optimizer: torch.optim.Optimizer, impl: str, scheduler=None) -> torch.optim.Optimizer:
+    """`optimizer` rebuilt with exactly `impl` ("default" clears the script's flags): same class, same groups,
+    scheduler rebound."""
+    return rebuild_optimizer(optimizer, impl_flags(impl), scheduler, impl)
+
+
+def impl_of(optimizer: torch.optim.Optimizer) -> str:
+    """What an optimizer runs, read from its param groups: "fused", "foreach", "for-loop", or "default"."""
+    group = optimizer.param_groups[0] if optimizer.param_groups else {}
+    if group.get("fused"):
+        return "fused"
+    if group.get("foreach"):
+        return "foreach"
+    return "for-loop" if group.get("foreach") is False else "default"
+
+
+def trainer_optim(impl: str, optim: str) -> str:
+    """The Trainer's AdamW for `impl`, from the script's `optim` (one of its torch AdamWs, a low-bit one included:
+    an implementation asked turns it back into the fp32 pair)."""
+    if optim not in (*TRAINER_ADAMW.values(), *TRAINER_LOW_BIT.values()):
+        raise ValueError(f"the script's optim {optim!r} has no fused/unfused pair among the Trainer's optim choices "
+                         f"(only {' / '.join(TRAINER_ADAMW.values())})")
+    if impl not in TRAINER_ADAMW:
+        raise ValueError(f"the Trainer's optim choices have no {impl!r} AdamW")
+    return TRAINER_ADAMW[impl]
+
+
+def trainer_optim_of(optimizer: torch.optim.Optimizer) -> str | None:
+    """The Trainer's name for a torch AdamW it built, read from its `fused` flag (None: not a torch AdamW)."""
+    if type(optimizer).__name__ != "AdamW":
+        return None
+    fused = bool(optimizer.param_groups[0].get("fused")) if optimizer.param_groups else False
+    return TRAINER_ADAMW["fused" if fused else "default"]
 
 
 def rebind_scheduler(scheduler, optimizer: torch.optim.Optimizer) -> None:
@@ -131,6 +166,11 @@ SWITCHES = (
            rungs=(RungSpec("fused", {"optimizer_impl": "fused"}, place=70, default_in=("classification", "lm"),
                            tune=5),),
            device_effect=effect,
+           optimizer=OptimizerSwitch(
+               "optimizer implementation", impl_of, default="default", build=build_optimizer, rebuild=switch_impl,
+               plugins={"deepspeed": "DeepSpeed wraps and steps the optimizer itself (its own fused kernels, ZeRO "
+                                     "partitions)"},
+               trainer_optim=trainer_optim, trainer_optim_of=trainer_optim_of),
            frameworks={"transformers": "TrainingArguments.optim (adamw_torch / adamw_torch_fused)",
                        "lightning": "each optimizer configure_optimizers() returns, rebuilt (schedulers rebound)",
                        "accelerate": "the optimizer, rebuilt before prepare() (schedulers rebound)"}),

@@ -20,12 +20,15 @@ from typing import Any
 import torch
 
 from .base import Effect
-from .optimizer import rebind_scheduler
-from .switch import RungSpec, Switch
+from .optimizer import TRAINER_ADAMW, TRAINER_LOW_BIT, rebind_scheduler
+from .switch import OptimizerSwitch, RungSpec, Switch
 
 STATES = ("full", "8bit", "4bit")
 # The Trainer's own names for the same optimizers (TrainingArguments.optim)
-TRAINER_OPTIM = {"full": "adamw_torch", "8bit": "adamw_torch_8bit", "4bit": "adamw_torch_4bit"}
+TRAINER_OPTIM = {"full": TRAINER_ADAMW["default"], **TRAINER_LOW_BIT}
+# Why the implementation switch (and any other after this one in techniques.OPTIMIZER_ORDER) does not apply
+LOW_BIT = ("the low-bit Adam's update is one compiled kernel per tensor (torchao), a class of its own: no "
+           "foreach/fused choice, and no other optimizer switch acts on it")
 # The hyperparameters a torchao Adam takes from a torch Adam/AdamW param group; the others (foreach, fused,
 # capturable, differentiable) choose torch's kernels, which the compiled low-bit step replaces.
 GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad")
@@ -55,8 +58,11 @@ def low_bit_class(state: str, decoupled: bool = True) -> type[torch.optim.Optimi
     return getattr(optim, f"{'AdamW' if decoupled else 'Adam'}{bits}")
 
 
-def build_low_bit(params, recipe) -> torch.optim.Optimizer:
-    """The built-in run's AdamW with low-bit states (recipe.optimizer is adamw: Recipe refuses sgd with it)."""
+def build_low_bit(params, recipe) -> torch.optim.Optimizer | None:
+    """The built-in run's AdamW with low-bit states (recipe.optimizer is adamw: Recipe refuses sgd with it); None
+    with full states (torch's optimizer, techniques/optimizer.py)."""
+    if recipe.optimizer_state == "full":
+        return None
     return low_bit_class(recipe.optimizer_state)(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
 
 
@@ -70,11 +76,15 @@ def apply_optimizer_state(optimizer: torch.optim.Optimizer, state: str, schedule
     """`optimizer` with its moments in `state`: "full" keeps the user's object; otherwise a torch Adam/AdamW is
     built again as torchao's low-bit class on the same param groups (lr, betas, eps, weight decay per group),
     `scheduler` rebound. Refused, with the class named: another optimizer (its state is not Adam's two moments),
-    maximize=True, and an optimizer that has already stepped (its fp32 moments are not converted)."""
+    maximize=True, an optimizer that has already stepped (its fp32 moments are not converted), and a low-bit
+    optimizer asked for full states (the script's own: its moments are not converted back)."""
     from ..recipe import RecipeError
 
-    if state == "full" or state_of(optimizer) == state:
+    had = state_of(optimizer)
+    if had == state:
         return optimizer
+    if state == "full":
+        raise RecipeError(f"the script's own {type(optimizer).__name__} keeps its {had} moments")
     cls = type(optimizer)
     if cls not in (torch.optim.AdamW, torch.optim.Adam):
         raise RecipeError(f"optimizer_state={state!r}: {cls.__module__}.{cls.__name__} is not torch's Adam or AdamW; "
@@ -97,6 +107,23 @@ def apply_optimizer_state(optimizer: torch.optim.Optimizer, state: str, schedule
     return rebuilt
 
 
+def trainer_optim(state: str, optim: str) -> str | None:
+    """The Trainer's AdamW with `state` moments, from the script's `optim` (one of its torch AdamWs); full states
+    take a low-bit one back to the plain AdamW and leave any other as it is (None)."""
+    if state == "full":
+        return TRAINER_OPTIM["full"] if optim in TRAINER_LOW_BIT.values() else None
+    if optim not in (*TRAINER_ADAMW.values(), *TRAINER_LOW_BIT.values()):
+        raise ValueError(f"the script's optim {optim!r} is not one of the Trainer's torch AdamWs (only "
+                         f"{' / '.join(TRAINER_ADAMW.values())} have low-bit twins)")
+    return TRAINER_OPTIM[state]
+
+
+def trainer_optim_of(optimizer: Any) -> str | None:
+    """The Trainer's name for torchao's AdamW8bit / AdamW4bit (None: full states, not this switch's to tell)."""
+    state = state_of(optimizer)
+    return TRAINER_OPTIM[state] if state != "full" else None
+
+
 SWITCHES = (
     Switch(("optimizer_state",),
            # A memory switch: named with --switches, never in a default ladder (it trades speed and a changed
@@ -105,6 +132,9 @@ SWITCHES = (
                   RungSpec("optimizer_state_4bit", {"optimizer_state": "4bit"}, place=73)),
            device_effect=effect,
            changes_math=True,              # the moments carry quantization error
+           optimizer=OptimizerSwitch("optimizer moments", state_of, default="full", build=build_low_bit,
+                                     rebuild=apply_optimizer_state, replaces=LOW_BIT, trainer_optim=trainer_optim,
+                                     trainer_optim_of=trainer_optim_of),
            frameworks={"transformers": "TrainingArguments.optim (adamw_torch_8bit / adamw_torch_4bit)",
                        "lightning": "each Adam/AdamW configure_optimizers() returns, rebuilt (schedulers rebound)",
                        "accelerate": "the Adam/AdamW, rebuilt before prepare() (schedulers rebound)"}),

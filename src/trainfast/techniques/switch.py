@@ -95,6 +95,50 @@ class ModelSwitch:
     idle: tuple = ()
 
 
+def builds_nothing(params: Any, recipe: Any) -> None:
+    """The no-op build: the optimizer's class is not this switch's to choose."""
+    return None
+
+
+def keeps(optimizer: Any, value: Any, scheduler: Any = None) -> Any:
+    """The no-op rebuild: the optimizer as it is."""
+    return optimizer
+
+
+@dataclass(frozen=True)
+class OptimizerSwitch:
+    """A switch that acts on the optimizer (its implementation flag, the precision of its state, ...): how the
+    built-in run builds it, how a Session and the framework adapters rebuild a user's, and how a run reads it
+    back, through the same functions. They are applied in techniques.OPTIMIZER_ORDER.
+
+    label:     the setting as a run records and proves it ("optimizer implementation", "optimizer moments").
+    state(optimizer): the setting read back from an optimizer object (the proof a run records under `label`).
+    default:   the value that asks for nothing: a Session keeps the user's optimizer as it is.
+    build(params, recipe): the built-in run's optimizer, where this switch chooses its class (None: the next
+               switch in OPTIMIZER_ORDER builds it; the implementation flag's always does, torch's own class).
+    rebuild(optimizer, value, scheduler): the optimizer with `value` (the same object changed in place, or the
+               same param groups in another object, `scheduler` rebound to it). Where it cannot, it raises
+               ValueError (RecipeError), TypeError or RuntimeError with why (a class with no such flag, ...).
+    replaces:  why the later switches in OPTIMIZER_ORDER do not apply while this one's value is not `default`
+               (it builds a class of its own that takes none of them); "" where it keeps the class.
+    plugins:   {plugin ("deepspeed", "fsdp"): why that plugin decides the setting itself}.
+    trainer_optim(value, optim): transformers' TrainingArguments.optim for `value`, given the script's `optim`
+               (None: nothing to set); raises ValueError with why where the Trainer has no such choice. None:
+               the Trainer has no setting for it.
+    trainer_optim_of(optimizer): the `optim` name an optimizer the Trainer built reads as, where this switch
+               tells it (None: not this switch's to tell).
+    """
+    label: str
+    state: Callable[[Any], Any]
+    default: Any = None
+    build: Callable[[Any, Any], Any] = builds_nothing
+    rebuild: Callable[..., Any] = keeps
+    replaces: str = ""
+    plugins: Mapping[str, str] = field(default_factory=dict)
+    trainer_optim: Callable[[Any, str], str | None] | None = None
+    trainer_optim_of: Callable[[Any], str | None] | None = None
+
+
 @dataclass(frozen=True)
 class ProcessSwitch:
     """A switch that belongs to a whole process (a runtime's variable, the C library's allocator, a library-wide
@@ -123,6 +167,121 @@ class ProcessSwitch:
     late: str = ""
 
 
+def no_options(value: Any) -> Mapping[str, Any]:
+    return {}
+
+
+def leave_wrapped(wrapped: Any, value: Any) -> None:
+    """Nothing to do to the wrapped module once it is built."""
+
+
+def reads_nothing(wrapped: Any) -> Any:
+    return None
+
+
+@dataclass(frozen=True)
+class WrapSwitch:
+    """A switch that acts on the data-parallel wrapper (DDP, FSDP2's fully_shard) rather than on the model inside
+    it or the whole process: its bucket size, gradient views, a communication hook, resharding after the forward.
+    distributed.py builds the wrapper with every declared wrap switch's `options` and then runs each one's
+    `apply`, in WRAP_ORDER (techniques/__init__.py); the Session and the built-in run get them through
+    build_state, and every run's record reads each one back from the wrapper it built (`state`).
+
+    label:      the setting as a run's proof records it (DDP's `bucket_cap_mb`, FSDP2's `reshard_after_forward`).
+    strategies: the wrappers it acts on (Recipe.strategy: "ddp", "fsdp"); another strategy leaves it alone.
+    options(value): the wrapper's constructor keywords for the recipe's value ({} where the value asks for the
+                wrapper's own default: a default passed explicitly is not always the default, DDP's bucket cap
+                keeps a small first bucket only when none is given).
+    apply(wrapped, value): what is done to the wrapper once it is built (register a communication hook).
+    state(wrapped): the setting read back from the wrapper (DDP keeps `bucket_bytes_cap`,
+                `gradient_as_bucket_view`, `static_graph`): the proof every run records.
+    ranks:      the fewest processes a job needs for the wrapper to exist: with fewer (one process: no wrapper
+                at all) the switch cannot act, and an ablation says "not applicable" instead of timing noise.
+    """
+    label: str
+    strategies: tuple[str, ...] = ("ddp",)
+    options: Callable[[Any], Mapping[str, Any]] = no_options
+    apply: Callable[[Any, Any], None] = leave_wrapped
+    state: Callable[[Any], Any] = reads_nothing
+    ranks: int = 2
+
+
+@dataclass
+class TrainBatches:
+    """A run's training batches as the batch switches act on them (BatchSwitch), and what each did there.
+
+    The built-in run describes its own documents (`lengths`; `loader` None: trainfast builds the loader); a Session
+    and a framework adapter describe the script's DataLoader (its collate function, the sampler trainfast
+    may replace: None where a batch sampler of the script's own draws the batches). The switches' hooks read these,
+    return the collate function and sampler the run takes, and write down the settings they made (`settings`:
+    (field, setting, wanted, the script's own), a framework run's proof), the values read back (`proofs`) and why
+    one could not act (`cannot`, by field; a counting collator keeps the same dict, so a Session reads it after the
+    run)."""
+    collate: Any
+    loader: Any = None
+    lengths: list[int] | None = None
+    sampler: Any = None
+    batch_size: int | None = None
+    seed: int = 0
+    generator: Any = None
+    dist: Any = None
+    model: Any = None                 # the model the batches reach (an adapter's: packing needs its position_ids)
+    checks_model: bool = False        # a framework's step calls the model: whether it takes the packed rows is checked
+    one_row: bool = False             # trainfast's own model's attention skips across documents (flex, flash)
+    collate_name: str = "collate_fn"  # the collate function's name in the proof (a Trainer's: data_collator)
+    settings: list[tuple[str, str, Any, Any]] = field(default_factory=list)
+    proofs: list[tuple[str, Any, bool | None]] = field(default_factory=list)
+    cannot: dict[str, str] = field(default_factory=dict)
+
+    def set(self, field_: str, setting: str, wanted: Any, script: Any) -> None:
+        self.settings.append((field_, setting, wanted, script))
+
+    def prove(self, setting: str, read_back: Any, applied: bool | None = None) -> None:
+        self.proofs.append((setting, read_back, applied))
+
+
+@dataclass(frozen=True)
+class BatchSwitch:
+    """A switch that acts on the training batches: how they are collated (padded, rounded, packed) and which
+    samples share one (the sampler). The built-in run (tasks/lm.py), a Session's adopted loader (data/adopt.py) and
+    every framework adapter (frameworks/packing.py, frameworks/hf.py) loop over these declarations
+    (techniques/__init__.py: collate_batches, choose_sampler, batch_refusals), so a new batch switch is its module.
+    Every hook is called with the switch's value (only a value that asks for something in a Session or the
+    built-in run; a framework run's baseline passes the off value too, so its proof says what the script had).
+
+    collate(batches, value): the collate function the run takes (batches.collate set, replaced or wrapped);
+                 None: it leaves the collate function alone.
+    wraps:       collate wraps the function rather than setting it: it runs after the switches that set the
+                 script's own collator (a wrapper would hide their attribute), on the counting collator.
+    counts:      its proof needs the padding of the script's batches counted (text/packing.py's counting
+                 collator wraps the script's collate function), and no padding to remove is why it cannot act.
+    sampler(batches, value): the sampler drawing the training order (None: the loader's own stands); where it
+                 cannot act, why goes to batches.cannot.
+    batch_sampler(batches, value): the batch sampler drawing whole batches, each of a size of its own (a token
+                 budget); it replaces batch_size and any sampler. None: batch_size samples at a time.
+    refuse(collate_fn, value): why the collate function a run ended up with could not take it (None: it could):
+                 read after the run, the counting collator's counts and its refusals included.
+    state(collate_fn, loader): [(setting, read back, applied or None)]: the proof read at the end of a
+                 framework run from what its collator and loader did ("{collate}" in a setting: the collate
+                 function's name there).
+    arguments(args, value): the framework's own setting where it has one (the Trainer's TrainingArguments): set
+                 there, [(setting, wanted, the script's own or None)]; a switch with it is not set on the
+                 Trainer's collator. read_arguments(args, loader): [(setting, read back)].
+    trainer_refusal(trainer, notes): why a Trainer of the script's own cannot take it (TRL packing itself), the
+                 script's setting appended to `notes`; None: it can.
+    """
+    collate: Callable[[TrainBatches, Any], Any] | None = None
+    wraps: bool = False
+    counts: bool = False
+    sampler: Callable[[TrainBatches, Any], Any] | None = None
+    batch_sampler: Callable[[TrainBatches, Any], Any] | None = None
+    refuse: Callable[[Any, Any], str | None] | None = None
+    state: Callable[[Any, Any], list[tuple[str, Any, bool | None]]] | None = None
+    arguments: Callable[[Any, Any], list[tuple[str, Any, Any]]] | None = None
+    read_arguments: Callable[[Any, Any], list[tuple[str, Any]]] | None = None
+    trainer_refusal: Callable[[Any, list[str]], str | None] | None = None
+
+
 @dataclass(frozen=True)
 class Switch:
     """One switch (or one group of settings), declared next to its code.
@@ -146,8 +305,13 @@ class Switch:
                 batches, "stacked" batches of one shape, "image_folder" files decoded per sample, "padded_sizes"
                 detection images of different sizes, "documents" language-model documents of different lengths.
     model:      how it acts on the model object, for the switches that do (ModelSwitch).
+    optimizer:  how it builds, rebuilds and reads back the optimizer, for the switches that act on it
+                (OptimizerSwitch); its field is placed in techniques/__init__.py's OPTIMIZER_ORDER.
     process_hooks: how a process-wide switch reaches every process and is read back (ProcessSwitch); its module
                 is named in techniques/__init__.py's PROCESS_MODULES (read before torch loads).
+    wrap:       how it acts on the DDP / FSDP2 wrapper, for the switches that do (WrapSwitch); its field is placed
+                in techniques/__init__.py's WRAP_ORDER.
+    batch:      how it acts on the training batches (BatchSwitch: their collate function, their sampler).
     changes_math: it changes the arithmetic of training, not only its speed (the batch size, the rounding of a
                 half precision, which samples share a batch, the loss's normalization, quantized optimizer
                 state): a run with it follows another trajectory, so it is judged on the time to reach a target
@@ -165,8 +329,11 @@ class Switch:
     value_effect: Callable[[Any, torch.device, nn.Module | None], Effect] | None = None
     data: str = ""
     model: ModelSwitch | None = None
+    optimizer: OptimizerSwitch | None = None
     process_hooks: ProcessSwitch | None = None
     changes_math: bool = False
+    wrap: WrapSwitch | None = None
+    batch: BatchSwitch | None = None
 
     @property
     def name(self) -> str:
@@ -176,6 +343,11 @@ class Switch:
     @property
     def resumable_fields(self) -> tuple[str, ...]:
         return self.fields if self.resumable is True else tuple(self.resumable or ())
+
+    @property
+    def ranks(self) -> int:
+        """The fewest processes of a job it can act in (a wrap switch's wrapper exists only with several)."""
+        return self.wrap.ranks if self.wrap is not None else 1
 
     def reason_unreachable(self, adapter: str) -> str | None:
         return self.unreachable.get(adapter) or self.unreachable.get(EVERY_ADAPTER)

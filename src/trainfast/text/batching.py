@@ -139,14 +139,6 @@ def pack(docs: list[torch.Tensor], targets: list[torch.Tensor], pad_id: int, one
     return token_batch({"input_ids": ids, "position_ids": positions}, tokens, len(docs), ids.numel()), labels
 
 
-def collate_for(recipe, pad_id: int):
-    """The recipe's batches: packed (padding_free; one row where its attention has a variable-length path) or
-    padded."""
-    if recipe.padding_free:
-        return PackCollate(pad_id, one_row=recipe.attention in VARLEN_ATTENTION)
-    return PadCollate(pad_id, recipe.pad_to_multiple)
-
-
 def length_sampler(lengths: list[int], batch_size: int, seed: int, generator, dist):
     """group_by_length: batches of `batch_size` drawn from documents of similar `lengths`, transformers' own
     samplers (shuffled mega-batches of 50 batches, each sorted by length, as the Trainer's `group_by_length` does),

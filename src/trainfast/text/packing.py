@@ -9,26 +9,25 @@ stays inside it. Only training batches go through it: evaluation keeps the scrip
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 
 from .batching import pack, token_batch
 
-NO_PADDING = ("the script's training batches hold no padding (all {batches} seen were full, as a chunked or packed "
-              "dataset's are): {field} has nothing to remove")
 PACKED_KEYS = {"input_ids", "attention_mask", "labels"}
-PADDING_FIELDS = ("padding_free", "group_by_length")
 
 
 class PackingCollator:
-    """The script's collator, its batches' padding counted, and packed when `pack` (padding_free) is on."""
+    """The script's collator, its batches' padding counted, and packed when `pack` (padding_free) is on. `cannot`:
+    why a switch on these batches could not act, by its Recipe field, as its hooks found it (techniques/padding.py)."""
 
-    def __init__(self, inner: Callable, pack: bool, one_row: bool = False) -> None:
+    def __init__(self, inner: Callable, pack: bool, one_row: bool = False,
+                 cannot: dict[str, str] | None = None) -> None:
         self.inner, self.pack, self.one_row = inner, pack, one_row
         self.batches = self.packed = self.slots = self.tokens = 0
         self.refused: str | None = None              # why the batches could not be packed
-        self.ungrouped: str | None = None            # why the loader could not be grouped by length
+        self.cannot: dict[str, str] = {} if cannot is None else cannot
         self.positions: bool | None = None           # a packed batch's position_ids reached the model (watch_positions)
 
     def watch_positions(self, module: torch.nn.Module) -> None:
@@ -87,20 +86,6 @@ class PackingCollator:
         if other:
             return f"the script's batches carry {', '.join(other)} beside the token ids, which packing would not keep"
         return None
-
-    def unsupported(self, present: Iterable[str], packing: bool) -> dict[str, str]:
-        """Of the padding switches `present` in the run, those that could not act on the batches seen, each with why:
-        both when every batch was full (nothing to remove), padding_free (when `packing` was asked) when the batches
-        could not be packed, group_by_length when the loader could not be grouped."""
-        present = [name for name in present if name in PADDING_FIELDS]
-        if self.batches and self.tokens == self.slots:
-            return {name: NO_PADDING.format(batches=self.batches, field=name) for name in present}
-        out = {}
-        if packing and self.refused and "padding_free" in present:
-            out["padding_free"] = self.refused
-        if self.ungrouped and "group_by_length" in present:
-            out["group_by_length"] = self.ungrouped
-        return out
 
     @property
     def padding_share(self) -> float | None:

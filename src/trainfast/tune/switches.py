@@ -26,9 +26,9 @@ def single_names(amp: str, image_folder: bool, task: str = "classification") -> 
     cache is tried in both, as it also takes the decode off a CPU step that its workers share the cores with."""
     from ..ablation.ladders import LADDERS
     from ..recipe import RecipeError
-    from ..tasks import build_task
+    from ..tasks import declared
 
-    checker, table = build_task(task), LADDERS[task][1]
+    checker, table = declared(task), LADDERS[task][1]
 
     def runs(name: str) -> bool:
         if checker.rules_out(table[name]) is not None:

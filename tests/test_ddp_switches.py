@@ -1,0 +1,132 @@
+"""The DDP wrap switches, the gradient bucket size (techniques/ddp_buckets.py) and gradients as views into the
+buckets (techniques/bucket_view.py): each set on the DDP object two gloo ranks build, read back from it in the run's
+record, ablated under --nproc 2, and not applicable in one process. One launch of two ranks serves both."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dist_common import make_model, make_split  # noqa: E402
+
+from trainfast.ablation.ladders import plan_rungs  # noqa: E402
+from trainfast.ablation.work import mark_effects  # noqa: E402
+from trainfast.distributed import drain_collectives, free_port  # noqa: E402
+from trainfast.recipe import Recipe, RecipeError  # noqa: E402
+from trainfast.results import Effect, Status  # noqa: E402
+
+CPU = torch.device("cpu")
+MIB = 2 ** 20
+
+
+def wrap_on_rank(rank: int, port: int, out: str) -> None:
+    """One of two gloo ranks (one thread each): a Session sets up the same model with the bucket size and without
+    it, then with gradients as bucket views; what each DDP object holds, and what the Session's proof reads back,
+    written for the test."""
+    from torch import nn
+
+    from trainfast import Session
+
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    # One process group for every Session below (each uses it and leaves it open): a group opened and closed per
+    # Session would rebuild its rendezvous store on the same port each time, racing the other rank
+    torch.distributed.init_process_group("gloo")
+    report = {}
+    for name, recipe in (("asked", Recipe(ddp_bucket_mb=50.0, optimizer="sgd")), ("default", Recipe(optimizer="sgd")),
+                         ("views", Recipe(gradient_as_bucket_view=True, optimizer="sgd"))):
+        tf = Session(recipe, device="cpu")
+        model, optimizer = tf.setup(make_model(), None)
+        inputs, targets = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+        tf.backward(nn.functional.cross_entropy(model(inputs), targets))        # the buckets all-reduce once
+        wrapped = tf.dist.wrapped
+        report[name] = {"type": type(wrapped).__name__, "bucket_bytes_cap": wrapped.bucket_bytes_cap,
+                        "read_back": tf.dist.wrap_state(),
+                        "grad": tf.state.model.head.bias.grad.tolist(),
+                        # one flat bucket holds every gradient of this small model: as views they share its storage
+                        "grad_storages": len({p.grad.untyped_storage().data_ptr()
+                                              for p in tf.state.model.parameters()}),
+                        "parameters": len(list(tf.state.model.parameters()))}
+        tf.close()
+    drain_collectives()
+    torch.distributed.destroy_process_group()
+    Path(out).write_text(json.dumps(report))
+
+
+def test_two_gloo_ranks_build_ddp_with_each_wrap_switch_and_read_it_back(tmp_path):
+    ctx, port = mp.get_context("spawn"), free_port()
+    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    procs = [ctx.Process(target=wrap_on_rank, args=(r, port, str(outs[r]))) for r in range(2)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=240)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:                  # a rank left waiting on a failed one is not left behind
+            if p.is_alive():
+                p.kill()
+    ranks = [json.loads(out.read_text()) for out in outs]
+    for report in ranks:
+        assert report["asked"]["type"] == "DistributedDataParallel"
+        assert report["asked"]["bucket_bytes_cap"] == 50 * MIB
+        assert report["asked"]["read_back"] == {"ddp_bucket_mb": 50.0, "gradient_as_bucket_view": False}
+        # unset: DDP's own defaults, read back from it
+        assert report["default"]["read_back"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": False}
+        assert report["views"]["read_back"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": True}
+        assert report["default"]["grad_storages"] == report["default"]["parameters"]     # a buffer per gradient
+        assert report["views"]["grad_storages"] == 1                                     # the bucket's, viewed
+    for name in ("asked", "views"):
+        assert ranks[0][name]["grad"] == ranks[1][name]["grad"]                # all-reduced through the buckets
+
+
+@pytest.mark.parametrize("rung, changes", [("ddp_buckets", {"ddp_bucket_mb": 100.0}),
+                                           ("gradient_as_bucket_view", {"gradient_as_bucket_view": True})])
+def test_without_nproc_the_rung_is_not_applicable_and_with_two_ranks_it_is_measured(rung, changes):
+    plan = plan_rungs(Recipe(), [rung], device=CPU)
+    assert plan[1].changes == changes
+    mark_effects(plan, CPU)                                    # one process: no DDP wrapper to act on
+    assert plan[1].status == Status.NO_EFFECT and plan[1].effect == Effect.NOT_APPLICABLE
+    assert "--nproc 2" in plan[1].reason
+    plan = plan_rungs(Recipe(), [rung], device=CPU)
+    mark_effects(plan, CPU, ranks=2)
+    assert plan[1].status != Status.NO_EFFECT and plan[1].effect == Effect.MEASURED
+
+
+def test_under_fsdp_the_ddp_rungs_are_not_applicable_and_train_says_so_in_one_process():
+    from trainfast.cli import idle_switches
+
+    plan = plan_rungs(Recipe(strategy="fsdp"), ["ddp_buckets", "gradient_as_bucket_view"], device=CPU)
+    mark_effects(plan, CPU, ranks=2)
+    assert all(r.effect == Effect.NOT_APPLICABLE and "strategy=fsdp" in r.reason for r in plan[1:])
+    notes = idle_switches(Recipe(gradient_as_bucket_view=True), CPU, None)    # `trainfast train` without torchrun
+    assert any(n.startswith("--gradient-as-bucket-view has no effect here") and "--nproc 2" in n for n in notes)
+
+
+def test_the_bucket_size_must_be_positive():
+    with pytest.raises(RecipeError, match="ddp_bucket_mb"):
+        Recipe(ddp_bucket_mb=0)
+
+
+@pytest.mark.slow
+def test_ablate_nproc_2_runs_the_rungs_and_their_records_read_the_settings_back(tmp_path):
+    from trainfast.ablation import ablate
+
+    result = ablate(make_model, make_split(), recipe=Recipe(optimizer="sgd", lr=0.05, batch_size=8, log_every=2),
+                    rungs=["ddp_buckets", "gradient_as_bucket_view"], device="cpu", out=tmp_path, show=False,
+                    nproc=2, noise_seeds=1, repeats=1)
+    baseline, buckets, views = result.rungs
+    for rung in (buckets, views):
+        assert rung.status == "done" and rung.result.world_size == 2, rung.result
+    assert baseline.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": False}
+    assert buckets.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 100.0, "gradient_as_bucket_view": False}
+    # the cumulative ladder: the views' rung keeps the bigger buckets above it
+    assert views.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 100.0, "gradient_as_bucket_view": True}
