@@ -17,7 +17,7 @@ PACKAGE = SRC / "trainfast"
 MAX_LINES = 600
 # Past this a class does more than one job: move a cohesive group of its methods into a helper object of its own
 # (Watch's instruments are the example) or into module-level functions.
-MAX_CLASS_LINES = 200
+MAX_CLASS_LINES = 180
 
 # Top to bottom. A name matches a module or, with ".*", every module of a package.
 LAYERS: list[tuple[str, list[str]]] = [
@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                       "trainfast.bench_data", "trainfast.trainer", "trainfast.selfcheck", "trainfast.selfcheck.*"]),
     ("output", ["trainfast.report", "trainfast.report.*"]),
     ("assembly and instruments", ["trainfast.run", "trainfast.curves", "trainfast.launch", "trainfast.probe",
+                                  "trainfast.probe.*",
                                   "trainfast.checks", "trainfast.checks.*",
                                   "trainfast.instruments", "trainfast.instruments.*", "trainfast.envcheck",
                                   "trainfast.frameworks",

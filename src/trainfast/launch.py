@@ -3,7 +3,7 @@
 A run is the command started as it is (an argument list, never a shell string) with three variables added
 to its environment: TRAINFAST_RECIPE (the rung's switches and seed, which a trainfast.Session applies over
 the script's own recipe), TRAINFAST_MEASURE (where the probe writes the result, the mode, the timing budget;
-probe.py) and PYTHONPATH with trainfast's sitecustomize first (the probe's global optimizer hook for scripts
+probe/contract.py) and PYTHONPATH with trainfast's sitecustomize first (the probe's global optimizer hook for scripts
 without a Session). It runs inside a supervised process (procs.run_supervised: its own process group, the
 time limit, stopped with the ablation on Ctrl-C or if the ablation dies), which waits for the command and
 hands back the result the probe wrote, or an error naming what went wrong.

@@ -1,4 +1,4 @@
-"""Observers of Sessions: how an instrument that measures a run (the ablation's probe, probe.py) is told about
+"""Observers of Sessions: how an instrument that measures a run (the ablation's probe, probe/agent.py) is told about
 every trainfast.Session the process creates, without the Session importing the instrument.
 
 An observer has two methods: `attach(session)`, called when a Session is created, and `watch(state,

@@ -8,7 +8,7 @@ run from here, so what one measures is what another trains. The order, each step
      accumulation, learning rate, warm-up), so the loaders, the optimizer and the schedule all read those values;
   2. the task (tasks/): what a batch, a loss and the judged metric mean;
   3. the model, built after seeding so its initialization is reproducible;
-  4. the data: the decode cache when the recipe asks for it, num_workers="auto" measured (prepare_data);
+  4. the data as the task reads it (an image folder's decode cache), num_workers="auto" measured (prepare_data);
   5. under DDP, one probe step on a copy for parameters that get no gradient (find_unused_parameters);
   6. the Session's setup: the recipe's techniques on the model and the recipe's optimizer (session/);
   7. the task's loaders, their batches on the device, and its warm-up schedule.
@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from .data.datasets import Split
-from .data.decoded_cache import with_decode_cache
 from .detection.data import DetectionSplit
 from .distributed import Dist
 from .engine import train_one_epoch
@@ -146,10 +145,10 @@ def build_module(model: str | nn.Module | Callable[[], nn.Module], task, split) 
 
 
 def prepare_data(split, recipe: Recipe, device: torch.device, dist: Dist | None = None, task=None):
-    """(split, recipe) ready to load: image folders read through the decode cache when the recipe asks for it
-    (decode once, then read uint8 pixels), and num_workers="auto" measured once and recorded in the recipe."""
-    split = with_decode_cache(split, recipe, dist)
+    """(split, recipe) ready to load: the split as the task reads it (image folders through the decode cache when
+    the recipe asks for it: Task.prepare_split), and num_workers="auto" measured once and recorded in the recipe."""
     task = task or build_task("classification")
+    split = task.prepare_split(split, recipe, dist)
     return split, task.resolve_workers(recipe, split, device)
 
 

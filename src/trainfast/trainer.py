@@ -16,9 +16,7 @@ from torch.utils.data import Dataset
 
 from .checkpoint import build_checkpointer
 from .curves import BuiltinCurve, CurvePlan
-from .data.badfiles import skipped_last_pass
 from .data.datasets import Split
-from .data.device_decode import host_decoded_last_pass
 from .detection.data import DetectionSplit
 from .engine import train_one_epoch
 from .recipe import Recipe
@@ -127,11 +125,8 @@ def train_epoch(run: BuiltinRun, epoch: int, checkpoints, on_window: Callable | 
             **task.val_metrics(metrics), "epoch_time_s": time.perf_counter() - t0, "data_wait_s": stats.data_wait_s,
             "lr": state.optimizer.param_groups[0]["lr"], "train_losses": stats.losses,
             **state.precision.metrics(), **state.nonfinite.metrics(), "num_workers": run.recipe.num_workers,
-            "skipped_files": skipped_last_pass(run.train_batches, device),        # unreadable images,
-            "val_skipped_files": skipped_last_pass(run.val_batches, device),      # all workers and ranks
-            # device_decode: images the device decoder could not take, decoded on the host (named in the log)
-            "host_decoded_files": host_decoded_last_pass(run.train_batches, device)
-                                  + host_decoded_last_pass(run.val_batches, device)}
+            # image files: the unreadable ones, and those device_decode left to the host (data/filecounts.py)
+            **task.build_file_counts().epoch_record(run.train_batches, run.val_batches, device)}
 
 
 def read_history(out_dir: Path, step: int) -> list[dict[str, Any]]:

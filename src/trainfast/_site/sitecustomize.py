@@ -1,5 +1,5 @@
 """Imported at start-up by every Python process of a run that `trainfast ablate -- COMMAND` measures (the
-ablation puts this folder first on PYTHONPATH). It installs trainfast's probe (probe.py), whose global
+ablation puts this folder first on PYTHONPATH). It installs trainfast's probe (probe/bootstrap.py), whose global
 optimizer-step hook times a script that never creates a trainfast.Session, then imports the sitecustomize
 this one shadows, if there is one, so a site's own start-up code still runs. Under `trainfast doctor -- COMMAND`
 it starts the doctor's Watch instead (doctor.install_in_script)."""

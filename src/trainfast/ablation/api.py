@@ -68,7 +68,7 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
                    measure: str = "speed", metric: str | None = None, goal: str | None = None,
                    task: str | None = None, **options) -> AblationResult:
     """`trainfast ablate -- COMMAND`: the ladder on a user's own training command (work.CommandWork). Every run
-    starts the command with the rung's switches in TRAINFAST_RECIPE; the probe in it (probe.py) times its
+    starts the command with the rung's switches in TRAINFAST_RECIPE; the probe in it (probe/) times its
     steps and writes the result. `measure="speed"`: each run stops once warm-up plus the timing budget is
     timed. `measure="full"`: each runs to its end and the metric it reports with `tf.report` (`metric`,
     default the first one reported; `goal` "max" or "min", default "min" for names with loss/error in them)

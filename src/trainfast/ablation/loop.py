@@ -130,6 +130,17 @@ def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float)
     return kept, fitted
 
 
+def cut_to_budget(measured: list[Rung], repeats: int, per_run: float, left: float, budget_s: float) -> Cut:
+    """The plan cut to the time budget (fit_to_budget): the rungs past those kept marked skipped, with why."""
+    rungs_kept, repeats_kept = fit_to_budget(len(measured), repeats, per_run, left)
+    for skipped in measured[rungs_kept:]:
+        skipped.status = Status.SKIPPED
+        skipped.reason = (f"would not fit the time budget ({budget_s:.0f} s at ~{per_run:.0f} s a run, "
+                          f"{repeats_kept} repeats)")
+    return Cut(per_run, rungs_kept, repeats_kept, {"rungs": len(measured), "repeats": repeats},
+               [r.name for r in measured[rungs_kept:]])
+
+
 def ceiling(work: Work, precision: str) -> float:
     """The roof a rung of this precision is measured against: the matmul peak in its dtype, TF32 for an fp32
     run whose kernels run in TF32 (measure.runs_tf32: a conv net on CUDA by default)."""
@@ -174,6 +185,50 @@ class LadderMetric:
         return {**choice.to_dict(), "name": name}
 
 
+class Launches:
+    """Where a ladder's runs come from, and the machine they run on: a finished run read back from the run store
+    (an interrupted ablation resumed) or launched in its own folder and kept there; each precision's matmul ceiling
+    (a peak: measured before the runs and again after, the higher kept, so a slow spell on a shared machine at the
+    start puts no rung "above" it); the machine's reference check before and after (procstate.reference_check),
+    and what this process (display, event relay) took from the cores the runs use while they ran."""
+
+    def __init__(self, work: Work, launch: Callable, out_dir: Path) -> None:
+        self.work, self.launch, self.out_dir = work, launch, out_dir
+        self.store: RunStore | None = None
+        self.ceilings: dict[str, float] = {}
+        self.machine: dict[str, Any] = {}       # procstate.reference_check before and after the runs
+        self.in_runs = (0.0, 0.0)               # this process's CPU seconds while runs ran, and those seconds
+
+    def start(self, settings: dict[str, Any], resume: bool, precisions: list[str]) -> None:
+        self.store = RunStore(self.out_dir, settings, resume)
+        wait_rung_server()
+        self.ceilings.update({p: ceiling(self.work, p) for p in dict.fromkeys(precisions)})
+        self.machine["start"] = reference_check(self.work.dev)
+
+    def read_back(self, key: str) -> dict[str, Any] | None:
+        return self.store.load(key)
+
+    def run(self, key: str, rung: Rung, recipe, budget: TimingBudget | None, display, limit: float | None
+            ) -> dict[str, Any]:
+        """The run launched in its own folder (its recipe beside its log), kept in the store unless it failed."""
+        run_dir = self.out_dir / "rungs" / key
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / "recipe.json", recipe.to_dict())
+        cpu, started = process_cpu_seconds(), time.monotonic()
+        result = self.launch(rung, recipe, budget, run_dir, display, limit)
+        self.in_runs = (self.in_runs[0] + process_cpu_seconds() - cpu, self.in_runs[1] + time.monotonic() - started)
+        if "error" not in result:
+            self.store.save(key, result)
+        return result
+
+    def finish(self) -> None:
+        """After the last run: the ceilings measured again, the machine checked again, this process's share."""
+        self.ceilings.update({p: max(c, ceiling(self.work, p)) for p, c in self.ceilings.items()})
+        self.machine["end"] = reference_check(self.work.dev)
+        cpu, seconds = self.in_runs
+        self.machine["parent_cpu_share"] = cpu / seconds if seconds else None
+
+
 class LadderRun:
     """One ladder's runs (module docstring). `run()` returns the scored result and writes the report folder;
     on Ctrl-C it writes the partial report and raises KeyboardInterrupt (resume with the same out_dir)."""
@@ -184,7 +239,8 @@ class LadderRun:
         pair_against = getattr(work, "pair_against", None)      # the built-in work can pair; a command cannot
         if options.paired and pair_against is not None:
             pair_against(plan[0].recipe)
-        self.launch = work.launcher(measure)
+        self.launches = Launches(work, work.launcher(measure), out_dir)
+        self.ceilings = self.launches.ceilings          # each precision's roof (Launches), filled as the runs start
         self.metric = LadderMetric(lambda: work.metric(measure), plan, settings)
         self.after_run = work.after_run(plan)
         self.repeats, self.noise_seeds = options.repeats, options.noise_seeds
@@ -206,37 +262,25 @@ class LadderRun:
         self.pass_times: dict[int, list[float]] = {}    # repeat index -> [start, end] of that pass's timed runs
         self.added: list[dict[str, Any]] = []           # the passes settling added, and why
         self.started = time.monotonic()
-        self.ceilings: dict[str, float] = {}
-        self.machine: dict[str, Any] = {}       # procstate.reference_check before and after the runs
-        self.in_runs = (0.0, 0.0)               # this process's CPU seconds while runs ran, and those seconds
 
     def run(self) -> AblationResult:
         from ..report import Display, environment
 
-        store = RunStore(self.out_dir, self.settings, self.opts.resume)
-        wait_rung_server()
-        self.ceilings = {p: ceiling(self.work, p) for p in dict.fromkeys(r.recipe.precision for r in self.measured)}
-        self.machine = {"start": reference_check(self.work.dev)}
+        self.launches.start(self.settings, self.opts.resume, [r.recipe.precision for r in self.measured])
         env = environment(self.work.dev)
         display = Display(self.plan, self.ceilings, env, show=self.opts.show, settings=self.settings)
         interrupted = False
         with display:
             try:
                 while self.queue or self.add_pass() or self.add_seeds():
-                    self.run_next(store, display)
+                    self.run_next(display)
                     self.rescore()
                     display.metric = self.metric.judged_metric()
                     display.update()
             except KeyboardInterrupt:
                 interrupted = True
             if not interrupted:
-                # The ceiling is a peak: measured again after the ladder and the higher kept, so a slow spell
-                # on a shared machine at the start does not put rungs "above" it.
-                self.ceilings.update({p: max(c, ceiling(self.work, p)) for p, c in self.ceilings.items()})
-                self.machine["end"] = reference_check(self.work.dev)
-                # What this process (display, event relay) took from the cores the runs use, while they ran.
-                cpu, seconds = self.in_runs
-                self.machine["parent_cpu_share"] = cpu / seconds if seconds else None
+                self.launches.finish()
             for rung in self.plan:
                 if rung.status == Status.PARTIAL and interrupted:
                     rung.status = Status.DONE        # a partial report still shows what was measured
@@ -247,7 +291,7 @@ class LadderRun:
             raise KeyboardInterrupt
         return result
 
-    def run_next(self, store: RunStore, display) -> None:
+    def run_next(self, display) -> None:
         """The next run of the queue: read back from the store, or launched; its rung updated."""
         rung, i, budget = self.queue.pop(0)
         if rung.status in (Status.NO_EFFECT, Status.SKIPPED):     # no-effect: found out by an earlier run
@@ -257,19 +301,12 @@ class LadderRun:
         timed = budget is not None          # a timed repeat; else a baseline's accuracy-only seed
         if timed:
             self.pass_times.setdefault(i, [time.monotonic(), 0.0])
-        result = store.load(key)
+        result = self.launches.read_back(key)
         if result is None:
             rung.status = Status.RUNNING
             display.start_rung(rung, recipe.seed, len(rung.repeats) + 1 if timed else i + 1,
                                self.repeats if timed else self.noise_seeds)
-            run_dir = self.out_dir / "rungs" / key
-            run_dir.mkdir(parents=True, exist_ok=True)
-            write_json(run_dir / "recipe.json", recipe.to_dict())
-            cpu, started = process_cpu_seconds(), time.monotonic()
-            result = self.launch(rung, recipe, budget, run_dir, display, rung_time_limit(self.opts, self.plan[0]))
-            self.in_runs = (self.in_runs[0] + process_cpu_seconds() - cpu, self.in_runs[1] + time.monotonic() - started)
-            if "error" not in result:
-                store.save(key, result)
+            result = self.launches.run(key, rung, recipe, budget, display, rung_time_limit(self.opts, self.plan[0]))
         else:
             display.reused(rung, i)
         if "error" in result:
@@ -308,16 +345,10 @@ class LadderRun:
         usually the slowest), whole-process wall time."""
         per_run = max(time.monotonic() - self.started, first.get("wall_time_s") or 0.0)
         left = self.opts.time_budget_s - (time.monotonic() - self.started)
-        rungs_kept, repeats_kept = fit_to_budget(len(self.measured), self.repeats, per_run, left)
-        self.cut = Cut(per_run, rungs_kept, repeats_kept, {"rungs": len(self.measured), "repeats": self.repeats},
-                       [r.name for r in self.measured[rungs_kept:]])
-        for skipped in self.measured[rungs_kept:]:
-            skipped.status = Status.SKIPPED
-            skipped.reason = (f"would not fit the time budget ({self.opts.time_budget_s:.0f} s at ~{per_run:.0f} s "
-                              f"a run, {repeats_kept} repeats)")
+        self.cut = cut_to_budget(self.measured, self.repeats, per_run, left, self.opts.time_budget_s)
         # --target: the baseline keeps its TARGET_SEEDS seeds (its samples to target, its band, every interval)
-        self.repeats, self.noise_seeds = repeats_kept, max(repeats_kept, TARGET_SEEDS if self.aim else 0)
-        self.queue = [e for e in self.queue if kept_in_cut(e, self.plan[0], repeats_kept, self.noise_seeds)]
+        self.repeats, self.noise_seeds = self.cut.repeats, max(self.cut.repeats, TARGET_SEEDS if self.aim else 0)
+        self.queue = [e for e in self.queue if kept_in_cut(e, self.plan[0], self.repeats, self.noise_seeds)]
 
     def add_pass(self) -> bool:
         """Queue one more pass of every measured rung, if a verdict is unsettled or a gain unresolved and the
@@ -418,8 +449,8 @@ def settings_as_run(run: LadderRun) -> dict[str, Any]:
     if run.added:
         settings = {**settings, "repeats": run.repeats,
                     "settle": {"within_s": run.opts.settle_within_s, "passes": run.added}}
-    if run.machine:
-        settings = {**settings, "machine_check": run.machine}
+    if run.launches.machine:
+        settings = {**settings, "machine_check": run.launches.machine}
     if run.aim is not None:
         settings = {**settings, "target": run.aim.to_dict()}
     return settings

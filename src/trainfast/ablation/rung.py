@@ -1,5 +1,5 @@
 """Inside a rung's process: the built-in run (run.py) trained, evaluated and timed, measured by the same
-probe as a user's script under `ablate -- COMMAND` (probe.py), so both kinds of rung report the same record.
+probe as a user's script under `ablate -- COMMAND` (probe/), so both kinds of rung report the same record.
 
 Every rung runs in its own process (server.py), so peak memory, compile caches in memory and allocator state
 never leak from one rung into the next; every rung uses the same seed, so the same initial weights and the
@@ -22,12 +22,10 @@ import torch
 
 from ..checkpoint import NoCheckpoints, build_checkpointer
 from ..curves import BuiltinCurve, CurvePlan
-from ..data.badfiles import skipped_last_pass
-from ..data.device_decode import host_decoded_last_pass, host_decoded_names
 from ..defaults import TIMING_FLOOR, TIMING_SECONDS, TIMING_STEPS
 from ..engine import train_one_epoch
 from ..measure import BLOCK_SECONDS, EpochStats, Timing
-from ..probe import MeasureSpec, Probe
+from ..probe import MeasureSpec, Probe, run_record
 from ..recipe import Recipe
 from ..run import BuiltinRun, assemble_run
 from ..techniques import not_in_effect, process_wide_in_effect
@@ -110,7 +108,7 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
     probe.watch(state, recipe.num_workers)
     progress = Progress(emit, len(run.train_batches) * recipe.epochs)
 
-    trained, epoch_times, skipped, host_decoded = EpochStats(), [], 0, 0
+    trained, epoch_times, files = EpochStats(), [], task.build_file_counts()     # files: an image folder's counts
     curve = BuiltinCurve(run, plan) if plan is not None else None
     epoch = 0
     while curve.more() if curve is not None else epoch < recipe.epochs:
@@ -118,8 +116,7 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
         stats = train_pass(run, epoch, batches, progress, checkpoints, curve)
         trained.absorb(stats)
         epoch_times.append(stats.seconds)
-        skipped += skipped_last_pass(run.train_batches, run.device)
-        host_decoded += host_decoded_last_pass(run.train_batches, run.device)
+        files.after_pass(run.train_batches, run.device)
         epoch += 1
     metrics = (curve.finish(state) if curve is not None
                else task.evaluate(state.model, run.val_batches, state.precision, run.dist))
@@ -127,32 +124,36 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
     updates = state.step            # the accuracy run's optimizer steps (the timing steps below add more)
     extra_passes = time_the_rest(run, probe, budget, progress, checkpoints) if timed else 0
     alone = time_step_alone(run, probe, budget) if timed else None
-    numbers = task.rung_metrics(metrics)
-    probe.extra = {
-        "seed": recipe.seed,
-        # The metric every rung is judged on, by name and goal (accuracy, mAP, a language model's validation
-        # loss), and what the rate counts: the record says both, whatever task wrote it.
-        "metric": task.metric.value(task.judged(metrics)),
-        "unit": task.rate_unit,
-        "rate_unit": f"{task.rate_unit}/s",
-        "epoch_time_s": sum(epoch_times) / len(epoch_times),
-        "epoch_times_s": epoch_times,
-        **numbers,
-        **train_metrics,
-        "train_losses": trained.losses,     # rank 0's
-        "steps": updates,
-        "num_workers": recipe.num_workers,
-        "skipped_files": skipped + skipped_last_pass(run.val_batches, run.device),   # unreadable images, all epochs
-        # device_decode: images decoded on the host instead (not JPEG, CMYK, refused), all epochs; the first named
-        "host_decoded_files": host_decoded + host_decoded_last_pass(run.val_batches, run.device),
-        "host_decoded_named": host_decoded_names(run.train_batches) + host_decoded_names(run.val_batches),
-        "checkpoint_saves": checkpoints.saves,                 # --save-every: saves inside the steps, and
-        "checkpoint_loop_s": checkpoints.loop_seconds,         # the seconds the loop spent in them
-        **process_wide_in_effect(),                            # each process switch, read back in this process
-        "step_alone": alone,                                   # the same step on a batch kept on the device
-        **(curve.record() if curve is not None else {}),       # --target: its evaluations on the way
-    }
-    return probe.result("accuracy run ended" + (", then the timing budget" if extra_passes else ""))
+    probe.unit = task.rate_unit               # what the task's clock counts (tokens, images, samples)
+    figures = RungFigures(task.metric.value(task.judged(metrics)), epoch_times, task.rung_metrics(metrics),
+                          train_metrics, trained.losses, updates, checkpoints.saves, checkpoints.loop_seconds,
+                          process_wide_in_effect(), alone)
+    stopped = "accuracy run ended" + (", then the timing budget" if extra_passes else "")
+    return run_record(probe, stopped, curve=curve, task=figures,
+                      data=files.finish(run.train_batches, run.val_batches, run.device))
+
+
+@dataclass
+class RungFigures:
+    """The built-in run's section of its record (probe/record.py): its task's figures, written here alone."""
+    # The metric every rung is judged on, by name and goal (accuracy, mAP, a language model's validation loss):
+    # the record says it whatever task wrote it.
+    metric: dict[str, Any]
+    epoch_times_s: list[float]
+    evaluation: dict[str, Any]       # the task's rung_metrics: "loss", "val_samples", its own
+    train: dict[str, Any]            # the task's train_metrics
+    train_losses: list[float]        # rank 0's
+    steps: int                       # the accuracy run's optimizer steps (the timing steps add more)
+    checkpoint_saves: int            # --save-every: saves inside the steps, and
+    checkpoint_loop_s: float         # the seconds the loop spent in them
+    in_effect: dict[str, bool]       # each process switch, read back in this process, by its name
+    step_alone: dict[str, Any] | None   # the same step on a batch kept on the device
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "epoch_time_s": sum(self.epoch_times_s) / len(self.epoch_times_s),
+                "epoch_times_s": self.epoch_times_s, **self.evaluation, **self.train,
+                "train_losses": self.train_losses, "steps": self.steps, "checkpoint_saves": self.checkpoint_saves,
+                "checkpoint_loop_s": self.checkpoint_loop_s, **self.in_effect, "step_alone": self.step_alone}
 
 
 def pair_with_reference(job: Job, run: BuiltinRun, reference: Recipe, budget: TimingBudget) -> dict[str, Any]:

@@ -218,7 +218,7 @@ def prepare_builtin(spec: BuiltinSpec, recipe: Recipe | None = None, device: str
 @dataclass
 class CommandWork:
     """A user's training command (launch.py): what starts one run of it (the command with the run's switches in
-    TRAINFAST_RECIPE, timed by the probe in it, probe.py) and what the first run tells about it."""
+    TRAINFAST_RECIPE, timed by the probe in it, probe/) and what the first run tells about it."""
     cmd: Any                             # launch.Command
     dev: torch.device
     base: Recipe
@@ -242,7 +242,7 @@ class CommandWork:
     cap_seen: float | None = None
 
     def aim(self, target: Target, cap_seen: float | None) -> None:
-        """Every run records a point at each evaluation it reports and stops at the target or its cap (probe.py)."""
+        """Every run records a point at each evaluation it reports and stops at the target or its cap (probe/)."""
         self.target, self.cap_seen = target, cap_seen
 
     def fields(self, recipe: Recipe) -> dict[str, Any]:

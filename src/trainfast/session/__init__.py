@@ -54,8 +54,10 @@ Where the pieces are (this docstring is the one place the order above is written
   build.py     seed_everything, and build_state: the techniques applied in the order above
   state.py     TrainState, the step (backward, update, zero_grad, accumulation), and what it hands out for the
                model, optimizer and scheduler: SessionModule, SessionOptimizer, SessionScheduler
-  loaders.py   SessionLoader, what setup() returns for a loader
+  loaders.py   SessionLoader, what setup() returns for a loader, and adopt(): a script's loader made one
   logs.py      LogBuffer, behind tf.log
+  arguments.py what setup() refuses before it builds anything
+  snapshot.py  what save() writes and how load() puts it back
 """
 from __future__ import annotations
 
@@ -66,21 +68,21 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from ..checkpoint import (FORMAT_VERSION, CheckpointError, capture_rng, capture_state, log_stderr, read_checkpoint,
-                          restore_rng, restore_state, write_checkpoint)
-from ..data.adopt import adopt_loader, resolve_loader_workers
-from ..data.device import build_device_batches
+from ..checkpoint import capture_rng, log_stderr, read_checkpoint, write_checkpoint
+from ..data.adopt import resolve_loader_workers
 from ..distributed import setup_distributed
 from ..observers import session_observers
-from ..recipe import RECIPE_ENV, Recipe, RecipeError, apply_env_recipe, resolve_device, validate_for_device
+from ..recipe import RECIPE_ENV, Recipe, apply_env_recipe, resolve_device, validate_for_device
 from ..techniques import (apply_process_switches, apply_recipe_rewrites, asked_batches, batch_refusals,
                           unapplied_rewrites, unreached_losses)
 from ..techniques.background_save import checkpoint_writer
 from ..techniques.precision import build_precision
 from ..techniques.runtime import apply_runtime_flags
+from .arguments import check_setup
 from .build import NoSchedule, build_state, refuse_rebuilt_step, seed_everything
-from .loaders import SessionLoader
+from .loaders import SessionLoader, adopt
 from .logs import LogBuffer
+from .snapshot import restore_session, session_payload
 from .state import (BackwardGuard, BackwardOutsideSession, NoGuard, SessionModule, SessionOptimizer, SessionScheduler,
                     TrainState, flag_last, no_update_hook, sum_losses)
 
@@ -160,29 +162,17 @@ class Session:
         user's own (a batch_scale asked of one is reported in unsupported())."""
         if self.state is not None:
             raise RuntimeError("Session.setup() was already called: one model per Session")
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"Session.setup(): the first argument must be the model (an nn.Module), got "
-                            f"{type(model).__name__}")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"Session.setup(): the second argument must be the optimizer (or None), got "
-                            f"{type(optimizer).__name__}: tf.setup(model, optimizer, loader)")
-        if self.recipe.strategy == "dp" and (optimizer is not None or loaders):
-            raise RecipeError("strategy=dp computes the loss inside each replica, which only the built-in loop "
-                              "can do (trainfast.train); use strategy=ddp under torchrun")
+        check_setup(model, optimizer, bool(loaders), self.recipe)
         if loaders:
             self.recipe = resolve_loader_workers(loaders[0], self.recipe, self.device, mean, std)
         self.state = build_state(model, self.recipe, self.device, self.dist, self.precision, optimizer, scheduler)
-        self.loaders = [self.adopt(loader, i == 0, mean, std) for i, loader in enumerate(loaders)]
+        self.loaders = [adopt(loader, self.recipe, self.dist, self.state, i == 0, mean, std)
+                        for i, loader in enumerate(loaders)]
         workers = getattr(self.loaders[0].loader, "num_workers", 0) if self.loaders else None
         for observer in self.observers:
             observer.watch(self.state, workers)
         returned = (self.state.forward, self.state.optimizer, *self.loaders)
         return returned + (self.state.scheduler,) if scheduler is not None else returned
-
-    def adopt(self, loader: Iterable, marks_last: bool, mean=None, std=None) -> SessionLoader:
-        adopted = adopt_loader(loader, self.recipe, self.device, self.dist, mean, std, train=marks_last)
-        batches = build_device_batches(adopted, self.recipe, self.device, mean, std)
-        return SessionLoader(adopted, batches, self.require_state(), marks_last)
 
     def unsupported(self) -> dict[str, str]:
         """The switches this run asked for that could not act on the script's own loop, each with why (a padding
@@ -252,9 +242,7 @@ class Session:
         ranks = self.dist.gather_objects({"rng": capture_rng()})
         if not self.dist.is_main:
             return None
-        payload = {"format": "trainfast.session", "version": FORMAT_VERSION, **capture_state(state),
-                   "recipe": self.recipe.to_dict(), "loaders": [loader.state_dict() for loader in self.loaders],
-                   "reported": dict(self.reported), "world_size": len(ranks), "ranks": ranks}
+        payload = session_payload(state, self.recipe, self.loaders, self.reported, ranks)
         self.writer.save(payload, lambda owned: write_checkpoint(owned, path))
         return Path(path)
 
@@ -267,16 +255,8 @@ class Session:
         including this rank's RNG states, so the run continues as if it had not stopped."""
         state = self.require_state()
         self.writer.wait()                 # a save of ours still in flight is complete before anything is read
-        payload = read_checkpoint(path)
-        if payload.get("world_size", 1) != self.dist.world_size:
-            raise CheckpointError(f"{path}: written by {payload.get('world_size')} rank(s), this run has "
-                                  f"{self.dist.world_size}; load it with the same number of processes")
-        restore_state(state, payload)
-        state.accumulated, state.update_due = 0, False
-        for loader, saved in zip(self.loaders, payload["loaders"]):
-            loader.load_state_dict(saved)
-        self.reported.update(payload.get("reported", {}))
-        restore_rng(payload["ranks"][self.dist.rank]["rng"])      # last: nothing after this draws
+        restore_session(read_checkpoint(path), path, state, self.loaders, self.reported, self.dist.rank,
+                        self.dist.world_size)
 
     def close(self) -> None:
         """Wait for a checkpoint still being written, then close the process group this Session opened (also

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
-from ..data.adopt import epoch_sampler, loader_generators
+from ..data.adopt import adopt_loader, epoch_sampler, loader_generators
+from ..data.device import build_device_batches
 from .state import TrainState
+
+
+def adopt(loader: Iterable, recipe, dist, state: TrainState, marks_last: bool, mean=None, std=None) -> "SessionLoader":
+    """A script's loader as setup() returns it: the recipe's loader switches on it (data/adopt.py), its batches on
+    the run's device (data/device.py); `marks_last`: the training loader (the first given to setup)."""
+    adopted = adopt_loader(loader, recipe, dist.device, dist, mean, std, train=marks_last)
+    batches = build_device_batches(adopted, recipe, dist.device, mean, std)
+    return SessionLoader(adopted, batches, state, marks_last)
 
 
 class SessionLoader:

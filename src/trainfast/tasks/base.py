@@ -177,6 +177,18 @@ class Task(ABC):
     def apply_schedule(self, state, steps_per_epoch: int) -> None:
         """The recipe's warm-up (warmup_steps) is already the state's schedule (session.build_state)."""
 
+    # --- what only image files have (the decode cache, unreadable and host-decoded files) ---------------
+    def prepare_split(self, split, recipe: Recipe, dist=None):
+        """The split as the run reads it: as it is (a task whose data are not image folders has no decode cache)."""
+        return split
+
+    def build_file_counts(self):
+        """What the run counts of its files pass by pass, its record's data section (data/filecounts.py): nothing
+        here (its data are not image files), with no collective to take."""
+        from ..data.filecounts import NoFiles
+
+        return NoFiles()
+
     # --- the step ------------------------------------------------------------------------------------------
     @abstractmethod
     def forward(self, model: Callable, inputs: Any, targets: Any) -> tuple[Any, Any]:

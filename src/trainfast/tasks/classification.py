@@ -108,6 +108,19 @@ class Classification(Task):
         check_input_size(model, name, tuple(first_readable(split.train).shape))
         return model
 
+    def prepare_split(self, split, recipe, dist=None):
+        """Image folders read through the decode cache when the recipe asks for it (decode once, then read uint8
+        pixels; data/decoded_cache.py)."""
+        from ..data.decoded_cache import with_decode_cache
+
+        return with_decode_cache(split, recipe, dist)
+
+    def build_file_counts(self):
+        """Image folders: unreadable files and, under device_decode, files decoded on the host (data/filecounts.py)."""
+        from ..data.filecounts import FileCounts
+
+        return FileCounts(host_decode=True)
+
     def resolve_workers(self, recipe, split, device: torch.device):
         from ..data.loader import resolve_num_workers
 

@@ -87,6 +87,13 @@ class Detection(Task):
 
         return build_detection_model(name, split.num_classes)
 
+    def build_file_counts(self):
+        """A coco:PATH folder's unreadable images, skipped and counted as classification's are; its images are
+        decoded by its own dataset, never on the device, so there are no host decodes to count."""
+        from ..data.filecounts import FileCounts
+
+        return FileCounts(host_decode=False)
+
     def resolve_workers(self, recipe, split, device: torch.device):
         """num_workers="auto": the fastest worker count for this data, measured once on the detection loader."""
         from ..data.loader import choose_num_workers, with_workers
