@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ..techniques import TrainBatches, batch_switches, optimizer_switches, rewritten_settings
+from ..techniques import TrainBatches, batch_switches, optimizer_switches, recipe_rewrites, rewritten_settings
 from ..techniques.memory_format import memory_format_of
 from .board import UNSET, Board, FrameworkRecord
 from .common import (AUTO_WORKERS, is_compiled, mark_plugin_owned, mark_shared_switches, prove_loader,
@@ -187,6 +187,8 @@ def switch_rewritten(args: Any, record: FrameworkRecord, fields: dict[str, Any])
     concrete from the script's own values (techniques.rewritten_settings: the built-in run's arithmetic), each
     recorded with the script's value for the field that decides it. A warm-up given as a ratio (a float below 1: a
     share of the total steps, which already shrink with a bigger batch) is left alone."""
+    if not any(name in fields for name, _ in recipe_rewrites()):
+        return                      # nothing to rewrite: the script's arguments are not read
     warmup = args.warmup_steps or 0
     ratio = 0 < warmup < 1
     current = {name: getattr(args, setting) for name, setting in BATCH_ARGS.items()}
