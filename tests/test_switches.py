@@ -191,15 +191,16 @@ def test_the_docs_table_is_the_one_the_declarations_make():
         "import update_docs; update_docs()'")
 
 
-def test_the_readmes_recipe_list_is_the_one_recipe_py_makes():
+def test_the_readmes_recipe_list_and_the_framework_table_are_the_ones_the_declarations_make():
     from pathlib import Path
 
-    from trainfast.report.switches import recipe_block
+    from trainfast.report.switches import framework_block, recipe_block
 
-    readme = Path(__file__).resolve().parents[1] / "README.md"
-    assert recipe_block() in readme.read_text(), (
-        "README.md's Recipe list is out of date: run\n  python -c 'from trainfast.report.switches "
-        "import update_docs; update_docs()'")
+    root = Path(__file__).resolve().parents[1]
+    for block, doc in ((recipe_block(), "README.md"), (framework_block(), "docs/frameworks.md")):
+        assert block in (root / doc).read_text(), (
+            f"{doc}'s generated block is out of date: run\n  python -c 'from trainfast.report.switches "
+            "import update_docs; update_docs()'")
 
 
 def test_every_model_switch_has_its_place_in_the_written_order():

@@ -2,28 +2,9 @@
 wrapped Accelerator.__init__), the rest are applied to the objects the script hands to Accelerator.prepare()
 before Accelerate wraps them; each is read back from what the Accelerator ended up with.
 
-| Recipe field     | where it is set                                      | proof read back                           |
-|------------------|------------------------------------------------------|-------------------------------------------|
-| precision        | Accelerator(mixed_precision="no" / "bf16" / "fp16")  | accelerator.mixed_precision; autocast:    |
-|                  |                                                      | native_amp, the autocast handler, and the |
-|                  |                                                      | prepared model's forward wrapped          |
-| compile          | Accelerator(dynamo_backend="inductor" / "no"), or    | the plugin's backend; the model prepare() |
-|                  | the backend of the script's own dynamo_plugin        | returned is compiled                      |
-| non_blocking     | DataLoaderConfiguration(non_blocking=...)            | the prepared training loader's copies     |
-| num_workers, ... | the training DataLoader, rebuilt before prepare()    | the prepared loader's own attributes      |
-| optimizer_impl   | the optimizer, rebuilt before prepare() (schedulers  | the prepared optimizer's fused / foreach  |
-|                  | built on it rebound)                                 | flags                                     |
-| optimizer_state  | the Adam/AdamW, rebuilt as torchao's low-bit class   | the prepared optimizer's class            |
-|                  | before prepare() (schedulers rebound)                |                                           |
-| channels_last    | the model, before prepare()                          | the prepared model's conv weights         |
-| activation_      | the timm/transformers model in the script's model,   | its own checkpointing flag                |
-| checkpointing    | through its own switch, before prepare()             |                                           |
-| padding_free     | the training DataLoader's collate_fn, wrapped to     | every training batch packed               |
-|                  | pack its padded batches, before prepare()            |                                           |
-| group_by_length  | the training DataLoader's shuffling sampler, length- | the prepared loader draws from a length-  |
-|                  | grouped from the same generator, before prepare()    | grouped sampler                           |
-| set_to_none      | the prepared optimizer's zero_grad(set_to_none=...)  | what zero_grad last passed on             |
-| cudnn_benchmark  | torch.backends.cudnn.benchmark, at Accelerator()     | the flag                                  |
+Where each switch is set in this framework, or why it cannot be, is declared on the switch (its module's
+`frameworks=` / `unreachable=`) and listed in the `accelerate` column of `trainfast switches` and
+docs/frameworks.md, generated from those declarations.
 
 The explicit arguments win over Accelerate's environment (ACCELERATE_MIXED_PRECISION, ACCELERATE_DYNAMO_BACKEND,
 which `accelerate launch` fills from `accelerate config`), so every run sets them; the script's own value (its

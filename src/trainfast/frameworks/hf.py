@@ -2,23 +2,9 @@
 __post_init__ (so arguments built by HfArgumentParser from a command line are switched too, before the
 Trainer derives anything from them), and read back from what the Trainer ended up with.
 
-| Recipe field      | TrainingArguments                                  | proof read back                          |
-|-------------------|----------------------------------------------------|------------------------------------------|
-| precision         | bf16, fp16 (and tf32 set explicitly, see below)    | the Accelerator's mixed_precision        |
-| compile           | torch_compile (backend and mode cleared when off)  | the model the Trainer runs is compiled   |
-| optimizer_impl    | optim: adamw_torch / adamw_torch_fused             | the optimizer's class and `fused` flag   |
-| optimizer_state   | optim: adamw_torch_8bit / adamw_torch_4bit         | the optimizer's class (torchao's)        |
-| num_workers, ...  | dataloader_num_workers, _pin_memory, ...           | the training DataLoader's own attributes |
-| channels_last     | (none: the model's memory format, at Trainer init) | the model's conv weights                 |
-| activation_checkpointing | activation_checkpointing (gradient_checkpointing) | the model's is_gradient_checkpointing |
-| group_by_length   | train_sampling_strategy (4.x: group_by_length)     | the training loader's sampler            |
-| padding_free      | (none: the training collator, wrapped to pack)     | every training batch packed              |
-| pad_to_multiple   | (none: data_collator.pad_to_multiple_of)           | the collator's pad_to_multiple_of        |
-| attention         | (none: the model's attn_implementation)            | the model's config                       |
-| seed              | seed                                               | args.seed                                |
-| batch_scale       | per_device_train_batch_size (scale_by=batch) or    | the training loader's batch size         |
-|                   | gradient_accumulation_steps (=accumulation)        | gradient_accumulation_steps              |
-|                   | learning_rate, warmup_steps (a ratio left alone)   | the optimizer's initial lr; warmup_steps |
+Where each switch is set in this framework, or why it cannot be, is declared on the switch (its module's
+`frameworks=` / `unreachable=`) and listed in the `transformers` column of `trainfast switches` and
+docs/frameworks.md, generated from those declarations.
 
 The Trainer's own evaluation is read where it keeps it: what evaluate() returns (the eval_* metrics, those of
 compute_metrics included; the Trainer's evaluations during train() go through it too) joins the run's reported

@@ -3,25 +3,9 @@ switch through the Trainer's own argument where it has one, set in Trainer.__ini
 objects Lightning is handed at fit(): the LightningModule, what configure_optimizers() returns, the training
 DataLoader. Each is read back from what the Trainer ended up with while it trains.
 
-| Recipe field     | where it is set                                         | proof read back                         |
-|------------------|---------------------------------------------------------|-----------------------------------------|
-| precision        | Trainer(precision="32-true"/"bf16-mixed"/"16-mixed")    | the precision plugin's `.precision`     |
-| cudnn_benchmark  | Trainer(benchmark=...)                                  | cudnn.benchmark when fit starts         |
-| channels_last    | the LightningModule's memory format, at fit()           | its conv weights                        |
-| compile          | fit(torch.compile(model)), as Lightning's docs show     | the module Lightning trains is compiled |
-|                  | (a compiled model unwrapped when off)                   | and dynamo compiled graphs              |
-| optimizer_impl   | each optimizer configure_optimizers() returns, rebuilt  | trainer.optimizers' fused/foreach flags |
-|                  | (its schedulers rebound)                                |                                         |
-| optimizer_state  | each Adam/AdamW configure_optimizers() returns, rebuilt | trainer.optimizers' classes             |
-|                  | as torchao's low-bit class (its schedulers rebound)     |                                         |
-| num_workers, ... | the training DataLoader, rebuilt (the module's hook, a  | the loader the fit loop iterates        |
-|                  | DataModule's, or fit(train_dataloaders=...))            |                                         |
-| activation_      | the timm/transformers model inside the LightningModule, | its own checkpointing flag              |
-| checkpointing    | through its own switch                                  |                                         |
-| padding_free     | the training DataLoader's collate_fn, wrapped to pack   | every training batch packed             |
-|                  | the script's padded batches (frameworks/packing.py)     |                                         |
-| group_by_length  | the training DataLoader's shuffling sampler, replaced   | the loader the fit loop iterates draws  |
-|                  | by a length-grouped one from the same generator         | from a length-grouped sampler           |
+Where each switch is set in this framework, or why it cannot be, is declared on the switch (its module's
+`frameworks=` / `unreachable=`) and listed in the `lightning` column of `trainfast switches` and
+docs/frameworks.md, generated from those declarations.
 
 Lightning on a CPU turns "16-mixed" into "bf16-mixed" by itself; the read-back shows it, and the rung is
 reported as not applied rather than timed as fp16. The seed goes through Lightning's own seed_everything: the
