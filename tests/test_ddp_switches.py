@@ -122,7 +122,7 @@ def test_ablate_nproc_2_runs_the_rungs_and_their_records_read_the_settings_back(
 
     result = ablate(make_model, make_split(), recipe=Recipe(optimizer="sgd", lr=0.05, batch_size=8, log_every=2),
                     rungs=["ddp_buckets", "gradient_as_bucket_view"], device="cpu", out=tmp_path, show=False,
-                    nproc=2, noise_seeds=1, repeats=1)
+                    nproc=2, noise_seeds=1, repeats=1, settle_within_s=0)
     baseline, buckets, views = result.rungs
     for rung in (buckets, views):
         assert rung.status == "done" and rung.result.world_size == 2, rung.result
