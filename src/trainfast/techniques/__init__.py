@@ -391,21 +391,23 @@ def collate_batches(batches: TrainBatches, values: Mapping[str, Any], count: boo
 
 def choose_sampler(batches: TrainBatches, values: Mapping[str, Any]) -> Any:
     """The sampler the batch switches at `values` draw the training order from (None: the loader's own stands)."""
-    chosen = None
-    for name, hooks in batch_switches():
-        if name in values and hooks.sampler is not None:
-            sampler = hooks.sampler(batches, values[name])
-            chosen = sampler if sampler is not None else chosen
-    return chosen
+    return _last_drawn(batches, values, "sampler")
 
 
 def choose_batch_sampler(batches: TrainBatches, values: Mapping[str, Any]) -> Any:
     """The batch sampler a batch switch at `values` draws whole batches from (None: batch_size at a time)."""
+    return _last_drawn(batches, values, "batch_sampler")
+
+
+def _last_drawn(batches: TrainBatches, values: Mapping[str, Any], hook: str) -> Any:
+    """What the last batch switch at `values` with the hook `hook` (BatchSwitch.sampler / .batch_sampler) returned
+    other than None; each such switch is called in declaration order (one may note why it cannot act)."""
     chosen = None
     for name, hooks in batch_switches():
-        if name in values and hooks.batch_sampler is not None:
-            sampler = hooks.batch_sampler(batches, values[name])
-            chosen = sampler if sampler is not None else chosen
+        draw = getattr(hooks, hook)
+        if name in values and draw is not None:
+            drawn = draw(batches, values[name])
+            chosen = drawn if drawn is not None else chosen
     return chosen
 
 
