@@ -12,7 +12,7 @@ that need that must seed per sample from (seed, epoch, index). The built-in data
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch.utils.data import BatchSampler, Sampler
@@ -56,3 +56,58 @@ class ResumableBatchSampler(Sampler[list[int]]):
         self.generator.set_state(state["generator"])
         self._pending_state = state["permutation_from"]
         self.pending_skip = skip
+
+
+class DealtBatches(Sampler[list[int]]):
+    """Whole batches drawn from (seed, epoch) alone, dealt to the ranks: the base of the batch samplers that choose
+    which samples share a batch (detection's aspect-ratio groups, a token budget). A subclass gives all_batches()
+    (this epoch's batches over all ranks, in order) and, where it can count them without drawing them,
+    total_batches().
+
+    Under DDP (num_replicas > 1) every rank builds the same epoch's batches and takes every num_replicas-th one,
+    starting at its rank. Whole batches are dealt, not indices: grouping per rank would leave each rank its own
+    remainders, so the ranks would run different numbers of steps and the last all-reduce would hang. When the
+    count does not divide, the first batches are dealt again to even it out (at most num_replicas - 1 repeated
+    batches per epoch, as DistributedSampler repeats indices). Call set_epoch(epoch) before each epoch.
+
+    The checkpointer's data-order interface (as ResumableBatchSampler's): an epoch's batches follow from (seed,
+    epoch) and the loop sets the epoch, so a mid-epoch resume only needs to know how many batches to skip."""
+
+    def __init__(self, seed: int = 0, num_replicas: int = 1, rank: int = 0) -> None:
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas}), got rank={rank}")
+        self.seed, self.num_replicas, self.rank = seed, num_replicas, rank
+        self.epoch = 0
+        self.pending_skip = 0        # batches of this epoch a resumed run has already trained on
+
+    def all_batches(self) -> Iterable[list[int]]:
+        raise NotImplementedError
+
+    def total_batches(self) -> int:
+        """Batches per epoch over all ranks, before the repeats that even out the ranks."""
+        return sum(1 for _ in self.all_batches())
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return -(-self.total_batches() // self.num_replicas) - self.pending_skip
+
+    def state_dict(self, at_epoch_end: bool) -> dict[str, Any]:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, Any], skip: int) -> None:
+        self.epoch, self.pending_skip = state["epoch"], skip
+
+    def __iter__(self) -> Iterator[list[int]]:
+        skip, self.pending_skip = self.pending_skip, 0
+        yield from self.rank_batches()[skip:]
+
+    def rank_batches(self) -> list[list[int]]:
+        """This rank's batches of the epoch."""
+        batches = list(self.all_batches())
+        if self.num_replicas == 1:
+            return batches
+        per_rank = -(-len(batches) // self.num_replicas)
+        padded = (batches * per_rank)[:per_rank * self.num_replicas] if batches else []
+        return padded[self.rank::self.num_replicas]

@@ -19,10 +19,10 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
 
 from ..data.badfiles import BadFileTally, Batch, GuardedLoader, join_run_tally
 from ..data.datasets import Skipped
+from ..data.sampler import DealtBatches
 from ..techniques.transfer import no_arrival
 
 SIZE_DIVISIBLE = 32      # GeneralizedRCNNTransform's default padding multiple
@@ -86,7 +86,7 @@ def aspect_ratio_groups(sizes: Sequence[tuple[int, int]], group_factor: int = 3)
     return groups
 
 
-class GroupedBatchSampler(Sampler[list[int]]):
+class GroupedBatchSampler(DealtBatches):
     """Batches of `batch_size` indices whose images share an aspect-ratio group (see aspect_ratio_groups).
 
     Per epoch: a permutation drawn from (seed, epoch) is walked in order; each index joins its group's
@@ -94,59 +94,23 @@ class GroupedBatchSampler(Sampler[list[int]]):
     are dropped with drop_last). Call `set_epoch(epoch)` before each epoch, as with DistributedSampler:
     the same (seed, epoch) gives the same batches on every run. shuffle=False walks 0..N-1 (evaluation).
 
-    Under DDP (num_replicas > 1) every rank builds the same epoch's batches and takes every
-    num_replicas-th one, starting at its rank. Whole batches are dealt, not indices: grouping per rank
-    would leave each rank its own group remainders, so the ranks would run different numbers of steps and
-    the last all-reduce would hang. When the batch count does not divide, the first batches are dealt
-    again to even it out (at most num_replicas - 1 repeated batches per epoch, as DistributedSampler
-    repeats indices); one rank alone visits every index exactly once.
+    Under DDP the batches are dealt whole to the ranks, and a mid-epoch resume skips what it trained on
+    (data/sampler.py: DealtBatches).
     """
 
     def __init__(self, sizes: Sequence[tuple[int, int]], batch_size: int, group_factor: int = 3, seed: int = 0,
                  shuffle: bool = True, drop_last: bool = False, num_replicas: int = 1, rank: int = 0) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in [0, {num_replicas}), got rank={rank}")
+        super().__init__(seed, num_replicas, rank)
         self.groups = aspect_ratio_groups(sizes, group_factor)
-        self.batch_size, self.seed, self.shuffle, self.drop_last = batch_size, seed, shuffle, drop_last
-        self.num_replicas, self.rank = num_replicas, rank
-        self.epoch = 0
-        self.pending_skip = 0        # batches of this epoch a resumed run has already trained on
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return -(-self.total_batches() // self.num_replicas) - self.pending_skip
-
-    # The checkpointer's data-order interface (data/sampler.py ResumableBatchSampler has the same): an epoch's
-    # batches follow from (seed, epoch) alone and the loop sets the epoch, so a mid-epoch resume only needs to
-    # know how many batches to skip.
-    def state_dict(self, at_epoch_end: bool) -> dict[str, Any]:
-        return {"epoch": self.epoch}
-
-    def load_state_dict(self, state: dict[str, Any], skip: int) -> None:
-        self.epoch, self.pending_skip = state["epoch"], skip
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
 
     def total_batches(self) -> int:
         """Batches per epoch over all ranks, before the repeats that even out the ranks."""
         counts = np.bincount(self.groups) if self.groups else np.zeros(0, dtype=int)
         rounding = (lambda n: n // self.batch_size) if self.drop_last else (lambda n: -(-n // self.batch_size))
         return int(sum(rounding(int(n)) for n in counts))
-
-    def __iter__(self) -> Iterator[list[int]]:
-        skip, self.pending_skip = self.pending_skip, 0
-        yield from self.rank_batches()[skip:]
-
-    def rank_batches(self) -> list[list[int]]:
-        """This rank's batches of the epoch."""
-        batches = list(self.all_batches())
-        if self.num_replicas == 1:
-            return batches
-        per_rank = len(self)
-        padded = (batches * per_rank)[:per_rank * self.num_replicas] if batches else []
-        return padded[self.rank::self.num_replicas]
 
     def all_batches(self) -> Iterator[list[int]]:
         """This epoch's batches over all ranks, in order."""

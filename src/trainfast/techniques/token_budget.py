@@ -13,57 +13,33 @@ needs the documents' lengths before the epoch: trainfast's own documents have th
 own batches (said why)."""
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
-from torch.utils.data import Sampler
 
+from ..data.sampler import DealtBatches
 from .switch import EVERY_ADAPTER, BatchSwitch, RungSpec, Switch, TrainBatches
 
 SCRIPT = ("the script's loader draws batches of its own batch size: a token budget is drawn for trainfast's own "
           "documents, whose lengths it knows before the epoch")
 
 
-class TokenBudgetBatches(Sampler[list[int]]):
+class TokenBudgetBatches(DealtBatches):
     """Batches of document indices whose padded size (documents x the longest of them) stays within `tokens`; a
     document longer than the budget gets a batch of its own.
 
     Per epoch: the documents in an order drawn from (seed, epoch), sorted by length (longest first, ties in that
     random order), cut greedily into batches within the budget, and the batches shuffled, the one holding the
     longest document first (a run that will run out of memory does so on its first step). Call set_epoch(epoch)
-    before each epoch, as with a DistributedSampler. Under DDP every rank builds the same batches and takes every
-    num_replicas-th one; the first batches are dealt again where the count does not divide, so every rank runs the
-    same number of steps."""
+    before each epoch, as with a DistributedSampler. Under DDP the batches are dealt whole to the ranks, and a
+    mid-epoch resume skips what it trained on (data/sampler.py: DealtBatches)."""
 
     def __init__(self, lengths: Sequence[int], tokens: int, seed: int = 0, num_replicas: int = 1,
                  rank: int = 0) -> None:
         if tokens < 1:
             raise ValueError(f"a token budget must be >= 1, got {tokens}")
-        self.lengths, self.tokens, self.seed = np.asarray(lengths, dtype=np.int64), tokens, seed
-        self.num_replicas, self.rank = num_replicas, rank
-        self.epoch = 0
-        self.pending_skip = 0        # batches of this epoch a resumed run has already trained on
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return -(-len(self.all_batches()) // self.num_replicas) - self.pending_skip
-
-    # The checkpointer's data-order interface (as data/sampler.py's): an epoch's batches follow from (seed, epoch).
-    def state_dict(self, at_epoch_end: bool) -> dict[str, Any]:
-        return {"epoch": self.epoch}
-
-    def load_state_dict(self, state: dict[str, Any], skip: int) -> None:
-        self.epoch, self.pending_skip = state["epoch"], skip
-
-    def __iter__(self) -> Iterator[list[int]]:
-        skip, self.pending_skip = self.pending_skip, 0
-        batches = self.all_batches()
-        if self.num_replicas > 1:
-            per_rank = -(-len(batches) // self.num_replicas)
-            batches = (batches * per_rank)[:per_rank * self.num_replicas][self.rank::self.num_replicas]
-        yield from batches[skip:]
+        super().__init__(seed, num_replicas, rank)
+        self.lengths, self.tokens = np.asarray(lengths, dtype=np.int64), tokens
 
     def all_batches(self) -> list[list[int]]:
         """This epoch's batches over all ranks, in order."""
