@@ -9,7 +9,7 @@ from trainfast.ablation.ladders import RUNGS
 from trainfast.models import build_model
 from trainfast.recipe import Recipe
 from trainfast.session.build import build_state
-from trainfast.tasks.effects import field_effect
+from trainfast.tasks.effects import data_effect
 from trainfast.techniques.checkpointing import is_checkpointing, set_checkpointing
 
 
@@ -59,6 +59,6 @@ def test_the_switch_turns_off_as_well_as_on_and_is_read_back():
 
 def test_the_memory_rung_is_opt_in_and_not_applicable_without_a_switch():
     assert RUNGS["checkpointing"] == {"activation_checkpointing": True}
-    own = field_effect("activation_checkpointing", torch.device("cpu"), build_model("resnet9", 10))
+    own = data_effect("activation_checkpointing", torch.device("cpu"), build_model("resnet9", 10))
     assert not own.acts and not own.applies and "no checkpointing switch" in own.reason
-    assert field_effect("activation_checkpointing", torch.device("cpu"), timm.create_model("resnet18")).acts
+    assert data_effect("activation_checkpointing", torch.device("cpu"), timm.create_model("resnet18")).acts

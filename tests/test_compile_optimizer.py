@@ -110,7 +110,7 @@ def test_where_it_cannot_act_it_says_why(monkeypatch):
     mark_shared_switches(hf, {"compile_optimizer": True})
     assert "TrainingArguments has no setting" in hf.unsupported["compile_optimizer"]
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    why = techniques.field_effect("compile_optimizer", CPU, None)
+    why = techniques.device_model_effect("compile_optimizer", CPU, None)
     assert not why.acts and "no C++ compiler" in why.reason
 
 

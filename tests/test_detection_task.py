@@ -139,7 +139,7 @@ def test_ablate_detection_writes_map_per_rung(coco, tmp_path, two_ranks):
 def test_detection_ladder_refuses_what_cannot_work_on_a_detector():
     from trainfast.ablation.ladders import plan_rungs
     from trainfast.recipe import RecipeError
-    from trainfast.results import Effect, Status
+    from trainfast.results import EffectLabel, Status
 
     names = [r.name for r in plan_rungs(Recipe(), task="detection", device=torch.device("cpu"))]
     assert names == ["baseline", "amp", "set_to_none", "group_aspect_ratio", "workers", "channels_last", "compile"]
@@ -147,7 +147,7 @@ def test_detection_ladder_refuses_what_cannot_work_on_a_detector():
         plan_rungs(Recipe(), ["master-bf16"], task="detection", device=torch.device("cpu"))
     # prefetch acts on batches of one shape, which a detector's lists of images are not: ruled out, with why
     _, prefetch, fused = plan_rungs(Recipe(), ["prefetch", "fused"], task="detection", device=torch.device("cpu"))
-    assert prefetch.status == Status.NO_EFFECT and prefetch.effect == Effect.NOT_APPLICABLE
+    assert prefetch.status == Status.NO_EFFECT and prefetch.effect == EffectLabel.NOT_APPLICABLE
     assert "lists of images" in prefetch.reason and not fused.recipe.prefetch       # not carried down the ladder
 
 

@@ -23,7 +23,7 @@ from trainfast.data.device_decode import DeviceDecoder, host_decoded_last_pass
 from trainfast.data.encoded import EncodedImage, encode_on_workers, encodes, jpeg_header, strip_exif
 from trainfast.data.imagefolder import ImageFiles, exif_orientation, load_imagefolder, read_bytes
 from trainfast.data.loader import build_loader
-from trainfast.tasks.effects import field_effect
+from trainfast.tasks.effects import data_effect
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 CPU = torch.device("cpu")
@@ -201,11 +201,11 @@ def test_the_switch_reads_no_effect_on_a_cpu_and_not_applicable_on_in_memory_dat
     write_jpegs(tmp_path / "a", 2)
     write_jpegs(tmp_path / "b", 2)
     folder, memory = load_imagefolder(str(tmp_path), 16), load_synthetic(8, n=16)
-    cpu_effect = field_effect("device_decode", CPU, None, folder)
+    cpu_effect = data_effect("device_decode", CPU, None, folder)
     assert not cpu_effect.acts and cpu_effect.label == "no-effect" and "CUDA" in cpu_effect.reason
     cuda = torch.device("cuda")                          # a device object: no GPU needed to judge it
-    assert field_effect("device_decode", cuda, None, folder).acts
-    assert field_effect("device_decode", cuda, None, memory).label == "not-applicable"
+    assert data_effect("device_decode", cuda, None, folder).acts
+    assert data_effect("device_decode", cuda, None, memory).label == "not-applicable"
 
 
 def test_on_a_cpu_the_run_decodes_in_the_workers_as_without_the_switch(tmp_path):

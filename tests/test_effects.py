@@ -6,7 +6,7 @@ from torch import nn
 
 from trainfast.ablation.ladders import LADDER, plan_rungs
 from trainfast.recipe import Recipe
-from trainfast.tasks.effects import changes_effect, field_effect
+from trainfast.tasks.effects import changes_effect, data_effect
 from trainfast.techniques.precision import auto_amp_dtype, has_fast_bf16
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
@@ -15,9 +15,9 @@ MLP = nn.Sequential(nn.Flatten(), nn.Linear(12, 4))
 
 def test_transfer_switches_act_only_on_cuda():
     for name in ("non_blocking", "pin_memory", "cudnn_benchmark"):
-        assert not field_effect(name, CPU, MLP).acts
-        assert "only acts on CUDA" in field_effect(name, CPU, MLP).reason
-        assert field_effect(name, CUDA, MLP).acts
+        assert not data_effect(name, CPU, MLP).acts
+        assert "only acts on CUDA" in data_effect(name, CPU, MLP).reason
+        assert data_effect(name, CUDA, MLP).acts
 
 
 def test_non_blocking_rung_is_no_effect_on_cpu_but_measured_on_cuda():
@@ -28,14 +28,14 @@ def test_non_blocking_rung_is_no_effect_on_cpu_but_measured_on_cuda():
 
 
 def test_channels_last_depends_on_the_model():
-    assert field_effect("channels_last", CPU, tiny_resnet()).acts
-    effect = field_effect("channels_last", CPU, MLP)
+    assert data_effect("channels_last", CPU, tiny_resnet()).acts
+    effect = data_effect("channels_last", CPU, MLP)
     assert not effect.acts and "no convolutions" in effect.reason
 
 
 def test_precision_and_optimizer_switches_always_act():
     for name in ("precision", "set_to_none", "optimizer_impl", "compile", "prefetch"):
-        assert field_effect(name, CPU, tiny_resnet()).acts
+        assert data_effect(name, CPU, tiny_resnet()).acts
 
 
 def test_amp_dtype_follows_the_hardware(monkeypatch):
@@ -65,7 +65,7 @@ def test_decode_cache_acts_on_image_folders_only(digits16, tmp_path):
 
     make_folder(tmp_path / "photos", per_class=4)
     folder = load_imagefolder(str(tmp_path / "photos"), image_size=16)
-    assert field_effect("decode_cache", CPU, MLP, folder).acts
+    assert data_effect("decode_cache", CPU, MLP, folder).acts
     in_memory = changes_effect({"decode_cache": True}, CPU, MLP, digits16)
     assert in_memory.label == "no-effect" and "image folders only" in in_memory.reason
 

@@ -15,7 +15,7 @@ import torch
 from trainfast import Recipe, techniques
 from trainfast.launch import run_environment
 from trainfast.probe import MeasureSpec
-from trainfast.tasks.effects import field_effect
+from trainfast.tasks.effects import data_effect
 from trainfast.techniques import matmul_precision
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,20 +32,20 @@ def restored():
 
 
 def test_it_is_a_process_switch_read_before_torch_loads():
-    assert FIELD in techniques.process_wide() and "matmul_precision" in techniques.PROCESS_MODULES
-    assert FIELD in techniques.process_fields() and FIELD in techniques.rung_table(None)
+    assert FIELD in techniques.process_wide_fields() and "matmul_precision" in techniques.PROCESS_WIDE_MODULES
+    assert FIELD in techniques.own_process_fields() and FIELD in techniques.rung_table(None)
     assert techniques.process_env({FIELD: True}) == {}          # no variable: it is set as torch is imported
 
 
 def test_not_applicable_on_a_cpu_without_native_bf16(monkeypatch):
     monkeypatch.setattr(matmul_precision, "cpu_has_bf16", lambda: False)
-    effect = field_effect(FIELD, torch.device("cpu"), None)
+    effect = data_effect(FIELD, torch.device("cpu"), None)
     assert not effect.acts and "no native bf16" in effect.reason
 
 
 @native_bf16
 def test_it_acts_on_a_cpu_with_native_bf16_and_changes_the_products():
-    assert field_effect(FIELD, torch.device("cpu"), None).acts
+    assert data_effect(FIELD, torch.device("cpu"), None).acts
     torch.manual_seed(0)
     a, b = torch.randn(256, 512), torch.randn(512, 256)
     exact = (a.double() @ b.double()).float()

@@ -110,29 +110,30 @@ def framework_result(applied: bool) -> dict:
 
 def test_the_ablation_rules_rungs_out_from_a_framework_runs_proof():
     from trainfast.recipe import Recipe
-    from trainfast.results import Effect, Rung, Status
+    from trainfast.results import EffectLabel, Rung, Status
 
     plan = [Rung("baseline", {}, Recipe()), Rung("amp", {"precision": "bf16"}, Recipe()),
             Rung("set_to_none", {"set_to_none": True}, Recipe())]
     work = command_work()
     after = work.after_run(plan)
     after(plan[0], framework_result(True))
-    assert plan[2].status == Status.NO_EFFECT and plan[2].effect == Effect.NOT_APPLICABLE
+    assert plan[2].status == Status.NO_EFFECT and plan[2].effect == EffectLabel.NOT_APPLICABLE
     assert "frees the gradients" in plan[2].reason and plan[1].status == Status.PENDING
     assert work.learned["framework"] == "lightning 2.6" and "framework" not in work.settings
     assert work.learned["script_settings"] == ["lightning precision='32-true'"]
     after(plan[1], framework_result(False))            # the amp run read back 32-true: not applied
-    assert plan[1].status == Status.NO_EFFECT and plan[1].effect == Effect.NOT_APPLIED
+    assert plan[1].status == Status.NO_EFFECT and plan[1].effect == EffectLabel.NOT_APPLIED
     assert "read back '32-true'" in plan[1].reason
 
 
 def test_a_script_with_neither_session_nor_framework_has_every_rung_ruled_out_and_is_told_which_would_reach_it():
     from trainfast.recipe import Recipe
-    from trainfast.results import Effect, Rung
+    from trainfast.results import EffectLabel, Rung
 
     plan = [Rung("baseline", {}, Recipe()), Rung("amp", {"precision": "bf16"}, Recipe())]
     command_work().after_run(plan)(plan[0], {"session": False})
-    assert plan[1].effect == Effect.NO_SESSION and "does not use trainfast.Session, nor a framework" in plan[1].reason
+    assert plan[1].effect == EffectLabel.NO_SESSION
+    assert "does not use trainfast.Session, nor a framework" in plan[1].reason
     assert "`--switches passive_threads,reuse_memory,fast_fp32_matmul`" in plan[1].reason
 
 
@@ -148,12 +149,12 @@ def no_session_plan():
 
 
 def test_without_a_session_the_process_wide_switches_are_still_timed_and_say_what_they_carried_in_vain():
-    from trainfast.results import Effect, Status
+    from trainfast.results import EffectLabel, Status
 
     plan = no_session_plan()
     after = command_work().after_run(plan)
     after(plan[0], {"session": False, "process_switches": {"passive_threads": False, "reuse_memory": False}})
-    assert plan[1].effect == Effect.NO_SESSION and "--switches" not in plan[1].reason   # the plan has them already
+    assert plan[1].effect == EffectLabel.NO_SESSION and "--switches" not in plan[1].reason   # the plan has them already
     for rung in plan[2:]:
         assert rung.status == Status.PENDING          # the environment reaches the script: they run
         assert "process-wide switches only: precision, carried" in rung.reason
@@ -162,17 +163,17 @@ def test_without_a_session_the_process_wide_switches_are_still_timed_and_say_wha
 
 
 def test_a_process_wide_switch_the_scripts_process_does_not_have_is_not_applied():
-    from trainfast.results import Effect, Status
+    from trainfast.results import EffectLabel, Status
 
     plan = no_session_plan()
     after = command_work().after_run(plan)
     after(plan[0], {"session": False, "process_switches": {"passive_threads": False, "reuse_memory": False}})
     # e.g. the script's environment preloads jemalloc: glibc's malloc settings cannot act in it
     after(plan[3], {"session": False, "process_switches": {"passive_threads": True, "reuse_memory": False}})
-    assert plan[3].status == Status.NO_EFFECT and plan[3].effect == Effect.NOT_APPLIED
+    assert plan[3].status == Status.NO_EFFECT and plan[3].effect == EffectLabel.NOT_APPLIED
     assert "reuse_memory: asked True, the script's process has False" in plan[3].reason
     after(plan[2], {"session": False})                # a result without the read-back proves nothing
-    assert plan[2].effect == Effect.NOT_APPLIED and "has None" in plan[2].reason
+    assert plan[2].effect == EffectLabel.NOT_APPLIED and "has None" in plan[2].reason
 
 
 def test_a_carried_switch_not_applied_is_noted_on_the_rung_that_carried_it_not_ruled_out():
@@ -205,7 +206,7 @@ def test_the_report_says_data_wait_was_not_measured_for_a_script_without_a_sessi
 
 def test_a_precision_level_the_framework_lacks_makes_the_rung_not_applicable_and_autocast_is_served():
     from trainfast.recipe import Recipe
-    from trainfast.results import Effect, Rung, Status
+    from trainfast.results import EffectLabel, Rung, Status
 
     def run(level: str) -> dict:
         board = Board({"precision": "bf16", "precision_level": level})
@@ -223,7 +224,7 @@ def test_a_precision_level_the_framework_lacks_makes_the_rung_not_applicable_and
     after(plan[1], run("autocast"))
     after(plan[2], run("master"))
     assert plan[1].status == Status.PENDING and not plan[1].reason            # O1 is what the framework does
-    assert plan[2].status == Status.NO_EFFECT and plan[2].effect == Effect.NOT_APPLICABLE
+    assert plan[2].status == Status.NO_EFFECT and plan[2].effect == EffectLabel.NOT_APPLICABLE
     assert "autocast (O1) only" in plan[2].reason
 
 
@@ -265,11 +266,11 @@ def grown_ladder(tmp_path, session: bool, mode: str = "cumulative", resume: bool
 
     from trainfast.ablation.ladders import plan_rungs
     from trainfast.ablation.loop import LadderOptions, run_ladder
-    from trainfast.techniques import memory_reuse, process_wide
+    from trainfast.techniques import memory_reuse, process_wide_fields
 
     base = command_work().base
     plan = plan_rungs(base, ["amp", "channels_last"], mode, "bf16", command_work().dev)
-    grown = plan_rungs(base, list(process_wide()), mode, "bf16", command_work().dev)[1:]
+    grown = plan_rungs(base, list(process_wide_fields()), mode, "bf16", command_work().dev)[1:]
     template = scored_rung("x", [500.0], 0.95).repeats[0]
     launched = []
 
@@ -292,7 +293,7 @@ def grown_ladder(tmp_path, session: bool, mode: str = "cumulative", resume: bool
 
 
 def test_the_default_ladder_gains_the_process_wide_rungs_once_the_baseline_shows_no_session(tmp_path):
-    from trainfast.results import Effect, Status
+    from trainfast.results import EffectLabel, Status
     import torch
 
     from trainfast.techniques import matmul_precision, memory_reuse
@@ -302,7 +303,7 @@ def test_the_default_ladder_gains_the_process_wide_rungs_once_the_baseline_shows
     assert [r.name for r in result.rungs] == ["baseline", "amp", "channels_last", "passive_threads", "reuse_memory",
                                               "fast_fp32_matmul"]
     for name in ("amp", "channels_last"):
-        assert by_name[name].effect == Effect.NO_SESSION and "--switches" not in by_name[name].reason
+        assert by_name[name].effect == EffectLabel.NO_SESSION and "--switches" not in by_name[name].reason
     grown = ["passive_threads"] + (["reuse_memory"] if memory_reuse.unavailable() is None else []) \
         + (["fast_fp32_matmul"] if matmul_precision.effect(torch.device("cpu")).acts else [])
     # interleaved with the baseline, pass by pass, every added rung timed as often as it

@@ -15,7 +15,7 @@ from trainfast.measure.clock import batch_samples
 from trainfast.recipe import RecipeError
 from trainfast.results import Status
 from trainfast.tasks import build_task, infer_task
-from trainfast.tasks.effects import field_effect
+from trainfast.tasks.effects import data_effect
 from trainfast.techniques.transfer import map_tensors
 from trainfast.text.batching import (IGNORE, PackCollate, PadCollate, TextSplit, TokenDocs, length_sampler,
                                      pack_rows, parse_text_spec)
@@ -200,20 +200,20 @@ def test_what_cannot_act_is_said_before_a_run_and_not_passed_down_the_ladder():
     # the rung below a ruled-out backend does not inherit it (it would fail on a backend that cannot run)
     assert by_name["fused"].recipe.attention == "model" and by_name["fused"].recipe.padding_free
     gpt2 = build_lm("gpt2-tiny", VOCAB, MAX, PAD, EOS)
-    assert "no flex attention" in field_effect("attention", CPU, gpt2, split, "flex").reason
+    assert "no flex attention" in data_effect("attention", CPU, gpt2, split, "flex").reason
     image_like = type("Split", (), {"train": object()})()
-    effect = field_effect("padding_free", CPU, None, image_like)
+    effect = data_effect("padding_free", CPU, None, image_like)
     assert not effect.acts and "documents of different lengths" in effect.reason
     even = TextSplit(TokenDocs([torch.arange(2, 10)] * 4, MAX), TokenDocs([torch.arange(2, 10)], MAX), VOCAB, PAD,
                      EOS, "even", MAX)
-    assert "nothing to remove" in field_effect("group_by_length", CPU, None, even).reason
+    assert "nothing to remove" in data_effect("group_by_length", CPU, None, even).reason
 
 
 def test_the_task_refuses_what_cannot_work_and_is_inferred():
     task = build_task("lm")
     with pytest.raises(RecipeError, match="prefetch"):
         task.validate(Recipe(prefetch=True))
-    assert "conv" in field_effect("channels_last", CPU, build_lm("llama-tiny", VOCAB, MAX, PAD, EOS), None).reason
+    assert "conv" in data_effect("channels_last", CPU, build_lm("llama-tiny", VOCAB, MAX, PAD, EOS), None).reason
     with pytest.raises(RecipeError, match="images"):
         task.load_data("stdlib", 32)
     assert infer_task(None, "gpt2-small") == "lm" and infer_task(None, None, text_split()) == "lm"

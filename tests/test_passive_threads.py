@@ -14,7 +14,7 @@ import torch
 from trainfast import Recipe
 from trainfast.launch import run_environment
 from trainfast.probe import MeasureSpec
-from trainfast.tasks.effects import field_effect
+from trainfast.tasks.effects import data_effect
 from trainfast.techniques import process_env, starting_with, threads
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def test_the_read_back_is_the_environment_the_process_started_with():
 
 def test_train_sets_it_before_torch_loads_and_only_when_asked():
     code = ("import json, sys; from trainfast import cli; "
-            "cli.start_process_switches({argv}); import os; loaded = 'torch' in sys.modules; "
+            "cli.start_process_wide_switches({argv}); import os; loaded = 'torch' in sys.modules; "
             "from trainfast.techniques import threads; "
             "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), threads.in_effect(), loaded]))")
     on = fresh_python(code.format(argv=["train", "--passive-threads"]))
@@ -124,7 +124,7 @@ def test_training_is_bit_identical_with_it(tmp_path):
 def test_the_switch_acts_where_workers_share_the_cores_and_is_read_back_in_the_rung(tmp_path, digits16):
     from conftest import ablate_one_switch
 
-    assert field_effect("passive_threads", torch.device("cpu"), None).acts      # an OpenMP build (the wheels)
+    assert data_effect("passive_threads", torch.device("cpu"), None).acts      # an OpenMP build (the wheels)
     alone = ablate_one_switch(digits16, "passive_threads", Recipe(batch_size=64), tmp_path / "a")
     rung = next(r for r in alone.rungs if r.name == "passive_threads")
     assert rung.status == "no-effect" and "num_workers=0" in rung.reason
@@ -146,7 +146,7 @@ def test_a_plan_with_the_switch_starts_every_run_fresh(digits16):
     from trainfast.results import Status
 
     spec = BuiltinSpec(tiny_resnet, digits16.train, digits16.val, mean=digits16.mean, std=digits16.std)
-    assert field_effect("passive_threads", torch.device("cpu"), None).acts      # an OpenMP build (the wheels)
+    assert data_effect("passive_threads", torch.device("cpu"), None).acts      # an OpenMP build (the wheels)
     work = prepare_builtin(spec, Recipe(batch_size=64, num_workers=1))
     plan = plan_rungs(work.base, ["passive_threads"], device=work.dev)
     work.mark_effects(plan)

@@ -9,7 +9,7 @@ import torch
 from trainfast import Recipe
 from trainfast.launch import run_environment
 from trainfast.probe import MeasureSpec
-from trainfast.tasks.effects import field_effect
+from trainfast.tasks.effects import data_effect
 from trainfast.techniques import memory_reuse, process_env, threads
 
 glibc = pytest.mark.skipif(memory_reuse.unavailable() is not None, reason=str(memory_reuse.unavailable()))
@@ -73,7 +73,7 @@ def test_not_applicable_where_glibc_does_not_serve_the_process(monkeypatch):
     monkeypatch.setattr(memory_reuse.platform, "libc_ver", lambda: ("", ""))
     memory_reuse.unavailable.cache_clear()
     try:
-        effect = field_effect("reuse_memory", torch.device("cpu"), None)
+        effect = data_effect("reuse_memory", torch.device("cpu"), None)
         assert not effect.acts and "glibc" in effect.reason
         assert process_env({"reuse_memory": True}) == {}
         assert memory_reuse.apply(True) is False                            # nothing set, nothing claimed

@@ -17,7 +17,7 @@ from trainfast.frameworks.board import FrameworkRecord
 from trainfast.frameworks.common import mark_shared_switches, switch_models
 from trainfast.recipe import Recipe
 from trainfast.tasks import TASKS
-from trainfast.tasks.effects import DATA_JUDGES, field_effect
+from trainfast.tasks.effects import DATA_JUDGES, data_effect
 from trainfast.techniques import ADAPTERS, EVERY_ADAPTER, ON_MODEL
 from trainfast.techniques.switch import RungSpec, Switch, WrapSwitch
 
@@ -79,12 +79,12 @@ def test_the_derived_ladders_are_the_ones_written_by_hand_before():
 
 
 def test_the_derived_sets_are_the_ones_written_by_hand_before():
-    from trainfast.ablation.paired import PROCESS_FIELDS
+    from trainfast.ablation.paired import OWN_PROCESS_FIELDS
     from trainfast.checkpoint import RESUMABLE_CHANGES
     from trainfast.tune.inputs import INPUT_SWITCHES
     from trainfast.tune.switches import PRIORITY
 
-    assert set(PROCESS_FIELDS) == {"passive_threads", "reuse_memory", "fast_fp32_matmul", "cudnn_benchmark",
+    assert set(OWN_PROCESS_FIELDS) == {"passive_threads", "reuse_memory", "fast_fp32_matmul", "cudnn_benchmark",
                                    "deterministic",
                                    "num_workers", "persistent_workers", "prefetch_factor", "async_checkpoint",
                                    "save_every", "strategy"}
@@ -97,8 +97,9 @@ def test_the_derived_sets_are_the_ones_written_by_hand_before():
                                                           "fast_fp32_matmul", "compile")
     assert PRIORITY == ("padding_free", "group_by_length", *techniques.tune_priority("classification"))
     assert INPUT_SWITCHES == ("device_decode", "decode_cache", "workers")
-    declared = tuple(f for s in techniques.switches() if s.process_hooks for f in s.fields)
-    assert set(declared) == set(techniques.process_wide())     # PROCESS_MODULES names every module that declares one
+    declared = tuple(f for s in techniques.switches() if s.process_wide for f in s.fields)
+    # PROCESS_WIDE_MODULES names every module that declares one
+    assert set(declared) == set(techniques.process_wide_fields())
     assert set(declared) >= {"passive_threads", "reuse_memory"}
 
 
@@ -147,17 +148,17 @@ def test_a_model_switch_is_set_and_read_back_the_same_way_by_every_adapter():
 
 
 def test_effects_are_judged_by_device_model_then_data():
-    assert not field_effect("cudnn_benchmark", CPU, None).acts
-    assert field_effect("channels_last", CPU, None).acts                   # a script's model: not known yet
-    why = field_effect("channels_last", CPU, nn.Linear(2, 2))
+    assert not data_effect("cudnn_benchmark", CPU, None).acts
+    assert data_effect("channels_last", CPU, None).acts                   # a script's model: not known yet
+    why = data_effect("channels_last", CPU, nn.Linear(2, 2))
     assert not why.acts and "no convolutions" in why.reason
-    assert field_effect("decode_cache", CPU, None, split=None).acts         # data not known yet
+    assert data_effect("decode_cache", CPU, None, split=None).acts         # data not known yet
     in_memory = type("Split", (), {"train": [], "val": []})()
-    assert "image folders only" in field_effect("decode_cache", CPU, None, in_memory).reason
+    assert "image folders only" in data_effect("decode_cache", CPU, None, in_memory).reason
     # device first: on a CPU device decoding says so before the data is asked
-    assert "only acts on CUDA" in field_effect("device_decode", CPU, None, in_memory).reason
-    assert not field_effect("group_aspect_ratio", CPU, None, in_memory).applies
-    assert field_effect("epochs", CPU, None).acts
+    assert "only acts on CUDA" in data_effect("device_decode", CPU, None, in_memory).reason
+    assert not data_effect("group_aspect_ratio", CPU, None, in_memory).applies
+    assert data_effect("epochs", CPU, None).acts
 
 
 def test_the_data_read_before_torch_is_the_data_declared(tmp_path):
@@ -289,10 +290,10 @@ def test_a_wrap_switch_builds_the_wrapper_acts_on_it_is_read_back_and_needs_rank
     monkeypatch.setattr(techniques, "switches", lambda: (fake,))      # alone: the declared ones have their tests
     monkeypatch.setattr(techniques, "owners", lambda: {"bucket_test": fake})
     monkeypatch.setattr(techniques, "WRAP_ORDER", (("bucket_test", "the only one"),))
-    alone = on_ranks(field_effect, 1)("bucket_test", CPU, None)
+    alone = on_ranks(data_effect, 1)("bucket_test", CPU, None)
     assert not alone.acts and not alone.applies and "--nproc 2" in alone.reason      # "not applicable", why said
-    assert on_ranks(field_effect, 2)("bucket_test", CPU, None).acts
-    other = on_ranks(field_effect, 2, "fsdp")("bucket_test", CPU, None)     # declared for the DDP wrapper only
+    assert on_ranks(data_effect, 2)("bucket_test", CPU, None).acts
+    other = on_ranks(data_effect, 2, "fsdp")("bucket_test", CPU, None)     # declared for the DDP wrapper only
     assert not other.acts and not other.applies and "strategy=fsdp" in other.reason
     assert techniques.wrap_options(SimpleNamespace(bucket_test=50), "fsdp") == {}    # declared for DDP only
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)

@@ -10,7 +10,7 @@ from torch import nn
 
 from trainfast.ablation.ladders import LADDERS, plan_rungs
 from trainfast.recipe import Recipe, RecipeError
-from trainfast.results import Effect, Status
+from trainfast.results import EffectLabel, Status
 from trainfast.tasks import TASKS, Metric, Task, TaskDeclaration, as_task, build_task
 from trainfast.tasks.classification import Classification
 from trainfast.techniques import owners, rung_table
@@ -63,7 +63,7 @@ def test_a_task_must_implement_what_tasks_differ_in():
     partial = {name: getattr(Classification, name) for name in methods - {"summary"}}
     with pytest.raises(TypeError, match="summary"):
         type("NoSummary", (Task,), {"declaration": Classification.declaration, **partial})()
-    for shared in ("validate", "rules_out", "data_reason", "field_effect", "check_model", "count_batch",
+    for shared in ("validate", "rules_out", "data_reason", "task_effect", "check_model", "count_batch",
                    "tokens_per_sample", "apply_schedule"):
         assert callable(getattr(Task, shared))
 
@@ -123,13 +123,13 @@ def test_a_task_rules_out_every_rung_whose_data_it_does_not_offer():
             assert why is not None, f"the {name} task accepts {rung}, whose data ({missing}) it does not offer"
             for field, kind in missing.items():
                 assert DATA_KINDS[kind] in why and task.batches in why
-                effect = task.field_effect(field, CPU, None, None, changes[field])
-                assert not effect.acts and effect.label == Effect.NOT_APPLICABLE and effect.reason in why
+                effect = task.task_effect(field, CPU, None, None, changes[field])
+                assert not effect.acts and effect.label == EffectLabel.NOT_APPLICABLE and effect.reason in why
             with pytest.raises(RecipeError, match="acts on"):
                 task.validate(Recipe().replace(**{f: v for f, v in changes.items() if f in missing}))
             if rung in nameable:
                 planned = {r.name: r for r in plan_rungs(Recipe(), [rung], "each", "bf16", CPU, name)}[rung]
-                assert planned.status == Status.NO_EFFECT and planned.effect == Effect.NOT_APPLICABLE
+                assert planned.status == Status.NO_EFFECT and planned.effect == EffectLabel.NOT_APPLICABLE
                 assert planned.reason == why
 
 
@@ -147,7 +147,7 @@ def test_the_switches_declare_the_data_each_task_lacks(name, ruled_out):
 
 def test_a_cumulative_ladder_does_not_carry_a_ruled_out_switch():
     base, channels, fused = plan_rungs(Recipe(), ["channels_last", "fused"], "cumulative", "bf16", CPU, "lm")
-    assert channels.effect == Effect.NOT_APPLICABLE and "token ids" in channels.reason
+    assert channels.effect == EffectLabel.NOT_APPLICABLE and "token ids" in channels.reason
     assert not fused.recipe.channels_last and fused.recipe.optimizer_impl == "fused"
 
 

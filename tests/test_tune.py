@@ -15,7 +15,7 @@ from conftest import scored_rung
 from trainfast import Recipe
 from trainfast.ablation import plan_rungs
 from trainfast.ablation.scoring import score_rungs
-from trainfast.results import Effect, Rung, Status
+from trainfast.results import EffectLabel, Rung, Status
 from trainfast.tune import (batch_finding, batch_rungs, break_even_steps, combine, combine_stage, decide, parse_budget,
                             tune)
 
@@ -279,7 +279,7 @@ def test_with_a_precision_level_to_try_stage_1_keeps_half_the_budget_for_the_swi
     switches_only = plan_rungs(Recipe(), ["channels_last", "fused"], "each", "bf16", cpu)
     assert singles_share(levels_only) == singles_share(switches_only) == 1.0   # no stage 1b can follow
     for rung in both[1:3]:                     # a CPU without fast bf16: the levels are shown, not run
-        rung.rule_out(Effect.SLOW_HALF, "bf16 is slow here")
+        rung.rule_out(EffectLabel.SLOW_HALF, "bf16 is slow here")
     assert singles_share(both) == 1.0
 
 

@@ -19,7 +19,7 @@ from .recipe import Recipe, RecipeError
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    start_process_switches(argv)                    # process switches that must precede torch's import
+    start_process_wide_switches(argv)                    # process switches that must precede torch's import
     args = parse_command_line(argv)                 # argparse's refusals exit 2 here: torch is not loaded yet
     try:
         check_before_torch(args)                    # folders, recipe files, model names: still no torch
@@ -72,18 +72,18 @@ def run_command(args: argparse.Namespace) -> int:
         return 1
 
 
-def start_process_switches(argv: list[str]) -> None:
+def start_process_wide_switches(argv: list[str]) -> None:
     """`trainfast train`'s process switches that a runtime reads once as it loads (passive_threads: the OpenMP wait
     policy), put in place before torch is imported, so first of all, before anything that might import it. Only the
     places such a switch can come from are read here (--recipe FILE and each one's --[no-]flag); a recipe that
     cannot be read is left to the full parse and prepare_task to report."""
-    from .techniques import process_wide, set_before_torch
+    from .techniques import process_wide_fields, set_before_torch
 
     if not argv or argv[0] != "train":
         return
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--recipe")
-    for name in process_wide():
+    for name in process_wide_fields():
         early.add_argument("--" + name.replace("_", "-"), dest=name, action=argparse.BooleanOptionalAction)
     known, _ = early.parse_known_args(argv[1:])
     try:
@@ -230,10 +230,10 @@ def idle_switches(recipe: Recipe, device, split) -> list[str]:
     as a recipe moves between machines, but said rather than passed over in silence."""
     import torch
 
-    from .tasks.effects import field_effect, on_ranks
+    from .tasks.effects import data_effect, on_ranks
 
     default = Recipe()
-    judge = on_ranks(field_effect, int(os.environ.get("WORLD_SIZE", "1")), recipe.strategy)   # a wrap switch's ranks
+    judge = on_ranks(data_effect, int(os.environ.get("WORLD_SIZE", "1")), recipe.strategy)   # a wrap switch's ranks
     notes = [f"--{name.replace('_', '-')} has no effect here: {effect.reason}"
              for name in (f.name for f in dataclasses.fields(Recipe))
              if getattr(recipe, name) != getattr(default, name) and isinstance(getattr(recipe, name), bool)

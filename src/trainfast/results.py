@@ -36,7 +36,7 @@ class Status(str, Enum):
         return self.value
 
 
-class Effect(str, Enum):
+class EffectLabel(str, Enum):
     """What the rung's switches can do here, decided before it runs."""
     MEASURED = "measured"                # they act: the rung is run and timed
     NO_EFFECT = "no-effect"              # this device ignores them (non_blocking on a CPU)
@@ -138,7 +138,7 @@ class Rung:
     name: str
     changes: dict[str, Any]
     recipe: Recipe
-    effect: Effect = Effect.MEASURED
+    effect: EffectLabel = EffectLabel.MEASURED
     reason: str = ""
     result: RungResult = field(default_factory=RungResult)       # aggregated over repeats (ablation.scoring)
     status: Status = Status.PENDING
@@ -150,7 +150,7 @@ class Rung:
         """Done, or partly done: it has timed runs to judge."""
         return self.status in (Status.DONE, Status.PARTIAL)
 
-    def rule_out(self, effect: Effect, reason: str) -> None:
+    def rule_out(self, effect: EffectLabel, reason: str) -> None:
         """Not run: its switches cannot act here (or do worse than nothing); the report shows why."""
         self.status, self.effect, self.reason = Status.NO_EFFECT, effect, reason
 

@@ -9,7 +9,7 @@ import torch
 from ..recipe import Recipe, resolve_device
 from ..results import AblationResult, Status
 from ..tasks import TASKS
-from ..techniques import process_wide
+from ..techniques import process_wide_fields
 from .ladders import SCRIPT, plan_rungs, target_ladder
 from .loop import LadderOptions, check_positive_int, run_ladder
 from .work import BuiltinSpec, prepare_builtin, prepare_command
@@ -94,7 +94,7 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
     plan = plan_rungs(base, named or default(ladder), opts.mode, amp, dev, ladder)
     # The default ladder on a script without a Session: what can reach it is added once its baseline shows that;
     # on a script whose task was not given, its batches pick the ladder (each task's, planned here, checked now).
-    grown = [] if named else plan_rungs(base, list(process_wide()), opts.mode, amp, dev, SCRIPT)[1:]
+    grown = [] if named else plan_rungs(base, list(process_wide_fields()), opts.mode, amp, dev, SCRIPT)[1:]
     by_task = {} if named or task else {name: plan_rungs(base, default(name), opts.mode, amp, dev, name)
                                         for name in TASKS if name != "classification"}
     work = prepare_command(command, [r.changes for r in plan], recipe=base, device=device, nproc=plan_opts["nproc"],

@@ -14,7 +14,7 @@ import torch
 
 from ..defaults import LADDER_MODES  # how a ladder's rungs build on each other (the CLI's --mode)
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
-from ..results import Effect, Rung
+from ..results import EffectLabel, Rung
 from ..tasks import TASKS, declared
 from ..techniques import AMP, default_ladder, rung_table
 from ..techniques.precision import auto_amp_dtype, slow_half_reason
@@ -69,7 +69,7 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
         offered = checker.rules_out(changes) if checker is not None else None
         if offered is not None:
             rungs.append(Rung(name, changes, start.replace(**changes)))
-            rungs[-1].rule_out(Effect.NOT_APPLICABLE, offered)
+            rungs[-1].rule_out(EffectLabel.NOT_APPLICABLE, offered)
             continue
         try:
             recipe = start.replace(**changes)
@@ -80,7 +80,7 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
             raise RecipeError(f"rung {name!r}: {exc}") from exc
         rungs.append(Rung(name, changes, recipe))
         if name == "amp" and slow:
-            rungs[-1].rule_out(Effect.SLOW_HALF, slow)
+            rungs[-1].rule_out(EffectLabel.SLOW_HALF, slow)
             continue
         current = recipe
     return rungs

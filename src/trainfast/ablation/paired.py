@@ -32,11 +32,11 @@ from typing import Any, Iterator
 
 from ..measure import BLOCK_SECONDS, step_block
 from ..recipe import Recipe
-from ..techniques import process_fields
+from ..techniques import own_process_fields
 
 # Recipe fields whose setting belongs to the process, not to a run: a rung that differs from the baseline in one
 # of them is not paired (module docstring).
-PROCESS_FIELDS = process_fields()       # declared by each switch (techniques/: Switch.process)
+OWN_PROCESS_FIELDS = own_process_fields()       # declared by each switch (techniques/: Switch.own_process)
 PAIRED_BLOCKS = 6           # timed blocks of each run, in A B B A order: a spread from 12 blocks of ~0.2 s
 WARMUP_STEPS = 3            # untimed steps of each run first (the reference's first touch of every buffer), which
                             # also size each run's blocks
@@ -46,7 +46,7 @@ def unpaired_reason(recipe: Recipe, reference: Recipe, nproc: int = 1) -> str | 
     """Why a rung cannot be timed against `reference` inside its own process, or None when it can."""
     if nproc > 1:
         return "a multi-process job: its ranks' collectives pace each other"
-    differ = [f for f in PROCESS_FIELDS if getattr(recipe, f) != getattr(reference, f)]
+    differ = [f for f in OWN_PROCESS_FIELDS if getattr(recipe, f) != getattr(reference, f)]
     if differ:
         return f"{', '.join(differ)} set(s) the whole process, so both runs of a pair would share it"
     if recipe.num_workers:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..frameworks.board import UNSET
-from ..techniques import process_wide
+from ..techniques import process_wide_fields
 
 NO_SESSION = ("the script does not use trainfast.Session, nor a framework trainfast switches from inside "
               "(transformers Trainer, Lightning, Accelerate), so the recipe cannot reach it")
@@ -87,14 +87,14 @@ def script_settings(sections: dict[str, Any]) -> list[str]:
 def needs_session(changes: dict[str, Any]) -> list[str]:
     """The rung's switches that reach a script only through a Session or a framework adapter (all but the
     process-wide ones, which the script's process gets from the environment the ablation starts it with)."""
-    return [name for name in changes if name not in process_wide()]
+    return [name for name in changes if name not in process_wide_fields()]
 
 
 def no_session_reason(plan_changes: list[dict[str, Any]]) -> str:
     """Why a rung cannot reach such a script; where no rung of the plan is process-wide, which ones would."""
     if any(changes and not needs_session(changes) for changes in plan_changes):
         return NO_SESSION
-    names = process_wide()
+    names = process_wide_fields()
     return (f"{NO_SESSION}; {', '.join(names)} act on any process (the environment it starts with, or set as it "
             f"imports torch): `--switches {','.join(names)}` measures them on this script as it is")
 
@@ -103,11 +103,12 @@ def process_not_applied(changes: dict[str, Any], read_back: dict[str, Any]) -> s
     """The rung's process-wide switches that the script's process did not end up with (read back in it by the
     probe: its environment overrode the setting, or another allocator serves it), in words; None if none."""
     problems = [f"{name}: asked {bool(value)!r}, the script's process has {read_back.get(name)!r}"
-                for name, value in changes.items() if name in process_wide() and read_back.get(name) != bool(value)]
+                for name, value in changes.items()
+                if name in process_wide_fields() and read_back.get(name) != bool(value)]
     return "; ".join(problems) or None
 
 
 def unreached(recipe: dict[str, Any], base: dict[str, Any]) -> list[str]:
     """The switches a rung carries from the rungs above (cumulative) that cannot reach such a script: its runs
     had the process-wide switches only."""
-    return [k for k, v in recipe.items() if k not in process_wide() and k != "seed" and v != base.get(k)]
+    return [k for k, v in recipe.items() if k not in process_wide_fields() and k != "seed" and v != base.get(k)]

@@ -24,14 +24,14 @@ from ..measure import runs_tf32
 from ..probe import PROBE_MODES, PROCESS_SWITCHES
 from ..procs import run_supervised
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
-from ..results import Effect, Rung, Status
+from ..results import EffectLabel, Rung, Status
 from ..run import as_split, build_module
 from ..tasks import Task
 from ..target import Target
-from ..tasks.effects import changes_effect, field_effect, on_ranks
+from ..tasks.effects import changes_effect, data_effect, on_ranks
 from ..techniques import needs_fresh_process, prepare_once, starting_with, threads
 from ..techniques.compile import CACHE_ENV, fresh_compile_cache
-from ..techniques.base import Effect as TechniqueEffect
+from ..techniques.base import Effect
 from .metric import SCRIPT_CHOICE, TASK_METRIC
 from .proof import (framework_names, lacks_a_switch, needs_session, no_session_reason, not_applied, process_not_applied,
                     script_settings, unreached, unsupported)
@@ -71,7 +71,7 @@ class Work(Protocol):
 
 
 def mark_effects(plan: list[Rung], dev: torch.device, model: torch.nn.Module | None = None, split=None,
-                 effect_of: Callable = field_effect, ranks: int = 1) -> None:
+                 effect_of: Callable = data_effect, ranks: int = 1) -> None:
     """Every rung after the baseline whose switches cannot act here (in a job of `ranks` processes) is not run:
     its effect says why. In a cumulative ladder what a ruled-out rung switched is not passed on to the rungs below
     it (a backend that cannot run here, carried into the next rung, would fail it)."""
@@ -85,7 +85,7 @@ def mark_effects(plan: list[Rung], dev: torch.device, model: torch.nn.Module | N
         if rung.status == Status.NO_EFFECT:         # ruled out when planned (a slow half type)
             continue
         effect = changes_effect(rung.changes, dev, model, split, effect_of)
-        rung.effect, rung.reason = Effect(effect.label), effect.reason
+        rung.effect, rung.reason = EffectLabel(effect.label), effect.reason
         if not effect.acts:
             rung.status = Status.NO_EFFECT
             dropped.update({k: v for k, v in rung.changes.items() if getattr(base, k) != v})
@@ -116,20 +116,20 @@ class Builtin:
         starts every run, the baseline's too, as a fresh process: that rung needs one, and a baseline forked from
         the warm server would then differ from it by more than the switch (what is imported during the first
         epoch, the memory a process counts)."""
-        mark_effects(plan, self.dev, self.probe_model, self.split, self.field_effect, self.job.nproc)
+        mark_effects(plan, self.dev, self.probe_model, self.split, self.run_effect, self.job.nproc)
         prepare_once(self.split, [r.recipe for r in plan if r.status != Status.NO_EFFECT])
         self.fresh = any(needs_fresh_process(r.recipe) and r.status != Status.NO_EFFECT for r in plan)
 
-    def field_effect(self, field: str, device: torch.device, model, split, value=None) -> TechniqueEffect:
+    def run_effect(self, field: str, device: torch.device, model, split, value=None) -> Effect:
         """The task's judgement of a switch, and the built-in loop's own: its zero_grad() already frees the
         gradients (engine.ZERO_GRAD_NOTE), so set_to_none has nothing to change in it."""
         if field == "set_to_none":
-            return TechniqueEffect(False, ZERO_GRAD_NOTE, applies=False)
+            return Effect(False, ZERO_GRAD_NOTE, applies=False)
         if field == "async_checkpoint" and not self.base.save_every:
-            return TechniqueEffect(False, NO_SAVES_NOTE, applies=False)
+            return Effect(False, NO_SAVES_NOTE, applies=False)
         if field == threads.FIELD and not self.base.num_workers:
-            return TechniqueEffect(False, threads.NO_WORKERS_NOTE, applies=False)
-        return self.task.field_effect(field, device, model, split, value)
+            return Effect(False, threads.NO_WORKERS_NOTE, applies=False)
+        return self.task.task_effect(field, device, model, split, value)
 
     def curve_metric(self) -> tuple[str, str]:
         """The key its curves keep the task's judged metric under, and its goal: what --target auto is about."""
@@ -304,19 +304,19 @@ class CommandWork:
             elif not sections and not result.get("session", True) and rung.status != Status.NO_EFFECT:
                 problem = process_not_applied(rung.changes, result.get(PROCESS_SWITCHES, {}))
                 if problem:
-                    rung.rule_out(Effect.NOT_APPLIED, problem)
+                    rung.rule_out(EffectLabel.NOT_APPLIED, problem)
             elif not sections and result.get("unsupported") and rung.status != Status.NO_EFFECT:
                 # A Session's switch that its script's own loader gave nothing to act on (no padding to remove)
                 why = {k: v for k, v in result["unsupported"].items() if k in rung.changes}
                 if why:
-                    rung.rule_out(Effect.NOT_APPLICABLE, "; ".join(dict.fromkeys(why.values())))
+                    rung.rule_out(EffectLabel.NOT_APPLICABLE, "; ".join(dict.fromkeys(why.values())))
             elif sections and rung.status != Status.NO_EFFECT:
                 lacking = lacks_a_switch(rung.changes, sections)
                 problem = not_applied(rung.changes, sections)
                 if lacking:
-                    rung.rule_out(Effect.NOT_APPLICABLE, lacking)
+                    rung.rule_out(EffectLabel.NOT_APPLICABLE, lacking)
                 elif problem:
-                    rung.rule_out(Effect.NOT_APPLIED, problem)
+                    rung.rule_out(EffectLabel.NOT_APPLIED, problem)
                 else:
                     note_carried(rung, sections)
         return after
@@ -331,7 +331,7 @@ class CommandWork:
             for other in plan[1:]:
                 why = unsupported(other.changes, sections) or lacks_a_switch(other.changes, sections)
                 if why and other.status != Status.NO_EFFECT:
-                    other.rule_out(Effect.NOT_APPLICABLE, why)
+                    other.rule_out(EffectLabel.NOT_APPLICABLE, why)
         elif not result.get("session", True):
             # Only the process-wide switches reach it (the environment its process starts with): a rung of
             # those alone is timed, every other rung has no effect.
@@ -341,7 +341,7 @@ class CommandWork:
             base = plan[0].recipe.to_dict()
             for other in plan[1:]:
                 if needs_session(other.changes):
-                    other.rule_out(Effect.NO_SESSION, why)
+                    other.rule_out(EffectLabel.NO_SESSION, why)
                     continue
                 carried = unreached(other.recipe.to_dict(), base)
                 if carried and other.status != Status.NO_EFFECT:

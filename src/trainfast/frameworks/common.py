@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader
 
-from ..techniques import model_switches, optimizer_switches, process_switches, unreachable
+from ..techniques import model_switches, optimizer_switches, process_wide_switches, unreachable
 from .board import UNSET, FrameworkRecord
 
 LOADER_FIELDS = {"num_workers": "num_workers", "pin_memory": "pin_memory",
@@ -218,7 +218,7 @@ def mark_shared_switches(record: FrameworkRecord, fields: dict[str, Any]) -> Non
     the environment the process started with; a process switch a running process can set (glibc's malloc keeping
     freed memory, a library-wide flag) is set here too, in case the process started without it."""
     record.unsupported.update(unreachable(record.name, fields))
-    for name, hooks in process_switches():
+    for name, hooks in process_wide_switches():
         if name not in fields:
             continue
         record.set(name, hooks.label, bool(fields[name]))

@@ -9,7 +9,7 @@ import atexit
 import os
 import sys
 
-from ..techniques import apply_process_switches
+from ..techniques import apply_process_wide_switches
 from .agent import Probe
 from .contract import MeasureSpec
 
@@ -57,7 +57,7 @@ def apply_command_switches() -> None:
         fields = env_recipe_fields()
     except RecipeError:
         return                             # the Session, if there is one, says what is wrong with it
-    apply_process_switches(fields, warn=False)
+    apply_process_wide_switches(fields, warn=False)
 
 
 def finish(probe: Probe) -> None:

@@ -6,7 +6,7 @@ import statistics
 
 from ..checks import INPUT_BOUND_SHARE
 from ..instruments.recompiles import describe as describe_compiles
-from ..results import AblationResult, Effect, Rung, Status
+from ..results import AblationResult, EffectLabel, Rung, Status
 from ..stats import SLOWER
 from ..techniques import threads
 from ..techniques.precision import level_note
@@ -20,8 +20,8 @@ def rung_notes(result: AblationResult) -> list[str]:
     their log tails, then each rung's caveats and a rate above the measured ceiling."""
     rungs = result.rungs
     items = task_note(result.settings) + framework_notes(result.settings)
-    items += no_session_note([r for r in rungs if r.status == Status.NO_EFFECT and r.effect == Effect.NO_SESSION])
-    items += [ruled_out_note(r) for r in rungs if r.status == Status.NO_EFFECT and r.effect != Effect.NO_SESSION]
+    items += no_session_note([r for r in rungs if r.status == Status.NO_EFFECT and r.effect == EffectLabel.NO_SESSION])
+    items += [ruled_out_note(r) for r in rungs if r.status == Status.NO_EFFECT and r.effect != EffectLabel.NO_SESSION]
     items += [f"- **{rung_label(r)}**: {r.reason}" for r in rungs
               if r.status in (Status.DONE, Status.SKIPPED) and r.reason]
     items += [failure_note(r) for r in rungs if r.status == Status.FAILED]
@@ -83,8 +83,9 @@ def no_session_note(rungs: list[Rung]) -> list[str]:
 
 
 def ruled_out_note(rung: Rung) -> str:
-    what = {Effect.NO_SESSION: "no effect", Effect.SLOW_HALF: "not run", Effect.NOT_APPLICABLE: "not applicable",
-            Effect.NOT_APPLIED: "not applied (its runs were not timed as a result)"}.get(rung.effect,
+    what = {EffectLabel.NO_SESSION: "no effect", EffectLabel.SLOW_HALF: "not run",
+            EffectLabel.NOT_APPLICABLE: "not applicable",
+            EffectLabel.NOT_APPLIED: "not applied (its runs were not timed as a result)"}.get(rung.effect,
                                                                                         "no effect on this device")
     return f"- **{rung_label(rung)}**: {what} — {rung.reason}"
 
@@ -253,13 +254,13 @@ def input_switches(recipe, settings: dict) -> list[str]:
     such a folder)."""
     import torch
 
-    from ..techniques import field_effect, held_input_rungs, owner
+    from ..techniques import device_model_effect, held_input_rungs, owner
 
     device = torch.device("cuda" if str(settings.get("device", "")).startswith("cuda") else "cpu")
     folder = str(settings.get("data", "")).startswith("imagefolder")
 
     def acts(field: str) -> bool:
-        return field_effect(field, device, None).acts and (folder or owner(field).data != "image_folder")
+        return device_model_effect(field, device, None).acts and (folder or owner(field).data != "image_folder")
     return [rung.held_note[1] for rung in held_input_rungs()
             if not all(getattr(recipe, f) for f in rung.changes) and all(acts(f) for f in rung.changes)]
 

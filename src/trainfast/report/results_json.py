@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import atomic_write_text
-from ..results import SCHEMA_VERSION, AblationResult, Effect, Rung, Status
+from ..results import SCHEMA_VERSION, AblationResult, EffectLabel, Rung, Status
 
 # A rung's numbers that lead its entry, in this order (what the table shows); every other result field follows.
 HEADLINE = ("throughput", "throughput_interval", "throughput_spread", "speedup", "speedup_interval", "epoch_time_s",
@@ -17,9 +17,9 @@ HEADLINE = ("throughput", "throughput_interval", "throughput_spread", "speedup",
 def rung_verdict(rung: Rung) -> str | None:
     """The verdict results.json gives a rung: stats' against the baseline, or why it has none."""
     if rung.status == Status.NO_EFFECT:
-        return {Effect.SLOW_HALF: "not run: slower on this device", Effect.NOT_APPLICABLE: "not applicable",
-                Effect.NO_SESSION: "no effect: the script has no trainfast.Session",
-                Effect.NOT_APPLIED: "not applied: the framework did not end up with the switch"}.get(rung.effect,
+        return {EffectLabel.SLOW_HALF: "not run: slower on this device", EffectLabel.NOT_APPLICABLE: "not applicable",
+                EffectLabel.NO_SESSION: "no effect: the script has no trainfast.Session",
+                EffectLabel.NOT_APPLIED: "not applied: the framework did not end up with the switch"}.get(rung.effect,
                                                                                        "no effect on this device")
     if rung.status == Status.FAILED:
         return "failed"

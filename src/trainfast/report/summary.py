@@ -8,7 +8,7 @@ import shlex
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
 from ..stats import FIRM, MIN_EFFECT
-from ..techniques import process_env, process_switches
+from ..techniques import process_env, process_wide_switches
 from .format import repeats_advice, rung_label
 
 
@@ -19,7 +19,8 @@ def keep_line(settings: dict, best: Recipe | None) -> str | None:
     if not settings.get("no_session") or best is None:
         return None
     env = process_env(best)
-    by_hand = [hooks.keep for name, hooks in process_switches() if getattr(best, name, False) and not hooks.environ()]
+    by_hand = [hooks.keep for name, hooks in process_wide_switches()
+               if getattr(best, name, False) and not hooks.environ()]
     if not env and not by_hand:
         return None
     command = shlex.join(settings.get("command") or ["COMMAND"])

@@ -22,9 +22,9 @@ def _rungs(switch) -> str:
 
 
 def _scope(switch) -> str:
-    scope = ["process" if switch.process or switch.process_hooks else "run"]
-    if switch.process_hooks is not None:
-        scope.append("start environment" if switch.process_hooks.environ() else "set at torch's import")
+    scope = ["process" if switch.own_process or switch.process_wide else "run"]
+    if switch.process_wide is not None:
+        scope.append("start environment" if switch.process_wide.environ() else "set at torch's import")
     if switch.wrap is not None:
         scope.append(f"{' / '.join(switch.wrap.strategies)} wrapper, {switch.ranks}+ ranks")
     if switch.resumable_fields:

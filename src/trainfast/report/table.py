@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..results import Effect, Rung, RungResult, Status
+from ..results import EffectLabel, Rung, RungResult, Status
 from ..techniques.precision import not_run_text
 from .format import (TOO_FEW, fmt_bytes, fmt_rate, fmt_sig, fmt_speedup, readable, repeats_needed, rung_label,
                      short_verdict)
@@ -73,13 +73,13 @@ def table_rows(rungs: list[Rung], columns: Columns = Columns()) -> list[list[str
 def unmeasured_text(rung: Rung) -> str | None:
     """Why a rung has no numbers (ruled out, failed, cut by the time budget); None for one that has or will."""
     if rung.status == Status.NO_EFFECT:
-        if rung.effect == Effect.NO_SESSION:        # the same reason on every such rung: given once in the notes
+        if rung.effect == EffectLabel.NO_SESSION:        # the same reason on every such rung: given once in the notes
             return "no effect: the script has no trainfast.Session (see notes)"
-        if rung.effect == Effect.NOT_APPLICABLE:
+        if rung.effect == EffectLabel.NOT_APPLICABLE:
             return "not applicable: " + short(rung.reason)
-        if rung.effect == Effect.NOT_APPLIED:
+        if rung.effect == EffectLabel.NOT_APPLIED:
             return "not applied: " + short(rung.reason)
-        if rung.effect == Effect.SLOW_HALF:
+        if rung.effect == EffectLabel.SLOW_HALF:
             return not_run_text(rung.reason)
         return "no effect on this device"
     if rung.status == Status.FAILED:

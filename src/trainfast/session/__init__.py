@@ -73,7 +73,7 @@ from ..data.adopt import resolve_loader_workers
 from ..distributed import setup_distributed
 from ..observers import session_observers
 from ..recipe import RECIPE_ENV, Recipe, apply_env_recipe, resolve_device, validate_for_device
-from ..techniques import (apply_process_switches, apply_recipe_rewrites, asked_batches, batch_refusals,
+from ..techniques import (apply_process_wide_switches, apply_recipe_rewrites, asked_batches, batch_refusals,
                           unapplied_rewrites, unreached_losses)
 from ..techniques.background_save import checkpoint_writer
 from ..techniques.precision import build_precision
@@ -114,7 +114,7 @@ class Session:
         self.dist = setup_distributed(self.recipe, device)
         self.device = self.dist.device
         apply_runtime_flags(self.recipe, self.device)
-        apply_process_switches(self.recipe)      # one a process's start sets (passive_threads): said if too late
+        apply_process_wide_switches(self.recipe)      # one a process's start sets (passive_threads): said if too late
         seed_everything(self.recipe.seed)
         self.precision = build_precision(self.dist.precision_name(self.recipe), self.device,
                                          self.recipe.precision_level)

@@ -150,16 +150,16 @@ class Task(ABC):
         if self.declaration.check_name is not None:
             self.declaration.check_name(name)
 
-    def field_effect(self, field: str, device: torch.device, model: nn.Module | None, split,
+    def task_effect(self, field: str, device: torch.device, model: nn.Module | None, split,
                      value: Any = None) -> Effect:
         """Whether a switch can act here: ruled out where this task does not offer its data, else the techniques'
         judgement of the device and model and the data's own (tasks/effects.py)."""
-        from .effects import field_effect
+        from .effects import data_effect
 
         why = self.data_reason(field)
         if why:
             return Effect(False, why, applies=False)
-        return field_effect(field, device, model, split, value)
+        return data_effect(field, device, model, split, value)
 
     # --- what most tasks share ---------------------------------------------------------------------------
     def count_batch(self, batch: Any) -> int:

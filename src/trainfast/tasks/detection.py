@@ -116,7 +116,7 @@ class Detection(Task):
         if state.recipe.warmup_steps == 0:
             state.scheduler = SessionScheduler(warmup_scheduler(state.optimizer.optimizer, steps_per_epoch), state)
 
-    def field_effect(self, field: str, device: torch.device, model: nn.Module | None, split, value=None) -> Effect:
+    def task_effect(self, field: str, device: torch.device, model: nn.Module | None, split, value=None) -> Effect:
         """Whether a switch can act on a detector: Task's judgement, except for compile."""
         if field == "compile":
             # Why, at more length: Faster R-CNN pads every batch to a new canvas (a recompile per shape), and every
@@ -125,7 +125,7 @@ class Detection(Task):
             return Effect(False, "torch.compile is not run on a detector: new shapes every batch (recompiles) and "
                                  "data-dependent sizes in matching and NMS (graph breaks)",
                           applies=False)
-        return super().field_effect(field, device, model, split, value)
+        return super().task_effect(field, device, model, split, value)
 
     def flops_per_sample(self, model: nn.Module, split, recipe) -> float | None:
         """Model FLOPs of one training image (forward + backward, the losses included), counted on a copy on the

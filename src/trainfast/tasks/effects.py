@@ -1,12 +1,12 @@
 """What a switch can act on in a task's data: the part of a switch's effect that depends on the data, judged here
-(the techniques judge the device and the model, techniques/__init__.py: field_effect). A switch declares the kind
+(the techniques judge the device and the model, techniques/__init__.py: device_model_effect). A switch declares the kind
 of data it acts on (techniques/switch.py: Switch.data); a task that does not offer that kind rules it out first
 (tasks/base.py: Task.data_reason), and each kind has one judge below for the data a task does offer."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from ..techniques import field_effect as technique_effect
+from ..techniques import device_model_effect
 from ..techniques import owners, ranks_effect
 from ..techniques.base import ACTS, Effect
 
@@ -79,10 +79,10 @@ def holds(kind: str, split) -> bool:
     return DATA_JUDGES[kind]("", None, split).acts
 
 
-def field_effect(field: str, device: torch.device, model: nn.Module | None, split=None, value=None) -> Effect:
+def data_effect(field: str, device: torch.device, model: nn.Module | None, split=None, value=None) -> Effect:
     """Whether the switch owning `field` (at `value`, for a switch of several values) can act here: on the device
     and the model (the technique's judgement), then on the data (`split`; None: not known yet, counts as acting)."""
-    acts = technique_effect(field, device, model, value)
+    acts = device_model_effect(field, device, model, value)
     switch = owners().get(field)
     if not acts.acts or switch is None or not switch.data:
         return acts
@@ -91,9 +91,9 @@ def field_effect(field: str, device: torch.device, model: nn.Module | None, spli
 
 
 def changes_effect(changed: dict, device: torch.device, model: nn.Module | None, split=None,
-                   effect_of: Callable[..., Effect] = field_effect) -> Effect:
+                   effect_of: Callable[..., Effect] = data_effect) -> Effect:
     """A set of switched fields acts if any one of them acts; otherwise say why none does. `effect_of`: a task's
-    own judgement of a field (tasks/detection.py), by default field_effect above."""
+    own judgement of a field (tasks/detection.py), by default data_effect above."""
     effects = [effect_of(name, device, model, split, value=value) for name, value in changed.items()]
     if not effects or any(e.acts for e in effects):
         reasons = [e.reason for e in effects if e.reason]

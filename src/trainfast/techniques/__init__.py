@@ -2,13 +2,13 @@
 it can act on the current device or model, and how it is applied (`apply_*` / `build_*`).
 
 Everything other parts of trainfast keep about the switches is derived here from those declarations: the
-ablation's ladders (`rung_table`, `default_ladder`), the fields paired timing must not split (`process_fields`),
+ablation's ladders (`rung_table`, `default_ladder`), the fields paired timing must not split (`own_process_fields`),
 the fields a resume may change (`resumable_fields`), the tune's priorities, what the framework adapters cannot
-set (`unreachable`), and `field_effect`, which tells a real measurement from a switch that does nothing here.
+set (`unreachable`), and `device_model_effect`, which tells a real measurement from a switch that does nothing here.
 
-The process switches (ProcessSwitch: a thread policy, the allocator, a library-wide flag) are looped over here
+The process switches (ProcessWideSwitch: a thread policy, the allocator, a library-wide flag) are looped over here
 too: the environment a run starts with (`process_env`, `starting_with`), `trainfast train`'s start-up before torch
-loads (`set_before_torch`), a running process's setting (`apply_process_switches`), every run's read-back
+loads (`set_before_torch`), a running process's setting (`apply_process_wide_switches`), every run's read-back
 (`process_wide_in_effect`) and the guard that never times the default under a switch's name (`not_in_effect`).
 
 The package imports torch only when a function here is called: the process switches' modules are read before
@@ -24,7 +24,7 @@ import pkgutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Iterator
 
-from .switch import (ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, BatchSwitch, OptimizerSwitch, ProcessSwitch, RungSpec,
+from .switch import (ADAPTERS, AMP, EVERY_ADAPTER, ON_MODEL, BatchSwitch, OptimizerSwitch, ProcessWideSwitch, RungSpec,
                      Switch, TrainBatches, WrapSwitch)
 
 if TYPE_CHECKING:
@@ -33,14 +33,16 @@ if TYPE_CHECKING:
 
     from .base import Effect
 
-__all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "RungSpec", "Switch", "switches", "owner",
-           "rung_table", "default_ladder", "process_fields", "math_fields", "resumable_fields", "tune_priority",
+__all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessWideSwitch",
+           "RungSpec", "Switch", "switches", "owner",
+           "rung_table", "default_ladder", "own_process_fields", "math_fields", "resumable_fields", "tune_priority",
            "input_switches", "input_rung_specs",
-           "unreachable", "MODEL_ORDER", "model_switches", "apply_model_switches", "field_effect", "process_switches",
+           "unreachable", "MODEL_ORDER", "model_switches", "apply_model_switches", "device_model_effect",
+           "process_wide_switches",
            "OptimizerSwitch", "OPTIMIZER_ORDER", "optimizer_switches", "optimizer_fields", "build_run_optimizer",
            "apply_optimizer_switches",
-           "process_env", "process_wide_in_effect", "process_wide", "starting_with", "set_before_torch",
-           "apply_process_switches", "not_in_effect", "needs_fresh_process", "WrapSwitch", "WRAP_ORDER",
+           "process_env", "process_wide_in_effect", "process_wide_fields", "starting_with", "set_before_torch",
+           "apply_process_wide_switches", "not_in_effect", "needs_fresh_process", "WrapSwitch", "WRAP_ORDER",
            "wrap_switches", "wrap_options", "apply_wrap_switches", "read_wrap_switches", "ranks_effect",
            "BatchSwitch", "TrainBatches",
            "batch_switches", "batch_fields", "asked_batches", "collate_batches", "choose_sampler",
@@ -49,11 +51,11 @@ __all__ = ["ADAPTERS", "AMP", "EVERY_ADAPTER", "ON_MODEL", "ProcessSwitch", "Run
            "unapplied_rewrites", "rewritten_settings", "memory_rung_specs", "target_rung_specs", "memory_shrinkers",
            "prepare_once", "held_input_rungs"]
 
-# The modules that declare a process switch (Switch.process_hooks): a process's start-up reads them before torch
+# The modules that declare a process switch (Switch.process_wide): a process's start-up reads them before torch
 # loads (`trainfast train`'s early start, the environment the ablation spawns a run with), so they are named here
 # and imported by name, never by collecting every technique module (most import torch). None of them imports
 # torch at its top. tests/test_switches.py checks this list against the declarations.
-PROCESS_MODULES = ("threads", "memory_reuse", "matmul_precision")
+PROCESS_WIDE_MODULES = ("threads", "memory_reuse", "matmul_precision")
 
 
 @functools.cache
@@ -104,9 +106,9 @@ def default_ladder(task: str = "classification") -> dict[str, dict[str, Any]]:
     return {name: changes for name, changes in rung_table(task).items() if name == "baseline" or name in keep}
 
 
-def process_fields() -> tuple[str, ...]:
+def own_process_fields() -> tuple[str, ...]:
     """The fields whose setting belongs to the process, not to a run (never paired inside one process)."""
-    return tuple(f for s in switches() if s.process or s.process_hooks for f in s.fields)
+    return tuple(f for s in switches() if s.own_process or s.process_wide for f in s.fields)
 
 
 def math_fields() -> frozenset[str]:
@@ -484,19 +486,19 @@ def rewritten_settings(fields: Mapping[str, Any], current: Mapping[str, Any]) ->
 
 
 @functools.cache
-def process_switches() -> tuple[tuple[str, ProcessSwitch], ...]:
-    """(field, hooks) of every process switch, in PROCESS_MODULES order; reads no module that imports torch."""
+def process_wide_switches() -> tuple[tuple[str, ProcessWideSwitch], ...]:
+    """(field, hooks) of every process switch, in PROCESS_WIDE_MODULES order; reads no module that imports torch."""
     found = []
-    for name in PROCESS_MODULES:
+    for name in PROCESS_WIDE_MODULES:
         module = importlib.import_module(f"{__name__}.{name}")
-        found.extend((s.fields[0], s.process_hooks) for s in module.SWITCHES if s.process_hooks is not None)
+        found.extend((s.fields[0], s.process_wide) for s in module.SWITCHES if s.process_wide is not None)
     return tuple(found)
 
 
-def process_wide() -> tuple[str, ...]:
+def process_wide_fields() -> tuple[str, ...]:
     """The process switches' fields: each reaches any process of a run (its start environment, or set as torch
     is imported), so a script with neither a Session nor a framework adapter is measured with them too."""
-    return tuple(name for name, _ in process_switches())
+    return tuple(name for name, _ in process_wide_switches())
 
 
 def _wanted(fields, name: str) -> bool:
@@ -507,12 +509,13 @@ def _wanted(fields, name: str) -> bool:
 def process_env(fields) -> dict[str, str]:
     """The variables a process must start with for the process switches a recipe (or a run's dict of switched
     fields) turns on: what the ablation adds to a run's environment, and what keeps them in a user's script."""
-    return {k: v for name, hooks in process_switches() if _wanted(fields, name) for k, v in hooks.environ().items()}
+    return {k: v for name, hooks in process_wide_switches() if _wanted(fields, name)
+            for k, v in hooks.environ().items()}
 
 
 def process_wide_in_effect() -> dict[str, bool]:
     """Each process switch read back in this process: whether it has the setting."""
-    return {name: bool(hooks.in_effect()) for name, hooks in process_switches()}
+    return {name: bool(hooks.in_effect()) for name, hooks in process_wide_switches()}
 
 
 @contextlib.contextmanager
@@ -535,25 +538,25 @@ def starting_with(fields) -> Iterator[None]:
 
 def set_before_torch(recipe) -> None:
     """`trainfast train`'s start-up, before torch is imported: each process switch the recipe turns on that a
-    runtime reads once as it loads (ProcessSwitch.before_torch) is put in place."""
-    for name, hooks in process_switches():
+    runtime reads once as it loads (ProcessWideSwitch.before_torch) is put in place."""
+    for name, hooks in process_wide_switches():
         if hooks.before_torch is not None and _wanted(recipe, name):
             hooks.before_torch()
 
 
 def needs_fresh_process(fields) -> bool:
     """Whether a run with these fields must start as a fresh process (a switch read as a runtime loads)."""
-    return any(hooks.before_torch is not None and _wanted(fields, name) for name, hooks in process_switches())
+    return any(hooks.before_torch is not None and _wanted(fields, name) for name, hooks in process_wide_switches())
 
 
-def apply_process_switches(recipe, warn: bool = True) -> None:
+def apply_process_wide_switches(recipe, warn: bool = True) -> None:
     """In a running process (a Session's start, a framework adapter's, a command's process once torch is
     imported): each process switch set as the recipe says, where a running process can set it (and undone where
     this process set it before and the recipe turns it off); one only a process's start can set is said once
     if the process started without it."""
     import warnings
 
-    for name, hooks in process_switches():
+    for name, hooks in process_wide_switches():
         on = _wanted(recipe, name)
         if hooks.apply is not None:
             hooks.apply(on)
@@ -565,10 +568,10 @@ def not_in_effect(recipe) -> list[str]:
     """The process switches the recipe turns on that this process does not have, each with its setting: a run
     that would time the default under the switch's name (its guard refuses to)."""
     return [f"{name}: {hooks.label} is not in effect in this process"
-            for name, hooks in process_switches() if _wanted(recipe, name) and not hooks.in_effect()]
+            for name, hooks in process_wide_switches() if _wanted(recipe, name) and not hooks.in_effect()]
 
 
-def field_effect(field: str, device: torch.device, model: nn.Module | None, value: Any = None) -> Effect:
+def device_model_effect(field: str, device: torch.device, model: nn.Module | None, value: Any = None) -> Effect:
     """Whether the switch owning `field` can act on `device` and `model` (None: a user's script, whose model is
     not known before it runs, counts as acting). The data's part (decode_cache on an image folder, ...) is the
     task's (tasks/effects.py: data_effect)."""

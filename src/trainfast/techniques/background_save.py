@@ -91,7 +91,7 @@ WRITES_OWN = "trainfast's background save acts on Session.save and the built-in 
 SWITCHES = (
     Switch(("async_checkpoint",),
            rungs=(RungSpec("async_checkpoint", {"async_checkpoint": True}, place=72),),
-           process=True, resumable=True,               # saves inside the timed steps; the bytes written are the same
+           own_process=True, resumable=True,       # saves inside the timed steps; the bytes written are the same
            frameworks={"lightning": "plugins: AsyncCheckpointIO"},
            unreachable={"transformers": WRITES_OWN, "accelerate": WRITES_OWN}),
 )

@@ -25,7 +25,7 @@ import platform
 import sys
 from typing import TYPE_CHECKING
 
-from .switch import ADAPTERS, ProcessSwitch, RungSpec, Switch
+from .switch import ADAPTERS, ProcessWideSwitch, RungSpec, Switch
 
 if TYPE_CHECKING:
     import torch
@@ -98,7 +98,7 @@ SWITCHES = (
            rungs=(RungSpec(FIELD, {FIELD: True}, place=46, tune=7.5),),
            resumable=True,
            device_effect=effect,
-           process_hooks=ProcessSwitch(LABEL, environ=dict, in_effect=in_effect, apply=apply,
+           process_wide=ProcessWideSwitch(LABEL, environ=dict, in_effect=in_effect, apply=apply,
                                        keep=f"call {LABEL} at the top of the script"),
            frameworks={name: f"{LABEL} in the script's process, as torch is imported" for name in ADAPTERS}),
 )

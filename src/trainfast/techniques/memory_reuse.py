@@ -26,7 +26,7 @@ import functools
 import platform
 from typing import TYPE_CHECKING
 
-from .switch import ADAPTERS, ProcessSwitch, RungSpec, Switch
+from .switch import ADAPTERS, ProcessWideSwitch, RungSpec, Switch
 from .threads import started_env
 
 if TYPE_CHECKING:
@@ -124,9 +124,9 @@ def in_effect() -> bool:
 SWITCHES = (
     Switch((FIELD,),
            rungs=(RungSpec(FIELD, {FIELD: True}, place=45, tune=3),),
-           process=True, resumable=True,
+           own_process=True, resumable=True,
            device_effect=lambda device: effect(),
-           process_hooks=ProcessSwitch(MMAP_ENV, environ=environ, in_effect=in_effect, apply=apply,
+           process_wide=ProcessWideSwitch(MMAP_ENV, environ=environ, in_effect=in_effect, apply=apply,
                                        keep="start the script with " + " ".join(f"{k}={v}" for k, v in ENV.items())
                                             + " in its environment"),
            frameworks={name: f"{MMAP_ENV} and MALLOC_TRIM_THRESHOLD_ in the environment the process starts "

@@ -1,6 +1,6 @@
 """Process-wide flags of a run: cudnn.benchmark (autotune conv algorithms, CUDA only) and deterministic mode. (The
-process switches that reach any process, declared with a ProcessSwitch, are applied by the Session through
-techniques.apply_process_switches.)"""
+process switches that reach any process, declared with a ProcessWideSwitch, are applied by the Session through
+techniques.apply_process_wide_switches.)"""
 from __future__ import annotations
 
 import os
@@ -26,8 +26,8 @@ def apply_runtime_flags(recipe, device: torch.device) -> None:
 
 
 SWITCHES = (
-    Switch(("cudnn_benchmark",), process=True, device_effect=cudnn_effect,      # a global flag
+    Switch(("cudnn_benchmark",), own_process=True, device_effect=cudnn_effect,      # a global flag
            frameworks={"transformers": "torch.backends.cudnn.benchmark", "lightning": "Trainer(benchmark=...)",
                        "accelerate": "torch.backends.cudnn.benchmark, at Accelerator()"}),
-    setting("deterministic", process=True, unreachable="not switched by the framework adapters"),
+    setting("deterministic", own_process=True, unreachable="not switched by the framework adapters"),
 )

@@ -16,8 +16,8 @@ SWITCHES = (
     # the non-finite policy acts only on a NaN/inf: a run stopped by one may be resumed with nonfinite=skip
     setting("nonfinite", "max_consecutive_skips", "log_every", resumable=True),
     setting("max_bad_fraction"),
-    setting("save_every", process=True, resumable=True),   # saves inside the timed steps
+    setting("save_every", own_process=True, resumable=True),   # saves inside the timed steps
     setting("keep_checkpoints", resumable=True),
-    setting("strategy", process=True),                      # ranks of a multi-process job
+    setting("strategy", own_process=True),                      # ranks of a multi-process job
     setting("find_unused_parameters", "dist_timeout_s"),
 )

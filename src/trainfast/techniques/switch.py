@@ -2,7 +2,7 @@
 
 Every technique module declares its switch(es) in a module-level `SWITCHES` tuple, next to the code that applies
 it. The ladders (ablation), the fields paired timing must not split (paired.py), the fields a resume may change
-(checkpoint.py), the tune's priority, what the framework adapters cannot set, `field_effect` and the `trainfast
+(checkpoint.py), the tune's priority, what the framework adapters cannot set, `device_model_effect` and the `trainfast
 switches` table are all derived from these declarations (techniques/__init__.py), so adding a switch is its module
 and its Recipe field: no table elsewhere to remember. A Recipe field that is not a speed switch (epochs, lr, the
 non-finite policy, ...) is declared too, as a `Switch` with no rung, so every field has exactly one owner and its
@@ -147,11 +147,11 @@ class OptimizerSwitch:
 
 
 @dataclass(frozen=True)
-class ProcessSwitch:
+class ProcessWideSwitch:
     """A switch that belongs to a whole process (a runtime's variable, the C library's allocator, a library-wide
     flag): how every kind of run gets it, and how a running process proves it has it. The ablation's spawn
     environment, a run's read-back and its guard, the framework adapters, a Session and `trainfast train`'s
-    start-up all loop over these declarations (techniques/__init__.py), so a new process switch is its module.
+    start-up all loop over these declarations (techniques/__init__.py), so a new process-wide switch is its module.
 
     label:        the setting as a run's proof records it (the variable, the library flag).
     environ():    the variables a process starts with to have it ({} where it cannot act here): the ablation adds
@@ -336,7 +336,7 @@ class Switch:
 
     fields:     the Recipe fields it owns (each field has exactly one owner; tests/test_switches.py checks).
     rungs:      its rungs in the ablation ladders (none: a setting, not a measured switch).
-    process:    the setting belongs to the whole process (a global flag, the allocator, worker processes,
+    own_process: the setting belongs to the whole process (a global flag, the allocator, worker processes,
                 saves, ranks): a rung that changes it is never timed in one process beside the baseline.
     resumable:  it may change between a run and its resume without changing the trajectory (True: every
                 field it owns; a tuple: those fields).
@@ -355,8 +355,8 @@ class Switch:
     model:      how it acts on the model object, for the switches that do (ModelSwitch).
     optimizer:  how it builds, rebuilds and reads back the optimizer, for the switches that act on it
                 (OptimizerSwitch); its field is placed in techniques/__init__.py's OPTIMIZER_ORDER.
-    process_hooks: how a process-wide switch reaches every process and is read back (ProcessSwitch); its module
-                is named in techniques/__init__.py's PROCESS_MODULES (read before torch loads).
+    process_wide: how a process-wide switch reaches every process and is read back (ProcessWideSwitch); its module
+                is named in techniques/__init__.py's PROCESS_WIDE_MODULES (read before torch loads).
     wrap:       how it acts on the DDP / FSDP2 wrapper, for the switches that do (WrapSwitch); its field is placed
                 in techniques/__init__.py's WRAP_ORDER.
     batch:      how it acts on the training batches (BatchSwitch: their collate function, their sampler).
@@ -377,7 +377,7 @@ class Switch:
     """
     fields: tuple[str, ...]
     rungs: tuple[RungSpec, ...] = ()
-    process: bool = False
+    own_process: bool = False
     resumable: bool | tuple[str, ...] = False
     frameworks: Mapping[str, str] = field(default_factory=dict)
     unreachable: Mapping[str, str] = field(default_factory=dict)
@@ -388,7 +388,7 @@ class Switch:
     data: str = ""
     model: ModelSwitch | None = None
     optimizer: OptimizerSwitch | None = None
-    process_hooks: ProcessSwitch | None = None
+    process_wide: ProcessWideSwitch | None = None
     changes_math: bool = False
     wrap: WrapSwitch | None = None
     batch: BatchSwitch | None = None
@@ -416,8 +416,8 @@ class Switch:
         return self.unreachable.get(adapter) or self.unreachable.get(EVERY_ADAPTER)
 
 
-def setting(*fields: str, process: bool = False, resumable: bool = False, unreachable: str = "") -> Switch:
+def setting(*fields: str, own_process: bool = False, resumable: bool = False, unreachable: str = "") -> Switch:
     """A Recipe field that is part of what is trained or how the run behaves, not a speed switch: no rung, and
     the framework adapters leave it to the script (`unreachable`, when a rung could carry it)."""
-    return Switch(tuple(fields), process=process, resumable=resumable,
+    return Switch(tuple(fields), own_process=own_process, resumable=resumable,
                   unreachable={EVERY_ADAPTER: unreachable} if unreachable else {})

@@ -19,7 +19,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .switch import ADAPTERS, ProcessSwitch, RungSpec, Switch
+from .switch import ADAPTERS, ProcessWideSwitch, RungSpec, Switch
 
 if TYPE_CHECKING:
     from .base import Effect
@@ -95,9 +95,9 @@ def slower_note(num_workers: int) -> str:
 SWITCHES = (
     Switch((FIELD,),
            rungs=(RungSpec(FIELD, {FIELD: True}, place=44, tune=7),),
-           process=True, resumable=True,
+           own_process=True, resumable=True,
            device_effect=lambda device: effect(),
-           process_hooks=ProcessSwitch(ENV, environ=lambda: {ENV: PASSIVE}, in_effect=in_effect,
+           process_wide=ProcessWideSwitch(ENV, environ=lambda: {ENV: PASSIVE}, in_effect=in_effect,
                                        before_torch=set_before_torch, late=NOT_AT_START,
                                        keep=f"start the script with {ENV}={PASSIVE} in its environment"),
            frameworks={name: f"{ENV} in the environment the process starts with" for name in ADAPTERS}),

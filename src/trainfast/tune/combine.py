@@ -12,7 +12,7 @@ from ..ablation.scoring import fits, ladder_noises, recipe_changes, versus
 from ..measure.memory import limit_peak
 from ..recipe import Recipe
 from ..report.format import fmt_bytes
-from ..results import Effect, Rung, Status
+from ..results import EffectLabel, Rung, Status
 from ..stats import FASTER, MIN_EFFECT, SAME, Comparison, Noises
 from ..techniques.precision import not_run_text
 from .switches import firm_gain, is_level
@@ -66,7 +66,7 @@ def why_not(rung: Rung) -> str | None:
     """Why a single switch does not join the combination on what it measured alone, or None: it gained."""
     r = rung.result
     if rung.status != Status.DONE:
-        if rung.effect == Effect.SLOW_HALF:
+        if rung.effect == EffectLabel.SLOW_HALF:
             return not_run_text(rung.reason)
         return {Status.NO_EFFECT: "no effect here", Status.FAILED: "failed"}.get(rung.status,
                                                                                  rung.reason or str(rung.status))

@@ -5,7 +5,7 @@ import torch
 
 from ..ablation import plan_rungs
 from ..recipe import Recipe
-from ..results import Effect, Rung, Status
+from ..results import EffectLabel, Rung, Status
 from ..stats import FASTER
 from ..techniques import owner, tune_priority
 
@@ -54,7 +54,7 @@ def plan_singles(base: Recipe, names: list[str], amp: str, dev: torch.device, sl
     if slow:
         for rung in rungs:
             if "precision" in rung.changes:
-                rung.rule_out(Effect.SLOW_HALF, slow)
+                rung.rule_out(EffectLabel.SLOW_HALF, slow)
     return rungs
 
 
