@@ -109,6 +109,21 @@ TASK_REFUSALS = [
     (["tune", "--resume", "A", "--out", "B"], "trainfast tune: error: --resume A and --out B name different folders"),
     (["tune", "--nproc", "2"], "trainfast tune: error: --nproc runs a `-- COMMAND` under torchrun"),
     (["doctor", "--"], "trainfast doctor: error: doctor -- COMMAND: no command after `--`"),
+    # a script's own flags as rungs (scriptargs.py): each refusal names the --rung
+    (["ablate", "--rung", "bad name=--amp", "--", "python", "t.py"],
+     "trainfast ablate: error: --rung 'bad name=--amp': the rung name 'bad name' must start with a letter"),
+    (["ablate", "--rung", "own=", "--", "python", "t.py"],
+     "trainfast ablate: error: --rung 'own=': the rung changes nothing"),
+    (["ablate", "--rung", "amp=--amp", "--", "python", "t.py"],
+     "trainfast ablate: error: --rung amp: the name is a switch's rung (--switches amp)"),
+    (["tune", "--rung", "tf32=MY-VAR=1 --x", "--", "python", "t.py"],
+     "trainfast tune: error: --rung 'tf32=MY-VAR=1 --x': 'MY-VAR' is not an environment variable name"),
+    (["ablate", "--rung", "own=--amp", "--rung", "own=--compile", "--", "python", "t.py"],
+     "trainfast ablate: error: --rung own: two rungs have this name"),
+    (["ablate", "--rung", "own=--amp"], "trainfast ablate: error: --rung own=--amp: a rung of a script's own flags "
+                                        "needs the script after `--`"),
+    (["ablate", "--ladder", "missing.yaml", "--", "python", "t.py"],
+     "trainfast ablate: error: --ladder missing.yaml: No such file or directory"),
     *TASK_REFUSALS,
 ])
 def test_a_command_line_that_cannot_work_is_refused_before_torch_loads(argv, message, tmp_path):

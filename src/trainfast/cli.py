@@ -156,7 +156,8 @@ def _ablate(args, recipe: Recipe) -> int:
     try:
         if args.user_command is not None:
             result = ablate_command(args.user_command, recipe=recipe, device=args.device, measure=args.measure,
-                                    metric=args.metric, goal=args.metric_goal, task=args.task_given, **options)
+                                    metric=args.metric, goal=args.metric_goal, task=args.task_given,
+                                    script_rungs=getattr(args, "script_rungs", []), **options)
         else:
             result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe,
                             device=args.device, task=args.task, **options)

@@ -19,6 +19,8 @@ from .cliargs import (DEVICE_HELP, AliasHelpFormatter, Duration, add_aliased, ad
                       optional, positive_int, resume_folder, size_type, target_type, worker_count_or_auto)
 from .defaults import DOCTOR_EVAL_WITHIN, DOCTOR_STEPS, LADDER_MODES, MAX_REPEATS, SETTLE_WITHIN_S, TUNE_BUDGET_S
 from .modelnames import DEFAULT_DETECTION_MODEL, DETECTION_MODELS
+from .scriptargs import CommandChange, check_rungs, parse_rung, read_ladder
+from .techniques.static import declared_rung_names
 from .recipe import FIELD_CHOICES, Recipe, field_docs, field_problem, field_sections, preset
 from .tasks import TASKS, TaskDeclaration, declared, infer_task
 
@@ -171,6 +173,17 @@ def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
                           "the script to its end and compare the metric it reports (tf.report) with the baseline's "
                           "noise band")
     add_script_flags(cmd, "with --measure full")
+    add_script_rungs(cmd)
+
+
+def add_script_rungs(group) -> None:
+    """--rung NAME='ARGS or ENV=VALUE ...' (repeatable) and --ladder FILE: the script's own flags as rungs."""
+    group.add_argument("--rung", action="append", default=[], metavar="NAME='ARGS'",
+                       help="a rung of the script's own flags or variables, e.g. --rung bf16='--amp --dtype bf16' or "
+                            "--rung tf32='NVIDIA_TF32_OVERRIDE=1': the command with those flags added (or replacing "
+                            "its own) and those variables set; repeatable, after the switches' rungs in the ladder")
+    group.add_argument("--ladder", default=None, metavar="FILE",
+                       help="a YAML list of such rungs, each {name, args, env}, after those of --rung")
 
 
 def add_target(parser: argparse.ArgumentParser, what: str) -> None:
@@ -228,6 +241,7 @@ def add_tune_flags(tu: argparse.ArgumentParser) -> None:
                       help="run the command as N processes under torchrun (default %(default)s; the built-in run is "
                            "one process)")
     add_script_flags(tcmd, "the accuracy guard")
+    add_script_rungs(tcmd)
 
 
 def add_doctor_flags(dr: argparse.ArgumentParser) -> None:
@@ -372,6 +386,7 @@ def check_before_torch(args: argparse.Namespace) -> None:
         return
     if args.command in ("ablate", "tune"):
         resume_folder(args.resume, args.out)
+        args.script_rungs = script_rungs_from_args(args)
     if args.command == "tune" and args.nproc > 1 and args.user_command is None:
         raise ValueError("--nproc runs a `-- COMMAND` under torchrun; the built-in search runs one process")
     if args.command == "doctor" and args.user_command == []:
@@ -387,3 +402,15 @@ def check_before_torch(args: argparse.Namespace) -> None:
         task.check_name(args.model)
     check_data_folder(args.data, task)
     task.validate(recipe_from_args(args, task.default_recipe if args.recipe is None else None))
+
+
+def script_rungs_from_args(args: argparse.Namespace) -> list[CommandChange]:
+    """--rung and --ladder read and checked (scriptargs.py): a bad name, an empty rung, a variable that cannot be one,
+    two rungs of one name, a switch's rung name, or either without `-- COMMAND`, refused naming the rung."""
+    rungs = [parse_rung(text) for text in args.rung] + (read_ladder(args.ladder) if args.ladder else [])
+    if rungs and args.user_command is None:
+        given = f"--rung {args.rung[0]}" if args.rung else f"--ladder {args.ladder}"
+        raise ValueError(f"{given}: a rung of a script's own flags needs the script after `--`: "
+                         f"trainfast {args.command} --rung NAME='ARGS' -- python train.py ...")
+    check_rungs(rungs, [*declared_rung_names(), "baseline", "fp32"])
+    return rungs

@@ -144,6 +144,9 @@ class Rung:
     status: Status = Status.PENDING
     repeats: list[dict[str, Any]] = field(default_factory=list)    # one probe record per timed process
     seed_runs: list[dict[str, Any]] = field(default_factory=list)  # baseline only: extra noise seeds
+    # A rung of the user's own command (ablation/script_rungs.py): its own args and env, the command line and the
+    # variables its runs had (cumulative: the rungs above included), and a note when its runs observed nothing new.
+    script: dict[str, Any] = field(default_factory=dict)
 
     @property
     def measured(self) -> bool:

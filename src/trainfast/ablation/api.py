@@ -6,16 +6,18 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..recipe import Recipe, resolve_device
+from ..recipe import Recipe, RecipeError, resolve_device
+from ..scriptargs import check_rungs
 from ..results import AblationResult, Status
 from ..tasks import TASKS
 from ..techniques import process_wide_fields
-from .ladders import SCRIPT, plan_rungs, target_ladder
+from .ladders import LADDERS, RUNG_ALIASES, SCRIPT, plan_rungs, target_ladder
 from .loop import LadderOptions, check_positive_int, run_ladder
+from .script_rungs import add_script_rungs, script_settings
 from .work import BuiltinSpec, prepare_builtin, prepare_command
 
 # What `ablate` and `ablate_command` take beside their work: LadderOptions' fields, plus these.
-PLAN_OPTIONS = ("rungs", "amp_dtype", "nproc", "out")
+PLAN_OPTIONS = ("rungs", "amp_dtype", "nproc", "out", "script_rungs")
 
 
 def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], LadderOptions]:
@@ -51,6 +53,9 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     recipe.seed + i; the baseline `noise_seeds` times in all, so the accuracy band includes seed-to-seed
     training noise."""
     plan_opts, opts = split_options(options)
+    if plan_opts.get("script_rungs"):
+        raise RecipeError("--rung: a rung of a script's own flags needs the script: trainfast ablate --rung "
+                          "NAME='ARGS' -- python train.py ...")
     spec = BuiltinSpec(model, train_set, val_set, loss_fn, data, image_size, mean, std, task)
     work = prepare_builtin(spec, recipe, device, plan_opts["nproc"])
     named = plan_opts.get("rungs") or (target_ladder(work.job.task) if opts.target is not None else None)
@@ -77,7 +82,9 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
     process-wide switches are timed on it (the default ladder gains them once its baseline shows no Session),
     every other rung is reported as having no effect on it. `task`: the script's task (its ladder); None: the
     task its batches show in the baseline's first run (instruments/batches.py), whose ladder then replaces the
-    default one unless `rungs` named the rungs. `options`: as ablate()'s."""
+    default one unless `rungs` named the rungs. `script_rungs` (scriptargs.CommandChange, --rung): the script's own
+    flags or variables as rungs, after the switches' (with no `rungs`, the baseline and these alone).
+    `options`: as ablate()'s."""
     plan_opts, opts = split_options(options)
     if opts.target is not None:     # a run must go on to its target (or its cap): the script's whole run, judged
         measure = "full"
@@ -86,12 +93,15 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
     base = recipe or Recipe()
     dev = resolve_device(device)
     amp = plan_opts.get("amp_dtype", "auto")
-    named = plan_opts.get("rungs")
+    own = list(plan_opts.get("script_rungs") or ())           # --rung: the script's own flags, after the switches
+    named = plan_opts.get("rungs") or (["baseline"] if own else None)
     ladder = task if task and not named else SCRIPT
 
     def default(name: str) -> list[str] | None:          # --target: each default ladder with the batch rungs
         return target_ladder(name) if opts.target is not None else None
     plan = plan_rungs(base, named or default(ladder), opts.mode, amp, dev, ladder)
+    check_rungs(own, [*LADDERS[SCRIPT][1], *RUNG_ALIASES])         # every switch's rung name, the levels' too
+    add_script_rungs(plan, own, command, opts.mode)
     # The default ladder on a script without a Session: what can reach it is added once its baseline shows that;
     # on a script whose task was not given, its batches pick the ladder (each task's, planned here, checked now).
     grown = [] if named else plan_rungs(base, list(process_wide_fields()), opts.mode, amp, dev, SCRIPT)[1:]
@@ -106,5 +116,6 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
                 "budget": dataclasses.asdict(opts.budget), "min_effect": opts.min_effect,
                 **({"paired": True} if opts.paired else {}),
                 **({"memory_limit": opts.memory_limit} if opts.memory_limit else {}),
-                "rungs": {r.name: work.fields(r.recipe) for r in plan if r.status != Status.NO_EFFECT}}
+                "rungs": {r.name: {**work.fields(r.recipe), **script_settings(r)} for r in plan
+                          if r.status != Status.NO_EFFECT}}
     return run_ladder(plan, work, settings, plan_opts.get("out"), opts, measure)

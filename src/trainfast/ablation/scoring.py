@@ -256,7 +256,8 @@ def pick_best(rungs: list[Rung], min_effect: float = MIN_EFFECT,
             return None, [], {}
         return max(fitting, key=lambda r: r.result.speedup or 0.0), [], {}
     candidates = [r for r in candidates if fits(r, memory_limit)]
-    pool = [candidate(r, switch_count(base.recipe, r.recipe)) for r in candidates]
+    # a rung of the script's own flags counts its flags and variables (Rung.script) as switches
+    pool = [candidate(r, switch_count(base.recipe, r.recipe) + r.script.get("switches", 0)) for r in candidates]
     noises = ladder_noises(rungs)
     name, tie = recommend(pool, min_effect, noises)
     return next(r for r in rungs if r.name == name), tie, recommendation_odds(pool, min_effect, noises)

@@ -37,6 +37,7 @@ from .proof import (framework_names, lacks_a_switch, needs_session, no_session_r
                     script_settings, unreached, unsupported)
 from .rung import Job, TimingBudget, rung_main
 from .server import rung_context, start_rung_server
+from .script_rungs import note_unchanged, rung_command, rung_env
 from .store import write_json
 
 # launch(rung, recipe, budget or None, run_dir, display, time_limit_s) -> the run's record, or {"error", "log_tail"}
@@ -271,8 +272,8 @@ class CommandWork:
                                steady_window=True, **dataclasses.asdict(self.budget),
                                target=self.target.to_dict() if self.target is not None else None,
                                cap_seen=self.cap_seen)
-            env = run_environment(self.fields(recipe), spec)
-            argv = self.cmd.launch_argv()
+            env = {**run_environment(self.fields(recipe), spec), **rung_env(rung)}   # a --rung's variables too
+            argv = rung_command(rung, self.cmd).launch_argv()                      # and its flags
             # A time to target counts compilation: every run pays what a fresh machine pays
             with fresh_compile_cache() if self.target is not None else nullcontext() as cache:
                 if cache is not None:
@@ -298,6 +299,7 @@ class CommandWork:
         def after(rung: Rung, result: dict[str, Any]) -> None:
             if "error" in result:
                 return
+            note_unchanged(plan)           # a --rung whose runs were observed doing what the rung above did
             sections = result.get(FRAMEWORKS) or {}
             if rung is plan[0]:
                 self.baseline_seen(plan, result, sections)

@@ -3,6 +3,7 @@ its ±, a speed-up with its interval, a verdict in a few words, a rung's label."
 from __future__ import annotations
 
 import math
+import shlex
 from typing import Sequence
 
 from ..results import Rung
@@ -70,6 +71,9 @@ def rung_label(rung: Rung) -> str:
         return f"baseline (seed {rung.recipe.seed}, for the noise band)"
     if "precision_level" in rung.changes:       # a precision-level rung: its name says the dtype already
         return f"{rung.name} ({opt_level(rung.recipe)})"
+    if rung.script:                             # a rung of the script's own flags: what it adds to the command
+        words = [f"{k}={v}" for k, v in rung.script["env"].items()] + rung.script["args"]
+        return f"+{rung.name} ({shlex.join(words)})"
     extra = f" ({rung.changes['precision']})" if "precision" in rung.changes else ""
     return f"+{rung.name}{extra}"
 

@@ -49,6 +49,8 @@ def rung_dict(rung: Rung, metric: dict[str, Any] | None = None) -> dict[str, Any
     item["metric"] = ({"name": (metric or {}).get("name"), "goal": (metric or {}).get("goal"), "value": value}
                       if metric or value is not None else None)
     item.update(numbers)
+    if rung.script:                 # a rung of the script's own flags: its args, env, command line, observed note
+        item["script"] = rung.script
     item["runs"] = rung.repeats
     if rung.seed_runs:              # metric-only runs: the baseline's noise seeds, a --target rung's extra seeds
         item["seed_runs"] = rung.seed_runs
@@ -63,10 +65,17 @@ def results_dict(result: AblationResult) -> dict[str, Any]:
         "ceilings_flops_per_s": result.ceilings,
         "metric": result.metric,
         "best": {"name": result.best_name, "recipe": result.best.to_dict() if result.best else None, "tie": result.tie,
-                 "rerun_odds": result.odds, "none_because": result.no_recommendation},
+                 "rerun_odds": result.odds, "none_because": result.no_recommendation,
+                 **best_command(result)},
         "baseline_seeds": result.seed_runs,
         "rungs": [rung_dict(rung, result.metric) for rung in result.rungs],
     }
+
+
+def best_command(result: AblationResult) -> dict[str, Any]:
+    """Where the recommendation is a rung of the script's own flags: the command line (and variables) to run."""
+    best = next((r for r in result.rungs if r.name == result.best_name and r.script), None)
+    return {"command": best.script["command"], "command_env": best.script["command_env"]} if best else {}
 
 
 def write_results_json(result: AblationResult) -> Path:

@@ -37,6 +37,10 @@ def best_line(result: AblationResult) -> str:
         return f"no recommendation: {result.no_recommendation}"
     labels = {r.name: rung_label(r) for r in result.rungs}
     text = f"recommended: {labels[result.best_name]}"
+    best = next((r for r in result.rungs if r.name == result.best_name and r.script), None)
+    if best is not None:            # a rung of the script's own flags: the command line that runs it
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in best.script["command_env"].items())
+        text += f" (run: `{env + ' ' if env else ''}{shlex.join(best.script['command'])}`)"
     missing = unreported_metric(result)
     judged = judged_line(result)
     if missing is not None:

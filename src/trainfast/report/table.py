@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..results import EffectLabel, Rung, RungResult, Status
+from ..scriptargs import UNCHANGED
 from ..techniques.precision import not_run_text
 from .format import (TOO_FEW, fmt_bytes, fmt_rate, fmt_sig, fmt_speedup, readable, repeats_needed, rung_label,
                      short_verdict)
@@ -106,6 +107,8 @@ def measured_row(rung: Rung, columns: Columns) -> list[str]:
     verdict = "reference" if baseline else short_verdict(r.verdict, r.speedup, r.is_firm)
     if rung.status != Status.DONE:
         verdict += f" (so far: {len(rung.repeats)} repeat(s))"
+    if rung.script.get("unchanged"):          # a --rung observed doing what the rung above did (script_rungs.py)
+        verdict += f"; {UNCHANGED}"
     acc = "—" if r.metric is None else f"{r.metric:.3f}"
     if not baseline and r.metric_delta is not None:
         acc += f" ({r.metric_delta:+.3f}{' !' if r.metric_flag else ''})"

@@ -76,3 +76,22 @@ def literal(node: ast.expr | None, constants: dict[str, Any], path: Path) -> Any
         raise LookupError(f"{path.name}:{line}: a Switch with data= declares its fields and data as literals (or "
                           "names of module-level literals), so the command line can read them before torch loads "
                           "(techniques/static.py)") from None
+
+
+@functools.cache
+def declared_rung_names() -> frozenset[str]:
+    """The rung names the switches' declarations write as literals (`RungSpec("amp", ...)`, or a module-level
+    literal's name): what a script's own rung (--rung NAME=...) may not be called, checked before torch loads. Names
+    made in code (the precision levels) are checked once the declarations are imported (ablation/api.py)."""
+    names: set[str] = set()
+    for info in pkgutil.iter_modules([str(HERE)]):
+        tree = ast.parse((HERE / f"{info.name}.py").read_text(encoding="utf-8"))
+        constants = module_constants(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and called_name(node.func) == "RungSpec" and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    names.add(first.value)
+                elif isinstance(first, ast.Name) and isinstance(constants.get(first.id), str):
+                    names.add(constants[first.id])
+    return frozenset(names)

@@ -1,0 +1,255 @@
+"""A script's own flags as rungs (`ablate --rung NAME='ARGS or ENV=VALUE' -- COMMAND`): the words of a rung merged
+into the command (every flag form, replaced not duplicated, variables), the refusals, a ladder file, the rungs in a
+plan (cumulative and each), what one run starts, the note for a rung observed doing what the rung above did, and
+the rungs in results.json and the report. All in this process, on hand-built records; one slow test ablates a
+small plain loop with its own flags end to end."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainfast.ablation.script_rungs import add_script_rungs, note_unchanged, rung_command, rung_env
+from trainfast.launch import Command
+from trainfast.recipe import Recipe
+from trainfast.results import AblationResult, Rung, Status
+from trainfast.scriptargs import (UNCHANGED, CommandChange, RungError, check_rungs, merge_args, parse_rung,
+                                  read_ladder, script_start)
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ["python", "-u", "train.py", "DATA", "--amp", "--lr", "0.1", "--dtype=fp16", "-b", "64", "--layers", "1",
+        "2"]
+
+
+# --- the words merged into the command ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, expected", [
+    # a bare flag the command has: kept once, its positional neighbour untouched
+    (["--amp"], BASE),
+    # `--flag value` replaced where it stands
+    (["--lr", "0.2"], [*BASE[:6], "0.2", *BASE[7:]]),
+    # `--flag=value` in the command, `--flag value` in the rung (and the other way round)
+    (["--dtype", "bf16"], [*BASE[:7], "--dtype", "bf16", *BASE[8:]]),
+    (["--lr=0.3"], [*BASE[:5], "--lr=0.3", *BASE[7:]]),
+    # a short flag as given; a negative number is a value, not a flag
+    (["-b", "-1"], [*BASE[:8], "-b", "-1", *BASE[10:]]),
+    # a new flag appended, bare or with values
+    (["--compile"], [*BASE, "--compile"]),
+    (["--workers", "8", "--pin"], [*BASE, "--workers", "8", "--pin"]),
+    # a flag of several values: as many of the command's as the rung gives are replaced
+    (["--layers", "3", "4"], [*BASE[:10], "--layers", "3", "4"]),
+])
+def test_a_rungs_flags_replace_the_commands_own_or_are_appended(args, expected):
+    assert merge_args(list(BASE), args) == expected
+
+
+def test_the_interpreters_own_flags_and_a_trailing_separator_are_left_alone():
+    # `-u` before the script is python's, never the script's: a rung's -u is the script's own
+    assert merge_args(["python", "-u", "t.py", "--x"], ["-u"]) == ["python", "-u", "t.py", "--x", "-u"]
+    assert merge_args(["python", "t.py", "--", "rest"], ["--amp"]) == ["python", "t.py", "--amp", "--", "rest"]
+    assert script_start(["python", "-m", "pkg.train", "--a"]) == 3
+    assert script_start(["python", "-X", "dev", "t.py"]) == 4
+    assert script_start(["torchrun", "--nproc-per-node", "2", "train.py", "--a"]) == 4
+    assert script_start(["./train.sh", "--a"]) == 1
+
+
+def test_variables_lead_the_rung_and_a_later_rung_replaces_an_earlier_ones_flags():
+    change = parse_rung("tf32=NVIDIA_TF32_OVERRIDE=1 A_B='x y' --amp --amp-dtype bfloat16")
+    assert change == CommandChange("tf32", ("--amp", "--amp-dtype", "bfloat16"),
+                                   {"NVIDIA_TF32_OVERRIDE": "1", "A_B": "x y"})
+    both = parse_rung("a=X=1 --lr 1 --amp").then(parse_rung("b=X=2 --lr 2 --compile"))
+    assert both == CommandChange("b", ("--lr", "2", "--amp", "--compile"), {"X": "2"})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("compile", "give NAME='ARGS or ENV=VALUE ...'"),
+    ("compile=", "the rung changes nothing"),
+    ("compile=  ", "the rung changes nothing"),
+    ("2x=--a", "the rung name '2x' must start with a letter"),
+    ("a/b=--a", "the rung name 'a/b' must start with a letter"),
+    ("x=MY-VAR=1", "'MY-VAR' is not an environment variable name"),
+    ("x=1X=1 --a", "'1X' is not an environment variable name"),
+    ("x=TRAINFAST_RECIPE={}", "TRAINFAST_RECIPE is set by trainfast in every run"),
+    ("x=data --a", "'data' is neither a flag nor ENV=VALUE"),
+    ("x=--a 'open", "No closing quotation"),
+])
+def test_a_rung_that_cannot_work_is_refused_naming_it(text, message):
+    with pytest.raises(RungError) as refused:
+        parse_rung(text)
+    assert f"--rung {text!r}" in str(refused.value) and message in str(refused.value)
+
+
+def test_a_rung_named_as_a_switch_or_twice_is_refused():
+    with pytest.raises(RungError, match="--rung amp: the name is a switch's rung"):
+        check_rungs([parse_rung("amp=--amp")], ["baseline", "amp"])
+    with pytest.raises(RungError, match="--rung a: two rungs have this name"):
+        check_rungs([parse_rung("a=--x"), parse_rung("a=--y")], [])
+
+
+def test_the_early_rung_names_are_the_declared_ones():
+    """The names refused before torch loads (read from the declarations' source) are real rung names, and only the
+    precision levels' names, made in code, wait for the declarations (ablation/api.py checks them all)."""
+    from trainfast.ablation import ladders
+    from trainfast.techniques.precision import LEVEL_RUNGS
+    from trainfast.techniques.static import declared_rung_names
+
+    every = set(ladders.LADDERS[ladders.SCRIPT][1])
+    assert declared_rung_names() <= every
+    assert every - declared_rung_names() == {"baseline", *LEVEL_RUNGS}
+
+
+def test_a_ladder_file_gives_rungs_and_its_mistakes_are_named(tmp_path):
+    good = tmp_path / "ladder.yaml"
+    good.write_text("- {name: bf16, args: --amp --amp-dtype bfloat16}\n"
+                    "- {name: cl, args: [--channels-last], env: {OMP_NUM_THREADS: 2}}\n")
+    assert read_ladder(str(good)) == [CommandChange("bf16", ("--amp", "--amp-dtype", "bfloat16")),
+                                      CommandChange("cl", ("--channels-last",), {"OMP_NUM_THREADS": "2"})]
+    for text, message in [("name: x", "must be a list of rungs"), ("- {name: x}", "rung 1: the rung changes nothing"),
+                          ("- {name: x, flags: --a}", "rung 1: unknown key(s) flags"),
+                          ("- {name: x, args: --a}\n- {name: 'y z', args: --b}", "rung 2: the rung name 'y z'"),
+                          ("- [unclosed", "not YAML")]:
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        with pytest.raises(RungError) as refused:
+            read_ladder(str(bad))
+        assert f"--ladder {bad}" in str(refused.value) and message in str(refused.value), refused.value
+
+
+# --- the rungs in a plan, and what a run starts ----------------------------------------------------------------
+
+def plan_with(mode: str) -> list[Rung]:
+    base = Recipe()
+    plan = [Rung("baseline", {}, base), Rung("amp", {"precision": "bf16"}, base.replace(precision="bf16"))]
+    add_script_rungs(plan, [parse_rung("own=X=1 --lr 0.5 --amp"), parse_rung("cl=--channels-last --lr 0.2")],
+                     ["python", "t.py", "--lr", "0.1"], mode)
+    return plan
+
+
+def test_cumulative_script_rungs_carry_the_switches_and_the_flags_above():
+    plan = plan_with("cumulative")
+    own, cl = plan[2], plan[3]
+    assert own.changes == {} and own.recipe.precision == "bf16"        # on top of the amp rung
+    assert own.script["args"] == ["--lr", "0.5", "--amp"] and own.script["env"] == {"X": "1"}
+    assert own.script["command"] == ["python", "t.py", "--lr", "0.5", "--amp"]
+    assert cl.script["args"] == ["--channels-last", "--lr", "0.2"]      # its own words, as given
+    assert cl.script["command"] == ["python", "t.py", "--lr", "0.2", "--amp", "--channels-last"]
+    assert cl.script["command_env"] == {"X": "1"} and cl.script["switches"] == 4
+    command = rung_command(cl, Command(("python", "t.py", "--lr", "0.1"), nproc=2))
+    assert command.launch_argv()[-5:] == ["t.py", "--lr", "0.2", "--amp", "--channels-last"] and command.nproc == 2
+    assert rung_env(cl) == {"X": "1"} and rung_env(plan[1]) == {}
+    assert rung_command(plan[1], command) is command                  # a switch's rung: the command as it is
+
+
+def test_each_script_rung_starts_from_the_baseline():
+    plan = plan_with("each")
+    own, cl = plan[2], plan[3]
+    assert own.recipe.precision == "fp32" and cl.script["command"] == ["python", "t.py", "--lr", "0.2",
+                                                                       "--channels-last"]
+    assert cl.script["command_env"] == {} and cl.script["on"] == "baseline"
+
+
+# --- observed changing nothing --------------------------------------------------------------------------------
+
+def seen(precision: str = "fp32", memory_format: str | None = "contiguous") -> dict:
+    """A run's record with the `observed` section a script's run writes (probe/), built by hand."""
+    return {"throughput": 100.0, "observed": {
+        "precision": precision, "autocast": precision != "fp32", "compiled": False, "recompiles": 0,
+        "optimizer": "SGD", "optimizer_impl": "foreach", "loader": None, "memory_format": memory_format,
+        "by": {"precision": "script"} if precision != "fp32" else {}}}
+
+
+def test_a_flag_whose_runs_were_observed_doing_what_the_rung_above_did_says_so():
+    plan = plan_with("cumulative")
+    plan[0].repeats, plan[1].repeats = [seen()], [seen("bf16")]
+    plan[2].repeats = [seen("bf16")]                                   # --amp on top of trainfast's amp: nothing new
+    plan[3].repeats = [seen("bf16", "channels_last")]                  # --channels-last: seen
+    note_unchanged(plan)
+    assert UNCHANGED in plan[2].script["unchanged"] and "as amp's (bf16 autocast" in plan[2].reason
+    assert "unchanged" not in plan[3].script and not plan[3].reason
+    note_unchanged(plan)                                                 # said once, however many runs come after
+    assert plan[2].reason.count(UNCHANGED) == 1
+
+
+def test_records_without_observations_give_no_note():
+    plan = plan_with("each")
+    plan[0].repeats, plan[2].repeats = [{"throughput": 1.0}], [seen()]   # an older record: nothing observed
+    plan[3].repeats = [{"throughput": 1.0}]
+    note_unchanged(plan)
+    assert not plan[2].script.get("unchanged") and not plan[3].script.get("unchanged")
+    plan[0].repeats = [seen()]                                           # each: compared with the baseline
+    note_unchanged(plan)
+    assert plan[2].script.get("unchanged") and not plan[3].script.get("unchanged")
+
+
+def test_results_json_and_the_report_carry_the_rungs_args_and_the_note(tmp_path):
+    from trainfast.report.format import rung_label
+    from trainfast.report.results_json import results_dict
+    from trainfast.report.summary import best_line
+    from trainfast.report.table import Columns, table_rows
+
+    plan = plan_with("each")
+    for rung in plan:
+        rung.status = Status.DONE
+    plan[0].repeats, plan[2].repeats = [seen()], [seen()]
+    note_unchanged(plan)
+    r = plan[2].result
+    r.verdict, r.speedup, r.throughput, r.repeats = "no measurable difference", 1.0, 1.0, 1
+    result = AblationResult(plan, {}, tmp_path, plan[3].recipe, "cl", {})
+    data = results_dict(result)
+    own = data["rungs"][2]
+    assert own["script"]["args"] == ["--lr", "0.5", "--amp"] and own["script"]["env"] == {"X": "1"}
+    assert UNCHANGED in own["script"]["unchanged"] and UNCHANGED in own["effect_reason"]
+    assert data["best"]["command"] == ["python", "t.py", "--lr", "0.2", "--channels-last"]
+    assert "script" not in data["rungs"][1]                            # a switch's rung: as before
+    assert rung_label(plan[2]) == "+own (X=1 --lr 0.5 --amp)"
+    row = next(r for r in table_rows(plan, Columns(cumulative=False, step_alone=False)) if r[0].startswith("+own"))
+    assert UNCHANGED in row[3]                                           # beside its verdict
+    assert "run: `python t.py --lr 0.2 --channels-last`" in best_line(result)
+
+
+def test_the_built_in_run_refuses_a_scripts_rung():
+    from trainfast.ablation import ablate
+    from trainfast.recipe import RecipeError
+
+    with pytest.raises(RecipeError, match="needs the script"):
+        ablate(script_rungs=[parse_rung("own=--amp")])
+
+
+# --- end to end -------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_plain_loops_own_flags_are_ablated_as_rungs(tmp_path):
+    """Two rungs of a plain loop's own flags, one repeat each: measured like switches' rungs, their args and
+    variables in results.json, the command lines their runs started, the report naming them."""
+    out = tmp_path / "own"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("TRAINFAST_RECIPE", None)
+    script = str(ROOT / "tests" / "scripts" / "own_flags_loop.py")
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainfast", "ablate", "--out", str(out), "--repeats", "1", "--settle-within", "0",
+         "--timing-steps", "20", "--rung", "bf16=--amp", "--rung", "cl=OWN_FLAGS_NOTE=seen --channels-last",
+         "--", sys.executable, script, "--steps", "100000", "--lr", "0.05"],
+        env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    by_name = {r["name"]: r for r in results["rungs"]}
+    assert list(by_name) == ["baseline", "bf16", "cl"]
+    for name in ("bf16", "cl"):
+        assert by_name[name]["status"] == "done" and by_name[name]["throughput"] > 0
+        assert by_name[name]["verdict"], by_name[name]
+    assert by_name["bf16"]["script"]["args"] == ["--amp"]
+    assert by_name["cl"]["script"]["env"] == {"OWN_FLAGS_NOTE": "seen"}
+    started = json.loads((out / "rungs" / "cl-r0" / "command.json").read_text())
+    assert started["argv"][-4:] == ["--lr", "0.05", "--amp", "--channels-last"]       # cumulative, replaced once
+    assert started["env"]["OWN_FLAGS_NOTE"] == "seen"
+    assert "note: seen" in (out / "rungs" / "cl-r0" / "log.txt").read_text()
+    baseline = json.loads((out / "rungs" / "baseline-r0" / "command.json").read_text())
+    assert baseline["argv"][-4:] == ["--steps", "100000", "--lr", "0.05"] and "OWN_FLAGS_NOTE" not in baseline["env"]
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["rungs"]["bf16"]["args"] == ["--amp"]                 # a resume must ask for the same flags
+    report = (out / "report.md").read_text()
+    assert "+bf16 (--amp)" in report and "+cl (OWN_FLAGS_NOTE=seen --channels-last)" in report
