@@ -253,3 +253,63 @@ def test_a_plain_loops_own_flags_are_ablated_as_rungs(tmp_path):
     assert plan["rungs"]["bf16"]["args"] == ["--amp"]                 # a resume must ask for the same flags
     report = (out / "report.md").read_text()
     assert "+bf16 (--amp)" in report and "+cl (OWN_FLAGS_NOTE=seen --channels-last)" in report
+
+
+# --- tune: the script's rungs that gain, combined with the switches -------------------------------------------
+
+def test_tune_combines_the_script_rungs_that_gain_with_the_switches_and_names_the_command(tmp_path):
+    from conftest import scored_rung
+
+    from trainfast.ablation.scoring import score_rungs
+    from trainfast.tune import combine, combine_stage, decide
+    from trainfast.tune.combine import Decision
+    from trainfast.tune.outputs import tune_md
+    from trainfast.tune.script import command_line, merged_script, stamp_stage
+
+    command = ["python", "t.py", "--lr", "0.1", "--workers", "2"]
+    own = [parse_rung("fast=--amp --workers 4"), parse_rung("noop=--quiet"), parse_rung("more=X=1 --workers 8")]
+    planned = [Rung("baseline", {}, Recipe())]
+    add_script_rungs(planned, own, command, "each")
+
+    def scored(rates: dict[str, float], scripts: dict[str, dict]) -> list[Rung]:
+        rungs = [scored_rung(name, [rate * 0.99, rate, rate * 1.01], 0.95,
+                             **({"channels_last": True} if "channels_last" in name else {}))
+                 for name, rate in rates.items()]
+        for rung in rungs:
+            rung.script = dict(scripts.get(rung.name, {}))
+        score_rungs(rungs, {"fp32": 1e12}, [0.95, 0.951, 0.949], mode="each")
+        return rungs
+
+    singles = scored({"baseline": 100, "channels_last": 130, "fast": 170, "noop": 101, "more": 150},
+                     {r.name: r.script for r in planned})
+    recipe, names, dropped = combine(Recipe(), singles, planned_steps=None)
+    assert names == ["channels_last", "fast", "more"] and "no firm gain" in dropped["noop"]
+    together = merged_script(singles, names, command)
+    # the later rung's --workers replaces the earlier's, which replaced the command's own; variables joined
+    assert together["command"] == ["python", "t.py", "--lr", "0.1", "--workers", "8", "--amp"]
+    assert together["command_env"] == {"X": "1"} and merged_script(singles, ["channels_last"], command) == {}
+    stage = combine_stage(Recipe(), singles, recipe, names)
+    stamp_stage(stage, singles, names, command)
+    by_name = {r.name: r for r in stage}
+    assert by_name["single-fast"].script["command"][-3:] == ["--workers", "4", "--amp"]
+    assert by_name["combined"].script == together and by_name["combined"].recipe.channels_last
+    assert by_name["without-fast"].script["command"] == ["python", "t.py", "--lr", "0.1", "--workers", "8"]
+    assert by_name["without-more"].script["command_env"] == {} and not by_name["baseline"].script
+    measured = scored({"baseline": 100, "single-fast": 170, "combined": 260, "without-channels_last": 200,
+                       "without-fast": 190, "without-more": 220}, {r.name: r.script for r in stage})
+    for made, got in zip(stage, measured):
+        got.recipe = made.recipe
+    decision = decide(measured)
+    assert decision.name == "combined" and decision.script == together and decision.recipe.channels_last
+    assert command_line(decision.script) == "X=1 python t.py --lr 0.1 --workers 8 --amp"
+    lines = tune_md(Decision(Recipe(), "combined", script=together), AblationResult(singles, {}, tmp_path, None,
+                    None, {}), None, 1.0, 60.0, None, None, None, [])
+    assert any("run `X=1 python t.py --lr 0.1 --workers 8 --amp`" in line for line in lines)
+
+
+def test_tune_refuses_a_scripts_rung_without_the_script():
+    from trainfast.recipe import RecipeError
+    from trainfast.tune.options import tune_options
+
+    with pytest.raises(RecipeError, match="needs the script"):
+        tune_options({"script_rungs": [parse_rung("own=--amp")]})

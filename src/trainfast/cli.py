@@ -180,7 +180,7 @@ def _tune(args, recipe: Recipe) -> int:
              resume=resume, command=args.user_command, nproc=args.nproc, metric=args.metric, goal=args.metric_goal,
              batch_size_search=args.batch_size_search, settle=args.settle, switches=split_names(args.switches),
              paired=args.paired, task=args.task_given if args.user_command is not None else args.task,
-             memory_limit=args.memory_limit, target=args.target)
+             memory_limit=args.memory_limit, target=args.target, script_rungs=getattr(args, "script_rungs", []))
     except KeyboardInterrupt:
         return 130
     return 0

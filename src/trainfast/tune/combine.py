@@ -31,6 +31,8 @@ class Decision:
     speedup_interval: list[float] | None = None
     batch: dict[str, Any] | None = None      # --batch-size-search: reported apart, not in best.yaml
     target: str | None = None                # --target: the speed-up is the time-to-target ratio, to this target
+    # Where the recipe holds the script's own flags (--rung): the command line that runs it (tune/script.py)
+    script: dict[str, Any] = field(default_factory=dict)
 
     def headline(self) -> str:
         """The speed-up in words, with its interval: against the baseline's rate, or its time to the target."""
@@ -176,7 +178,8 @@ def on_level_decision(level: Rung, best: Rung, fallback: Decision) -> Decision:
     a, b = level.result.speedup_interval, best.result.speedup_interval
     return Decision(best.recipe, f"{level.name} + {best.name}", gainers=fallback.gainers,
                     combined=[level.name, best.name], dropped=fallback.dropped, notes=fallback.notes,
-                    speedup=speedup, speedup_interval=[a[0] * b[0], a[1] * b[1]] if a and b else None)
+                    speedup=speedup, speedup_interval=[a[0] * b[0], a[1] * b[1]] if a and b else None,
+                    script=dict(best.script))
 
 
 def firmly_faster(a: Rung, b: Rung, min_effect: float, noises: Noises) -> tuple[bool, Comparison | None]:
@@ -218,6 +221,7 @@ def decide(stage: list[Rung], min_effect: float = MIN_EFFECT) -> Decision:
     if decision.name == "baseline" and firm_gain(single):
         decision.recipe, decision.name = single.recipe, single.name
     chosen = next(r for r in stage if r.name == decision.name)
+    decision.script = dict(chosen.script)          # the script's own flags it holds, if any
     decision.speedup = chosen.result.speedup if chosen.result.speedup is not None else 1.0
     decision.speedup_interval = chosen.result.speedup_interval
     return decision

@@ -19,9 +19,9 @@ class TuneOptions:
     levels ("auto": the device's fast one). repeats: every stage's passes. budget_s: the seconds the search
     plans within. planned_steps: the optimizer steps of the run the recipe is for (decides compile). timing:
     the steady steps each run is timed over. min_effect, resume, show: as the ablation's. switches: search
-    only these. command, nproc, metric, goal: search on a user's own command. batch_size_search: afterwards,
-    larger batches (reported apart). settle: passes added while a verdict is within the noise. paired: as the
-    ablation's (LadderOptions)."""
+    only these. command, nproc, metric, goal: search on a user's own command (script_rungs: its own flags too).
+    batch_size_search: afterwards, larger batches (reported apart). settle: passes added while a verdict is within
+    the noise. paired: as the ablation's (LadderOptions)."""
     out: str | Path | None = None
     amp_dtype: str = "auto"
     repeats: int = 3
@@ -42,6 +42,8 @@ class TuneOptions:
     memory_limit: int | str | None = None     # bytes, or "2GiB": the search starts with its memory stage
     # --target (target.py): a last stage judges the rate pick and its batch sizes on their time to target
     target: Any = None
+    # --rung / --ladder (scriptargs.CommandChange): the script's own flags, tried alone and combined (tune/script.py)
+    script_rungs: Sequence[Any] = ()
 
     def __post_init__(self) -> None:
         if self.timing is None:
@@ -53,6 +55,9 @@ class TuneOptions:
         object.__setattr__(self, "memory_limit", ladder.memory_limit)
         object.__setattr__(self, "target", ladder.target)
         check_measure("full", self.goal)
+        if self.script_rungs and self.command is None:
+            raise RecipeError("--rung: a rung of a script's own flags needs the script: trainfast tune --rung "
+                              "NAME='ARGS' -- python train.py ...")
         if self.batch_size_search and self.command is not None:
             raise RecipeError("--batch-size-search: a script sets its own DataLoader batch size, which the recipe "
                               "cannot change; search it with the built-in run, or in the script")

@@ -9,6 +9,7 @@ from ..ablation.store import write_json
 from ..checks.findings import INPUT_BOUND_SHARE
 from ..results import AblationResult
 from .combine import Decision
+from .script import command_line
 
 
 def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, combined: AblationResult | None,
@@ -28,7 +29,10 @@ def write_outputs(out_dir: Path, decision: Decision, singles: AblationResult, co
             "combine": summary(combined), "input": [summary(r) for r in inputs or []],
             "batch_search": decision.batch,
             "to_target": ({r.name: r.result.to_target for r in target.rungs if r.result.to_target}
-                          if target is not None else None)}
+                          if target is not None else None),
+            # the script's own flags it holds (--rung): the command line that runs the recipe
+            **({"command": decision.script["command"], "command_env": decision.script["command_env"]}
+               if decision.script else {})}
     write_json(out_dir / "tune.json", data)
     lines = tune_md(decision, singles, combined, seconds, budget_s, planned_steps, on_level, batch, inputs or [])
     if target is not None:          # the candidates' time to target, its factors and the verdicts
@@ -58,6 +62,7 @@ def tune_md(decision: Decision, singles: AblationResult, combined: AblationResul
     lines = ["# trainfast tune", "",
              f"Recommended: **{decision.name}**, {decision.headline()}, written to [best.yaml](best.yaml). The "
              f"search took {seconds:.0f} s (budget {budget_s:.0f} s); planned run: {planned_steps} optimizer steps.",
+             *([f"It holds the script's own flags: run `{command_line(decision.script)}`."] if decision.script else []),
              "",
              "## Each switch alone (stage 1)", "", markdown_table(headers(columns), table_rows(singles.rungs, columns)),
              "", "Details: [singles/report.md](singles/report.md).", ""]

@@ -15,12 +15,15 @@ import torch
 
 from ..ablation import LadderOptions, run_ladder
 from ..ablation.loop import trimmed
+from ..ablation.ladders import LADDERS, RUNG_ALIASES, SCRIPT
 from ..ablation.scoring import recipe_changes
+from ..ablation.script_rungs import add_script_rungs
 from ..ablation.store import default_out_dir
 from ..ablation.work import BuiltinSpec, Work, prepare_builtin, prepare_command
 from ..recipe import Recipe, RecipeError, resolve_device
 from ..report.summary import judged_line, keep_line
 from ..results import AblationResult, Rung, Status
+from ..scriptargs import check_rungs
 from ..tasks import TASKS
 from ..techniques.precision import auto_amp_dtype, slow_half_reason
 from .batch import batch_finding, batch_rungs
@@ -31,6 +34,7 @@ from .memory import held_to_limit, named_for_memory, run_memory
 from .options import TuneOptions, tune_options
 from .outputs import write_outputs
 from .target import TARGET_SHARE, run_target_stage
+from .script import command_line, merged_script, stamp_stage
 from .switches import firm_gain, is_level, kept_level, on_level_order, plan_singles, single_names
 
 
@@ -122,6 +126,7 @@ class Findings:
     batch: AblationResult | None = None      # --batch-size-search
     inputs: list[AblationResult] = field(default_factory=list)    # stage 3, its rounds
     target: AblationResult | None = None     # --target: the candidates on their time to target
+    script: dict[str, Any] = field(default_factory=dict)   # the script's own flags the combination holds (--rung)
 
 
 def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: TuneOptions,
@@ -143,7 +148,7 @@ def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: 
     amp = auto_amp_dtype(dev) if opts.amp_dtype == "auto" else opts.amp_dtype
     slow = slow_half_reason(dev, amp) if opts.amp_dtype == "auto" else None
     names = chosen_switches(single_names(amp, image_folder, task), opts.switches)
-    singles = plan_singles(base, names, amp, dev, slow, task)
+    singles = with_own_rungs(plan_singles(base, names, amp, dev, slow, task), opts)
     # A script whose task was not given, its switches not named: each other task's stage 1, one of which its
     # batches may pick (ablation/work.py: CommandWork.follow_task). Detection has no search (its precision levels
     # past O1 are refused, so stage 1b has nothing to try): a detector's script keeps the default stages.
@@ -160,11 +165,19 @@ def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: 
     def replan() -> list[Rung]:
         """Stage 1 planned again on the search's base as it is now (the memory stage may have moved it)."""
         name = getattr(work, "learned", {}).get("script_task", {}).get("name", task)
-        rungs = plan_singles(search.base, others.get(name, names), amp, dev, slow, name)
+        rungs = with_own_rungs(plan_singles(search.base, others.get(name, names), amp, dev, slow, name), opts)
         work.mark_effects(rungs)
         return rungs
     search = Search(work, base, out_dir, opts, budget, replan, task=task)
     return search, singles
+
+
+def with_own_rungs(singles: list[Rung], opts: TuneOptions) -> list[Rung]:
+    """Stage 1's rungs and, after them, each rung of the script's own flags (--rung) alone on the baseline."""
+    if opts.script_rungs:
+        check_rungs(opts.script_rungs, [*LADDERS[SCRIPT][1], *RUNG_ALIASES])
+        add_script_rungs(singles, opts.script_rungs, opts.command, "each")
+    return singles
 
 
 def chosen_switches(names: list[str], switches: list[str] | None) -> list[str]:
@@ -204,7 +217,8 @@ def run_singles(search: Search, singles: list[Rung]) -> Findings:
         search.notes.append("the planned run's length is not known (a command's runs stop once timed): compile "
                             "was kept without its break-even check; pass --planned-steps to decide it")
     return Findings(singles, first, steps, combined, in_combination, dropped, per_run,
-                    kept_level(singles, in_combination))
+                    kept_level(singles, in_combination),
+                    script=merged_script(singles, in_combination, search.options.command))
 
 
 def run_on_level(search: Search, found: Findings) -> None:
@@ -216,7 +230,8 @@ def run_on_level(search: Search, found: Findings) -> None:
     if level is None or not others:
         return
     rungs = [Rung(f"on-{level.name}", dict(level.changes), level.recipe)]
-    rungs += [Rung(r.name, dict(r.changes), level.recipe.replace(**r.changes)) for r in on_level_order(others)]
+    rungs += [Rung(r.name, dict(r.changes), level.recipe.replace(**r.changes), script=dict(r.script))
+              for r in on_level_order(others)]
     # Run when the level and one switch fit twice: the stage cuts itself to the budget (the ladder's time budget).
     if not search.budget.fits(2 * min(repeats, 2), found.per_run):
         search.notes.append(f"the switches were not judged again on top of {level.name} (would not fit the budget)")
@@ -225,6 +240,7 @@ def run_on_level(search: Search, found: Findings) -> None:
     search.cut_note(found.on_level)
     on_top, names_on_top, dropped_on_top = combine(level.recipe, rungs, found.steps)
     found.combined, found.in_combination = on_top, [level.name, *names_on_top]
+    found.script = merged_script(rungs, names_on_top, search.options.command)
     levels = {r.name for r in found.singles if is_level(r)}
     dropped = {k: v for k, v in found.dropped.items() if k in levels}     # the others: judged on top instead
     dropped.update({k: f"on top of {level.name}: {v}" for k, v in dropped_on_top.items()})
@@ -291,7 +307,8 @@ def guard_measured(search: Search, decision: Decision, per_run: float) -> Decisi
         decision.notes.append("no accuracy guard: a full run of the baseline and the recipe would not fit the budget")
         return decision
     rungs = [Rung("baseline", {}, search.base),
-             Rung(decision.name, recipe_changes(search.base, decision.recipe), decision.recipe)]
+             Rung(decision.name, recipe_changes(search.base, decision.recipe), decision.recipe,
+                  script=dict(decision.script))]
     result = search.stage("guard", rungs, repeats, measure="full", last=True)
     rung = result.rungs[1]
     guarded = judged_line(result)
@@ -316,7 +333,8 @@ def best_measured(search: Search, found: Findings) -> Decision:
     decision = Decision(only.recipe, only.name, gainers=list(names), combined=[only.name],
                         dropped=found.dropped, speedup=only.result.speedup,
                         speedup_interval=only.result.speedup_interval,
-                        notes=["one switch gained: nothing to combine"] if len(names) == 1 else [])
+                        notes=["one switch gained: nothing to combine"] if len(names) == 1 else [],
+                        script=dict(only.script))
     on_top = [r for r in (found.on_level.rungs[1:] if found.on_level else []) if r.name in names and firm_gain(r)]
     if len(names) > 1 and on_top and found.level is not None:
         decision = on_level_decision(found.level, max(on_top, key=lambda r: r.result.speedup), decision)
@@ -336,6 +354,8 @@ def run_combine(search: Search, found: Findings) -> Decision:
     changes = {r.name: r.changes for r in [*found.singles, *(found.on_level.rungs if found.on_level else [])]}
     rungs = combine_stage(search.base, found.singles, found.combined, found.in_combination, changes,
                           opts.min_effect)
+    stamp_stage(rungs, [*found.singles, *(found.on_level.rungs if found.on_level else [])], found.in_combination,
+                opts.command)           # each candidate's runs start the command line of the flags it holds
     fit = search.repeats_that_fit(len(rungs), found.per_run, search.budget.left())
     repeats = fit or min(opts.repeats, 2)
     if repeats < opts.repeats:
@@ -441,7 +461,7 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
                   found.on_level, found.batch, found.inputs, found.target)
     if opts.show:
         print(f"recommended: {decision.name} ({decision.headline()}) — {search.out_dir}/best.yaml, "
-              f"{search.out_dir}/tune.md")
+              f"{search.out_dir}/tune.md" + (f"; run: {command_line(decision.script)}" if decision.script else ""))
         if keep:
             print(keep)
     return decision

@@ -25,6 +25,7 @@ from ..target import Target
 from ..techniques import apply_recipe_rewrites, target_rung_specs
 from ..techniques.batch_scale import lr_factor
 from .combine import Decision
+from .script import with_script
 
 # The share of --budget kept for this stage: its candidates train to the target (longer runs than a timed one) and
 # those that change the math get up to five seeds each.
@@ -78,6 +79,7 @@ def run_target_stage(search, decision: Decision, singles: list[Rung]) -> tuple[A
     train = getattr(getattr(search.work, "split", None), "train", None)
     rungs = target_candidates(search.base, decision.recipe, len(train) if train is not None else None,
                               lost_accuracy(singles))
+    with_script(rungs[1:], decision.script)       # the candidates stand on the pick: its script's flags too
     search.work.mark_effects(rungs)
     stage = search.stage(STAGE, rungs, search.options.repeats, measure="full", last=True,
                          target=search.options.target)
@@ -112,7 +114,7 @@ def choose(stage: AblationResult, decision: Decision, min_effect: float, memory_
         notes.append(f"{best.name} reached the target {ratio:.2f}x sooner than the rate pick ({fmt(interval)})")
     name = decision.name if best.name == PICK else f"{decision.name} + {best.name}"
     chosen = Decision(best.recipe, name, decision.gainers, decision.combined, decision.dropped, decision.notes + notes,
-                      batch=decision.batch)
+                      batch=decision.batch, script=dict(best.script))
     return on_target(chosen, best, stage)
 
 
