@@ -313,3 +313,25 @@ def test_tune_refuses_a_scripts_rung_without_the_script():
 
     with pytest.raises(RecipeError, match="needs the script"):
         tune_options({"script_rungs": [parse_rung("own=--amp")]})
+
+
+def test_the_cli_passes_the_rungs_and_the_ladder_file_to_ablate_and_tune(monkeypatch, tmp_path):
+    import importlib
+
+    from trainfast.cli import main
+
+    class Captured(Exception):
+        pass
+
+    def stand_in(*args, **kwargs):
+        raise Captured(kwargs)
+    ladder = tmp_path / "ladder.yaml"
+    ladder.write_text("- {name: cl, args: --channels-last}\n")
+    for module, name in (("trainfast.ablation", "ablate_command"), ("trainfast.tune", "tune")):
+        monkeypatch.setattr(importlib.import_module(module), name, stand_in)
+        command = "ablate" if name == "ablate_command" else "tune"
+        with pytest.raises(Captured) as info:
+            main([command, "--rung", "bf16=--amp --amp-dtype bfloat16", "--ladder", str(ladder), "--",
+                  "python", "t.py"])
+        assert info.value.args[0]["script_rungs"] == [CommandChange("bf16", ("--amp", "--amp-dtype", "bfloat16")),
+                                                      CommandChange("cl", ("--channels-last",))]

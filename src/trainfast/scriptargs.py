@@ -191,3 +191,8 @@ def merge_args(argv: list[str], args: Sequence[str], start: int | None = None) -
         if not placed:
             appended += group
     return head + own + appended + rest
+
+
+def as_changes(rungs: Sequence[CommandChange | str]) -> list[CommandChange]:
+    """The Python API's `script_rungs`: CommandChange objects, or --rung's own text ("bf16=--amp")."""
+    return [parse_rung(r, "script_rungs") if isinstance(r, str) else r for r in rungs]

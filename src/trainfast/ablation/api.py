@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..recipe import Recipe, RecipeError, resolve_device
-from ..scriptargs import check_rungs
+from ..scriptargs import as_changes, check_rungs
 from ..results import AblationResult, Status
 from ..tasks import TASKS
 from ..techniques import process_wide_fields
@@ -82,8 +82,9 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
     process-wide switches are timed on it (the default ladder gains them once its baseline shows no Session),
     every other rung is reported as having no effect on it. `task`: the script's task (its ladder); None: the
     task its batches show in the baseline's first run (instruments/batches.py), whose ladder then replaces the
-    default one unless `rungs` named the rungs. `script_rungs` (scriptargs.CommandChange, --rung): the script's own
-    flags or variables as rungs, after the switches' (with no `rungs`, the baseline and these alone).
+    default one unless `rungs` named the rungs. `script_rungs` (scriptargs.CommandChange, or "NAME=ARGS" as
+    --rung takes it): the script's own flags or variables as rungs, after the switches' (with no `rungs`, the
+    baseline and these alone).
     `options`: as ablate()'s."""
     plan_opts, opts = split_options(options)
     if opts.target is not None:     # a run must go on to its target (or its cap): the script's whole run, judged
@@ -93,7 +94,7 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
     base = recipe or Recipe()
     dev = resolve_device(device)
     amp = plan_opts.get("amp_dtype", "auto")
-    own = list(plan_opts.get("script_rungs") or ())           # --rung: the script's own flags, after the switches
+    own = as_changes(plan_opts.get("script_rungs") or ())      # --rung: the script's own flags, after the switches
     named = plan_opts.get("rungs") or (["baseline"] if own else None)
     ladder = task if task and not named else SCRIPT
 

@@ -23,7 +23,7 @@ from ..ablation.work import BuiltinSpec, Work, prepare_builtin, prepare_command
 from ..recipe import Recipe, RecipeError, resolve_device
 from ..report.summary import judged_line, keep_line
 from ..results import AblationResult, Rung, Status
-from ..scriptargs import check_rungs
+from ..scriptargs import as_changes, check_rungs
 from ..tasks import TASKS
 from ..techniques.precision import auto_amp_dtype, slow_half_reason
 from .batch import batch_finding, batch_rungs
@@ -175,8 +175,9 @@ def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: 
 def with_own_rungs(singles: list[Rung], opts: TuneOptions) -> list[Rung]:
     """Stage 1's rungs and, after them, each rung of the script's own flags (--rung) alone on the baseline."""
     if opts.script_rungs:
-        check_rungs(opts.script_rungs, [*LADDERS[SCRIPT][1], *RUNG_ALIASES])
-        add_script_rungs(singles, opts.script_rungs, opts.command, "each")
+        own = as_changes(opts.script_rungs)
+        check_rungs(own, [*LADDERS[SCRIPT][1], *RUNG_ALIASES])
+        add_script_rungs(singles, own, opts.command, "each")
     return singles
 
 
