@@ -17,7 +17,7 @@ from ..ablation import LadderOptions, run_ladder
 from ..ablation.loop import trimmed
 from ..ablation.ladders import LADDERS, RUNG_ALIASES, SCRIPT
 from ..ablation.scoring import recipe_changes
-from ..ablation.script_rungs import add_script_rungs
+from ..ablation.script_rungs import add_script_rungs, script_settings
 from ..ablation.store import default_out_dir
 from ..ablation.work import BuiltinSpec, Work, prepare_builtin, prepare_command
 from ..recipe import Recipe, RecipeError, resolve_device
@@ -59,7 +59,8 @@ class Search:
                   "min_effect": opts.min_effect, "device": str(self.work.dev),
                   **({"memory_limit": opts.memory_limit} if opts.memory_limit else {})}
         return {**common, "stage": name, "mode": mode, "repeats": repeats, "noise_seeds": repeats, "measure": measure,
-                "rungs": {r.name: r.recipe.to_dict() for r in rungs if r.status != Status.NO_EFFECT}}
+                "rungs": {r.name: {**r.recipe.to_dict(), **script_settings(r)} for r in rungs
+                          if r.status != Status.NO_EFFECT}}
 
     def stage(self, name: str, rungs: list[Rung], repeats: int, measure: str = "speed", mode: str = "each",
               share: float = 1.0, again: bool = False, credit_s: float = 0.0, last: bool = False,
