@@ -20,6 +20,7 @@ from trainfast.ablation.work import mark_effects  # noqa: E402
 from trainfast.distributed import drain_collectives, free_port  # noqa: E402
 from trainfast.recipe import Recipe, RecipeError  # noqa: E402
 from trainfast.results import EffectLabel, Status  # noqa: E402
+from trainfast.techniques.switch import RunContext  # noqa: E402
 
 CPU = torch.device("cpu")
 MIB = 2 ** 20
@@ -93,11 +94,11 @@ def test_two_gloo_ranks_build_ddp_with_each_wrap_switch_and_read_it_back(tmp_pat
 def test_without_nproc_the_rung_is_not_applicable_and_with_two_ranks_it_is_measured(rung, changes):
     plan = plan_rungs(Recipe(), [rung], device=CPU)
     assert plan[1].changes == changes
-    mark_effects(plan, CPU)                                    # one process: no DDP wrapper to act on
+    mark_effects(plan, RunContext(CPU))                        # one process: no DDP wrapper to act on
     assert plan[1].status == Status.NO_EFFECT and plan[1].effect == EffectLabel.NOT_APPLICABLE
     assert "--nproc 2" in plan[1].reason
     plan = plan_rungs(Recipe(), [rung], device=CPU)
-    mark_effects(plan, CPU, ranks=2)
+    mark_effects(plan, RunContext(CPU, ranks=2))
     assert plan[1].status != Status.NO_EFFECT and plan[1].effect == EffectLabel.MEASURED
 
 
@@ -105,7 +106,7 @@ def test_under_fsdp_the_ddp_rungs_are_not_applicable_and_train_says_so_in_one_pr
     from trainfast.cli import idle_switches
 
     plan = plan_rungs(Recipe(strategy="fsdp"), ["ddp_buckets", "gradient_as_bucket_view"], device=CPU)
-    mark_effects(plan, CPU, ranks=2)
+    mark_effects(plan, RunContext(CPU, ranks=2, strategy="fsdp"))
     assert all(r.effect == EffectLabel.NOT_APPLICABLE and "strategy=fsdp" in r.reason for r in plan[1:])
     notes = idle_switches(Recipe(gradient_as_bucket_view=True), CPU, None)    # `trainfast train` without torchrun
     assert any(n.startswith("--gradient-as-bucket-view has no effect here") and "--nproc 2" in n for n in notes)

@@ -281,7 +281,8 @@ def test_a_wrap_switch_builds_the_wrapper_acts_on_it_is_read_back_and_needs_rank
     import torch.distributed as dist
 
     from trainfast.distributed import Dist
-    from trainfast.tasks.effects import on_ranks
+    from trainfast.tasks.effects import in_context
+    from trainfast.techniques.switch import RunContext
 
     applied = []
     fake = Switch(("bucket_test",), wrap=WrapSwitch("bucket_cap_mb", options=lambda mb: {"bucket_cap_mb": mb},
@@ -290,10 +291,11 @@ def test_a_wrap_switch_builds_the_wrapper_acts_on_it_is_read_back_and_needs_rank
     monkeypatch.setattr(techniques, "switches", lambda: (fake,))      # alone: the declared ones have their tests
     monkeypatch.setattr(techniques, "owners", lambda: {"bucket_test": fake})
     monkeypatch.setattr(techniques, "WRAP_ORDER", (("bucket_test", "the only one"),))
-    alone = on_ranks(data_effect, 1)("bucket_test", CPU, None)
+    alone = in_context(data_effect, RunContext(CPU))("bucket_test", CPU, None)
     assert not alone.acts and not alone.applies and "--nproc 2" in alone.reason      # "not applicable", why said
-    assert on_ranks(data_effect, 2)("bucket_test", CPU, None).acts
-    other = on_ranks(data_effect, 2, "fsdp")("bucket_test", CPU, None)     # declared for the DDP wrapper only
+    assert in_context(data_effect, RunContext(CPU, ranks=2))("bucket_test", CPU, None).acts
+    other = in_context(data_effect, RunContext(CPU, ranks=2, strategy="fsdp"))("bucket_test", CPU, None)
+    # declared for the DDP wrapper only
     assert not other.acts and not other.applies and "strategy=fsdp" in other.reason
     assert techniques.wrap_options(SimpleNamespace(bucket_test=50), "fsdp") == {}    # declared for DDP only
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)

@@ -331,6 +331,30 @@ class RecipeRewrite:
 
 
 @dataclass(frozen=True)
+class RunContext:
+    """What a run is, as far as whether a switch can act in it: what a switch's `context_effect` and the world-size
+    judgement (Switch.ranks) read. A part not known before the run (a script's model, data, saves or workers) is None,
+    and counts as acting: only what is known rules a switch out.
+
+    device:   the torch.device the run trains on.
+    model:    the model the switches would act on (None: a script's, not known before it runs).
+    split:    the run's data (None: not known yet).
+    ranks:    the processes of the job (its world size); strategy: its wrapper (Recipe.strategy), None if not known.
+    builtin:  trainfast's own loop runs the steps (engine.py): what it does itself, a switch cannot add.
+    saves:    whether the run saves checkpoints during its steps (None: not known).
+    workers:  the loader's worker processes (None: not known).
+    """
+    device: Any = None
+    model: Any = None
+    split: Any = None
+    ranks: int = 1
+    strategy: str | None = None
+    builtin: bool = False
+    saves: bool | None = None
+    workers: int | None = None
+
+
+@dataclass(frozen=True)
 class Switch:
     """One switch (or one group of settings), declared next to its code.
 
@@ -374,6 +398,9 @@ class Switch:
     loss:       how it replaces the task's own loss, for the switches that do (LossSwitch).
     rewrite:    how it is made concrete on the recipe's other fields, for the switches that are arithmetic on them
                 (RecipeRewrite).
+    context_effect(run): whether it can act in this run (RunContext: the loop that runs the steps, its saves, its
+                loader workers): an Effect with the reason where the run leaves it nothing to change; None: it acts
+                in any run the device, model and data allow.
     """
     fields: tuple[str, ...]
     rungs: tuple[RungSpec, ...] = ()
@@ -397,6 +424,7 @@ class Switch:
     shrinks: Mapping[str, str] = field(default_factory=dict)
     loss: LossSwitch | None = None
     rewrite: RecipeRewrite | None = None
+    context_effect: Callable[[RunContext], Effect] | None = None
 
     @property
     def name(self) -> str:
