@@ -21,6 +21,7 @@ from .defaults import DOCTOR_EVAL_WITHIN, DOCTOR_STEPS, LADDER_MODES, MAX_REPEAT
 from .modelnames import DEFAULT_DETECTION_MODEL, DETECTION_MODELS
 from .recipe import FIELD_CHOICES, Recipe, field_docs, field_problem, field_sections, preset
 from .tasks import TASKS, TaskDeclaration, declared, infer_task
+from .techniques.static import rung_names, unknown_rungs
 
 
 def field_value(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -359,7 +360,8 @@ def check_data_folder(spec: str | None, task: TaskDeclaration) -> None:
 
 def check_before_torch(args: argparse.Namespace) -> None:
     """What can be refused once the flags have parsed, without torch: a --resume and --out that cannot work, --nproc
-    for the built-in search, a doctor with no command after `--`, and from the task's declaration
+    for the built-in search, a doctor with no command after `--`, a --switches name no rung has (read from the
+    switches' declarations' source, techniques/static.py, with the closest names), and from the task's declaration
     (tasks/declarations.py): a subcommand with no built-in work for the task, a model name the task does not have, a
     --data folder that does not exist, an --image-size the task has no use for, a --recipe that cannot be read, and
     the recipe the flags make on the task's own starting point (a switch on data the task does not offer, one it
@@ -380,6 +382,11 @@ def check_before_torch(args: argparse.Namespace) -> None:
         raise ValueError("--target auto is the level a baseline's runs reach, which a single run has not: give the "
                          "level (val_loss<=3.2, val_acc>=0.95), or find it with trainfast ablate --target auto")
     task = declared(infer_task(args.task, args.model))
+    if args.command in ("ablate", "tune") and args.switches:    # a misspelt rung, said with the closest names
+        names = [n.strip() for n in args.switches.split(",") if n.strip()]
+        unknown = unknown_rungs(names, rung_names(task.name if args.user_command is None else None))
+        if unknown:
+            raise ValueError(unknown)
     if args.user_command is None:              # a script's data, model and images are its own
         task.check_command(args.command)
         task.check_image_size(args.image_size)
