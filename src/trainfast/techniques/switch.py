@@ -186,6 +186,10 @@ def reads_nothing(wrapped: Any) -> Any:
     return None
 
 
+def as_given(value: Any) -> Any:
+    return value
+
+
 @dataclass(frozen=True)
 class WrapSwitch:
     """A switch that acts on the data-parallel wrapper (DDP, FSDP2's fully_shard) rather than on the model inside
@@ -204,6 +208,13 @@ class WrapSwitch:
                 `gradient_as_bucket_view`, `static_graph`): the proof every run records.
     ranks:      the fewest processes a job needs for the wrapper to exist: with fewer (one process: no wrapper
                 at all) the switch cannot act, and an ablation says "not applicable" instead of timing noise.
+    keyword:    the DDP constructor keyword that holds it, its value the switch's: the frameworks' DDP settings take
+                it under the same name (Lightning's DDPStrategy(**kwargs), Accelerate's DistributedDataParallelKwargs),
+                so their adapters set it there and read it back (frameworks/wrapping.py); "": none can.
+    trainer_argument: the transformers TrainingArguments field the Trainer builds its DDP's `keyword` from ("":
+                it has none; the switch then declares the Trainer unreachable).
+    show(value): the state `value` asks for, as state() reads it (DDP's own default for the value that asks for
+                none: the proof of a baseline).
     """
     label: str
     strategies: tuple[str, ...] = ("ddp",)
@@ -211,6 +222,9 @@ class WrapSwitch:
     apply: Callable[[Any, Any], None] = leave_wrapped
     state: Callable[[Any], Any] = reads_nothing
     ranks: int = 2
+    keyword: str = ""
+    trainer_argument: str = ""
+    show: Callable[[Any], Any] = as_given
 
 
 @dataclass
