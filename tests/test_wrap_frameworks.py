@@ -67,10 +67,11 @@ def test_the_trainer_takes_the_bucket_size_from_its_arguments_and_has_no_setting
 
     args = transformers.TrainingArguments(output_dir=str(tmp_path), ddp_bucket_cap_mb=10, report_to="none")
     record = FrameworkRecord("transformers", transformers.__version__)
-    hf.switch_arguments(args, record, dict(ON))
-    assert args.ddp_bucket_cap_mb == 100.0
+    hf.switch_arguments(args, record, {**ON, "static_graph": True})
+    assert args.ddp_bucket_cap_mb == 100.0 and args.ddp_static_graph
     prove_ddp_settings(record, None, lambda k: getattr(args, k))
-    assert proof(record) == {"ddp_bucket_cap_mb": (100.0, 10.0, 100.0, True)}
+    assert proof(record) == {"ddp_bucket_cap_mb": (100.0, 10.0, 100.0, True),
+                             "ddp_static_graph": (True, UNSET, True, True)}
     assert "no setting" in record.unsupported["gradient_as_bucket_view"]
 
 
