@@ -1,7 +1,7 @@
 """The DDP wrap switches, the gradient bucket size (techniques/ddp_buckets.py), gradients as views into the
-buckets (techniques/bucket_view.py) and the static graph (techniques/static_graph.py): each set on the DDP object
-two gloo ranks build, read back from it in the run's record, ablated under --nproc 2, and not applicable in one
-process. One launch of two ranks serves them all."""
+buckets (techniques/bucket_view.py), the static graph (techniques/static_graph.py) and the bf16 communication hook
+(techniques/compress_hook.py): each set on the DDP object two gloo ranks build, read back from it in the run's
+record, ablated under --nproc 2, and not applicable in one process. One launch of two ranks serves them all."""
 from __future__ import annotations
 
 import json
@@ -44,7 +44,8 @@ def wrap_on_rank(rank: int, port: int, out: str) -> None:
     report = {}
     for name, recipe in (("asked", Recipe(ddp_bucket_mb=50.0, optimizer="sgd")), ("default", Recipe(optimizer="sgd")),
                          ("views", Recipe(gradient_as_bucket_view=True, optimizer="sgd")),
-                         ("static", Recipe(static_graph=True, optimizer="sgd"))):
+                         ("static", Recipe(static_graph=True, optimizer="sgd")),
+                         ("compressed", Recipe(bf16_compress_hook=True, optimizer="sgd"))):
         tf = Session(recipe, device="cpu")
         model, optimizer = tf.setup(make_model(), None)
         inputs, targets = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
@@ -83,22 +84,27 @@ def test_two_gloo_ranks_build_ddp_with_each_wrap_switch_and_read_it_back(tmp_pat
         assert report["asked"]["type"] == "DistributedDataParallel"
         assert report["asked"]["bucket_bytes_cap"] == 50 * MIB
         assert report["asked"]["read_back"] == {"ddp_bucket_mb": 50.0, "gradient_as_bucket_view": False,
-                                                "static_graph": False}
+                                                "static_graph": False, "bf16_compress_hook": False}
         # unset: DDP's own defaults, read back from it
         assert report["default"]["read_back"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": False,
-                                                  "static_graph": False}
+                                                  "static_graph": False, "bf16_compress_hook": False}
         assert report["views"]["read_back"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": True,
-                                                "static_graph": False}
+                                                "static_graph": False, "bf16_compress_hook": False}
         assert report["static"]["read_back"]["static_graph"] and report["static"]["static_graph"]
+        assert report["compressed"]["read_back"]["bf16_compress_hook"]
+        # the all-reduced sum went through bf16: the gradient is bf16's rounding of the plain one
+        plain, rounded = torch.tensor(report["default"]["grad"]), torch.tensor(report["compressed"]["grad"])
+        assert torch.equal(rounded, rounded.bfloat16().float()) and torch.allclose(plain, rounded, rtol=1e-2)
         assert report["default"]["grad_storages"] == report["default"]["parameters"]     # a buffer per gradient
         assert report["views"]["grad_storages"] == 1                                     # the bucket's, viewed
-    for name in ("asked", "views", "static"):
+    for name in ("asked", "views", "static", "compressed"):
         assert ranks[0][name]["grad"] == ranks[1][name]["grad"]                # all-reduced through the buckets
 
 
 @pytest.mark.parametrize("rung, changes", [("ddp_buckets", {"ddp_bucket_mb": 100.0}),
                                            ("gradient_as_bucket_view", {"gradient_as_bucket_view": True}),
-                                           ("static_graph", {"static_graph": True})])
+                                           ("static_graph", {"static_graph": True}),
+                                           ("bf16_compress_hook", {"bf16_compress_hook": True})])
 def test_without_nproc_the_rung_is_not_applicable_and_with_two_ranks_it_is_measured(rung, changes):
     plan = plan_rungs(Recipe(), [rung], device=CPU)
     assert plan[1].changes == changes
@@ -136,9 +142,9 @@ def test_ablate_nproc_2_runs_the_rungs_and_their_records_read_the_settings_back(
     for rung in (buckets, views):
         assert rung.status == "done" and rung.result.world_size == 2, rung.result
     assert baseline.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": False,
-                                                    "static_graph": False}
+                                                    "static_graph": False, "bf16_compress_hook": False}
     assert buckets.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 100.0, "gradient_as_bucket_view": False,
-                                                   "static_graph": False}
+                                                   "static_graph": False, "bf16_compress_hook": False}
     # the cumulative ladder: the views' rung keeps the bigger buckets above it
     assert views.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 100.0, "gradient_as_bucket_view": True,
-                                                 "static_graph": False}
+                                                 "static_graph": False, "bf16_compress_hook": False}
