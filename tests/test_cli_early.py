@@ -109,6 +109,7 @@ TASK_REFUSALS = [
     (["tune", "--resume", "A", "--out", "B"], "trainfast tune: error: --resume A and --out B name different folders"),
     (["tune", "--nproc", "2"], "trainfast tune: error: --nproc runs a `-- COMMAND` under torchrun"),
     (["doctor", "--"], "trainfast doctor: error: doctor -- COMMAND: no command after `--`"),
+    (["doctor", "--nproc", "2"], "trainfast doctor: error: doctor --nproc runs a `-- COMMAND` under torchrun"),
     *TASK_REFUSALS,
 ])
 def test_a_command_line_that_cannot_work_is_refused_before_torch_loads(argv, message, tmp_path):

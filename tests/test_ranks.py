@@ -122,6 +122,23 @@ def test_the_phase_clock_times_training_forwards_and_optimizer_steps_only():
     assert len(clock.forward_s) == len(clock.optimizer_s) == 2
 
 
+def test_the_doctor_finds_the_straggler_or_says_no_rank_is_slow():
+    from trainfast.checks import Observations, run_checks
+    from trainfast.checks.ranks import straggler
+    from trainfast.envcheck import collect_environment
+
+    rng = random.Random(8)
+    obs = Observations("own loop", "cpu", collect_environment(), step_seconds=[0.04] * 10)
+    assert straggler(obs) is None                                   # one process: nothing to compare
+    obs.ranks = judge_ranks([planted(0, rng), planted(1, rng, data=0.03)])
+    found = straggler(obs)
+    assert found.status == "problem" and "rank 1 is the straggler, slow in data" in found.evidence
+    assert 0.025 < found.cost_s < 0.035 and "loader" in found.fix
+    assert any(f.name == "a slow rank" for f in run_checks(obs))
+    obs.ranks = judge_ranks([planted(0, rng), planted(1, rng)])
+    assert straggler(obs).status == "fine" and "no rank is slow" in straggler(obs).evidence
+
+
 def test_ddp_figures_are_none_without_ddp():
     assert ddp_figures(nn.Linear(2, 2)) is None
     fake = SimpleNamespace(_get_ddp_logging_data=lambda: {"avg_backward_comm_time": 3_000_000,
@@ -174,3 +191,25 @@ def test_ablate_nproc_2_names_a_planted_straggler_with_data_and_no_rank_without_
     report = (out / "report.md").read_text()
     assert "## Ranks" in report and "rank 1 is the straggler, slow in data" in report
     assert "no rank is slow" in report
+
+
+@pytest.mark.slow
+def test_the_doctor_with_nproc_2_names_the_planted_straggler(tmp_path):
+    """`trainfast doctor --nproc 2 -- python straggler_loop.py`, rank 1's loader sleeping 30 ms a batch."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "CUDA_VISIBLE_DEVICES": "", "STRAGGLER_RANK": "1"}
+    env.pop("TRAINFAST_RECIPE", None)
+    proc = subprocess.run([sys.executable, "-m", "trainfast", "doctor", "--set-to-none", "--nproc", "2", "--out",
+                           str(tmp_path), "--eval-within", "0", "--", sys.executable,
+                           str(root / "tests" / "scripts" / "straggler_loop.py")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    findings = {f["name"]: f for f in json.loads((tmp_path / "doctor.json").read_text())["findings"]}
+    found = findings["a slow rank"]
+    assert found["status"] == "problem" and "rank 1 is the straggler, slow in data" in found["evidence"]

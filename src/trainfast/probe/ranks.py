@@ -29,12 +29,15 @@ DDP_FIGURES = {"forward_compute_s": "avg_forward_compute_time", "backward_comput
 class PhaseClock:
     """This rank's forward and optimizer seconds per optimizer update (the module docstring). `active()`: whether the
     run's own clock is the one running (the built-in run times some steps on a clock of its own, which these must not
-    count)."""
+    count). `module` None: a loop whose model is unknown (the doctor's), timed by global module hooks that keep the
+    outermost module of each call (a Python call per module call, in the doctor's short run only); `closes`: each
+    optimizer step closes its own step (no probe closes it)."""
 
-    def __init__(self, module: torch.nn.Module | None, active: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, module: torch.nn.Module | None, active: Callable[[], bool] = lambda: True,
+                 closes: bool = False) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        self.active = active
+        self.active, self.closes, self.depth = active, closes, 0
         self.forward_s: list[float] = []
         self.optimizer_s: list[float] = []
         self._forward = self._optimizer = 0.0
@@ -46,6 +49,11 @@ class PhaseClock:
         if module is not None:
             self.handles += [module.register_forward_pre_hook(self._forward_begins),
                              module.register_forward_hook(self._forward_ends)]
+        else:
+            from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+            self.handles += [register_module_forward_pre_hook(self._outer_begins),
+                             register_module_forward_hook(self._outer_ends)]
 
     def _training(self, module: torch.nn.Module) -> bool:
         return module.training and torch.is_grad_enabled() and self.active()
@@ -58,6 +66,16 @@ class PhaseClock:
             self._forward += time.perf_counter() - self._started
             self._started = None
 
+    def _outer_begins(self, module, args) -> None:
+        if self.depth == 0:
+            self._forward_begins(module, args)
+        self.depth += 1
+
+    def _outer_ends(self, module, args, output) -> None:
+        self.depth = max(0, self.depth - 1)
+        if self.depth == 0:
+            self._forward_ends(module, args, output)
+
     def _step_begins(self, optimizer, args, kwargs) -> None:
         self._stepping = time.perf_counter() if self.active() else None
 
@@ -65,6 +83,8 @@ class PhaseClock:
         if self._stepping is not None:
             self._optimizer += time.perf_counter() - self._stepping
             self._stepping = None
+            if self.closes:
+                self.close_step()
 
     def close_step(self) -> None:
         """An optimizer update closed the step: its phases are kept, the next step's start from zero. A step whose
