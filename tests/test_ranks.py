@@ -139,6 +139,26 @@ def test_the_doctor_finds_the_straggler_or_says_no_rank_is_slow():
     assert straggler(obs).status == "fine" and "no rank is slow" in straggler(obs).evidence
 
 
+def test_without_a_session_the_phase_clock_times_the_loaders_wait_and_puts_it_back():
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    original = _BaseDataLoaderIter.__next__
+
+    def slow_collate(samples):
+        time.sleep(0.01)
+        return torch.utils.data.default_collate(samples)
+    loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4, collate_fn=slow_collate)
+    clock = PhaseClock(None, loader=True, closes=True)
+    try:
+        for (batch,) in loader:
+            clock.close_step()
+    finally:
+        clock.remove()
+    assert _BaseDataLoaderIter.__next__ is original
+    assert len(clock.data_s) == 2 and min(clock.data_s) >= 0.009
+
+
 def test_ddp_figures_are_none_without_ddp():
     assert ddp_figures(nn.Linear(2, 2)) is None
     fake = SimpleNamespace(_get_ddp_logging_data=lambda: {"avg_backward_comm_time": 3_000_000,

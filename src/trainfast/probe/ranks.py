@@ -31,13 +31,18 @@ class PhaseClock:
     run's own clock is the one running (the built-in run times some steps on a clock of its own, which these must not
     count). `module` None: a loop whose model is unknown (the doctor's), timed by global module hooks that keep the
     outermost module of each call (a Python call per module call, in the doctor's short run only); `closes`: each
-    optimizer step closes its own step (no probe closes it)."""
+    optimizer step closes its own step (no probe closes it); `loader`: the wait for each batch is timed here too, in
+    torch DataLoader iterators' `__next__` (a script without a Session, whose step clock sees optimizer steps only),
+    into `data_s`."""
 
     def __init__(self, module: torch.nn.Module | None, active: Callable[[], bool] = lambda: True,
-                 closes: bool = False) -> None:
+                 closes: bool = False, loader: bool = False) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self.active, self.closes, self.depth = active, closes, 0
+        self.data_s: list[float] | None = [] if loader else None
+        self._data = 0.0
+        self._restore = self._wrap_loader() if loader else None
         self.forward_s: list[float] = []
         self.optimizer_s: list[float] = []
         self._forward = self._optimizer = 0.0
@@ -65,6 +70,20 @@ class PhaseClock:
         if self._started is not None:
             self._forward += time.perf_counter() - self._started
             self._started = None
+
+    def _wrap_loader(self) -> tuple[Any, Any]:
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        original, clock = _BaseDataLoaderIter.__next__, self
+
+        def timed_next(iterator):
+            started = time.perf_counter()
+            try:
+                return original(iterator)
+            finally:
+                clock._data += time.perf_counter() - started
+        _BaseDataLoaderIter.__next__ = timed_next
+        return _BaseDataLoaderIter, original
 
     def _outer_begins(self, module, args) -> None:
         if self.depth == 0:
@@ -94,12 +113,18 @@ class PhaseClock:
             self._stepping = None
         self.forward_s.append(self._forward)
         self.optimizer_s.append(self._optimizer)
-        self._forward = self._optimizer = 0.0
+        if self.data_s is not None:
+            self.data_s.append(self._data)
+        self._forward = self._optimizer = self._data = 0.0
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        if self._restore is not None:
+            owner, original = self._restore
+            owner.__next__ = original
+            self._restore = None
 
 
 def ddp_figures(module: Any) -> dict[str, float] | None:
@@ -120,8 +145,9 @@ def ddp_figures(module: Any) -> dict[str, float] | None:
 
 
 def start_phases(probe, module: torch.nn.Module | None, active: Callable[[], bool] = lambda: True):
-    """A PhaseClock for a run of several processes (None in one: there is no other rank to compare with)."""
-    return PhaseClock(module, active) if probe.world_size > 1 else None
+    """A PhaseClock for a run of several processes (None in one: there is no other rank to compare with); a script
+    without a Session has its loader's waits timed by it."""
+    return PhaseClock(module, active, loader=probe.session is None) if probe.world_size > 1 else None
 
 
 def collect_ranks(probe) -> None:
@@ -131,12 +157,18 @@ def collect_ranks(probe) -> None:
         return
     import os
 
+    import torch.distributed as dist
+
     session = probe.session
+    if session is None and not (dist.is_available() and dist.is_initialized()):
+        return                  # ranks started by torchrun that never opened a process group: nothing to gather over
     timing = probe.timing()
     start = timing.warmup_steps
+    clock = probe.phases
     waits = [s.data_wait_s for s in probe.timer.steps[start:start + len(timing.step_seconds)]]
     end = start + len(waits)
-    clock = probe.phases
+    if clock.data_s is not None:             # no Session: the loader's waits as the phase clock timed them
+        waits = clock.data_s[start:end]
     mine = rank_figures(session.dist.rank if session is not None else int(os.environ.get("RANK", "0")),
                         timing.step_seconds[:len(waits)], waits, clock.forward_s[start:end],
                         clock.optimizer_s[start:end], timing.step_samples[:len(waits)])
