@@ -113,6 +113,7 @@ TASK_REFUSALS = [
      "trainfast ablate: error: --switches: unknown rung(s) chanels_last (did you mean channels_last?); choose from"),
     (["tune", "--task", "lm", "--switches", "paddingfree", "--", "python", "train.py"],
      "trainfast tune: error: --switches: unknown rung(s) paddingfree (did you mean padding_free?)"),
+    (["doctor", "--nproc", "2"], "trainfast doctor: error: doctor --nproc runs a `-- COMMAND` under torchrun"),
     *TASK_REFUSALS,
 ])
 def test_a_command_line_that_cannot_work_is_refused_before_torch_loads(argv, message, tmp_path):

@@ -148,3 +148,8 @@ def test_ablate_nproc_2_runs_the_rungs_and_their_records_read_the_settings_back(
     # the cumulative ladder: the views' rung keeps the bigger buckets above it
     assert views.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 100.0, "gradient_as_bucket_view": True,
                                                  "static_graph": False, "bf16_compress_hook": False}
+    # every run measured each rank (the built-in run gathers them at its end) and, nothing planted, names none slow
+    for rung in (baseline, buckets, views):
+        ranks = rung.repeats[0]["ranks"]
+        assert [r["rank"] for r in ranks["ranks"]] == [0, 1] and ranks["straggler"] is None, ranks
+        assert rung.result.ranks["straggler"] is None

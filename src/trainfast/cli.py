@@ -209,7 +209,7 @@ def _doctor(args, recipe: Recipe) -> int:
         try:
             obs = observe_script(args.user_command, out, steps=steps, sync_steps=watch_steps(recipe.log_every),
                                  device=str(device), timeout_s=args.script_timeout, eval_within=args.eval_within,
-                                 recipe_fields=fields)
+                                 recipe_fields=fields, nproc=args.nproc)
         except ScriptFailed as exc:
             print(f"trainfast doctor: {exc}", file=sys.stderr)
             return 1

@@ -243,6 +243,9 @@ def add_doctor_flags(dr: argparse.ArgumentParser) -> None:
     add_aliased(script, "--script-timeout", "--timeout", dest="script_timeout", type=Duration(), default=timeout,
                 metavar="DURATION", help=f"stop the script after this long and report it failed (default "
                                          f"{format_duration(timeout)})")
+    script.add_argument("--nproc", type=positive_int, default=1, metavar="N",
+                        help="run the command as N processes under torchrun: each rank's own figures, the slowest "
+                             "named (default %(default)s)")
     script.add_argument("--eval-within", type=Duration(zero=True), default=DOCTOR_EVAL_WITHIN, metavar="DURATION",
                         help="most scripts evaluate at the end of an epoch, after the watched steps; one that has not "
                              "evaluated by then is kept running, untimed, until its first evaluation or this long, so "
@@ -376,6 +379,9 @@ def check_before_torch(args: argparse.Namespace) -> None:
         resume_folder(args.resume, args.out)
     if args.command == "tune" and args.nproc > 1 and args.user_command is None:
         raise ValueError("--nproc runs a `-- COMMAND` under torchrun; the built-in search runs one process")
+    if args.command == "doctor" and args.nproc > 1 and args.user_command is None:
+        raise ValueError("doctor --nproc runs a `-- COMMAND` under torchrun; the built-in run is watched in one "
+                         "process (trainfast ablate --nproc N measures it rank by rank)")
     if args.command == "doctor" and args.user_command == []:
         raise ValueError("doctor -- COMMAND: no command after `--` (e.g. `trainfast doctor -- python train.py`)")
     if args.command == "train" and args.target is not None and not args.target.known:
