@@ -90,18 +90,6 @@ def test_a_rung_named_as_a_switch_or_twice_is_refused():
         check_rungs([parse_rung("a=--x"), parse_rung("a=--y")], [])
 
 
-def test_the_early_rung_names_are_the_declared_ones():
-    """The names refused before torch loads (read from the declarations' source) are real rung names, and only the
-    precision levels' names, made in code, wait for the declarations (ablation/api.py checks them all)."""
-    from trainfast.ablation import ladders
-    from trainfast.techniques.precision import LEVEL_RUNGS
-    from trainfast.techniques.static import declared_rung_names
-
-    every = set(ladders.LADDERS[ladders.SCRIPT][1])
-    assert declared_rung_names() <= every
-    assert every - declared_rung_names() == {"baseline", *LEVEL_RUNGS}
-
-
 def test_a_ladder_file_gives_rungs_and_its_mistakes_are_named(tmp_path):
     good = tmp_path / "ladder.yaml"
     good.write_text("- {name: bf16, args: --amp --amp-dtype bfloat16}\n"

@@ -210,7 +210,7 @@ def _doctor(args, recipe: Recipe) -> int:
         try:
             obs = observe_script(args.user_command, out, steps=steps, sync_steps=watch_steps(recipe.log_every),
                                  device=str(device), timeout_s=args.script_timeout, eval_within=args.eval_within,
-                                 recipe_fields=fields)
+                                 recipe_fields=fields, nproc=args.nproc)
         except ScriptFailed as exc:
             print(f"trainfast doctor: {exc}", file=sys.stderr)
             return 1
@@ -231,10 +231,13 @@ def idle_switches(recipe: Recipe, device, split) -> list[str]:
     as a recipe moves between machines, but said rather than passed over in silence."""
     import torch
 
-    from .tasks.effects import data_effect, on_ranks
+    from .tasks.effects import data_effect, in_context
+    from .techniques.switch import RunContext
 
     default = Recipe()
-    judge = on_ranks(data_effect, int(os.environ.get("WORLD_SIZE", "1")), recipe.strategy)   # a wrap switch's ranks
+    workers = recipe.num_workers if isinstance(recipe.num_workers, int) else None
+    judge = in_context(data_effect, RunContext(device, None, split, int(os.environ.get("WORLD_SIZE", "1")),
+                                               recipe.strategy, builtin=True, workers=workers))
     notes = [f"--{name.replace('_', '-')} has no effect here: {effect.reason}"
              for name in (f.name for f in dataclasses.fields(Recipe))
              if getattr(recipe, name) != getattr(default, name) and isinstance(getattr(recipe, name), bool)

@@ -20,9 +20,9 @@ from .cliargs import (DEVICE_HELP, AliasHelpFormatter, Duration, add_aliased, ad
 from .defaults import DOCTOR_EVAL_WITHIN, DOCTOR_STEPS, LADDER_MODES, MAX_REPEATS, SETTLE_WITHIN_S, TUNE_BUDGET_S
 from .modelnames import DEFAULT_DETECTION_MODEL, DETECTION_MODELS
 from .scriptargs import CommandChange, check_rungs, parse_rung, read_ladder
-from .techniques.static import declared_rung_names
 from .recipe import FIELD_CHOICES, Recipe, field_docs, field_problem, field_sections, preset
 from .tasks import TASKS, TaskDeclaration, declared, infer_task
+from .techniques.static import rung_names, unknown_rungs
 
 
 def field_value(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -256,6 +256,9 @@ def add_doctor_flags(dr: argparse.ArgumentParser) -> None:
     add_aliased(script, "--script-timeout", "--timeout", dest="script_timeout", type=Duration(), default=timeout,
                 metavar="DURATION", help=f"stop the script after this long and report it failed (default "
                                          f"{format_duration(timeout)})")
+    script.add_argument("--nproc", type=positive_int, default=1, metavar="N",
+                        help="run the command as N processes under torchrun: each rank's own figures, the slowest "
+                             "named (default %(default)s)")
     script.add_argument("--eval-within", type=Duration(zero=True), default=DOCTOR_EVAL_WITHIN, metavar="DURATION",
                         help="most scripts evaluate at the end of an epoch, after the watched steps; one that has not "
                              "evaluated by then is kept running, untimed, until its first evaluation or this long, so "
@@ -373,7 +376,8 @@ def check_data_folder(spec: str | None, task: TaskDeclaration) -> None:
 
 def check_before_torch(args: argparse.Namespace) -> None:
     """What can be refused once the flags have parsed, without torch: a --resume and --out that cannot work, --nproc
-    for the built-in search, a doctor with no command after `--`, and from the task's declaration
+    for the built-in search, a doctor with no command after `--`, a --switches name no rung has (read from the
+    switches' declarations' source, techniques/static.py, with the closest names), and from the task's declaration
     (tasks/declarations.py): a subcommand with no built-in work for the task, a model name the task does not have, a
     --data folder that does not exist, an --image-size the task has no use for, a --recipe that cannot be read, and
     the recipe the flags make on the task's own starting point (a switch on data the task does not offer, one it
@@ -389,12 +393,20 @@ def check_before_torch(args: argparse.Namespace) -> None:
         args.script_rungs = script_rungs_from_args(args)
     if args.command == "tune" and args.nproc > 1 and args.user_command is None:
         raise ValueError("--nproc runs a `-- COMMAND` under torchrun; the built-in search runs one process")
+    if args.command == "doctor" and args.nproc > 1 and args.user_command is None:
+        raise ValueError("doctor --nproc runs a `-- COMMAND` under torchrun; the built-in run is watched in one "
+                         "process (trainfast ablate --nproc N measures it rank by rank)")
     if args.command == "doctor" and args.user_command == []:
         raise ValueError("doctor -- COMMAND: no command after `--` (e.g. `trainfast doctor -- python train.py`)")
     if args.command == "train" and args.target is not None and not args.target.known:
         raise ValueError("--target auto is the level a baseline's runs reach, which a single run has not: give the "
                          "level (val_loss<=3.2, val_acc>=0.95), or find it with trainfast ablate --target auto")
     task = declared(infer_task(args.task, args.model))
+    if args.command in ("ablate", "tune") and args.switches:    # a misspelt rung, said with the closest names
+        names = [n.strip() for n in args.switches.split(",") if n.strip()]
+        unknown = unknown_rungs(names, rung_names(task.name if args.user_command is None else None))
+        if unknown:
+            raise ValueError(unknown)
     if args.user_command is None:              # a script's data, model and images are its own
         task.check_command(args.command)
         task.check_image_size(args.image_size)
@@ -412,5 +424,5 @@ def script_rungs_from_args(args: argparse.Namespace) -> list[CommandChange]:
         given = f"--rung {args.rung[0]}" if args.rung else f"--ladder {args.ladder}"
         raise ValueError(f"{given}: a rung of a script's own flags needs the script after `--`: "
                          f"trainfast {args.command} --rung NAME='ARGS' -- python train.py ...")
-    check_rungs(rungs, [*declared_rung_names(), "baseline", "fp32"])
+    check_rungs(rungs, rung_names(None))            # every rung a script's ladder can name
     return rungs

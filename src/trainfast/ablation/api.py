@@ -11,7 +11,8 @@ from ..scriptargs import as_changes, check_rungs
 from ..results import AblationResult, Status
 from ..tasks import TASKS
 from ..techniques import process_wide_fields
-from .ladders import LADDERS, RUNG_ALIASES, SCRIPT, plan_rungs, target_ladder
+from ..techniques.static import rung_names
+from .ladders import SCRIPT, plan_rungs, target_ladder
 from .loop import LadderOptions, check_positive_int, run_ladder
 from .script_rungs import add_script_rungs, script_settings
 from .work import BuiltinSpec, prepare_builtin, prepare_command
@@ -101,7 +102,7 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
     def default(name: str) -> list[str] | None:          # --target: each default ladder with the batch rungs
         return target_ladder(name) if opts.target is not None else None
     plan = plan_rungs(base, named or default(ladder), opts.mode, amp, dev, ladder)
-    check_rungs(own, [*LADDERS[SCRIPT][1], *RUNG_ALIASES])         # every switch's rung name, the levels' too
+    check_rungs(own, rung_names(None))             # every switch's rung name (a Python caller's too)
     add_script_rungs(plan, own, command, opts.mode)
     # The default ladder on a script without a Session: what can reach it is added once its baseline shows that;
     # on a script whose task was not given, its batches pick the ladder (each task's, planned here, checked now).

@@ -13,6 +13,7 @@ import statistics
 from typing import Any
 
 from ..measure.memory import limit_peak
+from ..measure.ranks import combine_runs
 from ..recipe import Recipe
 from ..results import Rung, RungResult, Status
 from ..stats import (MIN_EFFECT, SAME, Candidate, Comparison, Noise, Noises, Repeat, compare_candidates, split_noise,
@@ -124,6 +125,7 @@ def aggregate(rung: Rung, noise: Noise | None, metric: str | None = "accuracy") 
         peak_memory_bytes=max(r["peak_memory_bytes"] for r in reps),
         data_wait_fraction=mean("data_wait_fraction"),
         copy_fraction=mean("copy_fraction"),
+        ranks=combine_runs([r.get("ranks") for r in reps]),
         step_alone=step_alone_rate(reps),
         skipped_files=max(r.get("skipped_files") or 0 for r in reps),      # each run reads the same files
         host_decoded_files=max(r.get("host_decoded_files") or 0 for r in reps),

@@ -29,6 +29,7 @@ from ..instruments.curve import ScriptCurve
 from ..instruments.recompiles import CompileWindow
 from ..measure.memory import StepMemory
 from .contract import MeasureSpec, StopRun, write_result
+from .ranks import collect_ranks, start_phases
 from .record import run_record
 
 CHECK_EVERY = 8          # updates between two speed-mode decisions (each a collective under torchrun)
@@ -72,6 +73,7 @@ class Probe:
         self.loader = LoaderWorkers()            # loader worker processes beside the step
         self.steady_steps: int | None = None     # full mode, steady_window: the steps speed mode would have timed
         self.batches = None                      # a command's run: what its batches are (instruments/batches.py)
+        self.phases = self.ranks = None          # several ranks: this one's phases, then every rank's (ranks.py)
         # This run's compiles and recompiles (instruments/recompiles.py), counted from when dynamo is imported:
         # now if the model is already compiled, else on the import (a run that never compiles never imports it).
         self.compiles = CompileWindow()
@@ -98,6 +100,7 @@ class Probe:
             self.device = device or next((p.device for p in module.parameters()), torch.device("cpu"))
             self.timer = StepTimer(self.device)
             self.check_disturbance = self.device.type == "cpu"      # a framework's script, judged as any run
+            self.phases = start_phases(self, module)
 
     def attach(self, session) -> None:
         """Called by Session() in a measured run; its setup() then hands over the step timer (watch)."""
@@ -112,7 +115,12 @@ class Probe:
         self.loader.num_workers = num_workers
         self.check_disturbance = self.device.type == "cpu"
         state.after_update = self.after_update
+        self.phases = start_phases(self, state.forward, lambda: state.timer is self.timer)
         state.memory = StepMemory(self.device, optimizer=state.optimizer.optimizer)   # what holds the memory
+
+    def closing(self) -> None:
+        """The Session closes its process group: every rank's figures are gathered now, while it is open."""
+        collect_ranks(self)
 
     def reported(self, metrics: dict[str, Any]) -> None:
         """The script evaluated (tf.report, a framework's evaluation): a point of its curve; past its cap without
@@ -135,6 +143,8 @@ class Probe:
         return self.batches is not None and self.batches.tokens is not None
 
     def after_update(self) -> None:
+        if self.phases is not None:
+            self.phases.close_step()             # this rank's forward and optimizer seconds of the step
         if self.batches is not None:
             self.batches.step()                  # a token script's tokens of this step (instruments/batches.py)
         if self.timer.updates % CHECK_EVERY:
@@ -151,6 +161,7 @@ class Probe:
         # first count: MAX_BUDGETS times what it asked for then.
         self.cap = self.cap or self.timer.updates + MAX_BUDGETS * max(need, self.spec.steps)
         if need == 0 or self.timer.updates >= self.cap:
+            collect_ranks(self)                  # every rank is here, at the same update
             self.write("speed budget timed" if need == 0 else "step cap reached before the budget was timed")
             # Every rank leaves together, after rank 0 has written: no rank tears its process group down
             # while another still works (a CI run once lost a rank at this point, exit status 1).

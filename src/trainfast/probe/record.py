@@ -86,6 +86,8 @@ class RunState(Fields):
     process_switches: dict[str, bool]
     # the wrap switches as the DDP / FSDP2 wrapper the Session built has them ({} in one process: no wrapper)
     wrap_switches: dict[str, Any]
+    # several ranks: every rank's own figures, their spread and the straggler (measure/ranks.py); None in one process
+    ranks: dict[str, Any] | None
     batches: dict[str, Any] | None  # a command's run: what its batches are (instruments/batches.py)
     run_seconds: float
     process: dict[str, Any]        # its cores, threads, preemptions, faults (procstate.py)
@@ -190,6 +192,7 @@ def run_state(probe, stopped: str) -> RunState:
         compile=compile_counters(probe.compiles),
         process_switches=process_wide_in_effect(),
         wrap_switches=session.dist.wrap_state() if session is not None else {},
+        ranks=probe.ranks,
         batches=probe.batches.to_dict() if probe.batches is not None else None,
         run_seconds=time.perf_counter() - probe.started,
         process=process_state())

@@ -15,7 +15,6 @@ import torch
 
 from ..ablation import LadderOptions, run_ladder
 from ..ablation.loop import trimmed
-from ..ablation.ladders import LADDERS, RUNG_ALIASES, SCRIPT
 from ..ablation.scoring import recipe_changes
 from ..ablation.script_rungs import add_script_rungs, script_settings
 from ..ablation.store import default_out_dir
@@ -26,6 +25,7 @@ from ..results import AblationResult, Rung, Status
 from ..scriptargs import as_changes, check_rungs
 from ..tasks import TASKS
 from ..techniques.precision import auto_amp_dtype, slow_half_reason
+from ..techniques.static import rung_names
 from .batch import batch_finding, batch_rungs
 from .budget import SearchBudget, singles_share
 from .combine import Decision, break_even_steps, combine, combine_stage, decide, on_level_decision, tied_best
@@ -177,7 +177,7 @@ def with_own_rungs(singles: list[Rung], opts: TuneOptions) -> list[Rung]:
     """Stage 1's rungs and, after them, each rung of the script's own flags (--rung) alone on the baseline."""
     if opts.script_rungs:
         own = as_changes(opts.script_rungs)
-        check_rungs(own, [*LADDERS[SCRIPT][1], *RUNG_ALIASES])
+        check_rungs(own, rung_names(None))
         add_script_rungs(singles, own, opts.command, "each")
     return singles
 
