@@ -10,8 +10,9 @@ from typing import Any
 from .names import TRACKERS
 
 
-class TrackError(RuntimeError):
-    """A tracker that cannot start: its library missing, or its store unreachable (said before any run starts)."""
+class TrackError(ValueError):
+    """A tracker that cannot start: its library missing, or its store unreachable (said before any run starts; a
+    ValueError, so the CLI says it as it says a bad flag)."""
 
 
 class Tracker(ABC):

@@ -33,10 +33,11 @@ def rung_params(item: dict[str, Any], base_recipe: dict[str, Any] | None) -> dic
 
 def rung_metrics(item: dict[str, Any]) -> dict[str, float]:
     """A rung's numbers: rate (with its interval), speed-up over the baseline with its interval, the verdict as
-    VERDICT_SIGN, peak memory, the judged metric (also under its own name), time to target with its speed-up."""
+    VERDICT_SIGN (verdict_sign; its words are the tag `verdict`), peak memory, the judged metric (also under its
+    own name), time to target with its speed-up."""
     out: dict[str, Any] = {"rate": item.get("throughput"), "speedup": item.get("speedup"),
                            "peak_memory_bytes": item.get("peak_memory_bytes"), "epoch_time_s": item.get("epoch_time_s"),
-                           "repeats": item.get("repeats"), "verdict": VERDICT_SIGN.get(item.get("verdict") or "")}
+                           "repeats": item.get("repeats"), "verdict_sign": VERDICT_SIGN.get(item.get("verdict") or "")}
     for key, pair in (("rate", item.get("throughput_interval")), ("speedup", item.get("speedup_interval"))):
         if pair:
             out[f"{key}_low"], out[f"{key}_high"] = pair
@@ -47,7 +48,7 @@ def rung_metrics(item: dict[str, Any]) -> dict[str, float]:
             out[metric_key(metric["name"])] = metric["value"]
     target = item.get("to_target") or {}
     out.update({"time_to_target_s": target.get("time_s"), "time_to_target_speedup": target.get("speedup"),
-                "time_to_target_verdict": VERDICT_SIGN.get(target.get("verdict") or "")})
+                "time_to_target_sign": VERDICT_SIGN.get(target.get("verdict") or "")})
     if target.get("interval"):
         out["time_to_target_low"], out["time_to_target_high"] = target["interval"]
     return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

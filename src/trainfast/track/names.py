@@ -2,6 +2,7 @@
 here: the CLI reads it before either loads."""
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Callable, Iterable, Mapping
 
@@ -15,8 +16,16 @@ def parse_track(text: str) -> tuple[str, ...]:
     names = tuple(n.strip().lower() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in TRACKERS and n != OFF]
     if unknown or not names:
-        raise ValueError(f"--track {text!r}: choose from {', '.join([*TRACKERS, OFF])} (a comma list, or the flag "
-                         "repeated)")
+        raise ValueError(f"{text!r}: choose from {', '.join([*TRACKERS, OFF])} (a comma list, or the flag repeated)")
+    return names
+
+
+def check_names(names) -> tuple[str, ...]:
+    """Tracker names as the Python API takes them (a name, or several); ValueError naming the unknown one."""
+    names = (names,) if isinstance(names, str) else tuple(names or ())
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown:
+        raise ValueError(f"track={unknown[0]!r}: choose from {', '.join(TRACKERS)}")
     return names
 
 
@@ -42,8 +51,18 @@ def choose_trackers(asked: Iterable[Iterable[str]] | None, environ: Mapping[str,
     if OFF in names:
         return ()
     if names:
-        return tuple(dict.fromkeys(names))
+        return check_installed(tuple(dict.fromkeys(names)))
     picked = from_environment(os.environ if environ is None else environ)
     for name, why in picked:
         say(f"tracking in {name}: {why} (--track none: no tracker)")
-    return tuple(name for name, _ in picked)
+    return check_installed(tuple(name for name, _ in picked))
+
+
+def check_installed(names: tuple[str, ...]) -> tuple[str, ...]:
+    """`names`, once each one's library is found (not imported: that waits for the first run); ValueError naming
+    the package to install."""
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            raise ValueError(f"--track {name}: its library is not installed; pip install {TRACKERS[name]} (or "
+                             "trainfast[track])")
+    return names

@@ -1,6 +1,7 @@
 """Several trackers as one (Tracking): a parent run, a child per key, fed from results.json's entries."""
 from __future__ import annotations
 
+import atexit
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,10 @@ class Tracking:
             for started in trackers:
                 started.end("failed")
             raise
-        return cls(trackers)
+        tracking = cls(trackers)
+        # A command stopped by an error or Ctrl-C outside the ablation's own handling: its runs are not left running
+        atexit.register(tracking.end, "killed")
+        return tracking
 
     def stage(self, name: str) -> Tracking:
         """A view whose children are `name/<key>` under this group's parent; it never ends the parent."""
@@ -79,6 +83,12 @@ class Tracking:
             for tracker in self.trackers:
                 tracker.log(key, figures[0], figures[1], int(item.get("repeats") or 0))
 
+    def epoch(self, record: dict[str, Any]) -> None:
+        """A training run's epoch (metrics.jsonl's line): its numbers on the parent, at its epoch."""
+        numbers = {k: float(v) for k, v in record.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch"}
+        self.log(numbers, step=int(record.get("epoch", 0)))
+
     def log(self, metrics: dict[str, float], tags: dict[str, str] | None = None, step: int = 0) -> None:
         """Figures of the parent (trainfast train: an epoch's)."""
         for tracker in self.trackers:
@@ -101,8 +111,10 @@ class Tracking:
             tracker.artifacts(None, paths)
 
     def end(self, status: str = "finished") -> None:
-        """Every run closed (a stage view leaves that to its owner)."""
-        if self.owner:
+        """Every run closed (a stage view leaves that to its owner), once."""
+        if self.owner and not self.shared.get("ended"):
+            self.shared["ended"] = True
+            atexit.unregister(self.end)
             for tracker in self.trackers:
                 tracker.end(status)
 
