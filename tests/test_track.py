@@ -240,18 +240,19 @@ def test_ablate_track_mlflow_groups_a_trainer_scripts_own_runs(tmp_path, monkeyp
     script.write_text(code.replace('report_to="none"', 'report_to="mlflow"'))
     out = tmp_path / "ablate-hf"
     ablate(out, "--track", "mlflow", "--switches", "fused", "--repeats", "1", "--noise-seeds", "1",
-           command=[sys.executable, str(script), "--train-size", "1536", "--output-dir", str(tmp_path / "hf")])
+           command=[sys.executable, str(script), "--train-size", "1024", "--output-dir", str(tmp_path / "hf")])
     parent, children, runs = runs_of(client, "ablate-hf")
     assert parent.info.status == "FINISHED" and parent.data.tags["best"]
     assert sorted(children) == ["baseline", "fused"]
     fused = children["fused"].data
     assert fused.params["optimizer_impl"] == "fused" and fused.tags["status"] == "done"
     assert fused.metrics["rate"] > 0 and "speedup" in fused.metrics
-    # the script's own runs (the Trainer's MLflowCallback), one per run of each rung, each under its rung's child
+    # the script's own runs, each under its rung's child: the Trainer's MLflowCallback's (its arguments as params),
+    # and the one mlflow starts by itself for the metrics of the script's trainer.evaluate() after train() ended it
     mine = {c.info.run_id for c in children.values()}
     own = [r for r in runs if r.data.tags.get("trainfast.rung") and r.info.run_id not in mine]
-    assert sorted(r.data.tags["trainfast.rung"] for r in own) == ["baseline", "fused"]
     for run in own:
         assert run.data.tags["mlflow.parentRunId"] == children[run.data.tags["trainfast.rung"]].info.run_id
-        assert "learning_rate" in run.data.params           # the Trainer's own arguments, logged by its callback
+    trainer_runs = sorted(r.data.tags["trainfast.rung"] for r in own if "learning_rate" in r.data.params)
+    assert trainer_runs == ["baseline", "fused"]
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"report.md", "results.json"}

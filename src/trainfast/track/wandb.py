@@ -33,9 +33,11 @@ class WandbTracker(Tracker):
                              "to keep the runs on this machine (`wandb sync` later)") from None
 
     def start(self, name: str, job_type: str, config: dict[str, str]):
-        # silent: wandb's banner would interleave with the ablation's own lines on the console
+        # silent: wandb's banner would interleave with the ablation's own lines on the console; console off: every
+        # open run would copy this process's output; no stats: its sampler would take CPU from the timed runs
+        settings = self.wandb.Settings(silent=True, console="off", x_disable_stats=True)
         return self.wandb.init(project=self.project, group=self.group, name=name, job_type=job_type, config=config,
-                               reinit="create_new", settings=self.wandb.Settings(silent=True))
+                               reinit="create_new", settings=settings)
 
     def child(self, key: str, params: dict[str, str]) -> None:
         self.runs[key] = self.start(key, "rung", params)
