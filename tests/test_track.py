@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from trainfast.recipe import RecipeError
 from trainfast.track import TrackError, Tracking, choose_trackers, from_environment, parse_track, track_results
 from trainfast.track.figures import VERDICT_SIGN, parent_params, rung_metrics, rung_params, rung_tags
 
@@ -225,6 +226,72 @@ def test_a_store_that_cannot_open_is_said_before_any_run(folder, monkeypatch, tm
         Tracking.open(("mlflow",), "g", "ablation", {}, folder)
 
 
+# --- the ablation's loop feeding its trackers (a fake launch: no process started) --------------------------------
+
+class RecordWork:
+    """A command's work around a fake launch that returns the old folder's run record, and keeps the environment
+    each run would have started with (the loop sets run_env, as it does a command's)."""
+
+    def __init__(self, settings: dict, record: dict, flops: float) -> None:
+        import torch
+
+        self.dev, self.base, self.learned, self.settings = torch.device("cpu"), None, {}, settings
+        self.record, self.flops_per_sample, self.envs = record, flops, {}
+        self.run_env = lambda rung: {}
+
+    def mark_effects(self, plan) -> None:
+        return None
+
+    def launcher(self, measure):
+        def launch(rung, recipe, budget, run_dir, display, limit):
+            self.envs[rung.name] = self.run_env(rung)
+            return dict(self.record)
+        return launch
+
+    def metric(self, measure):
+        return "accuracy", "max"
+
+    def after_run(self, plan):
+        return None
+
+
+def test_the_ladder_feeds_its_tracker_and_files_each_run_under_its_rung(tmp_path, monkeypatch):
+    client = mlflow_client(tmp_path, monkeypatch)
+    import trainfast.ablation.loop as loop
+    from trainfast import Recipe
+    from trainfast.ablation.loop import LadderOptions, run_ladder
+    from trainfast.ablation.rung import TimingBudget
+    from trainfast.results import Rung
+
+    out = tmp_path / "ablate-loop"
+    (out / "runs").mkdir(parents=True)
+    shutil.copy(DATA / "plan.json", out)
+    for key in ("baseline-r0", "baseline-r1"):          # the baseline's runs read back; the fused rung's "launched"
+        shutil.copy(DATA / f"{key}.json", out / "runs")
+    plan_json = json.loads((out / "plan.json").read_text())
+    changes = {"baseline": {}, "fused": {"optimizer_impl": "fused"}}
+    plan = [Rung(name, changes[name], Recipe.from_dict(recipe)) for name, recipe in plan_json["rungs"].items()]
+    work = RecordWork(plan_json, json.loads((DATA / "fused-r0.json").read_text()),
+                      results(DATA)["rungs"][0]["flops_per_sample"])
+    options = LadderOptions(mode=plan_json["mode"], repeats=plan_json["repeats"], noise_seeds=plan_json["noise_seeds"],
+                            budget=TimingBudget(**plan_json["budget"]), min_effect=plan_json["min_effect"],
+                            resume=True, show=False, settle_within_s=0, track=("mlflow",))
+    # the machine's roof and reference check are the ladder's, not the trackers' concern: a fixed roof, no check
+    monkeypatch.setattr(loop, "measure_ceiling", lambda *args, **kwargs: 1e11)
+    monkeypatch.setattr(loop, "reference_check", lambda device: {})
+    result = run_ladder(plan, work, plan_json, out, options)
+    parent, children, _ = runs_of(client, "ablate-loop")
+    assert parent.info.status == "FINISHED" and parent.data.tags["best"] == result.best_name
+    fused = children["fused"]
+    assert fused.data.metrics["speedup"] == pytest.approx(result.rungs[1].result.speedup)
+    assert fused.data.params["optimizer_impl"] == "fused" and fused.data.tags["status"] == "done"
+    context = json.loads(work.envs["fused"]["MLFLOW_RUN_CONTEXT"])
+    assert context["mlflow.parentRunId"] == fused.info.run_id and context["trainfast.rung"] == "fused"
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"report.md", "results.json"}
+    with pytest.raises(RecipeError, match="track='comet': choose from mlflow, wandb, tensorboard"):
+        LadderOptions(track="comet")
+
+
 # --- the ablation's loop feeding MLflow, with a Trainer script that logs to MLflow itself ----------------------
 
 @pytest.mark.slow
@@ -256,3 +323,30 @@ def test_ablate_track_mlflow_groups_a_trainer_scripts_own_runs(tmp_path, monkeyp
     trainer_runs = sorted(r.data.tags["trainfast.rung"] for r in own if "learning_rate" in r.data.params)
     assert trainer_runs == ["baseline", "fused"]
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"report.md", "results.json"}
+
+
+def test_train_logs_its_recipe_and_each_epoch(tmp_path, monkeypatch):
+    """trainfast train --track: one run, the recipe as params, each epoch's numbers at its epoch (the training itself
+    faked: what is checked is what the command hands the tracker)."""
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install tensorboard; CI has it)")
+    from types import SimpleNamespace
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import trainfast.trainer
+    from trainfast import cli
+
+    def train(build_model, split, *, on_epoch, **kwargs):
+        for epoch in (1, 2):
+            on_epoch({"epoch": epoch, "step": 10 * epoch, "train_loss": 1.0 / epoch, "val_loss": 0.9 / epoch,
+                      "val_accuracy": 0.5 + epoch / 10, "epoch_time_s": 1.5, "note": "words are not metrics"})
+        return SimpleNamespace(curve=None)
+    monkeypatch.setattr(trainfast.trainer, "train", train)
+    out = tmp_path / "train-x"
+    assert cli.main(["train", "--epochs", "2", "--lr", "0.01", "--track", "tensorboard", "--out", str(out)]) == 0
+    events = EventAccumulator(str(out / "tensorboard" / "train"))
+    events.Reload()
+    assert [(s.step, s.value) for s in events.Scalars("train_loss")] == [(1, 1.0), (2, 0.5)]
+    assert "val_accuracy" in events.Tags()["scalars"] and "note" not in events.Tags()["scalars"]
+    params = events.Tensors("params/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "| lr | 0.01 |" in params and "| epochs | 2 |" in params
