@@ -217,6 +217,30 @@ def test_a_tune_stage_files_its_candidates_under_the_searchs_parent(folder):
     assert sorted(p.name for p in (folder / "tensorboard" / "singles").iterdir()) == ["baseline", "fused"]
 
 
+def test_a_searchs_parent_carries_its_options_and_recommendation(tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install tensorboard; CI has it)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from trainfast import Recipe
+    from trainfast.tune import Decision, TuneOptions
+    from trainfast.tune.tracked import finish_tracking, open_tracking
+
+    out = tmp_path / "tune-x"
+    (out / "best.yaml").parent.mkdir()
+    (out / "tune.md").write_text("# the search")
+    tracking = open_tracking(TuneOptions(track=("tensorboard",), budget_s=600), out, {"model": "resnet9"})
+    decision = Decision(Recipe(channels_last=True), "channels_last", combined=["channels_last"], speedup=1.3,
+                        speedup_interval=[1.1, 1.5])
+    finish_tracking(tracking, decision, out)
+    events = EventAccumulator(str(out / "tensorboard" / "tune"))
+    events.Reload()
+    assert events.Scalars("speedup_low")[0].value == pytest.approx(1.1)
+    texts = {t: events.Tensors(t)[0].tensor_proto.string_val[0].decode() for t in events.Tags()["tensors"]}
+    assert texts["recommended/text_summary"] == "channels_last" and texts["tune.md/text_summary"] == "# the search"
+    params = texts["params/text_summary"]
+    assert "| budget_s | 600 |" in params and "| model | resnet9 |" in params
+
+
 def test_a_store_that_cannot_open_is_said_before_any_run(folder, monkeypatch, tmp_path):
     pytest.importorskip("mlflow", reason="mlflow is not installed (pip install mlflow-skinny; CI has it)")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "file:///dev/null/mlruns")
