@@ -23,6 +23,7 @@ from ..recipe import RecipeError
 from ..results import AblationResult, Rung, Status
 from ..stats import MIN_EFFECT
 from ..target import Target, TargetError, parse_target
+from ..track.names import check_names
 from ..techniques.precision import DTYPES
 from .metric import SCRIPT_CHOICE, MetricChoice, better, choose_metric, metric_goal
 from .rung import TimingBudget
@@ -63,8 +64,15 @@ class LadderOptions:
     # --target (target.py): every run records its curve and stops at the target; each rung is judged on its time to
     # target beside its rate (ablation/target.py). A string as written ("val_loss<=3.2", "auto") or a Target.
     target: str | Target | None = None
+    # --track: tracker names (track/names.py), or a tune's open Tracking (this ladder is one of its stages)
+    track: Any = ()
 
     def __post_init__(self) -> None:
+        if not hasattr(self.track, "stage"):            # names (an open Tracking is a tune's, checked there)
+            try:
+                object.__setattr__(self, "track", check_names(self.track))
+            except ValueError as exc:
+                raise RecipeError(str(exc)) from None
         try:
             object.__setattr__(self, "target", parse_target(self.target))
         except TargetError as exc:
@@ -262,6 +270,7 @@ class LadderRun:
         self.pass_times: dict[int, list[float]] = {}    # repeat index -> [start, end] of that pass's timed runs
         self.added: list[dict[str, Any]] = []           # the passes settling added, and why
         self.started = time.monotonic()
+        self.tracking = track_ladder(options.track, plan, work, settings, out_dir)
 
     def run(self) -> AblationResult:
         from ..report import Display, environment
@@ -277,6 +286,7 @@ class LadderRun:
                     self.rescore()
                     display.metric = self.metric.judged_metric()
                     display.update()
+                    self.tracking.judged(self.plan, display.metric)
             except KeyboardInterrupt:
                 interrupted = True
             if not interrupted:
@@ -286,6 +296,7 @@ class LadderRun:
                     rung.status = Status.DONE        # a partial report still shows what was measured
             self.rescore()
         result = self.result(env)
+        self.tracking.finish(result, interrupted)
         display.final(result, interrupted)
         if interrupted:
             raise KeyboardInterrupt
@@ -454,6 +465,31 @@ def settings_as_run(run: LadderRun) -> dict[str, Any]:
     if run.aim is not None:
         settings = {**settings, "target": run.aim.to_dict()}
     return settings
+
+
+class Untracked:
+    """No tracker asked for: what the loop tells its trackers goes nowhere."""
+
+    def judged(self, plan: list[Rung], metric: dict[str, Any] | None) -> None:
+        pass
+
+    def finish(self, result: AblationResult, interrupted: bool) -> None:
+        pass
+
+
+def track_ladder(track: Any, plan: list[Rung], work: Work, settings: dict[str, Any], out_dir: Path):
+    """The ladder's trackers (LadderOptions.track; track/ladder.py), or Untracked when none is asked for; a script
+    that logs to a tracker itself is told, in each run's environment, where its runs belong."""
+    if not track:
+        return Untracked()
+    from ..track.ladder import LadderTracking          # only when asked: it reads the report's entries
+
+    tracking = LadderTracking.open(track, plan, settings, out_dir)
+    if tracking is None:
+        return Untracked()
+    if hasattr(work, "run_env"):
+        work.run_env = tracking.run_env
+    return tracking
 
 
 def run_ladder(plan: list[Rung], work: Work, settings: dict[str, Any], out: str | Path | None,

@@ -230,6 +230,9 @@ class CommandWork:
     task: str | None = None
     target: Target | None = None         # --target: the probe records the curve, stops past cap_seen without it
     cap_seen: float | None = None
+    # Variables a run of a rung adds to the command's environment beside the recipe (the loop's trackers: the
+    # tracker run the script's own runs belong under)
+    run_env: Callable[[Rung], dict[str, str]] = lambda rung: {}
 
     def aim(self, target: Target, cap_seen: float | None) -> None:
         """Every run records a point at each evaluation it reports and stops at the target or its cap (probe/)."""
@@ -267,7 +270,7 @@ class CommandWork:
                                steady_window=True, **dataclasses.asdict(self.budget),
                                target=self.target.to_dict() if self.target is not None else None,
                                cap_seen=self.cap_seen)
-            env = run_environment(self.fields(recipe), spec)
+            env = {**self.run_env(rung), **run_environment(self.fields(recipe), spec)}
             argv = self.cmd.launch_argv()
             # A time to target counts compilation: every run pays what a fresh machine pays
             with fresh_compile_cache() if self.target is not None else nullcontext() as cache:
