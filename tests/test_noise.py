@@ -84,13 +84,13 @@ def planted_ablation(framework: str, out, hog_dir=None):
 @pytest.mark.slow
 def test_a_hog_beside_one_run_is_named_and_the_verdicts_stay(tmp_path, framework="session"):
     """A script whose amp rung is 3x faster by construction (tests/scripts/planted_step.py), a Session loop,
-    ablated twice: on the quiet machine, then with a CPU hog spinning beside one run alone, the first run with half
-    precision on, which the hog would make look as slow as the baseline. That run's disturbed blocks are named and
-    left out, and every rung's verdict is the quiet ablation's. Four repeats and a 3x gain: with three repeats or a
-    2x gain, a 2-core VM whose own runs spread 10-30% (quiet blocks included) left the interval wider than the
-    gain. (The same script under Lightning's Trainer is timed by the same probe and Timing: planted_step.py
-    --framework lightning, 2.5 minutes, run by hand.)"""
-    quiet = planted_ablation(framework, tmp_path / "quiet")
+    ablated with a CPU hog spinning beside one run alone, the first run with half precision on, which the hog would
+    make look as slow as the baseline. That run's disturbed blocks are named and left out, and every rung's verdict
+    is the one the construction fixes (amp faster than the baseline), which a quiet ablation of the same script
+    gives: the verdicts stay. Four repeats and a 3x gain: with three repeats or a 2x gain, a 2-core VM whose own
+    runs spread 10-30% (quiet blocks included) left the interval wider than the gain. (The same script under
+    Lightning's Trainer is timed by the same probe and Timing: planted_step.py --framework lightning, 2.5
+    minutes, run by hand.)"""
     hog = subprocess.Popen([sys.executable, "-c", PLANTED_HOG, str(tmp_path)])
     try:
         loaded = planted_ablation(framework, tmp_path / "loaded", hog_dir=tmp_path)
@@ -101,8 +101,7 @@ def test_a_hog_beside_one_run_is_named_and_the_verdicts_stay(tmp_path, framework
     hit = [run for run in amp.repeats if any(b["disturbed"] for b in run["timing"]["blocks"])]
     assert hit, [run["timing"]["blocks"] for run in amp.repeats]
     assert_disturbed_runs_named(loaded)
-    assert [(r.name, r.result.verdict) for r in loaded.rungs] == [(r.name, r.result.verdict) for r in quiet.rungs]
-    assert next(r for r in quiet.rungs if r.name != "baseline").result.verdict == "faster"
+    assert [(r.name, r.result.verdict) for r in loaded.rungs] == [("baseline", "reference"), ("amp", "faster")]
 
 
 def test_the_runs_own_processes_are_its_own_cpu():
