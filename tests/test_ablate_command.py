@@ -136,25 +136,20 @@ def test_full_mode_compares_the_reported_metric_with_the_baselines_band(tmp_path
 
 @pytest.mark.slow
 def test_full_mode_runs_the_adopted_example_to_its_end_in_each_rung(tmp_path):
-    # amp and compile: the two rungs whose full runs differ most from a speed run (autocast through the whole
-    # evaluation, compilation inside the script's own epoch); test_speed_mode_... covers every rung.
+    """amp and compile: the two rungs whose full runs differ most from a speed run (autocast through the whole
+    evaluation, compilation inside the script's own epoch); test_speed_mode_... covers every rung. Asked for val_f1,
+    which the example never reports (it reports val_accuracy): the recommendation says it was made on speed alone,
+    in the terminal and in report.md, instead of a table of dashes and nothing else. (One ablation for both: the
+    metric a run reported is read from its record whatever metric was asked for.)"""
     out = tmp_path / "full-ladder"
-    proc, results = ablate(out, "--measure", "full", "--repeats", "1", "--noise-seeds", "1", "--rungs", "amp,compile",
-                           command=[sys.executable, ADOPTED, "--epochs", "1"])
+    proc, results = ablate(out, "--measure", "full", "--metric", "val_f1", "--repeats", "1", "--noise-seeds", "1",
+                           "--rungs", "amp,compile", command=[sys.executable, ADOPTED, "--epochs", "1"])
     measured = [r for r in results["rungs"] if r["status"] == "done"]
     assert [r["name"] for r in measured] == ["baseline", "amp", "compile"]
     for rung in measured:
-        assert rung["runs"][0]["stopped"] == "script ended" and 0.2 < rung["metric"]["value"] <= 1.0   # val_accuracy
-
-
-@pytest.mark.slow
-def test_full_mode_says_when_the_script_never_reported_the_metric(tmp_path):
-    """The adopted example reports val_accuracy; asked for val_f1, no run has one: the recommendation says it was
-    made on speed alone, in the terminal and in report.md, instead of a table of dashes and nothing else."""
-    out = tmp_path / "unreported"
-    proc, results = ablate(out, "--measure", "full", "--metric", "val_f1", "--repeats", "1", "--noise-seeds", "1",
-                           "--settle-within", "0", "--rungs", "amp", command=[sys.executable, ADOPTED, "--epochs", "1"])
-    assert all((rung["metric"] or {}).get("value") is None for rung in results["rungs"] if rung["status"] == "done")
+        run = rung["runs"][0]
+        assert run["stopped"] == "script ended" and 0.2 < run["reported"]["val_accuracy"] <= 1.0
+        assert (rung["metric"] or {}).get("value") is None          # val_f1: never reported
     said = "on speed alone: the script never reported val_f1, so no rung's accuracy was checked"
     assert said in " ".join(proc.stdout.split()) and said in " ".join((out / "report.md").read_text().split())
 
@@ -256,10 +251,3 @@ def test_a_command_that_fails_or_never_steps_is_reported_with_its_log(tmp_path):
     proc, results = ablate(tmp_path / "bad2", "--rungs", "set_to_none", "--repeats", "1",
                            command=[sys.executable, str(script), "ok"], check=False)
     assert all("without a single optimizer step" in r["error"] for r in results["rungs"])
-
-
-def test_a_recipe_in_the_environment_that_does_not_parse_names_the_variable(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TRAINFAST_RECIPE": '{"precision": "fp8"}'}
-    proc = subprocess.run([sys.executable, ADOPTED, "--epochs", "1"], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode != 0 and "TRAINFAST_RECIPE" in proc.stderr and "fp8" in proc.stderr
