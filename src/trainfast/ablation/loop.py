@@ -19,6 +19,7 @@ from typing import Any, Callable
 from ..defaults import MAX_REPEATS, SETTLE_WITHIN_S, parse_size  # the CLI shows them before torch loads
 from ..measure import measure_ceiling
 from ..procstate import process_cpu_seconds, reference_check
+from ..quiet import held_lines
 from ..recipe import RecipeError
 from ..results import AblationResult, Rung, Status
 from ..stats import MIN_EFFECT
@@ -404,6 +405,9 @@ class LadderRun:
                                 best.name if best else None, self.ceilings, self.seed_runs, tie, settings_as_run(self),
                                 odds, self.metric.judged_metric())
         write_report(result)
+        held = held_lines()        # libraries' import notices, kept off the console (quiet.py): kept here
+        if held:
+            (self.out_dir / "imports.log").write_text("\n".join(held) + "\n")
         return result
 
 
