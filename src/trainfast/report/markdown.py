@@ -17,6 +17,7 @@ from .format import roofs_text, rung_label
 from .memory import memory_section
 from .target import target_section, write_target_chart
 from .notes import rung_notes
+from .progress import time_line
 from .results_json import write_results_json
 from .summary import best_line, judged_line, keep_line, machine_line, repeatability_line
 from .table import Columns, headers, judged_name, markdown_table, table_rows
@@ -58,6 +59,7 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
         *([rate, ""] if (rate := documents_line(result)) else []),
         *([repeatability, ""] if repeatability else []),
         *([machine, ""] if (machine := machine_line(result)) else []),
+        *([took, ""] if (took := time_line(result.settings)) else []),
         how_to_read(result), "",
     ]
     if result.rungs[0].result.metric is not None:
