@@ -39,6 +39,22 @@ def test_trainfast_own_warning_is_said():
     assert [str(w.message) for w in shown] == ["precision is slow here"]
 
 
+def test_a_run_process_writes_what_it_holds_to_its_log(capsys, monkeypatch):
+    """In a run's own process stderr is its log file (procs.child_main): held lines are written there."""
+    import torch  # noqa: F401
+
+    monkeypatch.setattr(quiet, "HELD", [])
+    monkeypatch.setattr(quiet, "TO_STDERR", [False])
+    quiet.hold("held before the log was opened")
+    assert capsys.readouterr().err == ""
+    quiet.write_held_to_stderr()
+    with quiet.quiet_imports():
+        logging.getLogger("torch.utils._pytree").warning("held after")
+    err = capsys.readouterr().err
+    assert "held before the log was opened" in err and "held after" in err
+
+
+@pytest.mark.slow          # one interpreter importing transformers and torchao: ~8 s on a quiet 2-core machine
 def test_cli_import_path_and_language_model_print_no_warning():
     """The default CLI import path and the language model's build (transformers imports torchao as it builds the
     first model) print nothing on stderr, with every warning shown (-W default)."""
