@@ -42,7 +42,8 @@ LAYERS: list[tuple[str, list[str]]] = [
                                         "trainfast.models", "trainfast.text", "trainfast.text.*"]),
     ("foundations", ["trainfast.recipe", "trainfast.target", "trainfast.measure", "trainfast.measure.*",
                      "trainfast.stats", "trainfast.procs", "trainfast.results", "trainfast.observers",
-                     "trainfast.procstate", "trainfast.errors", "trainfast.modelnames", "trainfast.defaults"]),
+                     "trainfast.procstate", "trainfast.errors", "trainfast.modelnames", "trainfast.defaults",
+                     "trainfast.quiet"]),
 ]
 
 

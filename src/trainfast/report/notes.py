@@ -144,6 +144,8 @@ def caveats(rung: Rung, settings: dict | None = None) -> list[str]:
     compiled = describe_compiles(max(counted, key=lambda c: (c["limit_hits"], c["recompiles"]), default=None))
     if done and compiled:
         out.append(compiled)
+    if done:
+        out += compiled_left_out_notes(rung)
     risk = level_note(rung.recipe)
     if risk:
         out.append(risk)
@@ -151,6 +153,18 @@ def caveats(rung: Rung, settings: dict | None = None) -> list[str]:
     own = (r.vs_previous or {}).get("verdict") or r.verdict
     if done and threads.wanted(rung.changes) and own == SLOWER and isinstance(r.num_workers, int):
         out.append(threads.slower_note(r.num_workers))
+    return out
+
+
+def compiled_left_out_notes(rung: Rung) -> list[str]:
+    """Each run whose timed steps held a recompile: its steps, left out of the rate as warm-up (measure.Timing)."""
+    out = []
+    for i, run in enumerate(rung.repeats):
+        for c in run.get("timing", {}).get("compiled_left_out") or []:
+            last = c["step"] + c["steps"] - 1
+            steps = f"steps {c['step']}..{last}" if last > c["step"] else f"step {c['step']}"
+            out.append(f"seed {run.get('seed', i)}: recompiled at step {c['step']}: {steps} left out of the rate as "
+                       f"warm-up ({c.get('seconds', 0.0):.1f} s of compilation, not the switch's rate)")
     return out
 
 
