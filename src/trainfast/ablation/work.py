@@ -22,6 +22,7 @@ from ..engine import ZERO_GRAD_NOTE
 from ..frameworks import SECTION as FRAMEWORKS
 from ..measure import runs_tf32
 from ..probe import PROBE_MODES, PROCESS_SWITCHES
+from ..probe.inject import PLAIN
 from ..procs import run_supervised
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import EffectLabel, Rung, Status
@@ -324,6 +325,11 @@ class CommandWork:
     def baseline_seen(self, plan: list[Rung], result: dict[str, Any], sections: dict[str, Any]) -> None:
         self.follow_task(plan, result)
         if sections:
+            if PLAIN in sections:
+                # A plain loop, switched through the probe's hooks (probe/inject.py): the recipe reaches it only in
+                # a measured run, and the process-wide rungs reach it too, as any script without a Session.
+                self.learned["no_session"] = self.learned["plain_loop"] = True
+                self.grow(plan)
             self.learned["framework"] = framework_names(sections)
             self.learned["script_settings"] = script_settings(sections)
             fields = {s["field"]: True for rec in sections.values() for s in rec.get("switches", {}).values()}
