@@ -77,3 +77,19 @@ def test_every_script_runs_record_carries_the_section():
     _, probe.observer = observe(["--fused"])
     record = run_record(probe, "end")
     assert record["observed"]["optimizer_impl"] == "fused" and record["observed"]["by"] == {"optimizer_impl": "script"}
+
+
+def test_the_report_notes_what_each_rung_was_observed_doing():
+    from trainfast.recipe import Recipe
+    from trainfast.report.observed import observed_note
+    from trainfast.results import Rung, RungResult, Status
+
+    base, _ = observe([])
+    amp = {**base, "precision": "bf16", "autocast": True, "by": {"precision": "trainfast"}}
+    rungs = [Rung("baseline", {}, Recipe(), status=Status.DONE, result=RungResult(observed=base)),
+             Rung("amp", {"precision": "bf16"}, Recipe(precision="bf16"), status=Status.DONE,
+                  result=RungResult(observed=amp)),
+             Rung("set_to_none", {"set_to_none": True}, Recipe(set_to_none=True), status=Status.NO_EFFECT)]
+    (note,) = observed_note(rungs)
+    assert "fp32, AdamW" in note and "bf16 autocast (trainfast)" in note and "set_to_none" not in note
+    assert observed_note(rungs[2:]) == []                     # nothing observed (the built-in run): no note
