@@ -93,3 +93,25 @@ def test_the_report_notes_what_each_rung_was_observed_doing():
     (note,) = observed_note(rungs)
     assert "fp32, AdamW" in note and "bf16 autocast (trainfast)" in note and "set_to_none" not in note
     assert observed_note(rungs[2:]) == []                     # nothing observed (the built-in run): no note
+
+
+def test_a_session_loops_precision_is_observed_inside_its_forward():
+    from trainfast import Session
+    from trainfast.recipe import Recipe
+
+    observer = Observer().install()
+    try:
+        model = plain_loop().cnn()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        tf = Session(Recipe(precision="bf16", channels_last=True), device="cpu")
+        model, optimizer = tf.setup(model, optimizer)
+        for _ in range(2):
+            loss = model(torch.randn(4, 3, 16, 16)).float().sum()
+            optimizer.zero_grad()
+            tf.backward(loss)
+            optimizer.step()
+    finally:
+        observer.close()
+    seen = observer.observed(by_trainfast={"precision", "channels_last"})
+    assert (seen["precision"], seen["autocast"], seen["memory_format"]) == ("bf16", True, "channels_last")
+    assert seen["loader"] is None and seen["by"] == {"precision": "trainfast", "memory_format": "trainfast"}
