@@ -325,10 +325,8 @@ class CommandWork:
     def baseline_seen(self, plan: list[Rung], result: dict[str, Any], sections: dict[str, Any]) -> None:
         self.follow_task(plan, result)
         if sections:
-            if PLAIN in sections:
-                # A plain loop, switched through the probe's hooks (probe/inject.py): the recipe reaches it only in
-                # a measured run, and the process-wide rungs reach it too, as any script without a Session.
-                self.learned["no_session"] = self.learned["plain_loop"] = True
+            if PLAIN in sections:      # a plain loop (probe/inject.py): reached in measured runs, process-wide too
+                self.learned.update(no_session=True, plain_loop=True)
                 self.grow(plan)
             self.learned["framework"] = framework_names(sections)
             self.learned["script_settings"] = script_settings(sections)
