@@ -21,6 +21,7 @@ from ..curves import CurvePlan, judged_name
 from ..frameworks import SECTION as FRAMEWORKS
 from ..measure import runs_tf32
 from ..probe import PROBE_MODES, PROCESS_SWITCHES
+from ..probe.inject import PLAIN
 from ..procs import run_supervised
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import EffectLabel, Rung, Status
@@ -323,6 +324,9 @@ class CommandWork:
     def baseline_seen(self, plan: list[Rung], result: dict[str, Any], sections: dict[str, Any]) -> None:
         self.follow_task(plan, result)
         if sections:
+            if PLAIN in sections:      # a plain loop (probe/inject.py): reached in measured runs, process-wide too
+                self.learned.update(no_session=True, plain_loop=True)
+                self.grow(plan)
             self.learned["framework"] = framework_names(sections)
             self.learned["script_settings"] = script_settings(sections)
             fields = {s["field"]: True for rec in sections.values() for s in rec.get("switches", {}).values()}

@@ -78,6 +78,8 @@ class Probe:
         # now if the model is already compiled, else on the import (a run that never compiles never imports it).
         self.compiles = CompileWindow(lambda: self.timer.updates if self.timer is not None else None)
         self.curve = ScriptCurve(spec.target, spec.cap_seen)      # its evaluations on the way (--target)
+        self.observer = None                     # a script's run: what it was seen doing (observe.py)
+        self.injected: set[str] | None = None    # a plain loop: the fields trainfast switched in it (inject.py)
         when_imported("torch._dynamo", lambda _module: self.compiles.open())
 
     # --- where steps come from ------------------------------------------------------------------------
