@@ -154,6 +154,7 @@ def test_a_flag_whose_runs_were_observed_doing_what_the_rung_above_did_says_so()
     plan = plan_with("cumulative")
     plan[0].repeats, plan[1].repeats = [seen()], [seen("bf16")]
     plan[2].repeats = [seen("bf16")]                                   # --amp on top of trainfast's amp: nothing new
+    plan[1].repeats[0]["observed"]["by"] = {"precision": "trainfast"}  # (who turned it on is not what it does)
     plan[3].repeats = [seen("bf16", "channels_last")]                  # --channels-last: seen
     note_unchanged(plan)
     assert UNCHANGED in plan[2].script["unchanged"] and "as amp's (bf16 autocast" in plan[2].reason

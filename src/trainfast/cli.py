@@ -15,6 +15,7 @@ from .cliargs import check_out_folder, resume_checkpoint, resume_folder
 # build_parser and SUBCOMMANDS too: the CLI's names, found here by its callers and tests
 from .cliflags import SUBCOMMANDS, build_parser, check_before_torch, parse_command_line, recipe_from_args  # noqa: F401
 from .recipe import Recipe, RecipeError
+from .track.names import choose_trackers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,7 +153,7 @@ def _ablate(args, recipe: Recipe) -> int:
                    budget=TimingBudget(steps=args.timing_steps, seconds=args.timing_budget),
                    min_effect=args.min_effect, resume=resume, rung_timeout=args.rung_timeout,
                    settle_within_s=args.settle_within, paired=args.paired, memory_limit=args.memory_limit,
-                   target=args.target)
+                   target=args.target, track=choose_trackers(args.track))
     try:
         if args.user_command is not None:
             result = ablate_command(args.user_command, recipe=recipe, device=args.device, measure=args.measure,
@@ -180,7 +181,8 @@ def _tune(args, recipe: Recipe) -> int:
              resume=resume, command=args.user_command, nproc=args.nproc, metric=args.metric, goal=args.metric_goal,
              batch_size_search=args.batch_size_search, settle=args.settle, switches=split_names(args.switches),
              paired=args.paired, task=args.task_given if args.user_command is not None else args.task,
-             memory_limit=args.memory_limit, target=args.target, script_rungs=getattr(args, "script_rungs", []))
+             memory_limit=args.memory_limit, target=args.target, track=choose_trackers(args.track),
+             script_rungs=getattr(args, "script_rungs", []))
     except KeyboardInterrupt:
         return 130
     return 0
@@ -272,6 +274,7 @@ def _train(args, recipe: Recipe) -> int:
     from .recipe import resolve_device, validate_for_device
     from .tasks import build_task
     from .techniques import apply_recipe_rewrites
+    from .track import Tracking
     from .trainer import train
     resume, folder = resume_checkpoint(args.resume, args.out)
     device = resolve_device(args.device)
@@ -289,6 +292,8 @@ def _train(args, recipe: Recipe) -> int:
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=console)
     bar = progress.add_task("train", total=steps_per_epoch * recipe.epochs, loss="…")
+    tracking = (Tracking.open(choose_trackers(args.track), out.name, "train", recipe.to_dict(), out)
+                if rank == 0 else None)                    # --track: one run, the recipe as params, epoch metrics
 
     def build_model():
         # The bar appears once the model exists: a model refused for its input (a named model that cannot take
@@ -305,6 +310,8 @@ def _train(args, recipe: Recipe) -> int:
         progress.console.print(f"epoch {record['epoch']}: train loss {record['train_loss']:.4f}  "
                                f"{task.summary(record)}  {record['epoch_time_s']:.1f}s"
                                + (f"  ({skipped} unreadable image(s) skipped, named above)" if skipped else ""))
+        if tracking is not None:
+            tracking.epoch(record)
 
     try:
         trained = train(build_model, split, recipe=recipe, device=device, out=out, on_window=on_window,
@@ -313,9 +320,14 @@ def _train(args, recipe: Recipe) -> int:
         # Non-zero exit; checkpoints already in out/checkpoints are complete and untouched.
         progress.stop()
         print(f"trainfast train: error: {exc}", file=sys.stderr)
+        if tracking is not None:
+            tracking.end("failed")
         return 1
     finally:
         progress.stop()
+    if tracking is not None:
+        tracking.artifacts(out)
+        tracking.end()
     if trained.curve is not None:
         console.print(target_line(args.target, trained.curve))
     console.print(f"run folder: {out}/ (metrics.jsonl, recipe.json, model.pt"

@@ -163,6 +163,7 @@ def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
                     help="stop a run that takes longer and report it failed (default: 10x the baseline's first run, "
                          "at least 5m)")
     add_out(ab, "ablate", "the report")
+    add_track(ab, "one run per ablation and one per rung (its switches, rate, speed-up, verdict, memory, metric)")
     add_resume(ab, "continue an interrupted ablation in DIR: finished runs are reused, the rest run")
     ab.add_argument("--nproc", type=positive_int, default=1, metavar="N",
                     help="run every rung as N processes (built-in run: DDP, gloo on CPU / nccl on CUDA; a COMMAND: "
@@ -184,6 +185,23 @@ def add_script_rungs(group) -> None:
                             "its own) and those variables set; repeatable, after the switches' rungs in the ladder")
     group.add_argument("--ladder", default=None, metavar="FILE",
                        help="a YAML list of such rungs, each {name, args, env}, after those of --rung")
+
+
+def track_type(text: str) -> tuple[str, ...]:
+    """The argparse type of --track: track.parse_track, its error as argparse's."""
+    from .track.names import parse_track
+
+    try:
+        return parse_track(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_track(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--track", type=track_type, action="append", default=None, metavar="NAME[,NAME]",
+                        help=f"log to mlflow, wandb and/or tensorboard ({what}; a comma list, or repeated); "
+                             "default: the tracker MLFLOW_TRACKING_URI or WANDB_PROJECT / WANDB_MODE already point "
+                             "at; none: no tracker")
 
 
 def add_target(parser: argparse.ArgumentParser, what: str) -> None:
@@ -232,6 +250,7 @@ def add_tune_flags(tu: argparse.ArgumentParser) -> None:
     add_memory_limit(tu, "the search starts from the fastest of the baseline at smaller batches and the memory "
                          "switches that fits, and recommends nothing over it")
     add_out(tu, "tune", "the search, best.yaml")
+    add_track(tu, "one run per search and one per candidate of each stage")
     add_resume(tu, "continue an interrupted search in DIR")
     tu.add_argument("--batch-size-search", action="store_true",
                     help="then try the recommended recipe at 2x, 4x, 8x its batch size; the largest that is still "
@@ -270,6 +289,7 @@ def add_train_flags(tr: argparse.ArgumentParser) -> None:
     add_common(tr)
     add_target(tr, "the run evaluates on its way, stops there and says its time to target")
     add_out(tr, "train", "the run (metrics, recipe, weights, checkpoints/)")
+    add_track(tr, "the run: the recipe as params, each epoch's metrics")
     add_resume(tr, "continue from the newest good checkpoint in the run folder DIR (fresh start when there is none; "
                    "use it under torchrun --max-restarts), or from the checkpoint FILE", metavar="DIR|FILE")
 

@@ -63,6 +63,7 @@ class RungResult:
     session: bool | None = None              # a script's runs: whether it created a trainfast.Session
     compile: dict[str, Any] | None = None    # torch.compile's counters in the run
     overridden: dict[str, Any] | None = None  # script settings the rung's recipe replaced: field -> [old, new]
+    observed: dict[str, Any] | None = None   # a script's runs: what its first run was seen doing (probe/observe.py)
     # aggregated over the repeats
     repeats: int = 0
     throughput: float | None = None

@@ -19,10 +19,12 @@ from typing import Any, Callable
 from ..defaults import MAX_REPEATS, SETTLE_WITHIN_S, parse_size  # the CLI shows them before torch loads
 from ..measure import measure_ceiling
 from ..procstate import process_cpu_seconds, reference_check
+from ..quiet import held_lines
 from ..recipe import RecipeError
 from ..results import AblationResult, Rung, Status
 from ..stats import MIN_EFFECT
 from ..target import Target, TargetError, parse_target
+from ..track.names import check_names
 from ..techniques.precision import DTYPES
 from .metric import SCRIPT_CHOICE, MetricChoice, better, choose_metric, metric_goal
 from .rung import TimingBudget
@@ -63,8 +65,15 @@ class LadderOptions:
     # --target (target.py): every run records its curve and stops at the target; each rung is judged on its time to
     # target beside its rate (ablation/target.py). A string as written ("val_loss<=3.2", "auto") or a Target.
     target: str | Target | None = None
+    # --track: tracker names (track/names.py), or a tune's open Tracking (this ladder is one of its stages)
+    track: Any = ()
 
     def __post_init__(self) -> None:
+        if not hasattr(self.track, "stage"):            # names (an open Tracking is a tune's, checked there)
+            try:
+                object.__setattr__(self, "track", check_names(self.track))
+            except ValueError as exc:
+                raise RecipeError(str(exc)) from None
         try:
             object.__setattr__(self, "target", parse_target(self.target))
         except TargetError as exc:
@@ -190,7 +199,8 @@ class Launches:
     (an interrupted ablation resumed) or launched in its own folder and kept there; each precision's matmul ceiling
     (a peak: measured before the runs and again after, the higher kept, so a slow spell on a shared machine at the
     start puts no rung "above" it); the machine's reference check before and after (procstate.reference_check),
-    and what this process (display, event relay) took from the cores the runs use while they ran."""
+    what this process (display, event relay) took from the cores the runs use while they ran, and what each run
+    took, told to the display with the runs still planned (its progress line: report/progress.py)."""
 
     def __init__(self, work: Work, launch: Callable, out_dir: Path) -> None:
         self.work, self.launch, self.out_dir = work, launch, out_dir
@@ -198,6 +208,8 @@ class Launches:
         self.ceilings: dict[str, float] = {}
         self.machine: dict[str, Any] = {}       # procstate.reference_check before and after the runs
         self.in_runs = (0.0, 0.0)               # this process's CPU seconds while runs ran, and those seconds
+        self.display = None                     # the display plan() feeds, and what the ladder did when it last did
+        self.seen: tuple[int, bool, int] | None = None
 
     def start(self, settings: dict[str, Any], resume: bool, precisions: list[str]) -> None:
         self.store = RunStore(self.out_dir, settings, resume)
@@ -205,8 +217,39 @@ class Launches:
         self.ceilings.update({p: ceiling(self.work, p) for p in dict.fromkeys(precisions)})
         self.machine["start"] = reference_check(self.work.dev)
 
-    def read_back(self, key: str) -> dict[str, Any] | None:
-        return self.store.load(key)
+    def read_back(self, key: str, rung: Rung, budget: TimingBudget | None, display) -> dict[str, Any] | None:
+        """A run finished before an interruption, or None; one read back is a run done at no cost."""
+        result = self.store.load(key)
+        if result is not None:
+            display.finished(run_kind(rung, budget), None)
+        return result
+
+    def plan(self, ladder: "LadderRun", display) -> None:
+        """Before each run: the runs still queued told to the display (runs done of planned, the time left), with
+        why their number changed since the last run where the ladder did it: a settling pass, the time budget's
+        cut, rungs a script's ladder added, the target's runs and seeds."""
+        self.display = display
+        seen = (len(ladder.added), ladder.cut is not None, len(ladder.measured))
+        why, last = None, self.seen
+        if last is not None and seen[0] > last[0]:
+            added = ladder.added[-1]
+            why = (f"pass {added['repeat']} added: {', '.join(added['unsettled'])} still within the noise or "
+                   f"unresolved (settling, within {ladder.opts.settle_within_s:.0f} s)")
+        elif last is not None and seen[1] and not last[1]:
+            why = f"cut to fit the time budget ({ladder.opts.time_budget_s:.0f} s)"
+        elif last is not None and seen[2] > last[2]:
+            why = "rungs added to the script's ladder"
+        elif ladder.aim is not None:
+            why = "runs and seeds for the time to target (a rung that changes the math needs its own)"
+        self.seen = seen
+        # settle_within_s counts from the ladder's start; the display's clock from its own
+        settle = ladder.opts.settle_within_s
+        window = (settle or 0) - (time.monotonic() - ladder.started) + display.runs.elapsed_s()
+        display.runs.settle = ((window, [r.name for r in ladder.measured if r.status != Status.SKIPPED])
+                               if settle and ladder.repeats < MAX_REPEATS and not (ladder.cut and ladder.cut.trimmed)
+                               else None)
+        display.plan([run_kind(rung, budget) for rung, _, budget in ladder.queue
+                      if rung.status not in (Status.NO_EFFECT, Status.SKIPPED)], why)
 
     def run(self, key: str, rung: Rung, recipe, budget: TimingBudget | None, display, limit: float | None
             ) -> dict[str, Any]:
@@ -217,6 +260,7 @@ class Launches:
         cpu, started = process_cpu_seconds(), time.monotonic()
         result = self.launch(rung, recipe, budget, run_dir, display, limit)
         self.in_runs = (self.in_runs[0] + process_cpu_seconds() - cpu, self.in_runs[1] + time.monotonic() - started)
+        display.finished(run_kind(rung, budget), time.monotonic() - started)
         if "error" not in result:
             self.store.save(key, result)
         return result
@@ -227,6 +271,9 @@ class Launches:
         self.machine["end"] = reference_check(self.work.dev)
         cpu, seconds = self.in_runs
         self.machine["parent_cpu_share"] = cpu / seconds if seconds else None
+        held = held_lines()        # libraries' import notices, kept off the console (quiet.py): kept here
+        if held:
+            (self.out_dir / "imports.log").write_text("\n".join(held) + "\n")
 
 
 class LadderRun:
@@ -262,6 +309,7 @@ class LadderRun:
         self.pass_times: dict[int, list[float]] = {}    # repeat index -> [start, end] of that pass's timed runs
         self.added: list[dict[str, Any]] = []           # the passes settling added, and why
         self.started = time.monotonic()
+        self.tracking = track_ladder(options.track, plan, work, settings, out_dir)
 
     def run(self) -> AblationResult:
         from ..report import Display, environment
@@ -273,10 +321,12 @@ class LadderRun:
         with display:
             try:
                 while self.queue or self.add_pass() or self.add_seeds():
+                    self.launches.plan(self, display)          # the progress line's plan, and why it changed
                     self.run_next(display)
                     self.rescore()
                     display.metric = self.metric.judged_metric()
                     display.update()
+                    self.tracking.judged(self.plan, display.metric)
             except KeyboardInterrupt:
                 interrupted = True
             if not interrupted:
@@ -286,6 +336,7 @@ class LadderRun:
                     rung.status = Status.DONE        # a partial report still shows what was measured
             self.rescore()
         result = self.result(env)
+        self.tracking.finish(result, interrupted)
         display.final(result, interrupted)
         if interrupted:
             raise KeyboardInterrupt
@@ -301,7 +352,7 @@ class LadderRun:
         timed = budget is not None          # a timed repeat; else a baseline's accuracy-only seed
         if timed:
             self.pass_times.setdefault(i, [time.monotonic(), 0.0])
-        result = self.launches.read_back(key)
+        result = self.launches.read_back(key, rung, budget, display)
         if result is None:
             rung.status = Status.RUNNING
             display.start_rung(rung, recipe.seed, len(rung.repeats) + 1 if timed else i + 1,
@@ -407,6 +458,13 @@ class LadderRun:
         return result
 
 
+def run_kind(rung: Rung, budget: TimingBudget | None) -> str:
+    """A run's kind for its cost (report/progress.py): its rung, and whether it is timed or evaluated only."""
+    from ..report.progress import SEEDS
+
+    return rung.name + ("" if budget is not None else SEEDS)
+
+
 def queue_with_added(queue: list[tuple[Rung, int, TimingBudget | None]], added: list[Rung], base: Rung,
                      repeats: int, budget: TimingBudget) -> list[tuple[Rung, int, TimingBudget | None]]:
     """The queue with the added rungs' runs: each pass's run of every added rung right after the baseline's run of
@@ -453,7 +511,34 @@ def settings_as_run(run: LadderRun) -> dict[str, Any]:
         settings = {**settings, "machine_check": run.launches.machine}
     if run.aim is not None:
         settings = {**settings, "target": run.aim.to_dict()}
+    if run.launches.display is not None:        # the time it took beside the time planned after the first pass
+        settings = {**settings, "time": run.launches.display.runs.summary()}
     return settings
+
+
+class Untracked:
+    """No tracker asked for: what the loop tells its trackers goes nowhere."""
+
+    def judged(self, plan: list[Rung], metric: dict[str, Any] | None) -> None:
+        pass
+
+    def finish(self, result: AblationResult, interrupted: bool) -> None:
+        pass
+
+
+def track_ladder(track: Any, plan: list[Rung], work: Work, settings: dict[str, Any], out_dir: Path):
+    """The ladder's trackers (LadderOptions.track; track/ladder.py), or Untracked when none is asked for; a script
+    that logs to a tracker itself is told, in each run's environment, where its runs belong."""
+    if not track:
+        return Untracked()
+    from ..track.ladder import LadderTracking          # only when asked: it reads the report's entries
+
+    tracking = LadderTracking.open(track, plan, settings, out_dir)
+    if tracking is None:
+        return Untracked()
+    if hasattr(work, "run_env"):
+        work.run_env = tracking.run_env
+    return tracking
 
 
 def run_ladder(plan: list[Rung], work: Work, settings: dict[str, Any], out: str | Path | None,

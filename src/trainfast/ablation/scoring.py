@@ -111,6 +111,7 @@ def aggregate(rung: Rung, noise: Noise | None, metric: str | None = "accuracy") 
     rung.result = RungResult(
         **{k: first.get(k) for k in ("val_samples", "world_size", "num_workers", "precision_state", "train_losses",
                                      "rate_unit", "unit", "session", "compile", "overridden")},
+        observed=first.get("observed"),
         repeats=len(reps),
         throughput=rate.value if rate else 0.0,
         throughput_interval=rate.interval if rate else None,

@@ -47,19 +47,26 @@ def observed(rung: Rung) -> dict[str, Any] | None:
 
 def note_unchanged(plan: list[Rung]) -> None:
     """A rung of the script's own flags whose runs were observed doing exactly what the rung it starts from did
-    (the same precision, compilation, optimizer, loader, memory format) says so beside its verdict: the flag
-    changed nothing trainfast could see. Said once; a rung or its reference without observations is left alone."""
+    (the same precision, compilation, optimizer, loader, memory format, whoever turned them on) says so beside its
+    verdict: the flag changed nothing trainfast could see. Said once; a rung or its reference without observations
+    is left alone."""
     for i, rung in enumerate(plan):
         if not rung.script or "unchanged" in rung.script or not i:
             continue
         above = (plan[0] if rung.script.get("on") == "baseline"
                  else next((r for r in reversed(plan[:i]) if r.repeats), plan[0]))
         mine, theirs = observed(rung), observed(above)
-        if mine is None or theirs is None or mine != theirs:
+        if mine is None or theirs is None or behaviour(mine) != behaviour(theirs):
             continue
         text = f"{UNCHANGED}: its runs were observed as {above.name}'s ({describe_observed(mine)})"
         rung.script["unchanged"] = text
         rung.reason = f"{rung.reason}; {text}" if rung.reason else text
+
+
+def behaviour(seen: dict[str, Any]) -> dict[str, Any]:
+    """What a run did, without who turned each thing on (`by`): the script's --amp on top of trainfast's amp runs
+    the same bf16 autocast, and the flag changed nothing the run does."""
+    return {k: v for k, v in seen.items() if k != "by"}
 
 
 def describe_observed(seen: dict[str, Any]) -> str:

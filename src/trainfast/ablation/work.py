@@ -21,6 +21,7 @@ from ..curves import CurvePlan, judged_name
 from ..frameworks import SECTION as FRAMEWORKS
 from ..measure import runs_tf32
 from ..probe import PROBE_MODES, PROCESS_SWITCHES
+from ..probe.inject import PLAIN
 from ..procs import run_supervised
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import EffectLabel, Rung, Status
@@ -231,6 +232,9 @@ class CommandWork:
     task: str | None = None
     target: Target | None = None         # --target: the probe records the curve, stops past cap_seen without it
     cap_seen: float | None = None
+    # Variables a run of a rung adds to the command's environment beside the recipe (the loop's trackers: the
+    # tracker run the script's own runs belong under)
+    run_env: Callable[[Rung], dict[str, str]] = lambda rung: {}
 
     def aim(self, target: Target, cap_seen: float | None) -> None:
         """Every run records a point at each evaluation it reports and stops at the target or its cap (probe/)."""
@@ -268,8 +272,8 @@ class CommandWork:
                                steady_window=True, **dataclasses.asdict(self.budget),
                                target=self.target.to_dict() if self.target is not None else None,
                                cap_seen=self.cap_seen)
-            env = {**run_environment(self.fields(recipe), spec), **rung_env(rung)}   # a --rung's variables too
-            argv = rung_command(rung, self.cmd).launch_argv()                      # and its flags
+            env = {**self.run_env(rung), **run_environment(self.fields(recipe), spec), **rung_env(rung)}  # --rung's
+            argv = rung_command(rung, self.cmd).launch_argv()              # a --rung's flags too
             # A time to target counts compilation: every run pays what a fresh machine pays
             with fresh_compile_cache() if self.target is not None else nullcontext() as cache:
                 if cache is not None:
@@ -322,6 +326,9 @@ class CommandWork:
     def baseline_seen(self, plan: list[Rung], result: dict[str, Any], sections: dict[str, Any]) -> None:
         self.follow_task(plan, result)
         if sections:
+            if PLAIN in sections:      # a plain loop (probe/inject.py): reached in measured runs, process-wide too
+                self.learned.update(no_session=True, plain_loop=True)
+                self.grow(plan)
             self.learned["framework"] = framework_names(sections)
             self.learned["script_settings"] = script_settings(sections)
             fields = {s["field"]: True for rec in sections.values() for s in rec.get("switches", {}).values()}

@@ -76,8 +76,10 @@ class Probe:
         self.phases = self.ranks = None          # several ranks: this one's phases, then every rank's (ranks.py)
         # This run's compiles and recompiles (instruments/recompiles.py), counted from when dynamo is imported:
         # now if the model is already compiled, else on the import (a run that never compiles never imports it).
-        self.compiles = CompileWindow()
+        self.compiles = CompileWindow(lambda: self.timer.updates if self.timer is not None else None)
         self.curve = ScriptCurve(spec.target, spec.cap_seen)      # its evaluations on the way (--target)
+        self.observer = None                     # a script's run: what it was seen doing (observe.py)
+        self.injected: set[str] | None = None    # a plain loop: the fields trainfast switched in it (inject.py)
         when_imported("torch._dynamo", lambda _module: self.compiles.open())
 
     # --- where steps come from ------------------------------------------------------------------------
@@ -221,7 +223,8 @@ class Probe:
         steps = steps[:self.steady_steps] if self.steady_steps and not self.whole_run else steps
         if steps and not any(s.samples for s in steps):      # samples unknown: one "sample" per step
             steps = [dataclasses.replace(s, samples=self.samples_per_step() or 1) for s in steps]
-        return Timing.from_steps(steps, check_disturbance=self.check_disturbance, per_sample=self.whole_run)
+        return Timing.from_steps(steps, check_disturbance=self.check_disturbance, per_sample=self.whole_run,
+                                 compiles=self.compiles.steps)
 
     def result(self, stopped: str) -> dict[str, Any]:
         """Every measured number of this run (the ablation's per-run record): run_record."""

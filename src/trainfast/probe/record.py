@@ -12,6 +12,8 @@ another's.
                           run's, curves.py)
   task    the built-in run  its task's figures: the judged metric, the evaluation, the epochs (ablation/rung.py)
   data    the task's data   what only its data has to count (an image folder's unreadable and host-decoded files)
+  observed  the probe's Observer  what the script's run was seen doing: precision, compile, optimizer, loader,
+                          memory format, and who turned each on (observe.py)
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import torch
 from ..instruments.recompiles import CompileWindow
 from ..procstate import process_state
 from ..techniques import process_wide_in_effect
+from .observe import observed_section
 
 PROCESS_SWITCHES = "process_switches"     # the result's key for the process-wide switches read back
 WRAP_SWITCHES = "wrap_switches"           # the result's key for the wrap switches read back from DDP / FSDP2
@@ -127,12 +130,13 @@ class RunRecord:
     curve: Section
     task: Section | None = None
     data: Section | None = None
+    observed: Section | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The record as the parent reads it: one flat object; a key written by two sections is refused."""
         out: dict[str, Any] = {}
         owner: dict[str, str] = {}
-        for name in ("run", "rate", "script", "curve", "task", "data"):
+        for name in ("run", "rate", "script", "curve", "task", "data", "observed"):
             section = getattr(self, name)
             for key, value in (section.to_dict() if section is not None else {}).items():
                 if key in owner:
@@ -149,8 +153,10 @@ def run_record(probe, stopped: str, *, curve=None, task: Section | None = None,
     `curve`: the run's own curve where it keeps one (the built-in run's), else the probe's; `task` and `data`: the
     built-in run's sections (the module docstring)."""
     timing = probe.timing()
+    observed = observed_section(probe)
     return RunRecord(rate_of(probe, timing), run_state(probe, stopped), script_said(probe),
-                     Keys((curve if curve is not None else probe.curve).record()), task, data).to_dict()
+                     Keys((curve if curve is not None else probe.curve).record()), task, data,
+                     Keys(observed) if observed is not None else None).to_dict()
 
 
 def rate_of(probe, timing) -> Rate:

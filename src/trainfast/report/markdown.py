@@ -18,6 +18,7 @@ from .memory import memory_section
 from .ranks import ranks_section
 from .target import target_section, write_target_chart
 from .notes import rung_notes
+from .progress import time_line
 from .results_json import write_results_json
 from .summary import best_line, judged_line, keep_line, machine_line, repeatability_line
 from .table import Columns, headers, judged_name, markdown_table, table_rows
@@ -59,6 +60,7 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
         *([rate, ""] if (rate := documents_line(result)) else []),
         *([repeatability, ""] if repeatability else []),
         *([machine, ""] if (machine := machine_line(result)) else []),
+        *([took, ""] if (took := time_line(result.settings)) else []),
         how_to_read(result), "",
     ]
     if result.rungs[0].result.metric is not None:
