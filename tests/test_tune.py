@@ -439,7 +439,7 @@ class GuardSearch:
 
         self.base = Recipe()
         self.options = SimpleNamespace(command=["python", "train.py"], repeats=3)
-        self.budget = SimpleNamespace(fits=lambda runs, per_run, left=None: fits)
+        self.budget = SimpleNamespace(fits_runs=lambda runs, per_run, left=None: fits)
         self.delta, self.asked = delta, []
 
     def repeats_that_fit(self, runs_per_pass, per_run, left=None):

@@ -6,8 +6,10 @@ finished run is kept in the run store (an interrupted ablation resumes), the lad
 (scoring.py) and shown live; the report is written at the end (report/).
 
 The loop owns its time: `LadderOptions.time_budget_s` cuts the plan to fit after the first run has priced
-one (fewer repeats first, then the last rungs), and `settle_within_s` adds passes while a verdict is one a
-rerun may not repeat, as long as another pass ends within that many seconds of the start.
+one (fewer repeats first, then the last rungs, counting the seeds the plan adds), every run is started only if
+its price fits what is left (clock.py: priced by the runs measured so far, else the ladder stops and says so), and
+`settle_within_s` adds passes while a verdict is one a rerun may not repeat, as long as another pass, priced by
+its rungs' measured runs, ends within that many seconds of the start.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from .scoring import pick_best, score_rungs, seed_summary, unresolved
 from .server import wait_rung_server
 from .store import RunStore, write_json
 from .aim import Aim
+from .clock import RunClock, run_kind
 from .target import TARGET_SEEDS, pick_soonest
 from .work import Work
 
@@ -63,6 +66,9 @@ class LadderOptions:
     # --target (target.py): every run records its curve and stops at the target; each rung is judged on its time to
     # target beside its rate (ablation/target.py). A string as written ("val_loss<=3.2", "auto") or a Target.
     target: str | Target | None = None
+    # The clock the ladder's time budget is a share of (clock.RunClock: a search's, with the costs its earlier
+    # stages measured); None: a clock of its own.
+    clock: RunClock | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -95,6 +101,9 @@ class Cut:
     repeats: int
     asked: dict[str, int]
     skipped: list[str]
+    # Where the ladder stopped because its next run's price no longer fitted: the runs left, their price, the time
+    # left (LadderRun.stop); None: every run planned after the cut was run.
+    stopped: dict[str, Any] | None = None
 
     @property
     def trimmed(self) -> bool:
@@ -102,27 +111,34 @@ class Cut:
 
     def to_dict(self) -> dict[str, Any]:
         return {"seconds_per_run": self.seconds_per_run, "rungs": self.rungs, "repeats": self.repeats,
-                "asked": self.asked, "skipped": self.skipped}
+                "asked": self.asked, "skipped": self.skipped, **({"stopped": self.stopped} if self.stopped else {})}
 
 
 def trimmed(cut: dict[str, Any] | None) -> bool:
     """Whether a cut (a result's settings["budget_cut"]) left fewer repeats or rungs than asked: no pass is added
     to a ladder that could not even fit its plan."""
-    return cut is not None and bool(cut["skipped"] or cut["repeats"] < cut["asked"]["repeats"])
+    return cut is not None and bool(cut["skipped"] or cut["repeats"] < cut["asked"]["repeats"] or cut.get("stopped"))
 
 
-def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float) -> tuple[int, int]:
+def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float, seeds: int = 0) -> tuple[int, int]:
     """How many rungs (the plan's first ones, baseline included) and repeats fit `seconds_left` at `per_run`
     seconds a run, one run (the first) already done. Repeats go first, down to 2 (the fewest that give a
     process-to-process spread, so an interval); then the last rungs, down to 2 (a baseline and one rung).
     The plan's order is its priority: the precision levels, the largest gains, come first. Two rungs get 3
-    repeats, not 2, when that many are asked for: at 2 the interval has one degree of freedom and no verdict."""
+    repeats, not 2, when that many are asked for: at 2 the interval has one degree of freedom and no verdict.
+    `seeds`: the runs every kept rung may need in all whatever its repeats (--target: the baseline's seeds, and
+    those of a rung that changes the math, aim.py), counted so the plan leaves room for them."""
     floor = min(repeats, 2)
     runs_left = 1 + max(0.0, seconds_left) / max(per_run, 1e-9)      # the runs the budget pays for, the first included
-    fitted = max(floor, min(repeats, int(runs_left // rungs)))
-    if rungs * fitted <= runs_left:
+
+    def runs(kept: int, each: int) -> int:
+        return kept * max(each, seeds)
+
+    fitted = next((r for r in range(repeats, floor - 1, -1) if runs(rungs, r) <= runs_left), None)
+    if fitted is not None:
         return rungs, fitted
-    kept = min(rungs, max(2, int(runs_left // fitted)))
+    fitted = floor
+    kept = next((k for k in range(rungs, 2, -1) if runs(k, fitted) <= runs_left), 2)
     if kept == 2 and fitted == 2:
         # Two rungs twice leave the pooled noise one degree of freedom (t = 12.7 at 95%): even a 2x gain at 7%
         # noise is "no measurable difference". A third repeat (two degrees, t = 4.3) is what a verdict needs.
@@ -130,9 +146,10 @@ def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float)
     return kept, fitted
 
 
-def cut_to_budget(measured: list[Rung], repeats: int, per_run: float, left: float, budget_s: float) -> Cut:
+def cut_to_budget(measured: list[Rung], repeats: int, per_run: float, left: float, budget_s: float,
+                  seeds: int = 0) -> Cut:
     """The plan cut to the time budget (fit_to_budget): the rungs past those kept marked skipped, with why."""
-    rungs_kept, repeats_kept = fit_to_budget(len(measured), repeats, per_run, left)
+    rungs_kept, repeats_kept = fit_to_budget(len(measured), repeats, per_run, left, seeds)
     for skipped in measured[rungs_kept:]:
         skipped.status = Status.SKIPPED
         skipped.reason = (f"would not fit the time budget ({budget_s:.0f} s at ~{per_run:.0f} s a run, "
@@ -236,6 +253,9 @@ class LadderRun:
     def __init__(self, plan: list[Rung], work: Work, settings: dict[str, Any], out_dir: Path,
                  options: LadderOptions, measure: str = "speed") -> None:
         self.plan, self.work, self.settings, self.out_dir, self.opts = plan, work, settings, out_dir, options
+        self.measure = measure
+        # The ladder's share of its clock (clock.py): every run is priced and checked against it before it starts
+        self.clock = (options.clock or RunClock()).part(options.time_budget_s)
         pair_against = getattr(work, "pair_against", None)      # the built-in work can pair; a command cannot
         if options.paired and pair_against is not None:
             pair_against(plan[0].recipe)
@@ -261,7 +281,8 @@ class LadderRun:
         self.cut: Cut | None = None
         self.pass_times: dict[int, list[float]] = {}    # repeat index -> [start, end] of that pass's timed runs
         self.added: list[dict[str, Any]] = []           # the passes settling added, and why
-        self.started = time.monotonic()
+        self.started = self.clock.started
+        self.stopped = False                            # a run's price no longer fitted: nothing more starts
 
     def run(self) -> AblationResult:
         from ..report import Display, environment
@@ -299,14 +320,21 @@ class LadderRun:
         recipe = rung.recipe.replace(seed=rung.recipe.seed + i)
         key = f"{rung.name}-r{i}"
         timed = budget is not None          # a timed repeat; else a baseline's accuracy-only seed
-        if timed:
-            self.pass_times.setdefault(i, [time.monotonic(), 0.0])
         result = self.launches.read_back(key)
+        kind = run_kind(self.measure, timed, self.aim is not None)
+        if result is None and not self.clock.fits(self.clock.price(kind, rung.recipe)):
+            self.stop(rung, i, kind, display)
+            return
+        if timed:
+            self.pass_times.setdefault(i, [self.clock.now(), 0.0])
         if result is None:
             rung.status = Status.RUNNING
             display.start_rung(rung, recipe.seed, len(rung.repeats) + 1 if timed else i + 1,
                                self.repeats if timed else self.noise_seeds)
+            started = self.clock.now()
             result = self.launches.run(key, rung, recipe, budget, display, rung_time_limit(self.opts, self.plan[0]))
+            if "error" not in result:       # the run's own wall time where the clock saw less (a faked run)
+                self.clock.spend(kind, rung.recipe, max(self.clock.now() - started, result.get("wall_time_s") or 0.0))
         else:
             display.reused(rung, i)
         if "error" in result:
@@ -315,7 +343,7 @@ class LadderRun:
             (rung.repeats if timed else rung.seed_runs).append(result)
             rung.status = Status.DONE if len(rung.repeats) == self.repeats else Status.PARTIAL
         if timed:
-            self.pass_times[i][1] = time.monotonic()
+            self.pass_times[i][1] = self.clock.now()
         if self.after_run is not None:
             self.after_run(rung, result)
             self.take_added_rungs()
@@ -343,12 +371,40 @@ class LadderRun:
     def fit_budget(self, first: dict[str, Any]) -> None:
         """After the first run: the plan cut to the time budget, priced by that run (the baseline's, fp32:
         usually the slowest), whole-process wall time."""
-        per_run = max(time.monotonic() - self.started, first.get("wall_time_s") or 0.0)
-        left = self.opts.time_budget_s - (time.monotonic() - self.started)
-        self.cut = cut_to_budget(self.measured, self.repeats, per_run, left, self.opts.time_budget_s)
+        per_run = max(self.clock.elapsed(), first.get("wall_time_s") or 0.0)
+        # The plan counts the runs a resumed ladder reads back (time_budget_s then carries what they took); each run
+        # is checked against the clock itself before it starts. --target: every kept rung may need TARGET_SEEDS runs
+        # (the baseline's seeds, a rung that changes the math).
+        left = self.opts.time_budget_s - self.clock.elapsed()
+        self.cut = cut_to_budget(self.measured, self.repeats, per_run, left, self.opts.time_budget_s,
+                                 TARGET_SEEDS if self.aim else 0)
         # --target: the baseline keeps its TARGET_SEEDS seeds (its samples to target, its band, every interval)
         self.repeats, self.noise_seeds = self.cut.repeats, max(self.cut.repeats, TARGET_SEEDS if self.aim else 0)
         self.queue = [e for e in self.queue if kept_in_cut(e, self.plan[0], self.repeats, self.noise_seeds)]
+
+    def stop(self, rung: Rung, index: int, kind: str, display) -> None:
+        """The next run's price no longer fits what is left: the ladder ends here, said in its cut (the report, a
+        search's notes) and on the console. Its queue is dropped and no pass or seed is added; a rung with runs is
+        scored on those, one without any is skipped."""
+        price = self.clock.price(kind, rung.recipe)
+        runs_left = 1 + len(self.queue)
+        self.queue, self.stopped = [], True
+        left = max(0.0, self.clock.left())
+        why = (f"would not fit the time budget (~{price:.0f} s a run, {left:.0f} s left)" if price is not None else
+               "would not fit the time budget (none left)")
+        for r in self.measured:
+            if r.status in (Status.PENDING, Status.PARTIAL, Status.RUNNING):
+                r.status, r.reason = (Status.DONE, r.reason) if r.repeats else (Status.SKIPPED, why)
+        if self.cut is None:
+            self.cut = Cut(price or 0.0, len(self.measured), self.repeats,
+                           {"rungs": len(self.measured), "repeats": self.repeats}, [])
+        skipped = [r.name for r in self.measured if r.status == Status.SKIPPED and r.name not in self.cut.skipped]
+        self.cut.skipped += skipped
+        self.cut.rungs -= len(skipped)
+        self.cut.stopped = {"at": f"{rung.name}, run {index + 1}", "runs_left": runs_left, "price_s": price,
+                            "left_s": left}
+        if self.opts.show:
+            display.console.print(f"stopped before {rung.name} (run {index + 1}): {runs_left} run(s) left {why}")
 
     def add_pass(self) -> bool:
         """Queue one more pass of every measured rung, if a verdict is unsettled or a gain unresolved and the
@@ -358,7 +414,7 @@ class LadderRun:
 
     def add_seeds(self) -> bool:
         """--target: queue the seeds a rung that changed the math still needs (aim.py); whether any were."""
-        if self.aim is None:
+        if self.aim is None or self.stopped:
             return False
         self.queue = self.aim.seeds(self.next_index)
         self.next_index = max([self.next_index - 1, *(i for _, i, _ in self.queue)]) + 1
@@ -369,13 +425,17 @@ class LadderRun:
         shaky = [r.name for r in self.plan[1:]
                  if r.measured and (r.result.unsettled or unresolved(r, self.opts.min_effect))]
         settle = self.opts.settle_within_s
-        if (not settle or (self.cut is not None and self.cut.trimmed) or not shaky or self.repeats >= MAX_REPEATS
-                or not self.pass_times):
+        if (not settle or self.stopped or (self.cut is not None and self.cut.trimmed) or not shaky
+                or self.repeats >= MAX_REPEATS or not self.pass_times):
             return []
+        # The pass priced by its rungs' measured runs (clock.py), else by the last pass's span
         first, last = self.pass_times[max(self.pass_times)]
-        if time.monotonic() - self.started + (last - first) > settle:
+        priced = self.clock.price_runs([(run_kind(self.measure, True, self.aim is not None), r.recipe)
+                                        for r in self.measured if r.measured])
+        pass_s = priced if priced is not None else last - first
+        if self.clock.elapsed() + pass_s > settle or not self.clock.fits(pass_s):
             return []
-        self.added.append({"repeat": self.repeats + 1, "unsettled": shaky, "pass_s": last - first})
+        self.added.append({"repeat": self.repeats + 1, "unsettled": shaky, "pass_s": pass_s})
         self.repeats += 1
         extra = [(r, self.next_index, self.opts.budget) for r in self.measured if r.measured]
         for r, _, _ in extra:
