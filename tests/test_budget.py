@@ -118,7 +118,7 @@ def test_the_speed_stages_stop_before_a_run_their_budget_cannot_pay_for(tmp_path
     decision, md, clock, launched = faked_search(monkeypatch, tmp_path / "tune", cost, rate, 1500.0,
                                                  switches=["autocast-bf16", "fused", "channels_last"])
     within_one_run(clock, 1500.0, launched)
-    assert "to fit the budget" in md and "stopped before" in md
+    assert "to fit the budget" in md and "stopped before channels_last" in md and "its ~250 s would not fit" in md
     assert decision.recipe.precision == "bf16"
 
 
@@ -137,7 +137,7 @@ def test_the_memory_stage_keeps_to_its_share_when_smaller_batches_cost_more(tmp_
     memory = [seconds for stage, _, seconds in launched if stage == "memory"]
     assert sum(memory) <= MEMORY_SHARE * 900.0 + max(memory)          # its share, plus the one run that outran it
     within_one_run(clock, 900.0, launched)
-    assert "memory: ran" in md and "to fit the budget" in md
+    assert "memory: ran" in md and "to fit the budget" in md and "stopped before batch-" in md
 
 
 def test_the_input_stage_stops_where_its_dearer_runs_no_longer_fit(tmp_path, monkeypatch):
@@ -161,7 +161,7 @@ def test_the_input_stage_stops_where_its_dearer_runs_no_longer_fit(tmp_path, mon
     decision, md, clock, launched = faked_search(monkeypatch, tmp_path / "tune", cost, rate, 1300.0, record=record,
                                                  switches=["autocast-bf16", "workers", "device_decode"])
     within_one_run(clock, 1300.0, launched)
-    assert "input: ran" in md and "stopped before" in md and "to fit the budget" in md
+    assert "input: stopped before workers-4, run 2: its ~150 s would not fit the 50 s left" in md
 
 
 def curve_of(recipe: Recipe, base_batch: int) -> dict:
@@ -190,7 +190,9 @@ def test_the_to_target_stage_counts_the_seeds_its_candidates_add(tmp_path, monke
                                                  record=lambda r: curve_of(r, base_batch),
                                                  switches=["autocast-bf16"], target="accuracy>=0.9")
     within_one_run(clock, 2400.0, launched)
-    assert "to-target: ran" in md and "to fit the budget" in md
+    # the plan left room for the seeds (batch_half, which changes the math, got its five runs): nothing was stopped
+    assert "to-target: ran 2 repeats instead of 3 and without batch_2x" in md and "stopped" not in md
+    assert [name for stage, name, _ in launched if stage == "to-target"].count("batch_half") == 5
 
 
 def test_the_to_target_stage_is_skipped_and_said_where_its_seeds_cannot_fit(tmp_path, monkeypatch):

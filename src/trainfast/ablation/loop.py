@@ -253,9 +253,7 @@ class LadderRun:
     def __init__(self, plan: list[Rung], work: Work, settings: dict[str, Any], out_dir: Path,
                  options: LadderOptions, measure: str = "speed") -> None:
         self.plan, self.work, self.settings, self.out_dir, self.opts = plan, work, settings, out_dir, options
-        self.measure = measure
-        # The ladder's share of its clock (clock.py): every run is priced and checked against it before it starts
-        self.clock = (options.clock or RunClock()).part(options.time_budget_s)
+        self.spending = LadderSpending(options, measure)      # its clock: every run priced before it starts
         pair_against = getattr(work, "pair_against", None)      # the built-in work can pair; a command cannot
         if options.paired and pair_against is not None:
             pair_against(plan[0].recipe)
@@ -281,13 +279,13 @@ class LadderRun:
         self.cut: Cut | None = None
         self.pass_times: dict[int, list[float]] = {}    # repeat index -> [start, end] of that pass's timed runs
         self.added: list[dict[str, Any]] = []           # the passes settling added, and why
-        self.started = self.clock.started
-        self.stopped = False                            # a run's price no longer fitted: nothing more starts
+        self.started = self.spending.clock.started
 
     def run(self) -> AblationResult:
         from ..report import Display, environment
 
         self.launches.start(self.settings, self.opts.resume, [r.recipe.precision for r in self.measured])
+        self.spending.close_s = self.spending.clock.elapsed()     # its close measures them again: kept in hand
         env = environment(self.work.dev)
         display = Display(self.plan, self.ceilings, env, show=self.opts.show, settings=self.settings)
         interrupted = False
@@ -321,20 +319,17 @@ class LadderRun:
         key = f"{rung.name}-r{i}"
         timed = budget is not None          # a timed repeat; else a baseline's accuracy-only seed
         result = self.launches.read_back(key)
-        kind = run_kind(self.measure, timed, self.aim is not None)
-        if result is None and not self.clock.fits(self.clock.price(kind, rung.recipe)):
-            self.stop(rung, i, kind, display)
+        if result is None and not self.spending.affords(rung.recipe, timed):    # the ladder ends here
+            self.cut = self.spending.stop(self.measured, self.cut, self.repeats, (rung, i, timed), self.queue, display)
             return
         if timed:
-            self.pass_times.setdefault(i, [self.clock.now(), 0.0])
+            self.pass_times.setdefault(i, [self.spending.clock.now(), 0.0])
         if result is None:
             rung.status = Status.RUNNING
             display.start_rung(rung, recipe.seed, len(rung.repeats) + 1 if timed else i + 1,
                                self.repeats if timed else self.noise_seeds)
-            started = self.clock.now()
-            result = self.launches.run(key, rung, recipe, budget, display, rung_time_limit(self.opts, self.plan[0]))
-            if "error" not in result:       # the run's own wall time where the clock saw less (a faked run)
-                self.clock.spend(kind, rung.recipe, max(self.clock.now() - started, result.get("wall_time_s") or 0.0))
+            result = self.spending.spend(rung.recipe, timed, lambda: self.launches.run(
+                key, rung, recipe, budget, display, rung_time_limit(self.opts, self.plan[0])))
         else:
             display.reused(rung, i)
         if "error" in result:
@@ -343,7 +338,7 @@ class LadderRun:
             (rung.repeats if timed else rung.seed_runs).append(result)
             rung.status = Status.DONE if len(rung.repeats) == self.repeats else Status.PARTIAL
         if timed:
-            self.pass_times[i][1] = self.clock.now()
+            self.pass_times[i][1] = self.spending.clock.now()
         if self.after_run is not None:
             self.after_run(rung, result)
             self.take_added_rungs()
@@ -369,42 +364,11 @@ class LadderRun:
             self.queue = self.aim.order(self.queue)
 
     def fit_budget(self, first: dict[str, Any]) -> None:
-        """After the first run: the plan cut to the time budget, priced by that run (the baseline's, fp32:
-        usually the slowest), whole-process wall time."""
-        per_run = max(self.clock.elapsed(), first.get("wall_time_s") or 0.0)
-        # The plan counts the runs a resumed ladder reads back (time_budget_s then carries what they took); each run
-        # is checked against the clock itself before it starts. --target: every kept rung may need TARGET_SEEDS runs
-        # (the baseline's seeds, a rung that changes the math).
-        left = self.opts.time_budget_s - self.clock.elapsed()
-        self.cut = cut_to_budget(self.measured, self.repeats, per_run, left, self.opts.time_budget_s,
-                                 TARGET_SEEDS if self.aim else 0)
+        """After the first run: the plan cut to the time budget (LadderSpending.fit)."""
+        self.cut = self.spending.fit(self.measured, self.repeats, first, self.opts.time_budget_s)
         # --target: the baseline keeps its TARGET_SEEDS seeds (its samples to target, its band, every interval)
         self.repeats, self.noise_seeds = self.cut.repeats, max(self.cut.repeats, TARGET_SEEDS if self.aim else 0)
         self.queue = [e for e in self.queue if kept_in_cut(e, self.plan[0], self.repeats, self.noise_seeds)]
-
-    def stop(self, rung: Rung, index: int, kind: str, display) -> None:
-        """The next run's price no longer fits what is left: the ladder ends here, said in its cut (the report, a
-        search's notes) and on the console. Its queue is dropped and no pass or seed is added; a rung with runs is
-        scored on those, one without any is skipped."""
-        price = self.clock.price(kind, rung.recipe)
-        runs_left = 1 + len(self.queue)
-        self.queue, self.stopped = [], True
-        left = max(0.0, self.clock.left())
-        why = (f"would not fit the time budget (~{price:.0f} s a run, {left:.0f} s left)" if price is not None else
-               "would not fit the time budget (none left)")
-        for r in self.measured:
-            if r.status in (Status.PENDING, Status.PARTIAL, Status.RUNNING):
-                r.status, r.reason = (Status.DONE, r.reason) if r.repeats else (Status.SKIPPED, why)
-        if self.cut is None:
-            self.cut = Cut(price or 0.0, len(self.measured), self.repeats,
-                           {"rungs": len(self.measured), "repeats": self.repeats}, [])
-        skipped = [r.name for r in self.measured if r.status == Status.SKIPPED and r.name not in self.cut.skipped]
-        self.cut.skipped += skipped
-        self.cut.rungs -= len(skipped)
-        self.cut.stopped = {"at": f"{rung.name}, run {index + 1}", "runs_left": runs_left, "price_s": price,
-                            "left_s": left}
-        if self.opts.show:
-            display.console.print(f"stopped before {rung.name} (run {index + 1}): {runs_left} run(s) left {why}")
 
     def add_pass(self) -> bool:
         """Queue one more pass of every measured rung, if a verdict is unsettled or a gain unresolved and the
@@ -414,7 +378,7 @@ class LadderRun:
 
     def add_seeds(self) -> bool:
         """--target: queue the seeds a rung that changed the math still needs (aim.py); whether any were."""
-        if self.aim is None or self.stopped:
+        if self.aim is None or self.spending.stopped:
             return False
         self.queue = self.aim.seeds(self.next_index)
         self.next_index = max([self.next_index - 1, *(i for _, i, _ in self.queue)]) + 1
@@ -425,15 +389,12 @@ class LadderRun:
         shaky = [r.name for r in self.plan[1:]
                  if r.measured and (r.result.unsettled or unresolved(r, self.opts.min_effect))]
         settle = self.opts.settle_within_s
-        if (not settle or self.stopped or (self.cut is not None and self.cut.trimmed) or not shaky
+        if (not settle or self.spending.stopped or (self.cut is not None and self.cut.trimmed) or not shaky
                 or self.repeats >= MAX_REPEATS or not self.pass_times):
             return []
-        # The pass priced by its rungs' measured runs (clock.py), else by the last pass's span
         first, last = self.pass_times[max(self.pass_times)]
-        priced = self.clock.price_runs([(run_kind(self.measure, True, self.aim is not None), r.recipe)
-                                        for r in self.measured if r.measured])
-        pass_s = priced if priced is not None else last - first
-        if self.clock.elapsed() + pass_s > settle or not self.clock.fits(pass_s):
+        if (pass_s := self.spending.pass_price([r.recipe for r in self.measured if r.measured], last - first,
+                                               settle)) is None:
             return []
         self.added.append({"repeat": self.repeats + 1, "unsettled": shaky, "pass_s": pass_s})
         self.repeats += 1
@@ -465,6 +426,77 @@ class LadderRun:
                                 odds, self.metric.judged_metric())
         write_report(result)
         return result
+
+
+class LadderSpending:
+    """A ladder's time (clock.py): its part of the clock it is given (a search's: the costs its earlier stages
+    measured), each run priced and checked before it starts with the ladder's close kept in hand, each run's cost
+    recorded, and where it stopped."""
+
+    def __init__(self, options: LadderOptions, measure: str) -> None:
+        self.clock = (options.clock or RunClock()).part(options.time_budget_s)
+        self.measure, self.aimed = measure, options.target is not None
+        self.close_s = 0.0          # what the ladder's close takes (its ceilings measured again): as long as its start
+        self.stopped = False        # a run's price no longer fitted: nothing more starts, no pass or seed is added
+        self.why = ""
+
+    def kind(self, timed: bool) -> str:
+        return run_kind(self.measure, timed, self.aimed)
+
+    def affords(self, recipe, timed: bool) -> bool:
+        price = self.clock.price(self.kind(timed), recipe)
+        return self.clock.fits(None if price is None else price + self.close_s)
+
+    def spend(self, recipe, timed: bool, launch: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """`launch`'s run, its cost recorded: the clock's, or the run's own wall time where the clock saw less (a
+        faked run)."""
+        started = self.clock.now()
+        result = launch()
+        if "error" not in result:
+            seconds = max(self.clock.now() - started, result.get("wall_time_s") or 0.0)
+            self.clock.spend(self.kind(timed), recipe, seconds)
+        return result
+
+    def fit(self, measured: list[Rung], repeats: int, first: dict[str, Any], budget_s: float) -> Cut:
+        """The plan cut to the time budget, priced by the first run (the baseline's, fp32: usually the slowest),
+        whole-process wall time. The seconds left are the ladder's own budget's: a resumed ladder's counts the runs it
+        reads back (tune adds what they took), and each run is checked against the clock before it starts. --target:
+        every kept rung may need TARGET_SEEDS runs (the baseline's seeds, a rung that changes the math)."""
+        per_run = max(self.clock.elapsed(), first.get("wall_time_s") or 0.0)
+        return cut_to_budget(measured, repeats, per_run, budget_s - self.clock.elapsed(), budget_s,
+                             TARGET_SEEDS if self.aimed else 0)
+
+    def pass_price(self, recipes: list, span: float, within: float) -> float | None:
+        """One more pass priced by its rungs' measured runs (else by the last pass's `span`), or None: it would not
+        end within `within` seconds of the start, or not fit the time budget."""
+        priced = self.clock.price_runs([(self.kind(True), recipe) for recipe in recipes])
+        pass_s = priced if priced is not None else span
+        return pass_s if self.clock.elapsed() + pass_s <= within and self.clock.fits(pass_s) else None
+
+    def stop(self, measured: list[Rung], cut: Cut | None, repeats: int, run: tuple[Rung, int, bool], queue: list,
+             display=None) -> Cut:
+        """The ladder ends before `run` (its rung, its index, timed or a seed), its `queue` emptied: a rung with runs
+        is scored on those, one without any is skipped, and the cut (made here if the plan had none) says where, at
+        what price, with how much time left; on the console too, where `display` shows."""
+        rung, index, timed = run
+        runs_left = len(queue) + 1
+        queue.clear()
+        price = self.clock.price(self.kind(timed), rung.recipe)
+        left = max(0.0, self.clock.left())
+        self.stopped = True
+        self.why = (f"{runs_left} run(s) left would not fit the time budget (~{price:.0f} s a run, {left:.0f} s left)"
+                    if price is not None else f"{runs_left} run(s) left would not fit the time budget (none left)")
+        for r in measured:
+            if r.status in (Status.PENDING, Status.PARTIAL, Status.RUNNING):
+                r.status, r.reason = (Status.DONE, r.reason) if r.repeats else (Status.SKIPPED, self.why)
+        cut = cut or Cut(price or 0.0, len(measured), repeats, {"rungs": len(measured), "repeats": repeats}, [])
+        skipped = [r.name for r in measured if r.status == Status.SKIPPED and r.name not in cut.skipped]
+        cut.skipped += skipped
+        cut.rungs -= len(skipped)
+        cut.stopped = {"at": f"{rung.name}, run {index + 1}", "runs_left": runs_left, "price_s": price, "left_s": left}
+        if display is not None and display.show:
+            display.console.print(f"stopped before {rung.name} (run {index + 1}): {self.why}")
+        return cut
 
 
 def queue_with_added(queue: list[tuple[Rung, int, TimingBudget | None]], added: list[Rung], base: Rung,

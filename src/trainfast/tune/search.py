@@ -115,13 +115,14 @@ class Search:
             asked = cut["asked"]["repeats"]
             what = [f"{cut['repeats']} repeats instead of {asked}"] if cut["repeats"] < asked else []
             what += [f"without {', '.join(cut['skipped'])}"] if cut["skipped"] else []
+            per_run = f"~{cut['seconds_per_run']:.0f} s a run"
+            said = [f"ran {' and '.join(what)} to fit the budget ({per_run})"] if what else []
             stopped = cut.get("stopped")
             if stopped:
-                price = f"~{stopped['price_s']:.0f} s a run" if stopped["price_s"] is not None else "unpriced"
-                what += [f"stopped before {stopped['at']} ({stopped['runs_left']} run(s) left, {price}, "
-                         f"{stopped['left_s']:.0f} s left)"]
-            self.note(f"{result.settings['stage']}: ran {' and '.join(what)} to fit the budget "
-                      f"(~{cut['seconds_per_run']:.0f} s a run){why}")
+                price = f"its ~{stopped['price_s']:.0f} s" if stopped["price_s"] is not None else "it"
+                said.append(f"stopped before {stopped['at']}: {price} would not fit the {stopped['left_s']:.0f} s "
+                            f"left ({stopped['runs_left']} run(s) not run)")
+            self.note(f"{result.settings['stage']}: {'; '.join(said)}{why}")
 
 
 @dataclass
@@ -133,7 +134,6 @@ class Findings:
     combined: Recipe                         # the switches that gained, together
     in_combination: list[str]
     dropped: dict[str, str]                  # switch -> why it is not in the combination
-    per_run: float = 0.0                     # stage 1's mean seconds a run: what later stages are priced by
     level: Rung | None = None                # the precision level the combination keeps
     on_level: AblationResult | None = None   # stage 1b
     second: AblationResult | None = None     # stage 2
@@ -217,11 +217,10 @@ def run_singles(search: Search, singles: list[Rung]) -> Findings:
         search.notes.append("no precision level gained firmly, so stage 1 went on with the budget kept for stage 1b")
     search.cut_note(first, f"; {1 - share:.0%} of the budget was kept for stage 1b, where a switch cut here is "
                            f"judged on top of the precision level if one gains" if share < 1 else "")
-    per_run = statistics.fmean([run.get("wall_time_s") or 0 for r in singles for run in r.repeats] or [0])
     if steps is None and "compile" in in_combination:
         search.notes.append("the planned run's length is not known (a command's runs stop once timed): compile "
                             "was kept without its break-even check; pass --planned-steps to decide it")
-    return Findings(singles, first, steps, combined, in_combination, dropped, per_run,
+    return Findings(singles, first, steps, combined, in_combination, dropped,
                     kept_level(singles, in_combination))
 
 
