@@ -5,11 +5,22 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from conftest import scored_rung
 
 from trainfast import Recipe
 from trainfast.ablation.clock import RunClock, run_kind
 from trainfast.results import Rung, Status
+
+
+@pytest.fixture(autouse=True)
+def unmeasured_machine(monkeypatch):
+    """No matmul ceiling nor reference workload timed around each ladder: the runs are faked, their roofs are not
+    what these tests judge, and timing them is most of a faked ladder's cost."""
+    import trainfast.ablation.loop as loop_module
+
+    monkeypatch.setattr(loop_module, "ceiling", lambda work, precision: 1e12)
+    monkeypatch.setattr(loop_module, "reference_check", lambda device=None: {})
 
 
 class Clock:
