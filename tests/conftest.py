@@ -90,6 +90,31 @@ def _matmul_peak_measured_once():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _reference_workload_timed_once():
+    """The machine's reference workload (procstate.reference_check: eight timings of 40 fp32 512x512 products,
+    about half a second on 2 cores, before a ladder's first run and after its last) timed once per device and
+    thread count for the whole test run: every in-process ladder still gets a real measurement at both ends (its
+    report's machine line, from the same numbers at each end), the suite does not time the same workload twice per
+    ladder hundreds of times. test_noise checks the measurement itself (procstate's own function, not patched);
+    an ablation in its own process (the CLI, tune) still times it at both ends."""
+    import functools
+
+    import trainfast.ablation.loop
+
+    @functools.lru_cache(maxsize=None)
+    def timed(threads, device):
+        return real(device)
+
+    def reference_check(device=None):
+        return dict(timed(torch.get_num_threads(), device))
+
+    real = trainfast.ablation.loop.reference_check
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainfast.ablation.loop, "reference_check", reference_check)
+        yield
+
+
 @pytest.fixture(scope="session")
 def digits16() -> Split:
     """The real built-in dataset at 16 px: small enough that a full epoch takes about a second."""

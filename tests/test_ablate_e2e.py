@@ -168,3 +168,17 @@ def test_noise_band_and_best_pick():
     rungs.append(scored_rung("pure-bf16", [400, 400], 0.90, precision="bf16", precision_level="pure"))
     score_rungs(rungs, {"fp32": 10.0, "bf16": 20.0}, [0.90, 0.91, 0.89])
     assert not rungs[3].result.metric_flag and pick_best(rungs)[0].name == "fast"
+
+
+@pytest.mark.slow
+def test_progress_lines_and_the_time_taken_beside_the_planned(cli_report):
+    """Off a terminal each run's line says runs done of planned and the time left; the report sets the time the
+    ablation took beside the time planned after its first pass (report/progress.py)."""
+    import re
+
+    out, stdout = cli_report
+    assert "1 of " in stdout and "time left after the first of them" in stdout
+    assert re.search(r"\(\d+ of \d+ runs, ~\d+ (s|min) left\)", stdout), stdout
+    took = json.loads((out / "results.json").read_text())["settings"]["time"]
+    assert took["runs"] >= 6 and took["total_s"] > 0 and took["planned_s"] > 0
+    assert "The ablation took" in (out / "report.md").read_text()

@@ -109,6 +109,11 @@ TASK_REFUSALS = [
     (["tune", "--resume", "A", "--out", "B"], "trainfast tune: error: --resume A and --out B name different folders"),
     (["tune", "--nproc", "2"], "trainfast tune: error: --nproc runs a `-- COMMAND` under torchrun"),
     (["doctor", "--"], "trainfast doctor: error: doctor -- COMMAND: no command after `--`"),
+    (["ablate", "--switches", "amp,chanels_last"],
+     "trainfast ablate: error: --switches: unknown rung(s) chanels_last (did you mean channels_last?); choose from"),
+    (["tune", "--task", "lm", "--switches", "paddingfree", "--", "python", "train.py"],
+     "trainfast tune: error: --switches: unknown rung(s) paddingfree (did you mean padding_free?)"),
+    (["doctor", "--nproc", "2"], "trainfast doctor: error: doctor --nproc runs a `-- COMMAND` under torchrun"),
     *TASK_REFUSALS,
 ])
 def test_a_command_line_that_cannot_work_is_refused_before_torch_loads(argv, message, tmp_path):
@@ -170,3 +175,19 @@ def test_a_name_the_task_has_and_a_folder_that_exists_pass_the_early_checks(tmp_
                  ["ablate", "--task", "detection", "--epochs", "2"],       # on detection's own recipe
                  ["train", "--task", "lm", "--num-workers", "2", "--persistent-workers"]):
         check_before_torch(parse_command_line(argv))
+
+
+def test_the_rung_names_read_before_torch_are_the_ladders_and_refused_with_the_same_words():
+    """--switches' names as the command line reads them from the declarations' source (techniques/static.py) are
+    every task's rung table, and a misspelt one is refused by the ladder with the words the early check said."""
+    from trainfast.ablation.ladders import LADDERS, SCRIPT, plan_rungs
+    from trainfast.recipe import Recipe, RecipeError
+    from trainfast.techniques.static import RUNG_ALIASES, rung_names, unknown_rungs
+
+    for task, (_, table) in LADDERS.items():
+        assert sorted(rung_names(None if task == SCRIPT else task)) == sorted([*table, *RUNG_ALIASES]), task
+    early = unknown_rungs(["master-bf61"], rung_names("classification"))
+    assert "master-bf61 (did you mean master-bf16 or master-fp16?)" in early
+    with pytest.raises(RecipeError, match="did you mean master-bf16") as late:
+        plan_rungs(Recipe(), ["master-bf61"])
+    assert str(late.value).split(";")[0] == early.split(";")[0]

@@ -154,7 +154,7 @@ CANONICAL = {
                "--out", "--nproc", "--amp-dtype", "--min-effect", "--repeats", "--metric", "--dist-timeout"],
     "tune": ["--switches", "--timing-steps", "--timing-budget", "--budget", "--resume", "--out", "--nproc",
              "--amp-dtype", "--min-effect", "--repeats", "--metric", "--dist-timeout"],
-    "doctor": ["--timing-steps", "--script-timeout", "--eval-within", "--out", "--dist-timeout"],
+    "doctor": ["--timing-steps", "--script-timeout", "--eval-within", "--out", "--dist-timeout", "--nproc"],
     "train": ["--resume", "--out", "--dist-timeout"],
     "bench-data": ["--data", "--batch-size", "--num-workers", "--image-size", "--device"],
 }

@@ -1,6 +1,7 @@
-"""The DDP wrap switches, the gradient bucket size (techniques/ddp_buckets.py) and gradients as views into the
-buckets (techniques/bucket_view.py): each set on the DDP object two gloo ranks build, read back from it in the run's
-record, ablated under --nproc 2, and not applicable in one process. One launch of two ranks serves both."""
+"""The DDP wrap switches, the gradient bucket size (techniques/ddp_buckets.py), gradients as views into the
+buckets (techniques/bucket_view.py), the static graph (techniques/static_graph.py) and the bf16 communication hook
+(techniques/compress_hook.py): each set on the DDP object two gloo ranks build, read back from it in the run's
+record, ablated under --nproc 2, and not applicable in one process. One launch of two ranks serves them all."""
 from __future__ import annotations
 
 import json
@@ -20,6 +21,7 @@ from trainfast.ablation.work import mark_effects  # noqa: E402
 from trainfast.distributed import drain_collectives, free_port  # noqa: E402
 from trainfast.recipe import Recipe, RecipeError  # noqa: E402
 from trainfast.results import EffectLabel, Status  # noqa: E402
+from trainfast.techniques.switch import RunContext  # noqa: E402
 
 CPU = torch.device("cpu")
 MIB = 2 ** 20
@@ -41,13 +43,16 @@ def wrap_on_rank(rank: int, port: int, out: str) -> None:
     torch.distributed.init_process_group("gloo")
     report = {}
     for name, recipe in (("asked", Recipe(ddp_bucket_mb=50.0, optimizer="sgd")), ("default", Recipe(optimizer="sgd")),
-                         ("views", Recipe(gradient_as_bucket_view=True, optimizer="sgd"))):
+                         ("views", Recipe(gradient_as_bucket_view=True, optimizer="sgd")),
+                         ("static", Recipe(static_graph=True, optimizer="sgd")),
+                         ("compressed", Recipe(bf16_compress_hook=True, optimizer="sgd"))):
         tf = Session(recipe, device="cpu")
         model, optimizer = tf.setup(make_model(), None)
         inputs, targets = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
         tf.backward(nn.functional.cross_entropy(model(inputs), targets))        # the buckets all-reduce once
         wrapped = tf.dist.wrapped
         report[name] = {"type": type(wrapped).__name__, "bucket_bytes_cap": wrapped.bucket_bytes_cap,
+                        "static_graph": wrapped.static_graph,
                         "read_back": tf.dist.wrap_state(),
                         "grad": tf.state.model.head.bias.grad.tolist(),
                         # one flat bucket holds every gradient of this small model: as views they share its storage
@@ -78,26 +83,36 @@ def test_two_gloo_ranks_build_ddp_with_each_wrap_switch_and_read_it_back(tmp_pat
     for report in ranks:
         assert report["asked"]["type"] == "DistributedDataParallel"
         assert report["asked"]["bucket_bytes_cap"] == 50 * MIB
-        assert report["asked"]["read_back"] == {"ddp_bucket_mb": 50.0, "gradient_as_bucket_view": False}
+        assert report["asked"]["read_back"] == {"ddp_bucket_mb": 50.0, "gradient_as_bucket_view": False,
+                                                "static_graph": False, "bf16_compress_hook": False}
         # unset: DDP's own defaults, read back from it
-        assert report["default"]["read_back"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": False}
-        assert report["views"]["read_back"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": True}
+        assert report["default"]["read_back"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": False,
+                                                  "static_graph": False, "bf16_compress_hook": False}
+        assert report["views"]["read_back"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": True,
+                                                "static_graph": False, "bf16_compress_hook": False}
+        assert report["static"]["read_back"]["static_graph"] and report["static"]["static_graph"]
+        assert report["compressed"]["read_back"]["bf16_compress_hook"]
+        # the all-reduced sum went through bf16: the gradient is bf16's rounding of the plain one
+        plain, rounded = torch.tensor(report["default"]["grad"]), torch.tensor(report["compressed"]["grad"])
+        assert torch.equal(rounded, rounded.bfloat16().float()) and torch.allclose(plain, rounded, rtol=1e-2)
         assert report["default"]["grad_storages"] == report["default"]["parameters"]     # a buffer per gradient
         assert report["views"]["grad_storages"] == 1                                     # the bucket's, viewed
-    for name in ("asked", "views"):
+    for name in ("asked", "views", "static", "compressed"):
         assert ranks[0][name]["grad"] == ranks[1][name]["grad"]                # all-reduced through the buckets
 
 
 @pytest.mark.parametrize("rung, changes", [("ddp_buckets", {"ddp_bucket_mb": 100.0}),
-                                           ("gradient_as_bucket_view", {"gradient_as_bucket_view": True})])
+                                           ("gradient_as_bucket_view", {"gradient_as_bucket_view": True}),
+                                           ("static_graph", {"static_graph": True}),
+                                           ("bf16_compress_hook", {"bf16_compress_hook": True})])
 def test_without_nproc_the_rung_is_not_applicable_and_with_two_ranks_it_is_measured(rung, changes):
     plan = plan_rungs(Recipe(), [rung], device=CPU)
     assert plan[1].changes == changes
-    mark_effects(plan, CPU)                                    # one process: no DDP wrapper to act on
+    mark_effects(plan, RunContext(CPU))                        # one process: no DDP wrapper to act on
     assert plan[1].status == Status.NO_EFFECT and plan[1].effect == EffectLabel.NOT_APPLICABLE
     assert "--nproc 2" in plan[1].reason
     plan = plan_rungs(Recipe(), [rung], device=CPU)
-    mark_effects(plan, CPU, ranks=2)
+    mark_effects(plan, RunContext(CPU, ranks=2))
     assert plan[1].status != Status.NO_EFFECT and plan[1].effect == EffectLabel.MEASURED
 
 
@@ -105,7 +120,7 @@ def test_under_fsdp_the_ddp_rungs_are_not_applicable_and_train_says_so_in_one_pr
     from trainfast.cli import idle_switches
 
     plan = plan_rungs(Recipe(strategy="fsdp"), ["ddp_buckets", "gradient_as_bucket_view"], device=CPU)
-    mark_effects(plan, CPU, ranks=2)
+    mark_effects(plan, RunContext(CPU, ranks=2, strategy="fsdp"))
     assert all(r.effect == EffectLabel.NOT_APPLICABLE and "strategy=fsdp" in r.reason for r in plan[1:])
     notes = idle_switches(Recipe(gradient_as_bucket_view=True), CPU, None)    # `trainfast train` without torchrun
     assert any(n.startswith("--gradient-as-bucket-view has no effect here") and "--nproc 2" in n for n in notes)
@@ -126,7 +141,15 @@ def test_ablate_nproc_2_runs_the_rungs_and_their_records_read_the_settings_back(
     baseline, buckets, views = result.rungs
     for rung in (buckets, views):
         assert rung.status == "done" and rung.result.world_size == 2, rung.result
-    assert baseline.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": False}
-    assert buckets.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 100.0, "gradient_as_bucket_view": False}
+    assert baseline.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": False,
+                                                    "static_graph": False, "bf16_compress_hook": False}
+    assert buckets.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 100.0, "gradient_as_bucket_view": False,
+                                                   "static_graph": False, "bf16_compress_hook": False}
     # the cumulative ladder: the views' rung keeps the bigger buckets above it
-    assert views.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 100.0, "gradient_as_bucket_view": True}
+    assert views.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 100.0, "gradient_as_bucket_view": True,
+                                                 "static_graph": False, "bf16_compress_hook": False}
+    # every run measured each rank (the built-in run gathers them at its end) and, nothing planted, names none slow
+    for rung in (baseline, buckets, views):
+        ranks = rung.repeats[0]["ranks"]
+        assert [r["rank"] for r in ranks["ranks"]] == [0, 1] and ranks["straggler"] is None, ranks
+        assert rung.result.ranks["straggler"] is None

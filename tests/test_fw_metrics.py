@@ -55,6 +55,11 @@ def test_a_session_scripts_first_reported_value_comes_before_a_validation_loss()
     assert choose_metric(None, None, run).name == "val_top1"
     for name in ("val_loss", "validation_loss", "val/loss", "eval_loss", "val_loss_epoch"):
         assert choose_metric(None, None, {"reported": {"train_loss": 1.0, name: 0.2}}).name == name
+    # what Lightning's self.log and accelerator.log leave (tests/scripts/fw_hurt.py): the validation loss, minimized,
+    # and the report's reason says so (the ablation's guard on them is test_fw_guard.py's, on the Trainer)
+    for logged in ({"val_loss": 0.4}, {"eval_loss": 0.4}):
+        choice = choose_metric(None, None, {"reported": {"train_loss": 1.0, **logged}, "declared_metric": None})
+        assert (choice.name, choice.goal) == (*logged, "min") and "the validation loss" in choice.why, choice
 
 
 # --- transformers' Trainer ----------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("search", ["trainfast.tune", "trainfast.tune.*"]),
     ("applications", ["trainfast.ablation", "trainfast.ablation.*", "trainfast.doctor", "trainfast.doctor.*",
                       "trainfast.bench_data", "trainfast.trainer", "trainfast.selfcheck", "trainfast.selfcheck.*"]),
-    ("output", ["trainfast.report", "trainfast.report.*"]),
+    ("output", ["trainfast.report", "trainfast.report.*", "trainfast.track", "trainfast.track.*"]),
     ("assembly and instruments", ["trainfast.run", "trainfast.curves", "trainfast.launch", "trainfast.probe",
                                   "trainfast.probe.*",
                                   "trainfast.checks", "trainfast.checks.*",
@@ -42,7 +42,8 @@ LAYERS: list[tuple[str, list[str]]] = [
                                         "trainfast.models", "trainfast.text", "trainfast.text.*"]),
     ("foundations", ["trainfast.recipe", "trainfast.target", "trainfast.measure", "trainfast.measure.*",
                      "trainfast.stats", "trainfast.procs", "trainfast.results", "trainfast.observers",
-                     "trainfast.procstate", "trainfast.errors", "trainfast.modelnames", "trainfast.defaults"]),
+                     "trainfast.procstate", "trainfast.errors", "trainfast.modelnames", "trainfast.defaults",
+                     "trainfast.quiet"]),
 ]
 
 

@@ -16,6 +16,7 @@ from trainfast.recipe import RecipeError
 from trainfast.results import Status
 from trainfast.tasks import build_task, infer_task
 from trainfast.tasks.effects import data_effect
+from trainfast.techniques.switch import RunContext
 from trainfast.techniques.transfer import map_tensors
 from trainfast.text.batching import (IGNORE, PackCollate, PadCollate, TextSplit, TokenDocs, length_sampler,
                                      pack_rows, parse_text_spec)
@@ -192,7 +193,7 @@ def test_what_cannot_act_is_said_before_a_run_and_not_passed_down_the_ladder():
     split = text_split()
     model = build_lm("llama-tiny", VOCAB, MAX, PAD, EOS)
     plan = plan_rungs(Recipe(), ["padding_free", "sdpa", "flash", "fused"], device=CPU, task="lm")
-    mark_effects(plan, CPU, model, split)
+    mark_effects(plan, RunContext(CPU, model, split))
     by_name = {r.name: r for r in plan}
     assert "already on" in by_name["sdpa"].reason and by_name["sdpa"].status == Status.NO_EFFECT
     assert "CUDA" in by_name["flash"].reason and by_name["flash"].status == Status.NO_EFFECT

@@ -102,6 +102,57 @@ def test_every_run_record_carries_its_own_compiles(fresh_dynamo):
     assert counts["run"]["compiles"] == counts["recompiles"] == 1 and counts["recompile_limit_hit"] is False, counts
 
 
+# --- a recompile inside the timed steps ---------------------------------------------------------------------------
+def test_each_compile_is_placed_in_the_step_it_happened_in(fresh_dynamo):
+    compiled = torch.compile(tiny_model(), backend="eager")
+    step = [0]
+    window = CompileWindow(lambda: step[0]).open()
+    for length in (6, 6, 9, 9, 9):             # step 2: a new length, compiled again (dynamic)
+        run_lengths(compiled, [length])
+        step[0] += 1
+    window.close()
+    assert window.steps[0] == 0 and 2 in window.steps and set(window.steps) <= {0, 2}, window.steps
+
+
+def fake_steps(seconds: list[float], samples: int = 10):
+    from trainfast.measure.clock import StepTime
+
+    return [StepTime(s, samples, 0.0) for s in seconds]
+
+
+def test_a_recompile_in_the_timed_steps_is_left_out_as_warm_up():
+    from trainfast.measure import Timing
+
+    seconds = [2.0] + [0.1] * 11 + [5.0, 0.4] + [0.1] * 16    # warm-up, then a recompile at step 12 and its tail
+    plain = Timing.from_steps(fake_steps(seconds))
+    timing = Timing.from_steps(fake_steps(seconds), compiles=[0, 12])
+    assert timing.warmup_steps == 1 and plain.warmup_steps == 1
+    assert [(c["step"], c["steps"]) for c in timing.compiled] == [(12, 2)]
+    assert timing.compiled[0]["seconds"] == pytest.approx(5.4)
+    assert timing.throughput == pytest.approx(100.0)            # 10 samples a 0.1 s step: the steady rate
+    assert plain.throughput < 60                                # the recompile's 5.4 s counted as rate
+    record = timing.to_dict()
+    assert record["compiled_left_out"] == timing.compiled and record["disturbed_steps"] == 0
+    assert record["timed_steps"] == 27
+
+
+def test_a_compile_in_a_step_that_is_not_slow_leaves_nothing_out():
+    from trainfast.measure import Timing
+
+    # a compile during an evaluation is placed in the next step, which it did not slow
+    timing = Timing.from_steps(fake_steps([2.0] + [0.1] * 20), compiles=[8])
+    assert timing.compiled == [] and timing.clean_steps == 20
+
+
+def test_the_recompile_left_out_is_said_in_the_notes():
+    rungs = [scored_rung("baseline", [100, 101], 0.9), scored_rung("compile", [120, 121], 0.9, compile=True)]
+    rungs[1].repeats[1]["timing"]["compiled_left_out"] = [{"step": 12, "steps": 2, "seconds": 5.4}]
+    score_rungs(rungs, {"fp32": 1e12}, [0.9, 0.9])
+    said = " ".join(caveats(rungs[1]))
+    assert "seed 1: recompiled at step 12: steps 12..13 left out of the rate as warm-up (5.4 s" in said, said
+    assert not any("recompiled at" in note for note in caveats(rungs[0]))
+
+
 # --- pad_to_multiple ----------------------------------------------------------------------------------------------
 def documents(lengths: list[int]) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)

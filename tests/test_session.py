@@ -155,6 +155,7 @@ def test_env_recipe_wins_over_the_script_and_is_recorded(monkeypatch, tmp_path):
     ("[1, 2]", "expected a mapping"),
 ])
 def test_bad_env_recipe_is_a_recipe_error_naming_the_variable(monkeypatch, tmp_path, value, message):
+    # raised by Session() itself, so a script's first trainfast line (examples/adopted_loop.py's) ends with it
     if value.startswith("["):
         (tmp_path / "list.yaml").write_text(value)
         value = str(tmp_path / "list.yaml")

@@ -66,7 +66,8 @@ def test_the_derived_ladders_are_the_ones_written_by_hand_before():
                            "channels_last", "compile",
                            "fused", "checkpointing", "compile_optimizer", "async_checkpoint", "optimizer_state",
                            "optimizer_state_4bit",
-                           "ddp_buckets", "gradient_as_bucket_view", "batch_2x", "batch_4x", "accum_4x"]
+                           "ddp_buckets", "gradient_as_bucket_view", "static_graph",
+                           "bf16_compress_hook", "batch_2x", "batch_4x", "accum_4x"]
     assert RUNGS["master-bf16"] == {"precision": "bf16", "precision_level": "master"}
     assert RUNGS["workers"] == {"num_workers": 2} and RUNGS["checkpointing"] == {"activation_checkpointing": True}
     assert list(DETECTION_LADDER) == ["baseline", "amp", "set_to_none", "group_aspect_ratio", "workers",
@@ -91,7 +92,7 @@ def test_the_derived_sets_are_the_ones_written_by_hand_before():
     assert RESUMABLE_CHANGES == {"epochs", "log_every", "save_every", "keep_checkpoints", "max_consecutive_skips",
                                  "nonfinite", "num_workers", "prefetch_factor", "async_checkpoint", "passive_threads",
                                  "reuse_memory", "fast_fp32_matmul", "ddp_bucket_mb",
-                                 "gradient_as_bucket_view"}
+                                 "gradient_as_bucket_view", "static_graph", "bf16_compress_hook"}
     assert techniques.tune_priority("classification") == ("channels_last", "decode_cache", "reuse_memory",
                                                           "set_to_none", "fused", "prefetch", "passive_threads",
                                                           "fast_fp32_matmul", "compile")
@@ -281,7 +282,8 @@ def test_a_wrap_switch_builds_the_wrapper_acts_on_it_is_read_back_and_needs_rank
     import torch.distributed as dist
 
     from trainfast.distributed import Dist
-    from trainfast.tasks.effects import on_ranks
+    from trainfast.tasks.effects import in_context
+    from trainfast.techniques.switch import RunContext
 
     applied = []
     fake = Switch(("bucket_test",), wrap=WrapSwitch("bucket_cap_mb", options=lambda mb: {"bucket_cap_mb": mb},
@@ -290,10 +292,11 @@ def test_a_wrap_switch_builds_the_wrapper_acts_on_it_is_read_back_and_needs_rank
     monkeypatch.setattr(techniques, "switches", lambda: (fake,))      # alone: the declared ones have their tests
     monkeypatch.setattr(techniques, "owners", lambda: {"bucket_test": fake})
     monkeypatch.setattr(techniques, "WRAP_ORDER", (("bucket_test", "the only one"),))
-    alone = on_ranks(data_effect, 1)("bucket_test", CPU, None)
+    alone = in_context(data_effect, RunContext(CPU))("bucket_test", CPU, None)
     assert not alone.acts and not alone.applies and "--nproc 2" in alone.reason      # "not applicable", why said
-    assert on_ranks(data_effect, 2)("bucket_test", CPU, None).acts
-    other = on_ranks(data_effect, 2, "fsdp")("bucket_test", CPU, None)     # declared for the DDP wrapper only
+    assert in_context(data_effect, RunContext(CPU, ranks=2))("bucket_test", CPU, None).acts
+    other = in_context(data_effect, RunContext(CPU, ranks=2, strategy="fsdp"))("bucket_test", CPU, None)
+    # declared for the DDP wrapper only
     assert not other.acts and not other.applies and "strategy=fsdp" in other.reason
     assert techniques.wrap_options(SimpleNamespace(bucket_test=50), "fsdp") == {}    # declared for DDP only
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)

@@ -284,7 +284,7 @@ def test_with_a_precision_level_to_try_stage_1_keeps_half_the_budget_for_the_swi
 
 
 def test_the_budget_cuts_repeats_first_then_the_last_rungs():
-    from trainfast.ablation.loop import fit_to_budget
+    from trainfast.ablation.spending import fit_to_budget
 
     assert fit_to_budget(5, 3, 10.0, 1000.0) == (5, 3)           # room for all 15 runs
     assert fit_to_budget(5, 3, 10.0, 100.0) == (5, 2)            # 11 runs: 2 repeats of all 5

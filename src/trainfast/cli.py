@@ -15,6 +15,7 @@ from .cliargs import check_out_folder, resume_checkpoint, resume_folder
 # build_parser and SUBCOMMANDS too: the CLI's names, found here by its callers and tests
 from .cliflags import SUBCOMMANDS, build_parser, check_before_torch, parse_command_line, recipe_from_args  # noqa: F401
 from .recipe import Recipe, RecipeError
+from .track.names import choose_trackers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,7 +153,7 @@ def _ablate(args, recipe: Recipe) -> int:
                    budget=TimingBudget(steps=args.timing_steps, seconds=args.timing_budget),
                    min_effect=args.min_effect, resume=resume, rung_timeout=args.rung_timeout,
                    settle_within_s=args.settle_within, paired=args.paired, memory_limit=args.memory_limit,
-                   target=args.target)
+                   target=args.target, track=choose_trackers(args.track))
     try:
         if args.user_command is not None:
             result = ablate_command(args.user_command, recipe=recipe, device=args.device, measure=args.measure,
@@ -179,7 +180,7 @@ def _tune(args, recipe: Recipe) -> int:
              resume=resume, command=args.user_command, nproc=args.nproc, metric=args.metric, goal=args.metric_goal,
              batch_size_search=args.batch_size_search, settle=args.settle, switches=split_names(args.switches),
              paired=args.paired, task=args.task_given if args.user_command is not None else args.task,
-             memory_limit=args.memory_limit, target=args.target)
+             memory_limit=args.memory_limit, target=args.target, track=choose_trackers(args.track))
     except KeyboardInterrupt:
         return 130
     return 0
@@ -209,7 +210,7 @@ def _doctor(args, recipe: Recipe) -> int:
         try:
             obs = observe_script(args.user_command, out, steps=steps, sync_steps=watch_steps(recipe.log_every),
                                  device=str(device), timeout_s=args.script_timeout, eval_within=args.eval_within,
-                                 recipe_fields=fields)
+                                 recipe_fields=fields, nproc=args.nproc)
         except ScriptFailed as exc:
             print(f"trainfast doctor: {exc}", file=sys.stderr)
             return 1
@@ -230,10 +231,13 @@ def idle_switches(recipe: Recipe, device, split) -> list[str]:
     as a recipe moves between machines, but said rather than passed over in silence."""
     import torch
 
-    from .tasks.effects import data_effect, on_ranks
+    from .tasks.effects import data_effect, in_context
+    from .techniques.switch import RunContext
 
     default = Recipe()
-    judge = on_ranks(data_effect, int(os.environ.get("WORLD_SIZE", "1")), recipe.strategy)   # a wrap switch's ranks
+    workers = recipe.num_workers if isinstance(recipe.num_workers, int) else None
+    judge = in_context(data_effect, RunContext(device, None, split, int(os.environ.get("WORLD_SIZE", "1")),
+                                               recipe.strategy, builtin=True, workers=workers))
     notes = [f"--{name.replace('_', '-')} has no effect here: {effect.reason}"
              for name in (f.name for f in dataclasses.fields(Recipe))
              if getattr(recipe, name) != getattr(default, name) and isinstance(getattr(recipe, name), bool)
@@ -268,6 +272,7 @@ def _train(args, recipe: Recipe) -> int:
     from .recipe import resolve_device, validate_for_device
     from .tasks import build_task
     from .techniques import apply_recipe_rewrites
+    from .track import Tracking
     from .trainer import train
     resume, folder = resume_checkpoint(args.resume, args.out)
     device = resolve_device(args.device)
@@ -285,6 +290,8 @@ def _train(args, recipe: Recipe) -> int:
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=console)
     bar = progress.add_task("train", total=steps_per_epoch * recipe.epochs, loss="…")
+    tracking = (Tracking.open(choose_trackers(args.track), out.name, "train", recipe.to_dict(), out)
+                if rank == 0 else None)                    # --track: one run, the recipe as params, epoch metrics
 
     def build_model():
         # The bar appears once the model exists: a model refused for its input (a named model that cannot take
@@ -301,6 +308,8 @@ def _train(args, recipe: Recipe) -> int:
         progress.console.print(f"epoch {record['epoch']}: train loss {record['train_loss']:.4f}  "
                                f"{task.summary(record)}  {record['epoch_time_s']:.1f}s"
                                + (f"  ({skipped} unreadable image(s) skipped, named above)" if skipped else ""))
+        if tracking is not None:
+            tracking.epoch(record)
 
     try:
         trained = train(build_model, split, recipe=recipe, device=device, out=out, on_window=on_window,
@@ -309,9 +318,14 @@ def _train(args, recipe: Recipe) -> int:
         # Non-zero exit; checkpoints already in out/checkpoints are complete and untouched.
         progress.stop()
         print(f"trainfast train: error: {exc}", file=sys.stderr)
+        if tracking is not None:
+            tracking.end("failed")
         return 1
     finally:
         progress.stop()
+    if tracking is not None:
+        tracking.artifacts(out)
+        tracking.end()
     if trained.curve is not None:
         console.print(target_line(args.target, trained.curve))
     console.print(f"run folder: {out}/ (metrics.jsonl, recipe.json, model.pt"

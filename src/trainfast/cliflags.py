@@ -21,6 +21,7 @@ from .defaults import DOCTOR_EVAL_WITHIN, DOCTOR_STEPS, LADDER_MODES, MAX_REPEAT
 from .modelnames import DEFAULT_DETECTION_MODEL, DETECTION_MODELS
 from .recipe import FIELD_CHOICES, Recipe, field_docs, field_problem, field_sections, preset
 from .tasks import TASKS, TaskDeclaration, declared, infer_task
+from .techniques.static import rung_names, unknown_rungs
 
 
 def field_value(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -161,6 +162,7 @@ def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
                     help="stop a run that takes longer and report it failed (default: 10x the baseline's first run, "
                          "at least 5m)")
     add_out(ab, "ablate", "the report")
+    add_track(ab, "one run per ablation and one per rung (its switches, rate, speed-up, verdict, memory, metric)")
     add_resume(ab, "continue an interrupted ablation in DIR: finished runs are reused, the rest run")
     ab.add_argument("--nproc", type=positive_int, default=1, metavar="N",
                     help="run every rung as N processes (built-in run: DDP, gloo on CPU / nccl on CUDA; a COMMAND: "
@@ -171,6 +173,23 @@ def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
                           "the script to its end and compare the metric it reports (tf.report) with the baseline's "
                           "noise band")
     add_script_flags(cmd, "with --measure full")
+
+
+def track_type(text: str) -> tuple[str, ...]:
+    """The argparse type of --track: track.parse_track, its error as argparse's."""
+    from .track.names import parse_track
+
+    try:
+        return parse_track(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_track(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--track", type=track_type, action="append", default=None, metavar="NAME[,NAME]",
+                        help=f"log to mlflow, wandb and/or tensorboard ({what}; a comma list, or repeated); "
+                             "default: the tracker MLFLOW_TRACKING_URI or WANDB_PROJECT / WANDB_MODE already point "
+                             "at; none: no tracker")
 
 
 def add_target(parser: argparse.ArgumentParser, what: str) -> None:
@@ -220,6 +239,7 @@ def add_tune_flags(tu: argparse.ArgumentParser) -> None:
     add_memory_limit(tu, "the search starts from the fastest of the baseline at smaller batches and the memory "
                          "switches that fits, and recommends nothing over it")
     add_out(tu, "tune", "the search, best.yaml")
+    add_track(tu, "one run per search and one per candidate of each stage")
     add_resume(tu, "continue an interrupted search in DIR")
     tu.add_argument("--batch-size-search", action="store_true",
                     help="then try the recommended recipe at 2x, 4x, 8x its batch size; the largest that is still "
@@ -243,6 +263,9 @@ def add_doctor_flags(dr: argparse.ArgumentParser) -> None:
     add_aliased(script, "--script-timeout", "--timeout", dest="script_timeout", type=Duration(), default=timeout,
                 metavar="DURATION", help=f"stop the script after this long and report it failed (default "
                                          f"{format_duration(timeout)})")
+    script.add_argument("--nproc", type=positive_int, default=1, metavar="N",
+                        help="run the command as N processes under torchrun: each rank's own figures, the slowest "
+                             "named (default %(default)s)")
     script.add_argument("--eval-within", type=Duration(zero=True), default=DOCTOR_EVAL_WITHIN, metavar="DURATION",
                         help="most scripts evaluate at the end of an epoch, after the watched steps; one that has not "
                              "evaluated by then is kept running, untimed, until its first evaluation or this long, so "
@@ -254,6 +277,7 @@ def add_train_flags(tr: argparse.ArgumentParser) -> None:
     add_common(tr)
     add_target(tr, "the run evaluates on its way, stops there and says its time to target")
     add_out(tr, "train", "the run (metrics, recipe, weights, checkpoints/)")
+    add_track(tr, "the run: the recipe as params, each epoch's metrics")
     add_resume(tr, "continue from the newest good checkpoint in the run folder DIR (fresh start when there is none; "
                    "use it under torchrun --max-restarts), or from the checkpoint FILE", metavar="DIR|FILE")
 
@@ -360,7 +384,8 @@ def check_data_folder(spec: str | None, task: TaskDeclaration) -> None:
 
 def check_before_torch(args: argparse.Namespace) -> None:
     """What can be refused once the flags have parsed, without torch: a --resume and --out that cannot work, --nproc
-    for the built-in search, a doctor with no command after `--`, and from the task's declaration
+    for the built-in search, a doctor with no command after `--`, a --switches name no rung has (read from the
+    switches' declarations' source, techniques/static.py, with the closest names), and from the task's declaration
     (tasks/declarations.py): a subcommand with no built-in work for the task, a model name the task does not have, a
     --data folder that does not exist, an --image-size the task has no use for, a --recipe that cannot be read, and
     the recipe the flags make on the task's own starting point (a switch on data the task does not offer, one it
@@ -375,12 +400,20 @@ def check_before_torch(args: argparse.Namespace) -> None:
         resume_folder(args.resume, args.out)
     if args.command == "tune" and args.nproc > 1 and args.user_command is None:
         raise ValueError("--nproc runs a `-- COMMAND` under torchrun; the built-in search runs one process")
+    if args.command == "doctor" and args.nproc > 1 and args.user_command is None:
+        raise ValueError("doctor --nproc runs a `-- COMMAND` under torchrun; the built-in run is watched in one "
+                         "process (trainfast ablate --nproc N measures it rank by rank)")
     if args.command == "doctor" and args.user_command == []:
         raise ValueError("doctor -- COMMAND: no command after `--` (e.g. `trainfast doctor -- python train.py`)")
     if args.command == "train" and args.target is not None and not args.target.known:
         raise ValueError("--target auto is the level a baseline's runs reach, which a single run has not: give the "
                          "level (val_loss<=3.2, val_acc>=0.95), or find it with trainfast ablate --target auto")
     task = declared(infer_task(args.task, args.model))
+    if args.command in ("ablate", "tune") and args.switches:    # a misspelt rung, said with the closest names
+        names = [n.strip() for n in args.switches.split(",") if n.strip()]
+        unknown = unknown_rungs(names, rung_names(task.name if args.user_command is None else None))
+        if unknown:
+            raise ValueError(unknown)
     if args.user_command is None:              # a script's data, model and images are its own
         task.check_command(args.command)
         task.check_image_size(args.image_size)

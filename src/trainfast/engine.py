@@ -17,9 +17,8 @@ from .tasks import as_task
 
 # The built-in loop zeroes the gradients as a stock PyTorch 2.x loop does: optimizer.zero_grad(), whose default
 # (set_to_none=True) frees them instead of writing zeros, so the baseline is what a user would otherwise run.
-# recipe.set_to_none changes nothing here; it acts on a user's loop that zeroes in place, through the Session.
-ZERO_GRAD_NOTE = ("the built-in loop's zero_grad() already frees the gradients (PyTorch's default); "
-                  "it acts on a script that zeroes in place")
+# recipe.set_to_none changes nothing here (its declaration says so: techniques/optimizer.py); it acts on a user's
+# loop that zeroes in place, through the Session.
 
 
 def no_step_hook(state: TrainState) -> None:

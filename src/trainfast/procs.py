@@ -248,6 +248,9 @@ def child_main(target: Callable[..., Any], args: tuple, conn, parent_pid: int, l
         # The child's warnings and tracebacks go to its log file, not over the parent's live display.
         with open(log_path, "w") as log:
             os.dup2(log.fileno(), 2)
+        from .quiet import write_held_to_stderr
+
+        write_held_to_stderr()      # stderr is the run's log here: libraries' import notices belong in it
     own_group = lead_own_group()
     watch_parent(parent_pid, own_group)
     events = Events(conn)

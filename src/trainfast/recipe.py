@@ -148,6 +148,8 @@ class Recipe:
     find_unused_parameters: bool = False  # DDP: traverse the graph every step for unused params (costly)
     ddp_bucket_mb: float | None = None  # DDP's gradient bucket size in MiB (unset: DDP's 25): bigger, fewer all-reduces
     gradient_as_bucket_view: bool = False  # DDP: gradients as views into its buckets (one gradient-sized copy less)
+    static_graph: bool = False        # DDP: the same parameters in the same graph every step (no per-step search)
+    bf16_compress_hook: bool = False  # DDP: gradients all-reduced in bf16 (half the bytes; rounds them)
     dist_timeout_s: int = 300         # a rank silent this long is reported by rank and the run stops
 
     def __post_init__(self) -> None:

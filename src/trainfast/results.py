@@ -63,6 +63,7 @@ class RungResult:
     session: bool | None = None              # a script's runs: whether it created a trainfast.Session
     compile: dict[str, Any] | None = None    # torch.compile's counters in the run
     overridden: dict[str, Any] | None = None  # script settings the rung's recipe replaced: field -> [old, new]
+    observed: dict[str, Any] | None = None   # a script's runs: what its first run was seen doing (probe/observe.py)
     # aggregated over the repeats
     repeats: int = 0
     throughput: float | None = None
@@ -80,6 +81,7 @@ class RungResult:
     peak_memory_bytes: int | None = None
     data_wait_fraction: float | None = None  # of the timed steps: waiting for input (CUDA: the device idle for it)
     copy_fraction: float | None = None       # CUDA: the batches' copy and preparation on the compute stream
+    ranks: dict[str, Any] | None = None      # several ranks: each one's figures over the repeats, the straggler
     step_alone: float | None = None          # the rung's step on a batch kept on the device (rung.time_step_alone)
     step_alone_speedup: float | None = None  # ... over the baseline's step alone
     epoch_of_step: float | None = None       # the timed rate over the step alone: how close the epoch is to its floor

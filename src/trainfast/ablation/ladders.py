@@ -18,6 +18,7 @@ from ..results import EffectLabel, Rung
 from ..tasks import TASKS, declared
 from ..techniques import AMP, default_ladder, rung_table
 from ..techniques.precision import auto_amp_dtype, slow_half_reason
+from ..techniques.static import RUNG_ALIASES, unknown_rungs
 
 # The ladders, derived from the switches' declarations (techniques/switch.py: each rung's place, the tasks whose
 # default ladder runs it, the tasks that can name it). RUNGS is every rung --switches accepts, in ladder order: the
@@ -36,7 +37,6 @@ LADDERS: dict[str, tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]] 
     SCRIPT: (default_ladder("classification"), rung_table(None))}
 LADDER, RUNGS = LADDERS["classification"]
 DETECTION_LADDER, DETECTION_RUNGS = LADDERS["detection"]
-RUNG_ALIASES = {"fp32": "baseline"}
 
 
 def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumulative", amp: str = "auto",
@@ -54,10 +54,9 @@ def plan_rungs(base: Recipe, names: list[str] | None = None, mode: str = "cumula
     ladder, table = LADDERS[task]
     checker = declared(task) if task != SCRIPT else None         # a script's task is its own
     names = list(ladder) if not names else [RUNG_ALIASES.get(n, n) for n in names]
-    unknown = [n for n in names if n not in table]
+    unknown = unknown_rungs(names, [*table, *RUNG_ALIASES])
     if unknown:
-        raise RecipeError(f"--switches: unknown rung(s) {', '.join(unknown)}; choose from "
-                          f"{', '.join([*table, *RUNG_ALIASES])}")
+        raise RecipeError(unknown)
     ordered = ["baseline"] + [n for n in table if n in names and n != "baseline"]
     # --amp-dtype auto on a device where neither half type is fast (a CPU without bf16 hardware): the amp rung
     # is shown with the measurement that rules it out, and the ladder climbs on without it.

@@ -21,10 +21,12 @@ from typing import Any, Callable
 from ..defaults import MAX_REPEATS, SETTLE_WITHIN_S, parse_size  # the CLI shows them before torch loads
 from ..measure import measure_ceiling
 from ..procstate import process_cpu_seconds, reference_check
+from ..quiet import held_lines
 from ..recipe import RecipeError
 from ..results import AblationResult, Rung, Status
 from ..stats import MIN_EFFECT
 from ..target import Target, TargetError, parse_target
+from ..track.names import check_names
 from ..techniques.precision import DTYPES
 from .metric import SCRIPT_CHOICE, MetricChoice, better, choose_metric, metric_goal
 from .rung import TimingBudget
@@ -32,7 +34,8 @@ from .scoring import pick_best, score_rungs, seed_summary, unresolved
 from .server import wait_rung_server
 from .store import RunStore, write_json
 from .aim import Aim
-from .clock import RunClock, run_kind
+from .clock import RunClock
+from .spending import Cut, LadderSpending
 from .target import TARGET_SEEDS, pick_soonest
 from .work import Work
 
@@ -69,8 +72,15 @@ class LadderOptions:
     # The clock the ladder's time budget is a share of (clock.RunClock: a search's, with the costs its earlier
     # stages measured); None: a clock of its own.
     clock: RunClock | None = None
+    # --track: tracker names (track/names.py), or a tune's open Tracking (this ladder is one of its stages)
+    track: Any = ()
 
     def __post_init__(self) -> None:
+        if not hasattr(self.track, "stage"):            # names (an open Tracking is a tune's, checked there)
+            try:
+                object.__setattr__(self, "track", check_names(self.track))
+            except ValueError as exc:
+                raise RecipeError(str(exc)) from None
         try:
             object.__setattr__(self, "target", parse_target(self.target))
         except TargetError as exc:
@@ -91,71 +101,6 @@ class LadderOptions:
 def check_positive_int(flag: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise RecipeError(f"{flag} {value!r} must be a positive integer")
-
-
-@dataclass
-class Cut:
-    """What the time budget cut from the plan, priced by the first run."""
-    seconds_per_run: float
-    rungs: int
-    repeats: int
-    asked: dict[str, int]
-    skipped: list[str]
-    # Where the ladder stopped because its next run's price no longer fitted: the runs left, their price, the time
-    # left (LadderRun.stop); None: every run planned after the cut was run.
-    stopped: dict[str, Any] | None = None
-
-    @property
-    def trimmed(self) -> bool:
-        return trimmed(self.to_dict())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"seconds_per_run": self.seconds_per_run, "rungs": self.rungs, "repeats": self.repeats,
-                "asked": self.asked, "skipped": self.skipped, **({"stopped": self.stopped} if self.stopped else {})}
-
-
-def trimmed(cut: dict[str, Any] | None) -> bool:
-    """Whether a cut (a result's settings["budget_cut"]) left fewer repeats or rungs than asked: no pass is added
-    to a ladder that could not even fit its plan."""
-    return cut is not None and bool(cut["skipped"] or cut["repeats"] < cut["asked"]["repeats"] or cut.get("stopped"))
-
-
-def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float, seeds: int = 0) -> tuple[int, int]:
-    """How many rungs (the plan's first ones, baseline included) and repeats fit `seconds_left` at `per_run`
-    seconds a run, one run (the first) already done. Repeats go first, down to 2 (the fewest that give a
-    process-to-process spread, so an interval); then the last rungs, down to 2 (a baseline and one rung).
-    The plan's order is its priority: the precision levels, the largest gains, come first. Two rungs get 3
-    repeats, not 2, when that many are asked for: at 2 the interval has one degree of freedom and no verdict.
-    `seeds`: the runs every kept rung may need in all whatever its repeats (--target: the baseline's seeds, and
-    those of a rung that changes the math, aim.py), counted so the plan leaves room for them."""
-    floor = min(repeats, 2)
-    runs_left = 1 + max(0.0, seconds_left) / max(per_run, 1e-9)      # the runs the budget pays for, the first included
-
-    def runs(kept: int, each: int) -> int:
-        return kept * max(each, seeds)
-
-    fitted = next((r for r in range(repeats, floor - 1, -1) if runs(rungs, r) <= runs_left), None)
-    if fitted is not None:
-        return rungs, fitted
-    fitted = floor
-    kept = next((k for k in range(rungs, 2, -1) if runs(k, fitted) <= runs_left), 2)
-    if kept == 2 and fitted == 2:
-        # Two rungs twice leave the pooled noise one degree of freedom (t = 12.7 at 95%): even a 2x gain at 7%
-        # noise is "no measurable difference". A third repeat (two degrees, t = 4.3) is what a verdict needs.
-        fitted = min(repeats, 3)
-    return kept, fitted
-
-
-def cut_to_budget(measured: list[Rung], repeats: int, per_run: float, left: float, budget_s: float,
-                  seeds: int = 0) -> Cut:
-    """The plan cut to the time budget (fit_to_budget): the rungs past those kept marked skipped, with why."""
-    rungs_kept, repeats_kept = fit_to_budget(len(measured), repeats, per_run, left, seeds)
-    for skipped in measured[rungs_kept:]:
-        skipped.status = Status.SKIPPED
-        skipped.reason = (f"would not fit the time budget ({budget_s:.0f} s at ~{per_run:.0f} s a run, "
-                          f"{repeats_kept} repeats)")
-    return Cut(per_run, rungs_kept, repeats_kept, {"rungs": len(measured), "repeats": repeats},
-               [r.name for r in measured[rungs_kept:]])
 
 
 def ceiling(work: Work, precision: str) -> float:
@@ -207,7 +152,8 @@ class Launches:
     (an interrupted ablation resumed) or launched in its own folder and kept there; each precision's matmul ceiling
     (a peak: measured before the runs and again after, the higher kept, so a slow spell on a shared machine at the
     start puts no rung "above" it); the machine's reference check before and after (procstate.reference_check),
-    and what this process (display, event relay) took from the cores the runs use while they ran."""
+    what this process (display, event relay) took from the cores the runs use while they ran, and what each run
+    took, told to the display with the runs still planned (its progress line: report/progress.py)."""
 
     def __init__(self, work: Work, launch: Callable, out_dir: Path) -> None:
         self.work, self.launch, self.out_dir = work, launch, out_dir
@@ -215,6 +161,8 @@ class Launches:
         self.ceilings: dict[str, float] = {}
         self.machine: dict[str, Any] = {}       # procstate.reference_check before and after the runs
         self.in_runs = (0.0, 0.0)               # this process's CPU seconds while runs ran, and those seconds
+        self.display = None                     # the display plan() feeds, and what the ladder did when it last did
+        self.seen: tuple[int, bool, int] | None = None
 
     def start(self, settings: dict[str, Any], resume: bool, precisions: list[str]) -> None:
         self.store = RunStore(self.out_dir, settings, resume)
@@ -222,8 +170,39 @@ class Launches:
         self.ceilings.update({p: ceiling(self.work, p) for p in dict.fromkeys(precisions)})
         self.machine["start"] = reference_check(self.work.dev)
 
-    def read_back(self, key: str) -> dict[str, Any] | None:
-        return self.store.load(key)
+    def read_back(self, key: str, rung: Rung, budget: TimingBudget | None, display) -> dict[str, Any] | None:
+        """A run finished before an interruption, or None; one read back is a run done at no cost."""
+        result = self.store.load(key)
+        if result is not None:
+            display.finished(run_kind(rung, budget), None)
+        return result
+
+    def plan(self, ladder: "LadderRun", display) -> None:
+        """Before each run: the runs still queued told to the display (runs done of planned, the time left), with
+        why their number changed since the last run where the ladder did it: a settling pass, the time budget's
+        cut, rungs a script's ladder added, the target's runs and seeds."""
+        self.display = display
+        seen = (len(ladder.added), ladder.cut is not None, len(ladder.measured))
+        why, last = None, self.seen
+        if last is not None and seen[0] > last[0]:
+            added = ladder.added[-1]
+            why = (f"pass {added['repeat']} added: {', '.join(added['unsettled'])} still within the noise or "
+                   f"unresolved (settling, within {ladder.opts.settle_within_s:.0f} s)")
+        elif last is not None and seen[1] and not last[1]:
+            why = f"cut to fit the time budget ({ladder.opts.time_budget_s:.0f} s)"
+        elif last is not None and seen[2] > last[2]:
+            why = "rungs added to the script's ladder"
+        elif ladder.aim is not None:
+            why = "runs and seeds for the time to target (a rung that changes the math needs its own)"
+        self.seen = seen
+        # settle_within_s counts from the ladder's start; the display's clock from its own
+        settle = ladder.opts.settle_within_s
+        window = (settle or 0) - ladder.spending.clock.elapsed() + display.runs.elapsed_s()
+        display.runs.settle = ((window, [r.name for r in ladder.measured if r.status != Status.SKIPPED])
+                               if settle and ladder.repeats < MAX_REPEATS and not (ladder.cut and ladder.cut.trimmed)
+                               else None)
+        display.plan([run_kind(rung, budget) for rung, _, budget in ladder.queue
+                      if rung.status not in (Status.NO_EFFECT, Status.SKIPPED)], why)
 
     def run(self, key: str, rung: Rung, recipe, budget: TimingBudget | None, display, limit: float | None
             ) -> dict[str, Any]:
@@ -234,6 +213,7 @@ class Launches:
         cpu, started = process_cpu_seconds(), time.monotonic()
         result = self.launch(rung, recipe, budget, run_dir, display, limit)
         self.in_runs = (self.in_runs[0] + process_cpu_seconds() - cpu, self.in_runs[1] + time.monotonic() - started)
+        display.finished(run_kind(rung, budget), time.monotonic() - started)
         if "error" not in result:
             self.store.save(key, result)
         return result
@@ -244,6 +224,9 @@ class Launches:
         self.machine["end"] = reference_check(self.work.dev)
         cpu, seconds = self.in_runs
         self.machine["parent_cpu_share"] = cpu / seconds if seconds else None
+        held = held_lines()        # libraries' import notices, kept off the console (quiet.py): kept here
+        if held:
+            (self.out_dir / "imports.log").write_text("\n".join(held) + "\n")
 
 
 class LadderRun:
@@ -280,22 +263,24 @@ class LadderRun:
         self.pass_times: dict[int, list[float]] = {}    # repeat index -> [start, end] of that pass's timed runs
         self.added: list[dict[str, Any]] = []           # the passes settling added, and why
         self.started = self.spending.clock.started
+        self.tracking = track_ladder(options.track, plan, work, settings, out_dir)
 
     def run(self) -> AblationResult:
         from ..report import Display, environment
 
         self.launches.start(self.settings, self.opts.resume, [r.recipe.precision for r in self.measured])
-        self.spending.close_s = self.spending.clock.elapsed()     # its close measures them again: kept in hand
         env = environment(self.work.dev)
         display = Display(self.plan, self.ceilings, env, show=self.opts.show, settings=self.settings)
         interrupted = False
         with display:
             try:
                 while self.queue or self.add_pass() or self.add_seeds():
+                    self.launches.plan(self, display)          # the progress line's plan, and why it changed
                     self.run_next(display)
                     self.rescore()
                     display.metric = self.metric.judged_metric()
                     display.update()
+                    self.tracking.judged(self.plan, display.metric)
             except KeyboardInterrupt:
                 interrupted = True
             if not interrupted:
@@ -305,6 +290,7 @@ class LadderRun:
                     rung.status = Status.DONE        # a partial report still shows what was measured
             self.rescore()
         result = self.result(env)
+        self.tracking.finish(result, interrupted)
         display.final(result, interrupted)
         if interrupted:
             raise KeyboardInterrupt
@@ -318,10 +304,9 @@ class LadderRun:
         recipe = rung.recipe.replace(seed=rung.recipe.seed + i)
         key = f"{rung.name}-r{i}"
         timed = budget is not None          # a timed repeat; else a baseline's accuracy-only seed
-        result = self.launches.read_back(key)
+        result = self.launches.read_back(key, rung, budget, display)
         if result is None and not self.spending.affords(rung.recipe, timed):    # the ladder ends here
-            self.cut = self.spending.stop(self.measured, self.cut, self.repeats, (rung, i, timed), self.queue, display)
-            return
+            return self.spending.stop(self, (rung, i, timed), display)
         if timed:
             self.pass_times.setdefault(i, [self.spending.clock.now(), 0.0])
         if result is None:
@@ -392,9 +377,7 @@ class LadderRun:
         if (not settle or self.spending.stopped or (self.cut is not None and self.cut.trimmed) or not shaky
                 or self.repeats >= MAX_REPEATS or not self.pass_times):
             return []
-        first, last = self.pass_times[max(self.pass_times)]
-        if (pass_s := self.spending.pass_price([r.recipe for r in self.measured if r.measured], last - first,
-                                               settle)) is None:
+        if (pass_s := self.spending.pass_price(self.measured, self.pass_times, settle)) is None:
             return []
         self.added.append({"repeat": self.repeats + 1, "unsettled": shaky, "pass_s": pass_s})
         self.repeats += 1
@@ -428,75 +411,11 @@ class LadderRun:
         return result
 
 
-class LadderSpending:
-    """A ladder's time (clock.py): its part of the clock it is given (a search's: the costs its earlier stages
-    measured), each run priced and checked before it starts with the ladder's close kept in hand, each run's cost
-    recorded, and where it stopped."""
+def run_kind(rung: Rung, budget: TimingBudget | None) -> str:
+    """A run's kind for its cost (report/progress.py): its rung, and whether it is timed or evaluated only."""
+    from ..report.progress import SEEDS
 
-    def __init__(self, options: LadderOptions, measure: str) -> None:
-        self.clock = (options.clock or RunClock()).part(options.time_budget_s)
-        self.measure, self.aimed = measure, options.target is not None
-        self.close_s = 0.0          # what the ladder's close takes (its ceilings measured again): as long as its start
-        self.stopped = False        # a run's price no longer fitted: nothing more starts, no pass or seed is added
-        self.why = ""
-
-    def kind(self, timed: bool) -> str:
-        return run_kind(self.measure, timed, self.aimed)
-
-    def affords(self, recipe, timed: bool) -> bool:
-        price = self.clock.price(self.kind(timed), recipe)
-        return self.clock.fits(None if price is None else price + self.close_s)
-
-    def spend(self, recipe, timed: bool, launch: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """`launch`'s run, its cost recorded: the clock's, or the run's own wall time where the clock saw less (a
-        faked run)."""
-        started = self.clock.now()
-        result = launch()
-        if "error" not in result:
-            seconds = max(self.clock.now() - started, result.get("wall_time_s") or 0.0)
-            self.clock.spend(self.kind(timed), recipe, seconds)
-        return result
-
-    def fit(self, measured: list[Rung], repeats: int, first: dict[str, Any], budget_s: float) -> Cut:
-        """The plan cut to the time budget, priced by the first run (the baseline's, fp32: usually the slowest),
-        whole-process wall time. The seconds left are the ladder's own budget's: a resumed ladder's counts the runs it
-        reads back (tune adds what they took), and each run is checked against the clock before it starts. --target:
-        every kept rung may need TARGET_SEEDS runs (the baseline's seeds, a rung that changes the math)."""
-        per_run = max(self.clock.elapsed(), first.get("wall_time_s") or 0.0)
-        return cut_to_budget(measured, repeats, per_run, budget_s - self.clock.elapsed(), budget_s,
-                             TARGET_SEEDS if self.aimed else 0)
-
-    def pass_price(self, recipes: list, span: float, within: float) -> float | None:
-        """One more pass priced by its rungs' measured runs (else by the last pass's `span`), or None: it would not
-        end within `within` seconds of the start, or not fit the time budget."""
-        priced = self.clock.price_runs([(self.kind(True), recipe) for recipe in recipes])
-        pass_s = priced if priced is not None else span
-        return pass_s if self.clock.elapsed() + pass_s <= within and self.clock.fits(pass_s) else None
-
-    def stop(self, measured: list[Rung], cut: Cut | None, repeats: int, run: tuple[Rung, int, bool], queue: list,
-             display=None) -> Cut:
-        """The ladder ends before `run` (its rung, its index, timed or a seed), its `queue` emptied: a rung with runs
-        is scored on those, one without any is skipped, and the cut (made here if the plan had none) says where, at
-        what price, with how much time left; on the console too, where `display` shows."""
-        rung, index, timed = run
-        runs_left = len(queue) + 1
-        queue.clear()
-        price = self.clock.price(self.kind(timed), rung.recipe)
-        left = max(0.0, self.clock.left())
-        self.stopped = True
-        self.why = (f"{runs_left} run(s) left would not fit the time budget (~{price:.0f} s a run, {left:.0f} s left)"
-                    if price is not None else f"{runs_left} run(s) left would not fit the time budget (none left)")
-        for r in measured:
-            if r.status in (Status.PENDING, Status.PARTIAL, Status.RUNNING):
-                r.status, r.reason = (Status.DONE, r.reason) if r.repeats else (Status.SKIPPED, self.why)
-        cut = cut or Cut(price or 0.0, len(measured), repeats, {"rungs": len(measured), "repeats": repeats}, [])
-        skipped = [r.name for r in measured if r.status == Status.SKIPPED and r.name not in cut.skipped]
-        cut.skipped += skipped
-        cut.rungs -= len(skipped)
-        cut.stopped = {"at": f"{rung.name}, run {index + 1}", "runs_left": runs_left, "price_s": price, "left_s": left}
-        if display is not None and display.show:
-            display.console.print(f"stopped before {rung.name} (run {index + 1}): {self.why}")
-        return cut
+    return rung.name + ("" if budget is not None else SEEDS)
 
 
 def queue_with_added(queue: list[tuple[Rung, int, TimingBudget | None]], added: list[Rung], base: Rung,
@@ -545,7 +464,34 @@ def settings_as_run(run: LadderRun) -> dict[str, Any]:
         settings = {**settings, "machine_check": run.launches.machine}
     if run.aim is not None:
         settings = {**settings, "target": run.aim.to_dict()}
+    if run.launches.display is not None:        # the time it took beside the time planned after the first pass
+        settings = {**settings, "time": run.launches.display.runs.summary()}
     return settings
+
+
+class Untracked:
+    """No tracker asked for: what the loop tells its trackers goes nowhere."""
+
+    def judged(self, plan: list[Rung], metric: dict[str, Any] | None) -> None:
+        pass
+
+    def finish(self, result: AblationResult, interrupted: bool) -> None:
+        pass
+
+
+def track_ladder(track: Any, plan: list[Rung], work: Work, settings: dict[str, Any], out_dir: Path):
+    """The ladder's trackers (LadderOptions.track; track/ladder.py), or Untracked when none is asked for; a script
+    that logs to a tracker itself is told, in each run's environment, where its runs belong."""
+    if not track:
+        return Untracked()
+    from ..track.ladder import LadderTracking          # only when asked: it reads the report's entries
+
+    tracking = LadderTracking.open(track, plan, settings, out_dir)
+    if tracking is None:
+        return Untracked()
+    if hasattr(work, "run_env"):
+        work.run_env = tracking.run_env
+    return tracking
 
 
 def run_ladder(plan: list[Rung], work: Work, settings: dict[str, Any], out: str | Path | None,

@@ -25,7 +25,7 @@ from ..curves import BuiltinCurve, CurvePlan
 from ..defaults import TIMING_FLOOR, TIMING_SECONDS, TIMING_STEPS
 from ..engine import train_one_epoch
 from ..measure import BLOCK_SECONDS, EpochStats, Timing
-from ..probe import MeasureSpec, Probe, run_record
+from ..probe import MeasureSpec, Probe, collect_ranks, run_record
 from ..recipe import Recipe
 from ..run import BuiltinRun, assemble_run
 from ..techniques import not_in_effect, process_wide_in_effect
@@ -129,6 +129,7 @@ def measure_rung(run: BuiltinRun, emit: Callable[[dict], None], budget: TimingBu
                           train_metrics, trained.losses, updates, checkpoints.saves, checkpoints.loop_seconds,
                           process_wide_in_effect(), alone)
     stopped = "accuracy run ended" + (", then the timing budget" if extra_passes else "")
+    collect_ranks(probe)                      # several ranks: every rank is here, the timed steps are over
     return run_record(probe, stopped, curve=curve, task=figures,
                       data=files.finish(run.train_batches, run.val_batches, run.device))
 

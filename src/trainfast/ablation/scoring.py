@@ -13,6 +13,7 @@ import statistics
 from typing import Any
 
 from ..measure.memory import limit_peak
+from ..measure.ranks import combine_runs
 from ..recipe import Recipe
 from ..results import Rung, RungResult, Status
 from ..stats import (MIN_EFFECT, SAME, Candidate, Comparison, Noise, Noises, Repeat, compare_candidates, split_noise,
@@ -110,6 +111,7 @@ def aggregate(rung: Rung, noise: Noise | None, metric: str | None = "accuracy") 
     rung.result = RungResult(
         **{k: first.get(k) for k in ("val_samples", "world_size", "num_workers", "precision_state", "train_losses",
                                      "rate_unit", "unit", "session", "compile", "overridden")},
+        observed=first.get("observed"),
         repeats=len(reps),
         throughput=rate.value if rate else 0.0,
         throughput_interval=rate.interval if rate else None,
@@ -124,6 +126,7 @@ def aggregate(rung: Rung, noise: Noise | None, metric: str | None = "accuracy") 
         peak_memory_bytes=max(r["peak_memory_bytes"] for r in reps),
         data_wait_fraction=mean("data_wait_fraction"),
         copy_fraction=mean("copy_fraction"),
+        ranks=combine_runs([r.get("ranks") for r in reps]),
         step_alone=step_alone_rate(reps),
         skipped_files=max(r.get("skipped_files") or 0 for r in reps),      # each run reads the same files
         host_decoded_files=max(r.get("host_decoded_files") or 0 for r in reps),

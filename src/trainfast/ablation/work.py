@@ -18,20 +18,20 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from ..curves import CurvePlan, judged_name
-from ..engine import ZERO_GRAD_NOTE
 from ..frameworks import SECTION as FRAMEWORKS
 from ..measure import runs_tf32
 from ..probe import PROBE_MODES, PROCESS_SWITCHES
+from ..probe.inject import PLAIN
 from ..procs import run_supervised
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import EffectLabel, Rung, Status
 from ..run import as_split, build_module
 from ..tasks import Task
 from ..target import Target
-from ..tasks.effects import changes_effect, data_effect, on_ranks
-from ..techniques import needs_fresh_process, prepare_once, starting_with, threads
+from ..tasks.effects import changes_effect, data_effect, in_context
+from ..techniques import needs_fresh_process, prepare_once, starting_with
+from ..techniques.switch import RunContext
 from ..techniques.compile import CACHE_ENV, fresh_compile_cache
-from ..techniques.base import Effect
 from .metric import SCRIPT_CHOICE, TASK_METRIC
 from .proof import (framework_names, lacks_a_switch, needs_session, no_session_reason, not_applied, process_not_applied,
                     script_settings, unreached, unsupported)
@@ -70,13 +70,13 @@ class Work(Protocol):
     # own process (the built-in work; a user's command cannot: its loop is its own).
 
 
-def mark_effects(plan: list[Rung], dev: torch.device, model: torch.nn.Module | None = None, split=None,
-                 effect_of: Callable = data_effect, ranks: int = 1) -> None:
-    """Every rung after the baseline whose switches cannot act here (in a job of `ranks` processes) is not run:
-    its effect says why. In a cumulative ladder what a ruled-out rung switched is not passed on to the rungs below
-    it (a backend that cannot run here, carried into the next rung, would fail it)."""
+def mark_effects(plan: list[Rung], run: RunContext, effect_of: Callable = data_effect) -> None:
+    """Every rung after the baseline whose switches cannot act in `run` (its device, model, data, processes, loop,
+    saves and workers: each switch's declarations judge them) is not run: its effect says why. In a cumulative
+    ladder what a ruled-out rung switched is not passed on to the rungs below it (a backend that cannot run here,
+    carried into the next rung, would fail it)."""
     base, dropped = plan[0].recipe if plan else None, {}
-    effect_of = on_ranks(effect_of, ranks, base.strategy if base is not None else None)
+    effect_of = in_context(effect_of, run)
     for rung in plan[1:]:
         inherited = {k: getattr(base, k) for k, v in dropped.items()
                      if k not in rung.changes and getattr(rung.recipe, k) == v}
@@ -84,15 +84,11 @@ def mark_effects(plan: list[Rung], dev: torch.device, model: torch.nn.Module | N
             rung.recipe = rung.recipe.replace(**inherited)
         if rung.status == Status.NO_EFFECT:         # ruled out when planned (a slow half type)
             continue
-        effect = changes_effect(rung.changes, dev, model, split, effect_of)
+        effect = changes_effect(rung.changes, run.device, run.model, run.split, effect_of)
         rung.effect, rung.reason = EffectLabel(effect.label), effect.reason
         if not effect.acts:
             rung.status = Status.NO_EFFECT
             dropped.update({k: v for k, v in rung.changes.items() if getattr(base, k) != v})
-
-
-NO_SAVES_NOTE = ("a built-in rung saves no checkpoint unless --save-every N asks it to (then every rung saves "
-                 "every N steps and the saves are timed)")
 
 
 @dataclass
@@ -116,20 +112,15 @@ class Builtin:
         starts every run, the baseline's too, as a fresh process: that rung needs one, and a baseline forked from
         the warm server would then differ from it by more than the switch (what is imported during the first
         epoch, the memory a process counts)."""
-        mark_effects(plan, self.dev, self.probe_model, self.split, self.run_effect, self.job.nproc)
+        mark_effects(plan, self.context, self.task.task_effect)
         prepare_once(self.split, [r.recipe for r in plan if r.status != Status.NO_EFFECT])
         self.fresh = any(needs_fresh_process(r.recipe) and r.status != Status.NO_EFFECT for r in plan)
 
-    def run_effect(self, field: str, device: torch.device, model, split, value=None) -> Effect:
-        """The task's judgement of a switch, and the built-in loop's own: its zero_grad() already frees the
-        gradients (engine.ZERO_GRAD_NOTE), so set_to_none has nothing to change in it."""
-        if field == "set_to_none":
-            return Effect(False, ZERO_GRAD_NOTE, applies=False)
-        if field == "async_checkpoint" and not self.base.save_every:
-            return Effect(False, NO_SAVES_NOTE, applies=False)
-        if field == threads.FIELD and not self.base.num_workers:
-            return Effect(False, threads.NO_WORKERS_NOTE, applies=False)
-        return self.task.task_effect(field, device, model, split, value)
+    @property
+    def context(self) -> RunContext:
+        """The run every rung is: trainfast's own loop, with the base recipe's saves and loader workers."""
+        return RunContext(self.dev, self.probe_model, self.split, self.job.nproc, self.base.strategy, builtin=True,
+                          saves=bool(self.base.save_every), workers=self.base.num_workers)
 
     def curve_metric(self) -> tuple[str, str]:
         """The key its curves keep the task's judged metric under, and its goal: what --target auto is about."""
@@ -240,6 +231,9 @@ class CommandWork:
     task: str | None = None
     target: Target | None = None         # --target: the probe records the curve, stops past cap_seen without it
     cap_seen: float | None = None
+    # Variables a run of a rung adds to the command's environment beside the recipe (the loop's trackers: the
+    # tracker run the script's own runs belong under)
+    run_env: Callable[[Rung], dict[str, str]] = lambda rung: {}
 
     def aim(self, target: Target, cap_seen: float | None) -> None:
         """Every run records a point at each evaluation it reports and stops at the target or its cap (probe/)."""
@@ -256,9 +250,15 @@ class CommandWork:
         """The processes each run of the command is (--nproc; a test's fake command has none: one)."""
         return getattr(self.cmd, "nproc", None) or 1
 
+    @property
+    def context(self) -> RunContext:
+        """What is known of a run of the command before it runs: its device and processes (its model, data, saves
+        and workers are the script's)."""
+        return RunContext(self.dev, ranks=self.ranks, strategy=self.base.strategy)
+
     def mark_effects(self, plan: list[Rung]) -> None:
         """What the device alone rules out (the script's model and data are not known before it runs)."""
-        mark_effects(plan, self.dev, ranks=self.ranks)
+        mark_effects(plan, self.context)
 
     def launcher(self, measure: str) -> Launch:
         """measure "speed": a run stops once warm-up and the timing budget are timed; "full": it runs to its
@@ -271,7 +271,7 @@ class CommandWork:
                                steady_window=True, **dataclasses.asdict(self.budget),
                                target=self.target.to_dict() if self.target is not None else None,
                                cap_seen=self.cap_seen)
-            env = run_environment(self.fields(recipe), spec)
+            env = {**self.run_env(rung), **run_environment(self.fields(recipe), spec)}
             argv = self.cmd.launch_argv()
             # A time to target counts compilation: every run pays what a fresh machine pays
             with fresh_compile_cache() if self.target is not None else nullcontext() as cache:
@@ -324,6 +324,9 @@ class CommandWork:
     def baseline_seen(self, plan: list[Rung], result: dict[str, Any], sections: dict[str, Any]) -> None:
         self.follow_task(plan, result)
         if sections:
+            if PLAIN in sections:      # a plain loop (probe/inject.py): reached in measured runs, process-wide too
+                self.learned.update(no_session=True, plain_loop=True)
+                self.grow(plan)
             self.learned["framework"] = framework_names(sections)
             self.learned["script_settings"] = script_settings(sections)
             fields = {s["field"]: True for rec in sections.values() for s in rec.get("switches", {}).values()}
@@ -369,7 +372,7 @@ class CommandWork:
         ladder = by_task.get(seen["task"])
         if ladder is None:                 # classification (the default ladder already), or the rungs were named
             return
-        mark_effects(ladder, self.dev, ranks=self.ranks)
+        mark_effects(ladder, self.context)
         plan[1:] = ladder[1:]
 
     def grow(self, plan: list[Rung]) -> None:
@@ -378,7 +381,7 @@ class CommandWork:
         added, self.if_no_session = self.if_no_session, []
         if not added:
             return
-        mark_effects([plan[0], *added], self.dev, ranks=self.ranks)
+        mark_effects([plan[0], *added], self.context)
         for rung in added:
             rung.reason = f"{GROWN}; {rung.reason}" if rung.reason else GROWN
         plan.extend(added)

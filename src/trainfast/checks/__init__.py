@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import compute, environment, evaluation, loader, loop, syncs, text
+from . import compute, environment, evaluation, loader, loop, ranks, syncs, text
 from .compute import page_faults, untimed
 from .findings import INPUT_BOUND_SHARE, MATERIAL_SHARE, NOT_HERE, Finding, Observations
 from .loader import bound
@@ -25,7 +25,7 @@ __all__ = ["CHECKS", "INPUT_BOUND_SHARE", "MATERIAL_SHARE", "NOT_HERE", "Finding
 CHECKS: tuple[Callable[[Observations], Finding | None], ...] = (
     environment.environment, environment.other_processes,
     loader.data_wait, syncs.syncs, compute.compute, compute.memory, compute.page_faults, compute.launch_bound,
-    compute.compile_graphs,
+    compute.compile_graphs, ranks.straggler,
     evaluation.eval_dropout, evaluation.eval_graph, evaluation.eval_mode,
     loop.host_copies, loop.zero_grad, loop.data_parallel, loop.cudnn_shapes, loader.num_workers,
     text.padding, text.attention_backend,

@@ -38,8 +38,8 @@ def higher_roof(obs: Observations, fraction: float) -> str:
         return ""
     how = (f"`--precision {half}` (`trainfast ablate --switches amp` measures it, accuracy included)"
            if obs.recipe_flags else
-           f"autocast in {half} around the forward and the loss (a Session's precision switch: `trainfast ablate "
-           "--switches amp -- COMMAND` measures it)")
+           f"autocast in {half} around the forward and the loss (`trainfast ablate --switches amp -- COMMAND` "
+           "applies it to the script as it is, a plain loop included, and measures it, accuracy included)")
     return (f"; the loop computes in fp32 near that roof, and this machine's measured {half} matmul peak is "
             f"{peak / 1e9:,.0f} GFLOP/s ({peak / obs.ceiling_flops:.1f}x): mixed precision raises the roof, {how}")
 

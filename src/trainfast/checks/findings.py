@@ -86,6 +86,7 @@ class Observations:
     half_ceiling: tuple[str, float] | None = None
     memory: dict[str, Any] = field(default_factory=dict)
     compiled: bool = False
+    ranks: dict[str, Any] | None = None      # several ranks: each one's own figures, judged (measure/ranks.py)
     compile: dict[str, Any] | None = None
     recompiles: int | None = None
     cuda_profile: dict[str, Any] | None = None

@@ -49,8 +49,10 @@ def data_wait(obs: Observations) -> Finding:
             fix = ("--num-workers auto (more loader processes), --prefetch (uint8 transport, normalize on the "
                    "device), --decode-cache for image folders")
         else:
-            fix = ("DataLoader(num_workers=N, persistent_workers=True); uint8 images from the workers, converted and "
-                   "normalized after the copy to the device; for photos, decode once into a cache")
+            fix = ("DataLoader(num_workers=N, persistent_workers=True) (`trainfast ablate --switches workers -- "
+                   "COMMAND` sets them on the script's training loader as it is and measures them); uint8 images "
+                   "from the workers, converted and normalized after the copy to the device; for photos, decode "
+                   "once into a cache")
         return Finding("waiting for the next batch", "time", "problem", f"input-bound: {text}", cost, cost / step, fix)
     # Below the input-bound line a saving the replay confirms is still worth knowing (num_workers=0 names its fix)
     material = gain is not None and gain >= MATERIAL_SHARE and share >= MATERIAL_SHARE

@@ -18,6 +18,7 @@ from ..checks import Observations
 from ..instruments.watch import Watch
 from .common import DEFAULT_EVAL_WITHIN, DEFAULT_STEPS, add_evaluation
 from .loop import loop_observations
+from .ranks import gather_watched_ranks, start_rank_clock
 
 EVAL_GRACE_S = 30.0         # a script still running this long past its evaluation wait is stopped from outside
 DOCTOR_ENV = "TRAINFAST_DOCTOR"
@@ -48,8 +49,10 @@ def install_in_script() -> None:
         atomic_write_text(spec["result"], json.dumps(asdict(obs), default=str))
 
     def snapshot(w: Watch) -> None:
+        ranks = gather_watched_ranks(w, clock)     # every rank, at the same step: before rank 0 alone goes on
         if rank0:
             taken.append(loop_observations(w, device, w.forwards.dropout_check()))
+            taken[0].ranks = ranks
             taken[0].eval_wait = {"outcome": "waiting", "limit_s": w.eval_within, "steps": 0, "waited_s": 0.0}
             write(taken[0])
 
@@ -71,21 +74,24 @@ def install_in_script() -> None:
                   stop_after=1 + spec["sync_steps"] + spec["steps"], on_stop=snapshot, on_finish=finish,
                   stop_with=StopRun, eval_within=float(spec.get("eval_within", 0.0)))
     watch.__enter__()
+    clock = start_rank_clock()                      # several ranks: each one's forward and optimizer step
     atexit.register(at_exit)
 
 
 def observe_script(command: list[str], out_dir: Path, *, steps: int = DEFAULT_STEPS, sync_steps: int = 10,
                    device: str = "cpu", timeout_s: float = 600.0, eval_within: float = DEFAULT_EVAL_WITHIN,
-                   recipe_fields: dict[str, Any] | None = None) -> Observations:
+                   recipe_fields: dict[str, Any] | None = None, nproc: int = 1) -> Observations:
     """Run the user's command (an argument list, never a shell string) under the doctor, its output in
     out_dir/log.txt, and read the observations its process wrote. `recipe_fields` (the recipe flags given to
     the doctor) reach a script's trainfast.Session through TRAINFAST_RECIPE, as under `ablate -- COMMAND`.
     The script keeps its own evaluation wait (`eval_within`) at its steps and forwards; one that stops making
-    either while waiting is stopped from here, EVAL_GRACE_S later, and read from what it wrote first."""
+    either while waiting is stopped from here, EVAL_GRACE_S later, and read from what it wrote first. `nproc` > 1:
+    the command runs as that many ranks under torchrun (rank 0 writes; every rank's own figures are gathered)."""
     from ..launch import SITE_DIR, Command, check_command
     from ..recipe import RECIPE_ENV
 
-    check_command(Command(tuple(command)))          # refused before anything is written
+    launched = Command(tuple(command), nproc)
+    check_command(launched)                         # refused before anything is written
     out_dir.mkdir(parents=True, exist_ok=True)
     result = out_dir / "observations.json"
     result.unlink(missing_ok=True)
@@ -96,7 +102,8 @@ def observe_script(command: list[str], out_dir: Path, *, steps: int = DEFAULT_ST
     if recipe_fields:
         env[RECIPE_ENV] = json.dumps(recipe_fields)
     with open(out_dir / "log.txt", "wb") as log:
-        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(launched.launch_argv(), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
         code, stopped = await_script(proc, result, timeout_s, eval_within + EVAL_GRACE_S)
     if not result.is_file():
         if stopped:

@@ -60,6 +60,7 @@ from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_comp
                      switch_models, switch_optimizers)
 from .hooks import when_imported
 from .packing import asks_batches, named_batches, prove_batches, switch_batches
+from .wrapping import ddp_settings, prove_ddp_settings, switch_ddp_settings
 
 NAME = "accelerate"
 PATCHED = "_trainfast_patched"
@@ -209,10 +210,27 @@ def switch_arguments(kw: dict[str, Any], record: FrameworkRecord, fields: dict[s
                                    dataclasses.replace(config, non_blocking=bool(fields["non_blocking"])))
     if "set_to_none" in fields:
         record.unsupported.setdefault("set_to_none", NO_ZERO_GRAD)
+    if ddp_settings(fields):
+        switch_ddp_handler(kw, record, fields)
     mark_shared_switches(record, fields)
     if "cudnn_benchmark" in fields:
         switch_cudnn_benchmark(record, bool(fields["cudnn_benchmark"]))
     return kw
+
+
+def switch_ddp_handler(kw: dict[str, Any], record: FrameworkRecord, fields: dict[str, Any]) -> None:
+    """The wrap switches on the Accelerator's DistributedDataParallelKwargs, whose fields are DDP's keywords: the
+    script's own handler among its kwargs_handlers, or one added there (a field at its default is not passed on to
+    DDP: DDP's own default stands)."""
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    handlers = list(kw.get("kwargs_handlers") or [])
+    script = next((h for h in handlers if isinstance(h, DistributedDataParallelKwargs)), None)
+    handler = script if script is not None else DistributedDataParallelKwargs()
+    defaults = DistributedDataParallelKwargs()
+    switch_ddp_settings(record, fields, lambda k: getattr(script, k, None),
+                        lambda k, v: setattr(handler, k, getattr(defaults, k) if v is None else v))
+    kw["kwargs_handlers"] = handlers if script is not None else [*handlers, handler]
 
 
 def without_plugin_owned(kw: dict[str, Any], record: FrameworkRecord, fields: dict[str, Any]) -> dict[str, Any]:
@@ -429,3 +447,5 @@ def read_back(record: FrameworkRecord, run: Run) -> None:
     record.prove("non_blocking", accelerator.non_blocking if loader_copies is None else loader_copies)
     if run.set_to_none is not None:
         record.prove("zero_grad(set_to_none)", run.set_to_none)
+    handler = accelerator.ddp_handler
+    prove_ddp_settings(record, run.models[0] if run.models else None, lambda k: getattr(handler, k, None))

@@ -28,6 +28,7 @@ from .common import (AUTO_WORKERS, is_compiled, mark_plugin_owned, mark_shared_s
                      switch_cudnn_benchmark, switch_models)
 from .hooks import when_imported
 from .packing import named_batches, prove_batches, switch_collate
+from .wrapping import prove_ddp_settings, switch_ddp_settings
 
 NAME = "transformers"
 ARG_LOADER = {"num_workers": "dataloader_num_workers", "pin_memory": "dataloader_pin_memory",
@@ -96,6 +97,8 @@ def switch_arguments(args: Any, record: FrameworkRecord, fields: dict[str, Any])
     if "activation_checkpointing" in fields:
         switch_checkpointing_argument(args, record, bool(fields["activation_checkpointing"]))
     switch_batch_arguments(args, record, fields)
+    switch_ddp_settings(record, fields, lambda k: getattr(args, k, None), lambda k, v: setattr(args, k, v),
+                        trainer=True)
     mark_shared_switches(record, fields)
     if "cudnn_benchmark" in fields:
         switch_cudnn_benchmark(record, bool(fields["cudnn_benchmark"]))
@@ -324,6 +327,7 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
     checkpointing = bool(getattr(trainer.model, "is_gradient_checkpointing", False))
     record.prove("activation_checkpointing", checkpointing)
     record.prove("gradient_checkpointing", checkpointing)
+    prove_ddp_settings(record, trainer.model_wrapped, lambda k: getattr(args, k, None))
     if "memory format" in record.switches and trainer.model is not None:
         record.prove("memory format", memory_format_of(trainer.model))
 

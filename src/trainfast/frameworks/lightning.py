@@ -39,6 +39,7 @@ from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_comp
                      switch_optimizers)
 from .hooks import when_imported
 from .packing import asks_batches, prove_batches, switch_batches
+from .wrapping import ddp_settings, prove_ddp_settings, switch_ddp_settings
 
 NAME = "lightning"
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -130,6 +131,20 @@ def switch_trainer_arguments(kwargs: dict[str, Any], record: FrameworkRecord, fi
         switch_async_checkpoint(kwargs, record, bool(fields["async_checkpoint"]), package)
 
 
+def switch_strategy(strategy: Any, record: FrameworkRecord, fields: dict[str, Any]) -> None:
+    """The wrap switches on the Trainer's DDP strategy, whose keyword arguments go to DistributedDataParallel when
+    fit builds it (DDPStrategy(bucket_cap_mb=...)); a strategy that builds no DDP (one device, FSDP) is said."""
+    asked = ddp_settings(fields)
+    kwargs = getattr(strategy, "_ddp_kwargs", None)
+    if not asked or kwargs is None:
+        for name, _, _ in asked:
+            record.unsupported[name] = (f"the Trainer's strategy ({type(strategy).__name__}) builds no "
+                                        "DistributedDataParallel to act on")
+        return
+    switch_ddp_settings(record, fields, kwargs.get,
+                        lambda k, v: kwargs.pop(k, None) if v is None else kwargs.__setitem__(k, v))
+
+
 def sharded_strategy(strategy: Any) -> str | None:
     """"deepspeed" or "fsdp" for a strategy of that kind (its name, as "deepspeed_stage_2", or an instance of a
     DeepSpeedStrategy / FSDPStrategy class), None for any other."""
@@ -191,6 +206,7 @@ def patch_trainer(cls: type, board: Board, package: str, record: Callable[[], Fr
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         switch_trainer_arguments(kwargs, record(), board.fields, package)
         init(self, *args, **kwargs)
+        switch_strategy(self.strategy, record(), board.fields)
 
     @functools.wraps(fit)
     def fit_(self, *args: Any, **kwargs: Any) -> Any:
@@ -456,6 +472,7 @@ def read_back(record: FrameworkRecord, trainer: Any) -> None:
         if "memory format" in record.switches:
             record.prove("memory format", memory_format_of(module))
     prove_optimizers(record, list(getattr(trainer, "optimizers", None) or []))
+    prove_ddp_settings(record, trainer.strategy.model, getattr(trainer.strategy, "_ddp_kwargs", {}).get)
     state = getattr(trainer, FIT_STATE, {})
     loader = first_loader(trainer.train_dataloader) or state.get("train_loader")
     prove_loader(record, loader)

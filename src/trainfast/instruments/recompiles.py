@@ -17,11 +17,14 @@ How it is counted, and why this way. torch 2.14 has no public recompile count (t
   - the limit: dynamo counts the graph break it raises when a frame passes the limit under
     counters["unimplemented"] ("Dynamo recompile limit exceeded"; older torch said "cache_size_limit").
 Counts are per window (CompileWindow): the difference from when it opened, so one process can hold several runs.
+With a step counter (`step_of`: the probe's, the run's optimizer updates so far) each compile is also placed in the
+step it happened in (`steps`), so a compile inside the timed steps is left out of the rate as warm-up
+(measure/timing.py: compile_left_out).
 """
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Callable
 
 LIMIT_WORDS = ("recompile limit", "recompile_limit", "cache_size_limit", "cache size limit")
 
@@ -49,12 +52,14 @@ def is_recompile(compile_id: str) -> bool:
 class CompileWindow:
     """The compiles of one run: open() when the run starts (or as soon as dynamo is imported), read() at its end."""
 
-    def __init__(self) -> None:
+    def __init__(self, step_of: Callable[[], int | None] | None = None) -> None:
         self.start: dict[str, int] | None = None
         self.ids: list[str] = []
+        self.step_of = step_of          # the index of the step now running (None: no step yet), or no counter
+        self.steps: list[int] = []      # the step of each compile seen, where step_of knew it
 
     def open(self) -> "CompileWindow":
-        self.start, self.ids = dynamo_counters(), []
+        self.start, self.ids, self.steps = dynamo_counters(), [], []
         self.listen()
         return self
 
@@ -72,6 +77,9 @@ class CompileWindow:
         # Only dynamo's frame compiles: a deferred backward compile reuses its forward's id.
         if getattr(args, "callback_trigger", None) == self.trigger:
             self.ids.append(str(args.compile_id))
+            step = self.step_of() if self.step_of is not None else None
+            if step is not None:
+                self.steps.append(step)
 
     def close(self) -> None:
         try:

@@ -29,6 +29,29 @@ def detect_warmup(seconds: list[float], min_skip: int = 1, settle: int = 3, tole
     return n - settle          # never settled: keep only the last few steps, and the spread will show it
 
 
+def compile_left_out(work: list[float], warmup: int, compiles: list[int], tolerance: float = 0.5) -> list[dict]:
+    """The steps a compile inside the timed steps cost, left out of the rate as warm-up: from the step in which
+    torch.compile compiled (a new input shape, a guard that failed: dynamo's compile-start callback) while the steps
+    stay slower than (1 + tolerance) x the steady level (the median of the timed steps, as detect_warmup's). A
+    recompile costs seconds (19.5 s measured inside one timed run of a language model: its rate fell from 4,411 to
+    1,778 tokens/s and the verdict with it); it is compilation, not the rate of the switch being judged. A compile
+    in a step that is not slow (one started during an evaluation, which belongs to no step) leaves nothing out.
+    `work`: each step's seconds (or seconds per sample); `compiles`: step indices, ascending or not."""
+    if not compiles or warmup >= len(work):
+        return []
+    level = statistics.median(work[warmup:]) * (1 + tolerance)
+    out: list[dict] = []
+    for start in sorted(set(k for k in compiles if warmup <= k < len(work))):
+        if out and start < out[-1]["step"] + out[-1]["steps"]:
+            continue                    # inside the steps an earlier compile already left out
+        end = start
+        while end < len(work) and work[end] > level:
+            end += 1
+        if end > start:
+            out.append({"step": start, "steps": end - start})
+    return out
+
+
 BLOCK_SECONDS = 0.2       # a timing block: consecutive steps summing to at least this (20 ticks of /proc/stat)
 DISTURBED_SHARE = 0.25    # a block is disturbed when other processes used more than this share of the machine
 EDGE_SHARE = 0.05         # ... and so is a block beside a disturbed one where they used more than this
@@ -48,31 +71,40 @@ class Timing:
     blocks: list[dict]            # {"steps", "samples", "seconds", "foreign_share", "disturbed"}
     warmup_seconds: list[float] = field(default_factory=list)   # the left-out steps (compilation shows here)
     copy_s: float | None = None   # CUDA: the batches' copy and preparation on the compute stream (StepTime)
+    # Compiles inside the timed steps, left out as warm-up (compile_left_out): {"step", "steps", "seconds"}
+    compiled: list[dict] = field(default_factory=list)
 
     @classmethod
     def from_steps(cls, steps: list[StepTime], min_skip: int = 1, check_disturbance: bool = False,
-                   per_sample: bool = False) -> "Timing":
+                   per_sample: bool = False, compiles: list[int] = ()) -> "Timing":
         """`per_sample`: warm-up is found on each step's seconds per sample, for steps whose work varies (a token
-        script's: a step of long documents is not a warm-up step, however long it takes)."""
+        script's: a step of long documents is not a warm-up step, however long it takes). `compiles`: the steps in
+        which torch.compile compiled (instruments/recompiles.py); those past warm-up are left out as warm-up
+        (compile_left_out)."""
         import os
 
-        warmup = detect_warmup([(s.seconds / s.samples if s.samples else math.inf) if per_sample else s.seconds
-                                for s in steps], min_skip=min_skip)
+        work = [(s.seconds / s.samples if s.samples else math.inf) if per_sample else s.seconds for s in steps]
+        warmup = detect_warmup(work, min_skip=min_skip)
         timed = steps[warmup:]
+        compiled = compile_left_out(work, warmup, compiles)
+        left_out = {i - warmup for c in compiled for i in range(c["step"], c["step"] + c["steps"])}
+        kept = [s for i, s in enumerate(timed) if i not in left_out]
         cores = os.cpu_count() or 1
         blocks, current = [], []
-        for i, step in enumerate(timed):
+        for i, step in enumerate(kept):
             current.append(step)
-            if sum(s.seconds for s in current) >= BLOCK_SECONDS or i == len(timed) - 1:
+            if sum(s.seconds for s in current) >= BLOCK_SECONDS or i == len(kept) - 1:
                 blocks.append(step_block(current, cores, check_disturbance))
                 current = []
         mark_edges(blocks)
-        clean = [s for b, group in _grouped(timed, blocks) if not b["disturbed"] for s in group]
-        clean = clean or timed          # every block disturbed: the rate comes from all of them (clean_blocks)
+        clean = [s for b, group in _grouped(kept, blocks) if not b["disturbed"] for s in group]
+        clean = clean or kept           # every block disturbed: the rate comes from all of them (clean_blocks)
         copies = [s.copy_s for s in clean]
+        for c in compiled:
+            c["seconds"] = sum(s.seconds for s in steps[c["step"]:c["step"] + c["steps"]])
         return cls(warmup, [s.seconds for s in timed], [s.samples for s in timed],
                    sum(s.data_wait_s for s in clean), blocks, [s.seconds for s in steps[:warmup]],
-                   sum(copies) if copies and None not in copies else None)
+                   sum(copies) if copies and None not in copies else None, compiled)
 
     @property
     def clean_blocks(self) -> list[dict]:
@@ -89,13 +121,18 @@ class Timing:
         return sum(b["seconds"] for b in self.clean_blocks)
 
     @property
+    def compiled_steps(self) -> int:
+        return sum(c["steps"] for c in self.compiled)
+
+    @property
     def throughput(self) -> float:
         return sum(b["samples"] for b in self.clean_blocks) / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict:
         return {"warmup_steps": self.warmup_steps, "timed_steps": self.clean_steps, "timed_seconds": self.seconds,
                 "throughput": self.throughput, "data_wait_s": self.data_wait_s, "copy_s": self.copy_s,
-                "disturbed_steps": len(self.step_seconds) - self.clean_steps,
+                "disturbed_steps": len(self.step_seconds) - self.clean_steps - self.compiled_steps,
+                "compiled_left_out": self.compiled,
                 "all_disturbed": bool(self.blocks) and all(b["disturbed"] for b in self.blocks),
                 "warmup_seconds": self.warmup_seconds, "step_seconds": self.step_seconds,
                 "step_samples": self.step_samples, "blocks": self.blocks}

@@ -5,12 +5,14 @@ ablation's runs, which are the same kind of run). One job per module:
   agent.py      the Probe: the in-process timing agent (its step clock, speed mode's stop)
   record.py     the run record: typed sections, each key with one writer
   bootstrap.py  what a measured script's start-up runs (the probe, its hooks, its record at exit)
+  ranks.py      several ranks: each one's own phases timed, every rank's figures gathered and judged
 """
 from .agent import CHECK_EVERY, MAX_BUDGETS, LoaderWorkers, Probe
 from .bootstrap import apply_command_switches, current, install
 from .contract import MEASURE_ENV, PROBE_MODES, MeasureError, MeasureSpec, StopRun
+from .ranks import collect_ranks
 from .record import PROCESS_SWITCHES, WRAP_SWITCHES, RecordError, RunRecord, compile_counters, run_record, run_seed
 
 __all__ = ["CHECK_EVERY", "MAX_BUDGETS", "LoaderWorkers", "Probe", "apply_command_switches", "current", "install",
            "MEASURE_ENV", "PROBE_MODES", "MeasureError", "MeasureSpec", "StopRun", "PROCESS_SWITCHES", "WRAP_SWITCHES",
-           "RecordError", "RunRecord", "compile_counters", "run_record", "run_seed"]
+           "RecordError", "RunRecord", "collect_ranks", "compile_counters", "run_record", "run_seed"]

@@ -29,6 +29,7 @@ from ..instruments.curve import ScriptCurve
 from ..instruments.recompiles import CompileWindow
 from ..measure.memory import StepMemory
 from .contract import MeasureSpec, StopRun, write_result
+from .ranks import collect_ranks, start_phases
 from .record import run_record
 
 CHECK_EVERY = 8          # updates between two speed-mode decisions (each a collective under torchrun)
@@ -72,10 +73,13 @@ class Probe:
         self.loader = LoaderWorkers()            # loader worker processes beside the step
         self.steady_steps: int | None = None     # full mode, steady_window: the steps speed mode would have timed
         self.batches = None                      # a command's run: what its batches are (instruments/batches.py)
+        self.phases = self.ranks = None          # several ranks: this one's phases, then every rank's (ranks.py)
         # This run's compiles and recompiles (instruments/recompiles.py), counted from when dynamo is imported:
         # now if the model is already compiled, else on the import (a run that never compiles never imports it).
-        self.compiles = CompileWindow()
+        self.compiles = CompileWindow(lambda: self.timer.updates if self.timer is not None else None)
         self.curve = ScriptCurve(spec.target, spec.cap_seen)      # its evaluations on the way (--target)
+        self.observer = None                     # a script's run: what it was seen doing (observe.py)
+        self.injected: set[str] | None = None    # a plain loop: the fields trainfast switched in it (inject.py)
         when_imported("torch._dynamo", lambda _module: self.compiles.open())
 
     # --- where steps come from ------------------------------------------------------------------------
@@ -98,6 +102,7 @@ class Probe:
             self.device = device or next((p.device for p in module.parameters()), torch.device("cpu"))
             self.timer = StepTimer(self.device)
             self.check_disturbance = self.device.type == "cpu"      # a framework's script, judged as any run
+            self.phases = start_phases(self, module)
 
     def attach(self, session) -> None:
         """Called by Session() in a measured run; its setup() then hands over the step timer (watch)."""
@@ -112,7 +117,12 @@ class Probe:
         self.loader.num_workers = num_workers
         self.check_disturbance = self.device.type == "cpu"
         state.after_update = self.after_update
+        self.phases = start_phases(self, state.forward, lambda: state.timer is self.timer)
         state.memory = StepMemory(self.device, optimizer=state.optimizer.optimizer)   # what holds the memory
+
+    def closing(self) -> None:
+        """The Session closes its process group: every rank's figures are gathered now, while it is open."""
+        collect_ranks(self)
 
     def reported(self, metrics: dict[str, Any]) -> None:
         """The script evaluated (tf.report, a framework's evaluation): a point of its curve; past its cap without
@@ -135,6 +145,8 @@ class Probe:
         return self.batches is not None and self.batches.tokens is not None
 
     def after_update(self) -> None:
+        if self.phases is not None:
+            self.phases.close_step()             # this rank's forward and optimizer seconds of the step
         if self.batches is not None:
             self.batches.step()                  # a token script's tokens of this step (instruments/batches.py)
         if self.timer.updates % CHECK_EVERY:
@@ -151,6 +163,7 @@ class Probe:
         # first count: MAX_BUDGETS times what it asked for then.
         self.cap = self.cap or self.timer.updates + MAX_BUDGETS * max(need, self.spec.steps)
         if need == 0 or self.timer.updates >= self.cap:
+            collect_ranks(self)                  # every rank is here, at the same update
             self.write("speed budget timed" if need == 0 else "step cap reached before the budget was timed")
             # Every rank leaves together, after rank 0 has written: no rank tears its process group down
             # while another still works (a CI run once lost a rank at this point, exit status 1).
@@ -210,7 +223,8 @@ class Probe:
         steps = steps[:self.steady_steps] if self.steady_steps and not self.whole_run else steps
         if steps and not any(s.samples for s in steps):      # samples unknown: one "sample" per step
             steps = [dataclasses.replace(s, samples=self.samples_per_step() or 1) for s in steps]
-        return Timing.from_steps(steps, check_disturbance=self.check_disturbance, per_sample=self.whole_run)
+        return Timing.from_steps(steps, check_disturbance=self.check_disturbance, per_sample=self.whole_run,
+                                 compiles=self.compiles.steps)
 
     def result(self, stopped: str) -> dict[str, Any]:
         """Every measured number of this run (the ablation's per-run record): run_record."""

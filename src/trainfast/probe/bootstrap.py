@@ -38,8 +38,12 @@ def install() -> None:
 
         from ..instruments.batches import BatchKind
         from ..observers import observe_sessions
+        from .inject import install as install_plain
+        from .observe import Observer
 
         observe_sessions(probe)
+        probe.observer = Observer().install()        # what the run did, observed (the record's "observed")
+        install_plain(probe, probe.observer)         # a plain loop: the run's switches through the Observer's hooks
         register_optimizer_step_post_hook(probe._global_step)
         # The task the script's batches are (its ladder, ablation/work.py); its first training forward
         probe.batches = BatchKind(on_start=probe.training_began)

@@ -12,6 +12,8 @@ another's.
                           run's, curves.py)
   task    the built-in run  its task's figures: the judged metric, the evaluation, the epochs (ablation/rung.py)
   data    the task's data   what only its data has to count (an image folder's unreadable and host-decoded files)
+  observed  the probe's Observer  what the script's run was seen doing: precision, compile, optimizer, loader,
+                          memory format, and who turned each on (observe.py)
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import torch
 from ..instruments.recompiles import CompileWindow
 from ..procstate import process_state
 from ..techniques import process_wide_in_effect
+from .observe import observed_section
 
 PROCESS_SWITCHES = "process_switches"     # the result's key for the process-wide switches read back
 WRAP_SWITCHES = "wrap_switches"           # the result's key for the wrap switches read back from DDP / FSDP2
@@ -86,6 +89,8 @@ class RunState(Fields):
     process_switches: dict[str, bool]
     # the wrap switches as the DDP / FSDP2 wrapper the Session built has them ({} in one process: no wrapper)
     wrap_switches: dict[str, Any]
+    # several ranks: every rank's own figures, their spread and the straggler (measure/ranks.py); None in one process
+    ranks: dict[str, Any] | None
     batches: dict[str, Any] | None  # a command's run: what its batches are (instruments/batches.py)
     run_seconds: float
     process: dict[str, Any]        # its cores, threads, preemptions, faults (procstate.py)
@@ -125,12 +130,13 @@ class RunRecord:
     curve: Section
     task: Section | None = None
     data: Section | None = None
+    observed: Section | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The record as the parent reads it: one flat object; a key written by two sections is refused."""
         out: dict[str, Any] = {}
         owner: dict[str, str] = {}
-        for name in ("run", "rate", "script", "curve", "task", "data"):
+        for name in ("run", "rate", "script", "curve", "task", "data", "observed"):
             section = getattr(self, name)
             for key, value in (section.to_dict() if section is not None else {}).items():
                 if key in owner:
@@ -147,8 +153,10 @@ def run_record(probe, stopped: str, *, curve=None, task: Section | None = None,
     `curve`: the run's own curve where it keeps one (the built-in run's), else the probe's; `task` and `data`: the
     built-in run's sections (the module docstring)."""
     timing = probe.timing()
+    observed = observed_section(probe)
     return RunRecord(rate_of(probe, timing), run_state(probe, stopped), script_said(probe),
-                     Keys((curve if curve is not None else probe.curve).record()), task, data).to_dict()
+                     Keys((curve if curve is not None else probe.curve).record()), task, data,
+                     Keys(observed) if observed is not None else None).to_dict()
 
 
 def rate_of(probe, timing) -> Rate:
@@ -190,6 +198,7 @@ def run_state(probe, stopped: str) -> RunState:
         compile=compile_counters(probe.compiles),
         process_switches=process_wide_in_effect(),
         wrap_switches=session.dist.wrap_state() if session is not None else {},
+        ranks=probe.ranks,
         batches=probe.batches.to_dict() if probe.batches is not None else None,
         run_seconds=time.perf_counter() - probe.started,
         process=process_state())

@@ -1,11 +1,13 @@
-"""The terminal while an ablation runs: a live table of the rungs and a progress bar for the running one, then
-the final table and the recommendation."""
+"""The terminal while an ablation runs: a live table of the rungs, a bar of the runs done of those planned with the
+time left (progress.RunPlan), and a progress bar for the running one; then the final table and the
+recommendation. Not on a terminal: today's plain lines, each run's with its "n of m runs, ~T left"."""
 from __future__ import annotations
 
 from typing import Any
 
 from ..results import AblationResult, Rung
 from .format import roofs_text, rung_label
+from .progress import RunPlan, seconds_text, time_line
 from .summary import best_line, keep_line, machine_line, repeatability_line
 from .table import Columns, headers, table_rows
 from .target import console_table
@@ -15,18 +17,24 @@ class Display:
     """A rich live table plus a progress bar for the running rung; plain lines when not on a terminal."""
 
     def __init__(self, rungs: list[Rung], ceilings: dict[str, float], env: dict[str, Any], show: bool = True,
-                 settings: dict[str, Any] | None = None) -> None:
+                 settings: dict[str, Any] | None = None, runs: RunPlan | None = None, console=None) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.rungs, self.ceilings, self.env, self.show, self.settings = rungs, ceilings, env, show, settings or {}
         self.metric: dict[str, Any] | None = None  # the judged metric, once the runs have shown it (the loop sets it)
-        self.console = Console()
+        self.runs = runs or RunPlan()        # the ladder's runs: done, planned, the time left (the loop feeds it)
+        self.console = console or Console()
         if not self.console.is_terminal:
             # Piped or logged: no live redraws, and wide enough that the final table is not wrapped.
-            self.console = Console(width=max(self.console.width, 230))
+            self.console = Console(file=console.file if console is not None else None,
+                                   width=max(self.console.width, 230))
         self.progress_bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=self.console)
+        # The whole ladder: its own time left (the plan's per-rung costs), not rich's, which assumes equal runs
+        self.overall = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[left]}"), TimeElapsedColumn(), console=self.console)
+        self.overall_task = self.overall.add_task("runs", total=None, left="")
         self.task = None
         self.live = None
 
@@ -40,7 +48,7 @@ class Display:
             table.add_column(h, justify="left" if h == "rung" else "right")
         for row in table_rows(self.rungs, columns):
             table.add_row(*row)
-        return Group(table, self.progress_bar)
+        return Group(table, self.overall, self.progress_bar)
 
     def __enter__(self):
         from rich.live import Live
@@ -70,8 +78,26 @@ class Display:
                  else rung_label(rung))
         what = f"{label} — seed {seed}, run {run} of {runs}"
         self.task = self.progress_bar.add_task(what, total=None, loss="…")
+        self.show_runs()
         if self.show and self.live is None:
-            self.console.print(f"running {what} …")
+            self.console.print(f"running {what} … ({self.runs.line()})")
+        self.update()
+
+    def plan(self, kinds: list[str], why: str | None = None) -> None:
+        """The runs still planned (progress.RunPlan.plan); a change in their number is said, with why."""
+        change = self.runs.plan(kinds, why)
+        if change is not None and self.show:
+            self.console.print(self.runs.change_line(change))
+        self.show_runs()
+
+    def finished(self, kind: str, seconds: float | None) -> None:
+        self.runs.finished(kind, seconds)
+        self.show_runs()
+
+    def show_runs(self) -> None:
+        left = self.runs.left_s()
+        self.overall.update(self.overall_task, completed=self.runs.done, total=self.runs.total or None,
+                            left=f"~{seconds_text(left)} left" if left is not None else "")
         self.update()
 
     def reused(self, rung: Rung, repeat: int) -> None:
@@ -106,6 +132,9 @@ class Display:
         machine = machine_line(result)
         if machine:
             self.console.print(machine)
+        took = time_line(result.settings)           # the time it took beside the time planned
+        if took:
+            self.console.print(took)
         self.console.print(best_line(result) + f" — report in {result.out_dir}/ (results.json, report.md, charts)")
         keep = keep_line(result.settings, result.best)
         if keep:

@@ -15,8 +15,10 @@ from .charts import write_charts
 from .doctor_findings import doctor_section
 from .format import roofs_text, rung_label
 from .memory import memory_section
+from .ranks import ranks_section
 from .target import target_section, write_target_chart
 from .notes import rung_notes
+from .progress import time_line
 from .results_json import write_results_json
 from .summary import best_line, judged_line, keep_line, machine_line, repeatability_line
 from .table import Columns, headers, judged_name, markdown_table, table_rows
@@ -58,6 +60,7 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
         *([rate, ""] if (rate := documents_line(result)) else []),
         *([repeatability, ""] if repeatability else []),
         *([machine, ""] if (machine := machine_line(result)) else []),
+        *([took, ""] if (took := time_line(result.settings)) else []),
         how_to_read(result), "",
     ]
     if result.rungs[0].result.metric is not None:
@@ -67,6 +70,7 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
     if items:
         lines += ["## Notes", "", *items, ""]
     lines += memory_section(result)             # each rung's profiled step by what holds the memory
+    lines += ranks_section(result)              # several ranks: each one's own figures and the straggler
     lines += doctor_section(result.out_dir)      # `trainfast doctor --out` this folder: its findings, when present
     keep = keep_line(result.settings, result.best)
     lines += ["## Recommendation", "", best_line(result) + ".", ""]

@@ -11,6 +11,7 @@ from ..stats import SLOWER
 from ..techniques import threads
 from ..techniques.precision import level_note
 from .format import fmt_sig, rung_label
+from .observed import observed_note
 
 FEW_CLEAN_STEPS = 8     # fewer clean steps than this in a run: too few for a firm verdict
 
@@ -24,6 +25,7 @@ def rung_notes(result: AblationResult) -> list[str]:
     items += [ruled_out_note(r) for r in rungs if r.status == Status.NO_EFFECT and r.effect != EffectLabel.NO_SESSION]
     items += [f"- **{rung_label(r)}**: {r.reason}" for r in rungs
               if r.status in (Status.DONE, Status.SKIPPED) and r.reason]
+    items += observed_note(rungs)
     items += [failure_note(r) for r in rungs if r.status == Status.FAILED]
     items += [f"- **{rung_label(r)}**: {text}" for r in rungs for text in caveats(r, result.settings)]
     above = above_ceiling_note(rungs)
@@ -65,13 +67,19 @@ def framework_notes(settings: dict) -> list[str]:
         return []
     items = [f"- **{settings['framework']}**: every rung switched the script through the framework's own settings "
              "from inside its process, each proven by reading it back from what the framework built (per run: "
-             "`frameworks` in the rung's result.json)"]
+             "`frameworks` in the rung's result.json)"] if not settings.get("plain_loop") else [PLAIN_LOOP]
     if settings.get("script_settings"):
         items.append("- the script's own settings, replaced in every run by the rung's value: "
                      + ", ".join(f"`{s}`" for s in settings["script_settings"]))
     if settings.get("baseline_not_applied"):
         items.append(f"- **baseline**: not every switch was turned off: {settings['baseline_not_applied']}")
     return items
+
+
+PLAIN_LOOP = ("- **plain loop** (no trainfast.Session, no framework): every rung switched the script's model, "
+              "optimizer and training loader through the probe's hooks in its process, each read back from the "
+              "running loop (per run: `frameworks` and `observed` in the rung's result.json); the script itself "
+              "was not edited, and what it turned on itself was left on")
 
 
 def no_session_note(rungs: list[Rung]) -> list[str]:
@@ -144,6 +152,8 @@ def caveats(rung: Rung, settings: dict | None = None) -> list[str]:
     compiled = describe_compiles(max(counted, key=lambda c: (c["limit_hits"], c["recompiles"]), default=None))
     if done and compiled:
         out.append(compiled)
+    if done:
+        out += compiled_left_out_notes(rung)
     risk = level_note(rung.recipe)
     if risk:
         out.append(risk)
@@ -151,6 +161,18 @@ def caveats(rung: Rung, settings: dict | None = None) -> list[str]:
     own = (r.vs_previous or {}).get("verdict") or r.verdict
     if done and threads.wanted(rung.changes) and own == SLOWER and isinstance(r.num_workers, int):
         out.append(threads.slower_note(r.num_workers))
+    return out
+
+
+def compiled_left_out_notes(rung: Rung) -> list[str]:
+    """Each run whose timed steps held a recompile: its steps, left out of the rate as warm-up (measure.Timing)."""
+    out = []
+    for i, run in enumerate(rung.repeats):
+        for c in run.get("timing", {}).get("compiled_left_out") or []:
+            last = c["step"] + c["steps"] - 1
+            steps = f"steps {c['step']}..{last}" if last > c["step"] else f"step {c['step']}"
+            out.append(f"seed {run.get('seed', i)}: recompiled at step {c['step']}: {steps} left out of the rate as "
+                       f"warm-up ({c.get('seconds', 0.0):.1f} s of compilation, not the switch's rate)")
     return out
 
 

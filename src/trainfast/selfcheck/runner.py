@@ -134,10 +134,10 @@ def figure_text(result: Result) -> str:
 STYLE = {PASS: "green", FAIL: "bold red", NOT_APPLICABLE: "dim"}
 
 
-def build_table(results: list[Result], title: str):
+def build_table(results: list[Result], title: str, caption: str | None = None):
     from rich.table import Table
 
-    table = Table(title=title, show_lines=False)
+    table = Table(title=title, show_lines=False, caption=caption)
     for column, kwargs in (("check", {"no_wrap": True}), ("status", {"no_wrap": True}),
                            ("figure", {"justify": "right", "no_wrap": True}), ("detail", {"ratio": 1}),
                            ("s", {"justify": "right", "no_wrap": True})):
@@ -149,10 +149,12 @@ def build_table(results: list[Result], title: str):
 
 
 def run_all(checks: list[Check], ctx: Context, cpu_subset: bool, console=None) -> list[Result]:
-    """Every check in order, the table redrawn as each result comes (a terminal shows it live; a log gets the
-    final table once)."""
+    """Every check in order, the table redrawn as each result comes (a terminal shows it live, with the checks done
+    of planned and the time left under it: report/progress.py; a log gets the final table once)."""
     from rich.console import Console
     from rich.live import Live
+
+    from ..report.progress import RunPlan
 
     if console is None:
         console = Console()
@@ -160,10 +162,13 @@ def run_all(checks: list[Check], ctx: Context, cpu_subset: bool, console=None) -
             console = Console(width=160)
     title = f"trainfast selfcheck on {ctx.machine['device']}" + (" (--cpu-subset)" if cpu_subset else "")
     results: list[Result] = []
-    with Live(build_table(results, title), console=console, auto_refresh=False) as live:
+    runs = RunPlan(noun="checks")
+    runs.plan([c.name for c in checks])
+    with Live(build_table(results, title, runs.line()), console=console, auto_refresh=False) as live:
         for check in checks:
             results.append(run_check(check, ctx, cpu_subset))
-            live.update(build_table(results, title), refresh=True)
+            runs.finished(check.name, results[-1].seconds)
+            live.update(build_table(results, title, runs.line() if runs.planned else None), refresh=True)
     if not console.is_terminal:
         console.print()                  # Live leaves its last render without a line end there
     return results

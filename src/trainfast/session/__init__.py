@@ -71,7 +71,7 @@ from torch import nn
 from ..checkpoint import capture_rng, log_stderr, read_checkpoint, write_checkpoint
 from ..data.adopt import resolve_loader_workers
 from ..distributed import setup_distributed
-from ..observers import session_observers
+from ..observers import no_closing, session_observers
 from ..recipe import RECIPE_ENV, Recipe, apply_env_recipe, resolve_device, validate_for_device
 from ..techniques import (apply_process_wide_switches, apply_recipe_rewrites, asked_batches, batch_refusals,
                           unapplied_rewrites, unreached_losses)
@@ -262,4 +262,6 @@ class Session:
         """Wait for a checkpoint still being written, then close the process group this Session opened (also
         done at exit)."""
         self.writer.wait()
+        for observer in self.observers:     # a measured run gathers what it needs of every rank while the group is open
+            getattr(observer, "closing", no_closing)()
         self.dist.close()

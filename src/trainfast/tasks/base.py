@@ -59,6 +59,9 @@ class TaskDeclaration:
     image_size: str = ""                 # why --image-size means nothing to it ("": it takes one)
     commands: tuple[str, ...] = ("ablate", "tune", "doctor", "train")   # the subcommands that run its built-in work
     refusals: tuple[Callable[[Recipe], str | None], ...] = field(default=())
+    # The switches whose rungs it does not run, each with why: ruled out as not applicable (a rung named with
+    # --switches is said, not refused, as any switch with nothing to act on is).
+    not_run: dict[str, str] = field(default_factory=dict)
 
     @property
     def ladder(self) -> str:
@@ -152,11 +155,12 @@ class Task(ABC):
 
     def task_effect(self, field: str, device: torch.device, model: nn.Module | None, split,
                      value: Any = None) -> Effect:
-        """Whether a switch can act here: ruled out where this task does not offer its data, else the techniques'
-        judgement of the device and model and the data's own (tasks/effects.py)."""
+        """Whether a switch can act here: ruled out where this task does not offer its data or does not run it
+        (TaskDeclaration.not_run), else the techniques' judgement of the device and model and the data's own
+        (tasks/effects.py)."""
         from .effects import data_effect
 
-        why = self.data_reason(field)
+        why = self.data_reason(field) or self.declaration.not_run.get(field)
         if why:
             return Effect(False, why, applies=False)
         return data_effect(field, device, model, split, value)

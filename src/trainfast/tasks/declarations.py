@@ -108,6 +108,11 @@ DETECTION = register(TaskDeclaration(
                "480; SSDlite: 320x320)",
     commands=("ablate", "train"),
     refusals=(autocast_only, no_dp("detection")),
+    # Why, at more length: Faster R-CNN pads every batch to a new canvas (a recompile per shape), and every
+    # torchvision detector's anchor matching, proposal sampling and NMS have data-dependent sizes (graph breaks): the
+    # compile time would be most of a short run and the steady state never reached.
+    not_run={"compile": "torch.compile is not run on a detector: new shapes every batch (recompiles) and "
+                        "data-dependent sizes in matching and NMS (graph breaks)"},
 ))
 
 LM = register(TaskDeclaration(

@@ -18,7 +18,6 @@ from ..detection.batching import (DetectionDeviceBatches, build_detection_loader
 from ..detection.engine import predict_detection, warmup_scheduler
 from ..detection.metrics import compute_map
 from ..recipe import RecipeError
-from ..techniques.base import Effect
 from .base import Task
 from .declarations import DETECTION
 
@@ -115,17 +114,6 @@ class Detection(Task):
 
         if state.recipe.warmup_steps == 0:
             state.scheduler = SessionScheduler(warmup_scheduler(state.optimizer.optimizer, steps_per_epoch), state)
-
-    def task_effect(self, field: str, device: torch.device, model: nn.Module | None, split, value=None) -> Effect:
-        """Whether a switch can act on a detector: Task's judgement, except for compile."""
-        if field == "compile":
-            # Why, at more length: Faster R-CNN pads every batch to a new canvas (a recompile per shape), and every
-            # torchvision detector's anchor matching, proposal sampling and NMS have data-dependent sizes (graph
-            # breaks): the compile time would be most of a short run and the steady state never reached.
-            return Effect(False, "torch.compile is not run on a detector: new shapes every batch (recompiles) and "
-                                 "data-dependent sizes in matching and NMS (graph breaks)",
-                          applies=False)
-        return super().task_effect(field, device, model, split, value)
 
     def flops_per_sample(self, model: nn.Module, split, recipe) -> float | None:
         """Model FLOPs of one training image (forward + backward, the losses included), counted on a copy on the

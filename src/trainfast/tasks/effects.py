@@ -1,7 +1,9 @@
 """What a switch can act on in a task's data: the part of a switch's effect that depends on the data, judged here
 (the techniques judge the device and the model, techniques/__init__.py: device_model_effect). A switch declares the kind
 of data it acts on (techniques/switch.py: Switch.data); a task that does not offer that kind rules it out first
-(tasks/base.py: Task.data_reason), and each kind has one judge below for the data a task does offer."""
+(tasks/base.py: Task.data_reason), and each kind has one judge below for the data a task does offer.
+What the run itself allows (its processes, the loop that runs its steps, its saves, its loader workers: a RunContext,
+techniques/switch.py) is judged before any of them, from each switch's declaration (context_effect)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
@@ -9,6 +11,7 @@ from typing import TYPE_CHECKING, Callable
 from ..techniques import device_model_effect
 from ..techniques import owners, ranks_effect
 from ..techniques.base import ACTS, Effect
+from ..techniques.switch import RunContext
 
 if TYPE_CHECKING:
     import torch
@@ -101,10 +104,21 @@ def changes_effect(changed: dict, device: torch.device, model: nn.Module | None,
     return Effect(False, "; ".join(dict.fromkeys(e.reason for e in effects)), applies=all(e.applies for e in effects))
 
 
-def on_ranks(effect_of: Callable[..., Effect], ranks: int, strategy: str | None = None) -> Callable[..., Effect]:
-    """`effect_of`, judged first on the job's number of processes and its wrapper (Switch.ranks: a switch that acts
-    on the data-parallel wrapper cannot act in one process, which has none, nor on a wrapper it is not for)."""
+def context_effect(field: str, run: RunContext) -> Effect:
+    """Whether the switch owning `field` can act in the run `run` describes: first the job's processes and wrapper
+    (Switch.ranks: a switch that acts on the data-parallel wrapper cannot act in one process, which has none, nor on
+    a wrapper it is not for), then what the switch declares about a run (Switch.context_effect: a loop that already
+    does what it does, a run with no saves or no loader workers for it to act on)."""
+    alone = ranks_effect(field, run.ranks, run.strategy)
+    switch = owners().get(field)
+    if not alone.acts or switch is None or switch.context_effect is None:
+        return alone
+    return switch.context_effect(run)
+
+
+def in_context(effect_of: Callable[..., Effect], run: RunContext) -> Callable[..., Effect]:
+    """`effect_of` (the device, model and data's judgement), judged first on the run itself (context_effect)."""
     def judge(field: str, device: torch.device, model: nn.Module | None, split=None, value=None) -> Effect:
-        alone = ranks_effect(field, ranks, strategy)
+        alone = context_effect(field, run)
         return alone if not alone.acts else effect_of(field, device, model, split, value=value)
     return judge

@@ -310,6 +310,10 @@ WRAP_ORDER: tuple[tuple[str, str], ...] = (
                       "so it is in place before any switch that works on the built wrapper's buckets"),
     ("gradient_as_bucket_view", "a constructor option too (the reducer lays its buckets and the gradients' views "
                                 "out as DDP is built), beside the bucket size it lays them out with"),
+    ("static_graph", "a constructor option as well: the reducer records the first step's graph and rebuilds its "
+                     "buckets once in the order it saw, out of the bucket size and views set above"),
+    ("bf16_compress_hook", "last: a communication hook is registered on the built wrapper, once and before the "
+                           "first forward, and compresses the buckets the options above laid out"),
 )
 
 

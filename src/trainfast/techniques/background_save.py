@@ -26,7 +26,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map
 
-from .switch import RungSpec, Switch
+from .base import ACTS, Effect
+from .switch import RunContext, RungSpec, Switch
 
 
 def host_copy(payload: Any) -> Any:
@@ -86,12 +87,23 @@ def checkpoint_writer(recipe) -> SyncWriter | BackgroundWriter:
     return BackgroundWriter() if recipe.async_checkpoint else SyncWriter()
 
 
+NO_SAVES_NOTE = ("a built-in rung saves no checkpoint unless --save-every N asks it to (then every rung saves "
+                 "every N steps and the saves are timed)")
+
+
+def saves_effect(run: RunContext) -> Effect:
+    """A run that saves nothing during its steps has no save to move off the loop (a script's saves are not known
+    before it runs: they count as there)."""
+    return Effect(False, NO_SAVES_NOTE, applies=False) if run.saves is False else ACTS
+
+
 WRITES_OWN = "trainfast's background save acts on Session.save and the built-in loop; the framework writes its own " \
              "checkpoints"
 SWITCHES = (
     Switch(("async_checkpoint",),
            rungs=(RungSpec("async_checkpoint", {"async_checkpoint": True}, place=72),),
            own_process=True, resumable=True,       # saves inside the timed steps; the bytes written are the same
+           context_effect=saves_effect,
            frameworks={"lightning": "plugins: AsyncCheckpointIO"},
            unreachable={"transformers": WRITES_OWN, "accelerate": WRITES_OWN}),
 )

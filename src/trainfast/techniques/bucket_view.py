@@ -22,14 +22,15 @@ def views_in_effect(wrapped: Any) -> bool:
     return bool(wrapped.gradient_as_bucket_view)
 
 
-SCRIPT_SETS_IT = "the adapter does not reach the framework's DDP wrapper; the script sets it with "
 SWITCHES = (
     Switch((FIELD,),
            rungs=(RungSpec(FIELD, {FIELD: True}, place=73.7),),    # before the batch sizes, which change the math
            resumable=True,
-           wrap=WrapSwitch(FIELD, strategies=("ddp",), options=view_options, state=views_in_effect),
+           wrap=WrapSwitch(FIELD, strategies=("ddp",), options=view_options, state=views_in_effect, keyword=FIELD,
+                           show=bool),
+           frameworks={"lightning": "DDPStrategy(gradient_as_bucket_view=True), the Trainer's DDP strategy",
+                       "accelerate": "DistributedDataParallelKwargs(gradient_as_bucket_view=True) among "
+                                     "kwargs_handlers"},
            unreachable={"transformers": "Trainer builds its DDP from TrainingArguments, which has no setting for it "
-                                        "(ddp_bucket_cap_mb is its only bucket setting)",
-                        "lightning": SCRIPT_SETS_IT + "DDPStrategy(gradient_as_bucket_view=True)",
-                        "accelerate": SCRIPT_SETS_IT + "DistributedDataParallelKwargs(gradient_as_bucket_view=True)"}),
+                                        "(ddp_bucket_cap_mb is its only bucket setting)"}),
 )

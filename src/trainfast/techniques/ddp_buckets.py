@@ -25,13 +25,19 @@ def bucket_mb(wrapped: Any) -> float:
     return wrapped.bucket_bytes_cap / MIB
 
 
-SCRIPT_SETS_IT = "the adapter does not reach the framework's DDP wrapper; the script sets its bucket size with "
+def bucket_shown(mb: float | None) -> float:
+    """The cap a DDP object holds for `mb` (None: DDP's own default, 25 MiB)."""
+    return float(DDP_DEFAULT_MB if mb is None else mb)
+
+
+DDP_DEFAULT_MB = 25
 SWITCHES = (
     Switch((FIELD,),
            rungs=(RungSpec("ddp_buckets", {FIELD: 100.0}, place=73.5),),   # 4x DDP's 25: fewer all-reduce calls
            resumable=True,
-           wrap=WrapSwitch("bucket_cap_mb", strategies=("ddp",), options=bucket_options, state=bucket_mb),
-           unreachable={"transformers": SCRIPT_SETS_IT + "TrainingArguments(ddp_bucket_cap_mb=...)",
-                        "lightning": SCRIPT_SETS_IT + "DDPStrategy(bucket_cap_mb=...)",
-                        "accelerate": SCRIPT_SETS_IT + "DistributedDataParallelKwargs(bucket_cap_mb=...)"}),
+           wrap=WrapSwitch("bucket_cap_mb", strategies=("ddp",), options=bucket_options, state=bucket_mb,
+                           keyword="bucket_cap_mb", trainer_argument="ddp_bucket_cap_mb", show=bucket_shown),
+           frameworks={"transformers": "TrainingArguments.ddp_bucket_cap_mb",
+                       "lightning": "DDPStrategy(bucket_cap_mb=...), the Trainer's DDP strategy",
+                       "accelerate": "DistributedDataParallelKwargs(bucket_cap_mb=...) among kwargs_handlers"}),
 )

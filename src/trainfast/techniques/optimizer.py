@@ -16,7 +16,7 @@ from typing import Any, Iterable
 import torch
 
 from .base import ACTS, Effect
-from .switch import OptimizerSwitch, RungSpec, Switch
+from .switch import OptimizerSwitch, RunContext, RungSpec, Switch
 
 # optimizer_impl -> the constructor flags that select it
 IMPL_FLAGS: dict[str, dict[str, bool]] = {
@@ -161,6 +161,16 @@ def track_step_calls(optimizer: torch.optim.Optimizer) -> None:
 
 
 FREES = "frees the gradients already (torch's default set_to_none=True)"
+ZERO_GRAD_NOTE = ("the built-in loop's zero_grad() already frees the gradients (PyTorch's default); "
+                  "it acts on a script that zeroes in place")
+
+
+def zeroing_effect(run: RunContext) -> Effect:
+    """set_to_none has something to change only in a loop that zeroes in place: trainfast's own loop calls
+    zero_grad() with torch's default, which frees the gradients already (engine.py)."""
+    return Effect(False, ZERO_GRAD_NOTE, applies=False) if run.builtin else ACTS
+
+
 SWITCHES = (
     Switch(("optimizer_impl",),
            rungs=(RungSpec("fused", {"optimizer_impl": "fused"}, place=70, default_in=("classification", "lm"),
@@ -178,6 +188,7 @@ SWITCHES = (
     Switch(("set_to_none",),
            rungs=(RungSpec("set_to_none", {"set_to_none": True}, place=20, default_in=("classification", "detection"),
                            tune=4),),
+           context_effect=zeroing_effect,
            frameworks={"accelerate": "the prepared optimizer's zero_grad(set_to_none=...)"},
            unreachable={"transformers": f"the Trainer's zero_grad() {FREES}",
                         "lightning": f"Lightning's optimizer_zero_grad calls optimizer.zero_grad(), which {FREES}"}),

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..quiet import quiet_imports
 from .base import Effect
 from .optimizer import TRAINER_ADAMW, TRAINER_LOW_BIT, rebind_scheduler
 from .switch import OptimizerSwitch, RungSpec, Switch
@@ -49,7 +50,8 @@ def effect(device: torch.device) -> Effect:
 def low_bit_class(state: str, decoupled: bool = True) -> type[torch.optim.Optimizer]:
     """torchao's Adam with `state` moments: AdamW (decoupled weight decay) or Adam (L2 added to the gradient)."""
     try:
-        from torchao import optim
+        with quiet_imports():            # torchao's import notices (its enums registered with torch) held
+            from torchao import optim
     except ImportError as exc:
         from ..recipe import RecipeError
 

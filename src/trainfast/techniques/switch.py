@@ -186,6 +186,10 @@ def reads_nothing(wrapped: Any) -> Any:
     return None
 
 
+def as_given(value: Any) -> Any:
+    return value
+
+
 @dataclass(frozen=True)
 class WrapSwitch:
     """A switch that acts on the data-parallel wrapper (DDP, FSDP2's fully_shard) rather than on the model inside
@@ -204,6 +208,13 @@ class WrapSwitch:
                 `gradient_as_bucket_view`, `static_graph`): the proof every run records.
     ranks:      the fewest processes a job needs for the wrapper to exist: with fewer (one process: no wrapper
                 at all) the switch cannot act, and an ablation says "not applicable" instead of timing noise.
+    keyword:    the DDP constructor keyword that holds it, its value the switch's: the frameworks' DDP settings take
+                it under the same name (Lightning's DDPStrategy(**kwargs), Accelerate's DistributedDataParallelKwargs),
+                so their adapters set it there and read it back (frameworks/wrapping.py); "": none can.
+    trainer_argument: the transformers TrainingArguments field the Trainer builds its DDP's `keyword` from ("":
+                it has none; the switch then declares the Trainer unreachable).
+    show(value): the state `value` asks for, as state() reads it (DDP's own default for the value that asks for
+                none: the proof of a baseline).
     """
     label: str
     strategies: tuple[str, ...] = ("ddp",)
@@ -211,6 +222,9 @@ class WrapSwitch:
     apply: Callable[[Any, Any], None] = leave_wrapped
     state: Callable[[Any], Any] = reads_nothing
     ranks: int = 2
+    keyword: str = ""
+    trainer_argument: str = ""
+    show: Callable[[Any], Any] = as_given
 
 
 @dataclass
@@ -331,6 +345,30 @@ class RecipeRewrite:
 
 
 @dataclass(frozen=True)
+class RunContext:
+    """What a run is, as far as whether a switch can act in it: what a switch's `context_effect` and the world-size
+    judgement (Switch.ranks) read. A part not known before the run (a script's model, data, saves or workers) is None,
+    and counts as acting: only what is known rules a switch out.
+
+    device:   the torch.device the run trains on.
+    model:    the model the switches would act on (None: a script's, not known before it runs).
+    split:    the run's data (None: not known yet).
+    ranks:    the processes of the job (its world size); strategy: its wrapper (Recipe.strategy), None if not known.
+    builtin:  trainfast's own loop runs the steps (engine.py): what it does itself, a switch cannot add.
+    saves:    whether the run saves checkpoints during its steps (None: not known).
+    workers:  the loader's worker processes (None: not known).
+    """
+    device: Any = None
+    model: Any = None
+    split: Any = None
+    ranks: int = 1
+    strategy: str | None = None
+    builtin: bool = False
+    saves: bool | None = None
+    workers: int | None = None
+
+
+@dataclass(frozen=True)
 class Switch:
     """One switch (or one group of settings), declared next to its code.
 
@@ -374,6 +412,9 @@ class Switch:
     loss:       how it replaces the task's own loss, for the switches that do (LossSwitch).
     rewrite:    how it is made concrete on the recipe's other fields, for the switches that are arithmetic on them
                 (RecipeRewrite).
+    context_effect(run): whether it can act in this run (RunContext: the loop that runs the steps, its saves, its
+                loader workers): an Effect with the reason where the run leaves it nothing to change; None: it acts
+                in any run the device, model and data allow.
     """
     fields: tuple[str, ...]
     rungs: tuple[RungSpec, ...] = ()
@@ -397,6 +438,7 @@ class Switch:
     shrinks: Mapping[str, str] = field(default_factory=dict)
     loss: LossSwitch | None = None
     rewrite: RecipeRewrite | None = None
+    context_effect: Callable[[RunContext], Effect] | None = None
 
     @property
     def name(self) -> str:

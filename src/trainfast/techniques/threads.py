@@ -19,7 +19,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .switch import ADAPTERS, ProcessWideSwitch, RungSpec, Switch
+from .switch import ADAPTERS, ProcessWideSwitch, RunContext, RungSpec, Switch
 
 if TYPE_CHECKING:
     from .base import Effect
@@ -82,6 +82,13 @@ def effect() -> Effect:
     return ACTS
 
 
+def workers_effect(run: RunContext) -> Effect:
+    """With no loader workers nothing else wants the cores the idle threads spin on: nothing to give back."""
+    from .base import ACTS, Effect
+
+    return Effect(False, NO_WORKERS_NOTE, applies=False) if run.workers == 0 else ACTS
+
+
 def slower_note(num_workers: int) -> str:
     """Why passive threads made a measured loop slower, from the loader workers its runs had beside the step."""
     if num_workers == 0:
@@ -97,6 +104,7 @@ SWITCHES = (
            rungs=(RungSpec(FIELD, {FIELD: True}, place=44, tune=7),),
            own_process=True, resumable=True,
            device_effect=lambda device: effect(),
+           context_effect=workers_effect,
            process_wide=ProcessWideSwitch(ENV, environ=lambda: {ENV: PASSIVE}, in_effect=in_effect,
                                        before_torch=set_before_torch, late=NOT_AT_START,
                                        keep=f"start the script with {ENV}={PASSIVE} in its environment"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 # The names and sizes live where nothing imports torch, so the CLI can check a name before torch loads
 from ..modelnames import DEFAULT_LM_MODEL, LM_MODELS, ModelError, check_lm_model_name  # noqa: F401  (re-exported)
 from ..modelnames import LM_SIZES as SIZES
+from ..quiet import quiet_imports
 
 LLAMA_MLP = {"tiny": 352, "small": 1024, "125m": 2048, "350m": 2816}
 
@@ -36,9 +37,11 @@ def lm_config(name: str, vocab_size: int, max_positions: int, pad_id: int | None
 
 def build_lm(name: str, vocab_size: int, max_positions: int, pad_id: int | None = None, eos_id: int | None = None):
     """A randomly initialized causal LM (the same weights for the same torch seed)."""
-    from transformers import AutoModelForCausalLM
+    # transformers imports its quantizers (torchao among them) on the first model it builds: their notices held
+    with quiet_imports():
+        from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_config(lm_config(name, vocab_size, max_positions, pad_id, eos_id))
+        return AutoModelForCausalLM.from_config(lm_config(name, vocab_size, max_positions, pad_id, eos_id))
 
 
 def flops_per_token(model, context: float) -> float:

@@ -42,6 +42,7 @@ class TuneOptions:
     memory_limit: int | str | None = None     # bytes, or "2GiB": the search starts with its memory stage
     # --target (target.py): a last stage judges the rate pick and its batch sizes on their time to target
     target: Any = None
+    track: Any = ()      # tracker names (track/): a parent run per search, a child per candidate
 
     def __post_init__(self) -> None:
         if self.timing is None:
@@ -49,7 +50,8 @@ class TuneOptions:
         # Every stage is a ladder run `repeats` times with as many baseline seeds: checked as one here, and the
         # memory limit read as the ladders read it (bytes, or a size as written).
         ladder = LadderOptions(repeats=self.repeats, noise_seeds=self.repeats, budget=self.timing,
-                               min_effect=self.min_effect, memory_limit=self.memory_limit, target=self.target)
+                               min_effect=self.min_effect, memory_limit=self.memory_limit, target=self.target,
+                               track=self.track)
         object.__setattr__(self, "memory_limit", ladder.memory_limit)
         object.__setattr__(self, "target", ladder.target)
         check_measure("full", self.goal)

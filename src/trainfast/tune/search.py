@@ -15,7 +15,7 @@ import torch
 
 from ..ablation import LadderOptions, run_ladder
 from ..ablation.clock import run_kind
-from ..ablation.loop import trimmed
+from ..ablation.spending import trimmed
 from ..ablation.scoring import recipe_changes
 from ..ablation.store import default_out_dir
 from ..ablation.work import BuiltinSpec, Work, prepare_builtin, prepare_command
@@ -30,6 +30,7 @@ from .combine import Decision, break_even_steps, combine, combine_stage, decide,
 from .inputs import INPUT_SWITCHES, run_input
 from .memory import held_to_limit, named_for_memory, run_memory
 from .options import TuneOptions, tune_options
+from .tracked import finish_tracking, open_tracking
 from .outputs import write_outputs
 from .target import TARGET_SHARE, run_target_stage
 from .switches import firm_gain, is_level, kept_level, on_level_order, plan_singles, single_names
@@ -48,6 +49,7 @@ class Search:
     notes: list[str] = field(default_factory=list)
     task: str = "classification"
     memory_choice: Rung | None = None         # --memory-limit: the fastest that fits, where the search went on from
+    tracking: Any = None                      # --track: the search's parent run, each stage's ladder files under it
 
     def settings(self, name: str, rungs: list[Rung], repeats: int, measure: str, mode: str) -> dict[str, Any]:
         """A stage's plan.json: what identifies its runs, so a resumed stage reuses only runs of the same plan."""
@@ -79,7 +81,8 @@ class Search:
         ladder = LadderOptions(mode=mode, repeats=repeats, noise_seeds=repeats, budget=opts.timing,
                                min_effect=opts.min_effect, resume=opts.resume or again, rung_timeout=None,
                                show=opts.show, settle_within_s=settle_s, time_budget_s=allowed,
-                               paired=opts.paired, memory_limit=opts.memory_limit, target=target, clock=self.budget)
+                               paired=opts.paired, memory_limit=opts.memory_limit, target=target,
+                               track=self.tracking or (), clock=self.budget)
         settings = self.settings(name, rungs, repeats, measure, mode)
         if again:
             # The stage's own folder, gone on with: its plan.json names the rungs it was first planned with, which
@@ -434,6 +437,7 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
     budget = SearchBudget(opts.budget_s * (1 - TARGET_SHARE) if opts.target is not None else opts.budget_s)
     spec = BuiltinSpec(model, train_set, val_set, loss_fn, data, image_size, mean, std, task)
     search, singles = prepare_search(spec, recipe, device, opts, budget)
+    search.tracking = open_tracking(opts, search.out_dir, search.work.settings)
     memory = run_memory(search, search.task) if opts.memory_limit else None
     if memory is not None and search.base is not memory.rungs[0].recipe:
         singles = search.replan()                 # stage 1 on the recipe that fits
@@ -457,6 +461,7 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
         decision.notes.append(keep[0].upper() + keep[1:])
     write_outputs(search.out_dir, decision, found.first, found.second, budget.elapsed(), opts.budget_s, found.steps,
                   found.on_level, found.batch, found.inputs, found.target)
+    finish_tracking(search.tracking, decision, search.out_dir)
     if opts.show:
         print(f"recommended: {decision.name} ({decision.headline()}) — {search.out_dir}/best.yaml, "
               f"{search.out_dir}/tune.md")

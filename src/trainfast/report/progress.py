@@ -1,0 +1,147 @@
+"""A long job's progress: runs done of runs planned, and the time left, estimated from the runs measured so far.
+
+One object (RunPlan) for every command that runs a list of things one after another: the ablation's runs (and so
+the tune's stages, each a ladder), the selfcheck's checks. The command says what its plan is now (`plan`, with why
+when it changed: a pass added for verdicts within the noise, a settling pass, a target's seeds, a cut to the time
+budget) and what each run took (`finished`); the display asks for the line to show (`line`).
+
+The estimate: a planned run costs what the runs of its kind took so far (their mean: the kind is its rung, and
+whether the run is timed or only evaluated for the metric's noise); a kind not run yet costs what the other runs
+of its rung took, else the mean of every run so far. After the first pass every rung has priced its own runs, and
+the rungs differ (a compiled rung's run costs its compile; an fp32 run several bf16 ones), so the estimate then is
+the plan's own sum, not a count times an average. Before the first run there is no estimate ("time left after
+the first of them").
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+SEEDS = "/seeds"        # a kind's suffix for a rung's runs that are only evaluated (the baseline's extra seeds)
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration as a person reads a time left: "40 s", "4 min", "1 h 05 min"."""
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+@dataclass
+class RunPlan:
+    """The runs still planned (their kinds, in order), what each finished one cost, and how the plan changed."""
+    planned: list[str] = field(default_factory=list)
+    costs: dict[str, list[float]] = field(default_factory=dict)
+    done: int = 0
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    planned_total_s: float | None = None     # elapsed + left once every planned kind had a cost of its own
+    planned_up_to_s: float | None = None     # ... and the most it may take with the passes settling may add
+    # Settling (--settle-within): passes may be added while a verdict is within the noise and another pass ends
+    # within this many seconds of the start; (seconds, the kinds of one pass). The bound says how long that may go.
+    settle: tuple[float, list[str]] | None = None
+    clock: Callable[[], float] = time.monotonic
+    noun: str = "runs"                       # what is counted: the ablation's runs, the selfcheck's checks
+    planned_once: bool = False
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+
+    def plan(self, kinds: list[str], why: str | None = None) -> dict[str, Any] | None:
+        """The runs not yet started, as the command now has them; a change in their number is recorded with `why`
+        and returned (the display says it), the first plan excepted."""
+        before, self.planned = len(self.planned), list(kinds)
+        change = None
+        if self.planned_once and len(kinds) != before:
+            change = {"after_run": self.done, "runs": len(kinds) - before, "why": why or "the plan changed",
+                      "total": self.total, "left_s": self.left_s()}
+            self.changes.append(change)
+        self.planned_once = True
+        self.note_first_estimate()
+        return change
+
+    def finished(self, kind: str, seconds: float | None) -> None:
+        """A run of `kind` is over, after `seconds` (None: read back from an earlier, interrupted job: no cost)."""
+        if kind in self.planned:
+            self.planned.remove(kind)
+        self.done += 1
+        if seconds is not None:
+            self.costs.setdefault(kind, []).append(seconds)
+        self.note_first_estimate()
+
+    @property
+    def total(self) -> int:
+        return self.done + len(self.planned)
+
+    def cost(self, kind: str) -> float | None:
+        """What a run of `kind` is expected to take (module docstring), or None before any run."""
+        for key in (kind, kind.removesuffix(SEEDS)):
+            if self.costs.get(key):
+                return sum(self.costs[key]) / len(self.costs[key])
+        every = [s for runs in self.costs.values() for s in runs]
+        return sum(every) / len(every) if every else None
+
+    def left_s(self) -> float | None:
+        costs = [self.cost(kind) for kind in self.planned]
+        return None if None in costs else sum(costs)
+
+    def up_to_s(self) -> float | None:
+        """The most the rest may take if settling adds passes: a pass is added only while it ends within the settle
+        window, so the job ends by then, or one pass past the plan's own end, whichever is later; None where
+        nothing may be added or nothing is priced yet."""
+        left = self.left_s()
+        if self.settle is None or left is None:
+            return None
+        window, kinds = self.settle
+        one_pass = sum(self.cost(k) or 0.0 for k in kinds)
+        return max(left, window + one_pass - self.elapsed_s())
+
+    def elapsed_s(self) -> float:
+        return self.clock() - self.started
+
+    def note_first_estimate(self) -> None:
+        """The planned time: the first estimate made with every planned kind priced by its own runs (after the
+        first pass of an ablation), kept to set beside the time the job took."""
+        if self.planned_total_s is None and self.planned and all(
+                self.costs.get(k.removesuffix(SEEDS)) for k in self.planned):
+            self.planned_total_s = self.elapsed_s() + self.left_s()
+            up_to = self.up_to_s()
+            self.planned_up_to_s = self.elapsed_s() + up_to if up_to is not None else None
+
+    def line(self) -> str:
+        """"5 of 12 runs, ~3 min left" (the run about to start counted as the next one)."""
+        left, up_to = self.left_s(), self.up_to_s()
+        more = (f", up to ~{seconds_text(up_to)} if passes are added to settle verdicts"
+                if up_to is not None and up_to > 1.1 * left + 5 else "")
+        return (f"{min(self.done + 1, self.total)} of {self.total} {self.noun}, "
+                + (f"~{seconds_text(left)} left{more}" if left is not None else "time left after the first of them"))
+
+    def change_line(self, change: dict[str, Any]) -> str:
+        runs = change["runs"]
+        left = change["left_s"]
+        return (f"plan: {'+' if runs > 0 else ''}{runs} run(s), {change['why']}: now {change['total']} {self.noun}"
+                + (f", ~{seconds_text(left)} left" if left is not None else ""))
+
+    def summary(self) -> dict[str, Any]:
+        """What the finished job took beside what was planned (the report's line, results.json's settings)."""
+        return {"total_s": self.elapsed_s(), "planned_s": self.planned_total_s, "planned_up_to_s": self.planned_up_to_s,
+                "runs": self.done, "changes": self.changes}
+
+
+def time_line(settings: dict[str, Any]) -> str | None:
+    """The report's line: the time the ablation took beside the time planned after its first pass, and why they
+    differ where the plan changed."""
+    took = settings.get("time")
+    if not took:
+        return None
+    text = f"The ablation took {seconds_text(took['total_s'])} for {took['runs']} runs"
+    if took.get("planned_s") is not None:
+        up_to = took.get("planned_up_to_s")
+        text += (f" (planned after the first pass: {seconds_text(took['planned_s'])}"
+                 + (f", up to {seconds_text(up_to)} with settling passes" if up_to and up_to > took["planned_s"] + 5
+                    else "") + ")")
+    changes = [f"{'+' if c['runs'] > 0 else ''}{c['runs']} run(s) after run {c['after_run']}: {c['why']}"
+               for c in took.get("changes", [])]
+    return text + (f"; the plan changed: {'; '.join(changes)}." if changes else ".")

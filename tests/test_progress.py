@@ -1,0 +1,175 @@
+"""The progress of a long job (report/progress.py): runs done of runs planned, the time left from the runs measured
+so far (per-rung costs, passes added), the plain lines off a terminal, the bar on one, and the ladder's feed
+(ablation/loop.py: Launches.plan)."""
+import io
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from trainfast.ablation.loop import Launches, run_kind
+from trainfast.ablation.rung import TimingBudget
+from trainfast.recipe import Recipe
+from trainfast.report.live import Display
+from trainfast.report.progress import SEEDS, RunPlan, seconds_text, time_line
+from trainfast.results import Rung
+
+COSTS = {"baseline": 60.0, "amp": 20.0, "compile": 100.0}     # seconds a run of each rung takes (faked)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ladder_pass(repeats: int = 3) -> list[str]:
+    return [name for _ in range(repeats) for name in COSTS]
+
+
+def run_through(plan: RunPlan, clock: Clock, runs: int) -> None:
+    for _ in range(runs):
+        kind = plan.planned[0]
+        clock.now += COSTS[kind.removesuffix(SEEDS)]
+        plan.finished(kind, COSTS[kind.removesuffix(SEEDS)])
+
+
+def test_estimate_after_the_first_pass_is_the_plans_own_sum():
+    clock = Clock()
+    plan = RunPlan(clock=clock)
+    plan.plan(ladder_pass() + ["baseline" + SEEDS])
+    assert plan.left_s() is None and plan.line() == "1 of 10 runs, time left after the first of them"
+    run_through(plan, clock, 1)
+    # one run priced: every other run costs what it cost (no rung has its own yet)
+    assert plan.left_s() == pytest.approx(9 * 60)
+    run_through(plan, clock, 2)
+    # after the first pass: each rung's runs at their own cost, the baseline's seed run at the baseline's
+    assert plan.left_s() == pytest.approx(2 * sum(COSTS.values()) + 60)
+    actual = 3 * sum(COSTS.values()) + 60
+    assert plan.planned_total_s == pytest.approx(actual)          # the planned time kept for the report
+    assert plan.line() == f"4 of 10 runs, ~{seconds_text(2 * 180 + 60)} left"
+    run_through(plan, clock, 7)
+    assert plan.summary()["total_s"] == pytest.approx(actual) and plan.summary()["runs"] == 10
+
+
+def test_a_pass_added_updates_the_plan_and_says_why():
+    clock = Clock()
+    plan = RunPlan(clock=clock)
+    plan.plan(ladder_pass(3))
+    run_through(plan, clock, 9)
+    change = plan.plan(ladder_pass(1), "pass 4 added: amp still within the noise")
+    assert change["runs"] == 3 and change["total"] == 12 and change["left_s"] == pytest.approx(180)
+    assert plan.change_line(change) == ("plan: +3 run(s), pass 4 added: amp still within the noise: now 12 runs, "
+                                        "~3 min left")
+    assert plan.plan(ladder_pass(1)[1:], None) is not None            # any change in number is one, said
+    assert plan.plan(plan.planned, "nothing changed") is None         # the same runs: nothing said
+    text = time_line({"time": plan.summary()})
+    assert text.startswith("The ablation took 9 min for 9 runs (planned after the first pass: 9 min)")
+    assert "+3 run(s) after run 9: pass 4 added" in text
+
+
+def rungs() -> list[Rung]:
+    return [Rung(name, {}, Recipe()) for name in COSTS]
+
+
+def display(terminal: bool) -> tuple[Display, io.StringIO]:
+    from rich.console import Console
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=terminal, width=160)
+    env = {"device_name": "test cpu", "device": "cpu"}
+    return Display(rungs(), {"fp32": 1e11}, env, settings={}, console=console), out
+
+
+def test_plain_lines_off_a_terminal_carry_n_of_m_and_the_time_left():
+    shown, out = display(terminal=False)
+    base, amp = shown.rungs[0], shown.rungs[1]
+    with shown:
+        shown.plan(["baseline", "amp", "compile"] * 2)
+        shown.start_rung(base, 0, 1, 2)
+        shown.finished("baseline", 60.0)
+        shown.plan(["amp", "compile", "baseline", "amp", "compile"])
+        shown.start_rung(amp, 0, 1, 2)
+        shown.finished("amp", 20.0)
+        shown.plan(["compile", "baseline", "amp", "compile", "amp"], "pass 3 added: amp within the noise")
+    text = out.getvalue()
+    assert "\x1b[" not in text                       # plain: no colour, no redraws
+    assert "seed 0, run 1 of 2 … (1 of 6 runs, time left after the first of them)" in text
+    assert "(2 of 6 runs, ~5 min left)" in text     # five runs at the first run's 60 s
+    assert "plan: +1 run(s), pass 3 added: amp within the noise: now 7 runs, ~3 min left" in text
+
+
+def test_the_bar_on_a_terminal_shows_runs_done_and_the_time_left():
+    shown, out = display(terminal=True)
+    with shown:
+        assert shown.live is not None                 # a terminal: the live table and its bars
+        shown.plan(["baseline", "amp", "compile"])
+        shown.start_rung(shown.rungs[0], 0, 1, 1)
+        shown.finished("baseline", 60.0)
+        shown.plan(["amp", "compile"])
+    text = out.getvalue()
+    assert "1/3" in text and "~2 min left" in text
+    assert "running baseline" not in text            # no plain lines under the live display
+
+
+def fake_ladder(**kw):
+    base = Rung("baseline", {}, Recipe())
+    amp = Rung("amp", {}, Recipe())
+    budget = TimingBudget()
+    queue = [(r, i, budget) for i in range(2) for r in (base, amp)] + [(base, 2, None)]
+    opts = SimpleNamespace(settle_within_s=600.0, time_budget_s=None)
+    return SimpleNamespace(added=[], cut=None, measured=[base, amp], aim=None, opts=opts, queue=queue, repeats=2,
+                           started=time.monotonic(), **kw)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.plans = []
+        self.runs = RunPlan()
+
+    def plan(self, kinds, why=None):
+        self.plans.append((kinds, why))
+
+
+def test_the_ladder_feeds_its_queue_and_says_why_a_pass_was_added(tmp_path):
+    launches = Launches(SimpleNamespace(), None, tmp_path)
+    ladder, shown = fake_ladder(), Recorder()
+    launches.plan(ladder, shown)
+    assert shown.plans[-1] == (["baseline", "amp", "baseline", "amp", "baseline" + SEEDS], None)
+    assert run_kind(ladder.queue[-1][0], None) == "baseline" + SEEDS
+    ladder.added.append({"repeat": 3, "unsettled": ["amp"], "pass_s": 40.0})
+    ladder.queue = [(r, 3, TimingBudget()) for r in ladder.measured]
+    launches.plan(ladder, shown)
+    assert shown.plans[-1][1] == "pass 3 added: amp still within the noise or unresolved (settling, within 600 s)"
+    assert shown.runs.settle[1] == ["baseline", "amp"] and 590 < shown.runs.settle[0] <= 600
+    ladder.cut, ladder.opts.time_budget_s = SimpleNamespace(trimmed=True), 300.0
+    launches.plan(ladder, shown)
+    assert shown.plans[-1][1] == "cut to fit the time budget (300 s)"
+    assert shown.runs.settle is None            # a trimmed plan gets no settling pass
+
+
+def test_the_time_left_says_how_long_settling_passes_may_take():
+    clock = Clock()
+    plan = RunPlan(clock=clock, settle=(600.0, list(COSTS)))
+    plan.plan(ladder_pass(3))
+    run_through(plan, clock, 3)
+    # 6 runs left (360 s); settling may add passes until 600 s from the start, the last ending one pass (180 s) later
+    assert plan.left_s() == pytest.approx(360) and plan.up_to_s() == pytest.approx(600 + 180 - 180)
+    assert plan.line() == "4 of 9 runs, ~6 min left, up to ~10 min if passes are added to settle verdicts"
+    assert plan.summary()["planned_up_to_s"] == pytest.approx(780)
+    assert "up to 13 min with settling passes" in time_line({"time": plan.summary()})
+
+
+def test_the_selfcheck_table_carries_the_checks_left():
+    from rich.console import Console
+
+    from trainfast.selfcheck.runner import Result, build_table
+
+    plan = RunPlan(noun="checks")
+    plan.plan(["amp", "ddp"])
+    plan.finished("amp", 4.0)
+    out = io.StringIO()
+    Console(file=out, width=120).print(build_table([Result("amp", "pass", seconds=4.0)], "selfcheck", plan.line()))
+    assert "2 of 2 checks, ~4 s left" in out.getvalue()
