@@ -197,7 +197,7 @@ class Launches:
         self.seen = seen
         # settle_within_s counts from the ladder's start; the display's clock from its own
         settle = ladder.opts.settle_within_s
-        window = (settle or 0) - ladder.spending.clock.elapsed() + display.runs.elapsed_s()
+        window = (settle or 0) - (time.monotonic() - ladder.started) + display.runs.elapsed_s()
         display.runs.settle = ((window, [r.name for r in ladder.measured if r.status != Status.SKIPPED])
                                if settle and ladder.repeats < MAX_REPEATS and not (ladder.cut and ladder.cut.trimmed)
                                else None)
