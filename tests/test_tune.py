@@ -284,7 +284,7 @@ def test_with_a_precision_level_to_try_stage_1_keeps_half_the_budget_for_the_swi
 
 
 def test_the_budget_cuts_repeats_first_then_the_last_rungs():
-    from trainfast.ablation.loop import fit_to_budget
+    from trainfast.ablation.spending import fit_to_budget
 
     assert fit_to_budget(5, 3, 10.0, 1000.0) == (5, 3)           # room for all 15 runs
     assert fit_to_budget(5, 3, 10.0, 100.0) == (5, 2)            # 11 runs: 2 repeats of all 5
@@ -391,7 +391,7 @@ def test_the_search_tries_first_what_gained_or_was_not_measured_and_cuts_the_res
     assert order == ["set_to_none", "channels_last", "compile", "fused", "prefetch"]
 
 
-# Slow: three stages of faked runs on the real clock (its budget arithmetic reads the wall time the stages took).
+# Slow: two searches of three stages each (faked runs on a fixed clock: the budget's shares, whatever the machine).
 # Fast: the budget split itself, test_with_a_precision_level_to_try_stage_1_keeps_half_the_budget_for_the_switches_
 # on_top_of_it, and settling within a budget, test_verdicts.py's test_a_time_budget_that_fits_the_plan_...
 @pytest.mark.slow
@@ -401,6 +401,7 @@ def test_each_stage_settles_its_verdicts_only_with_the_time_it_leaves_the_stages
     # fused and channels_last 1.3x each: all three stages run.
     import trainfast.tune.search as search_module
     from trainfast.ablation import run_ladder
+    from trainfast.tune.budget import SearchBudget
 
     def launch(rung, recipe, budget, run_dir, display, limit):
         wobble = 1 + 0.01 * (recipe.seed % 3 - 1)
@@ -416,6 +417,8 @@ def test_each_stage_settles_its_verdicts_only_with_the_time_it_leaves_the_stages
             return run_ladder(rungs, Launching(launch, work), settings, out, options, measure)
 
         monkeypatch.setattr(search_module, "run_ladder", faked)
+        # A clock only the faked runs' own wall times count on: the shares are the budget's, whatever the machine
+        monkeypatch.setattr(search_module, "SearchBudget", lambda total: SearchBudget(total, now=lambda: 0.0))
         decision = tune("resnet9", data="digits", image_size=16, out=tmp_path / f"tune-{settle}", show=False,
                         device="cpu", amp_dtype="bf16", switches=["autocast-bf16", "fused", "channels_last"],
                         budget_s=800.0, settle=settle)
@@ -439,7 +442,7 @@ class GuardSearch:
 
         self.base = Recipe()
         self.options = SimpleNamespace(command=["python", "train.py"], repeats=3)
-        self.budget = SimpleNamespace(fits=lambda runs, per_run, left=None: fits)
+        self.budget = SimpleNamespace(fits_runs=lambda runs, per_run, left=None: fits)
         self.delta, self.asked = delta, []
 
     def repeats_that_fit(self, runs_per_pass, per_run, left=None):

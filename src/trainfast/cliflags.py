@@ -235,8 +235,9 @@ def tune_switch_names() -> str:
 def add_tune_flags(tu: argparse.ArgumentParser) -> None:
     add_common(tu)
     tu.add_argument("--budget", type=Duration(), default=TUNE_BUDGET_S, metavar="DURATION",
-                    help=f"time for the whole search (default {format_duration(TUNE_BUDGET_S)}); stages that "
-                         "would not fit are shortened and the report says so")
+                    help=f"time for the whole search (default {format_duration(TUNE_BUDGET_S)}), kept to within one "
+                         "run: every stage and run is priced by the runs measured before it, and what would not fit "
+                         "is cut or skipped and said")
     add_switches(tu, tune_switch_names, "every one that can act here")
     add_comparison(tu, "candidate")
     tu.add_argument("--no-settle", dest="settle", action="store_false",

@@ -6,6 +6,8 @@ and verdicts, and the recommendation.
   rung.py     inside a rung's process: the built-in run trained, evaluated and timed
   server.py   the fork server rung processes start from
   loop.py     the interleaved loop, its time budget and settling (LadderRun)
+  spending.py a ladder's time: the plan cut to its budget, each run priced before it starts, where it stopped
+  clock.py    the one clock a ladder and a search are priced by (RunClock): time left, each run kind's cost
   scoring.py  runs -> numbers, verdicts, the recommendation (pure functions)
   store.py    the run folder: plan.json and one record per finished run, for --resume
   api.py      ablate() and ablate_command()

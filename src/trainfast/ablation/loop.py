@@ -6,8 +6,10 @@ finished run is kept in the run store (an interrupted ablation resumes), the lad
 (scoring.py) and shown live; the report is written at the end (report/).
 
 The loop owns its time: `LadderOptions.time_budget_s` cuts the plan to fit after the first run has priced
-one (fewer repeats first, then the last rungs), and `settle_within_s` adds passes while a verdict is one a
-rerun may not repeat, as long as another pass ends within that many seconds of the start.
+one (fewer repeats first, then the last rungs, counting the seeds the plan adds), every run is started only if
+its price fits what is left (clock.py: priced by the runs measured so far, else the ladder stops and says so), and
+`settle_within_s` adds passes while a verdict is one a rerun may not repeat, as long as another pass, priced by
+its rungs' measured runs, ends within that many seconds of the start.
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ from .scoring import pick_best, score_rungs, seed_summary, unresolved
 from .server import wait_rung_server
 from .store import RunStore, write_json
 from .aim import Aim
+from .clock import RunClock
+from .spending import Cut, LadderSpending
 from .target import TARGET_SEEDS, pick_soonest
 from .work import Work
 
@@ -65,6 +69,9 @@ class LadderOptions:
     # --target (target.py): every run records its curve and stops at the target; each rung is judged on its time to
     # target beside its rate (ablation/target.py). A string as written ("val_loss<=3.2", "auto") or a Target.
     target: str | Target | None = None
+    # The clock the ladder's time budget is a share of (clock.RunClock: a search's, with the costs its earlier
+    # stages measured); None: a clock of its own.
+    clock: RunClock | None = None
     # --track: tracker names (track/names.py), or a tune's open Tracking (this ladder is one of its stages)
     track: Any = ()
 
@@ -94,60 +101,6 @@ class LadderOptions:
 def check_positive_int(flag: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise RecipeError(f"{flag} {value!r} must be a positive integer")
-
-
-@dataclass
-class Cut:
-    """What the time budget cut from the plan, priced by the first run."""
-    seconds_per_run: float
-    rungs: int
-    repeats: int
-    asked: dict[str, int]
-    skipped: list[str]
-
-    @property
-    def trimmed(self) -> bool:
-        return trimmed(self.to_dict())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"seconds_per_run": self.seconds_per_run, "rungs": self.rungs, "repeats": self.repeats,
-                "asked": self.asked, "skipped": self.skipped}
-
-
-def trimmed(cut: dict[str, Any] | None) -> bool:
-    """Whether a cut (a result's settings["budget_cut"]) left fewer repeats or rungs than asked: no pass is added
-    to a ladder that could not even fit its plan."""
-    return cut is not None and bool(cut["skipped"] or cut["repeats"] < cut["asked"]["repeats"])
-
-
-def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float) -> tuple[int, int]:
-    """How many rungs (the plan's first ones, baseline included) and repeats fit `seconds_left` at `per_run`
-    seconds a run, one run (the first) already done. Repeats go first, down to 2 (the fewest that give a
-    process-to-process spread, so an interval); then the last rungs, down to 2 (a baseline and one rung).
-    The plan's order is its priority: the precision levels, the largest gains, come first. Two rungs get 3
-    repeats, not 2, when that many are asked for: at 2 the interval has one degree of freedom and no verdict."""
-    floor = min(repeats, 2)
-    runs_left = 1 + max(0.0, seconds_left) / max(per_run, 1e-9)      # the runs the budget pays for, the first included
-    fitted = max(floor, min(repeats, int(runs_left // rungs)))
-    if rungs * fitted <= runs_left:
-        return rungs, fitted
-    kept = min(rungs, max(2, int(runs_left // fitted)))
-    if kept == 2 and fitted == 2:
-        # Two rungs twice leave the pooled noise one degree of freedom (t = 12.7 at 95%): even a 2x gain at 7%
-        # noise is "no measurable difference". A third repeat (two degrees, t = 4.3) is what a verdict needs.
-        fitted = min(repeats, 3)
-    return kept, fitted
-
-
-def cut_to_budget(measured: list[Rung], repeats: int, per_run: float, left: float, budget_s: float) -> Cut:
-    """The plan cut to the time budget (fit_to_budget): the rungs past those kept marked skipped, with why."""
-    rungs_kept, repeats_kept = fit_to_budget(len(measured), repeats, per_run, left)
-    for skipped in measured[rungs_kept:]:
-        skipped.status = Status.SKIPPED
-        skipped.reason = (f"would not fit the time budget ({budget_s:.0f} s at ~{per_run:.0f} s a run, "
-                          f"{repeats_kept} repeats)")
-    return Cut(per_run, rungs_kept, repeats_kept, {"rungs": len(measured), "repeats": repeats},
-               [r.name for r in measured[rungs_kept:]])
 
 
 def ceiling(work: Work, precision: str) -> float:
@@ -283,6 +236,7 @@ class LadderRun:
     def __init__(self, plan: list[Rung], work: Work, settings: dict[str, Any], out_dir: Path,
                  options: LadderOptions, measure: str = "speed") -> None:
         self.plan, self.work, self.settings, self.out_dir, self.opts = plan, work, settings, out_dir, options
+        self.spending = LadderSpending(options, measure)      # its clock: every run priced before it starts
         pair_against = getattr(work, "pair_against", None)      # the built-in work can pair; a command cannot
         if options.paired and pair_against is not None:
             pair_against(plan[0].recipe)
@@ -308,7 +262,7 @@ class LadderRun:
         self.cut: Cut | None = None
         self.pass_times: dict[int, list[float]] = {}    # repeat index -> [start, end] of that pass's timed runs
         self.added: list[dict[str, Any]] = []           # the passes settling added, and why
-        self.started = time.monotonic()
+        self.started = self.spending.clock.started
         self.tracking = track_ladder(options.track, plan, work, settings, out_dir)
 
     def run(self) -> AblationResult:
@@ -350,14 +304,17 @@ class LadderRun:
         recipe = rung.recipe.replace(seed=rung.recipe.seed + i)
         key = f"{rung.name}-r{i}"
         timed = budget is not None          # a timed repeat; else a baseline's accuracy-only seed
-        if timed:
-            self.pass_times.setdefault(i, [time.monotonic(), 0.0])
         result = self.launches.read_back(key, rung, budget, display)
+        if result is None and not self.spending.affords(rung.recipe, timed):    # the ladder ends here
+            return self.spending.stop(self, (rung, i, timed), display)
+        if timed:
+            self.pass_times.setdefault(i, [self.spending.clock.now(), 0.0])
         if result is None:
             rung.status = Status.RUNNING
             display.start_rung(rung, recipe.seed, len(rung.repeats) + 1 if timed else i + 1,
                                self.repeats if timed else self.noise_seeds)
-            result = self.launches.run(key, rung, recipe, budget, display, rung_time_limit(self.opts, self.plan[0]))
+            result = self.spending.spend(rung.recipe, timed, lambda: self.launches.run(
+                key, rung, recipe, budget, display, rung_time_limit(self.opts, self.plan[0])))
         else:
             display.reused(rung, i)
         if "error" in result:
@@ -366,7 +323,7 @@ class LadderRun:
             (rung.repeats if timed else rung.seed_runs).append(result)
             rung.status = Status.DONE if len(rung.repeats) == self.repeats else Status.PARTIAL
         if timed:
-            self.pass_times[i][1] = time.monotonic()
+            self.pass_times[i][1] = self.spending.clock.now()
         if self.after_run is not None:
             self.after_run(rung, result)
             self.take_added_rungs()
@@ -392,11 +349,8 @@ class LadderRun:
             self.queue = self.aim.order(self.queue)
 
     def fit_budget(self, first: dict[str, Any]) -> None:
-        """After the first run: the plan cut to the time budget, priced by that run (the baseline's, fp32:
-        usually the slowest), whole-process wall time."""
-        per_run = max(time.monotonic() - self.started, first.get("wall_time_s") or 0.0)
-        left = self.opts.time_budget_s - (time.monotonic() - self.started)
-        self.cut = cut_to_budget(self.measured, self.repeats, per_run, left, self.opts.time_budget_s)
+        """After the first run: the plan cut to the time budget (LadderSpending.fit)."""
+        self.cut = self.spending.fit(self.measured, self.repeats, first, self.opts.time_budget_s)
         # --target: the baseline keeps its TARGET_SEEDS seeds (its samples to target, its band, every interval)
         self.repeats, self.noise_seeds = self.cut.repeats, max(self.cut.repeats, TARGET_SEEDS if self.aim else 0)
         self.queue = [e for e in self.queue if kept_in_cut(e, self.plan[0], self.repeats, self.noise_seeds)]
@@ -409,7 +363,7 @@ class LadderRun:
 
     def add_seeds(self) -> bool:
         """--target: queue the seeds a rung that changed the math still needs (aim.py); whether any were."""
-        if self.aim is None:
+        if self.aim is None or self.spending.stopped:
             return False
         self.queue = self.aim.seeds(self.next_index)
         self.next_index = max([self.next_index - 1, *(i for _, i, _ in self.queue)]) + 1
@@ -420,13 +374,12 @@ class LadderRun:
         shaky = [r.name for r in self.plan[1:]
                  if r.measured and (r.result.unsettled or unresolved(r, self.opts.min_effect))]
         settle = self.opts.settle_within_s
-        if (not settle or (self.cut is not None and self.cut.trimmed) or not shaky or self.repeats >= MAX_REPEATS
-                or not self.pass_times):
+        if (not settle or self.spending.stopped or (self.cut is not None and self.cut.trimmed) or not shaky
+                or self.repeats >= MAX_REPEATS or not self.pass_times):
             return []
-        first, last = self.pass_times[max(self.pass_times)]
-        if time.monotonic() - self.started + (last - first) > settle:
+        if (pass_s := self.spending.pass_price(self.measured, self.pass_times, settle)) is None:
             return []
-        self.added.append({"repeat": self.repeats + 1, "unsettled": shaky, "pass_s": last - first})
+        self.added.append({"repeat": self.repeats + 1, "unsettled": shaky, "pass_s": pass_s})
         self.repeats += 1
         extra = [(r, self.next_index, self.opts.budget) for r in self.measured if r.measured]
         for r, _, _ in extra:

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from typing import Callable
 
+from ..ablation.clock import RunClock
 from ..recipe import RecipeError
 from ..results import Rung, Status
 from .switches import is_level
@@ -39,23 +40,18 @@ def singles_share(singles: list[Rung]) -> float:
     return SINGLES_SHARE if levels and len(levels) < len(live) else 1.0
 
 
-@dataclass
-class SearchBudget:
+class SearchBudget(RunClock):
     """The seconds the whole search may take, counted from when it started: every stage is priced against
-    what is left, so a stage that ran long leaves the later ones less, never more than the total."""
-    total_s: float
-    started: float = field(default_factory=time.monotonic)
+    what is left, so a stage that ran long leaves the later ones less, never more than the total. The one pricing
+    object of the search (ablation/clock.py: RunClock): each stage's ladder runs on a part of it, so every run is
+    priced by the runs measured before it (its own recipe's, in any stage) and started only if it fits."""
 
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
+    def __init__(self, total_s: float, now: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(total_s, now)
 
-    def left(self) -> float:
-        return self.total_s - self.elapsed()
-
-    def fits(self, runs: float, per_run_s: float, left: float | None = None) -> bool:
-        """Whether `runs` runs of ~`per_run_s` seconds fit in what is left (or in `left`, read once by a
-        caller that asks more than once)."""
-        return per_run_s * runs <= (self.left() if left is None else left)
+    def fits_runs(self, runs: float, per_run: float, left: float | None = None) -> bool:
+        """Whether `runs` runs of ~`per_run` seconds fit in what is left (or in `left`)."""
+        return self.fits(runs * per_run, left)
 
     @staticmethod
     def allowance(share: float, credit_s: float, left: float) -> float:

@@ -70,9 +70,10 @@ def run_input(search: Any, found: Any, decision: Decision, last: bool) -> Decisi
         if not any(r.status != Status.NO_EFFECT for r in rungs[1:]):
             search.notes.append(f"{held_note(share, decision.name)}; no input switch is left that acts here")
             break
-        repeats = search.repeats_that_fit(sum(r.status != Status.NO_EFFECT for r in rungs), found.per_run)
+        repeats = search.repeats_that_fit(sum(r.status != Status.NO_EFFECT for r in rungs),
+                                          search.run_price("speed", decision.recipe))
         if repeats is None:
-            search.notes.append(f"{held_note(share, decision.name)}; the input switches were not tried on top of it "
+            search.note(f"{held_note(share, decision.name)}; the input switches were not tried on top of it "
                                 "(would not fit the budget)")
             break
         stage = "input" if round_ == 1 else f"input-{round_}"

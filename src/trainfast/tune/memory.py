@@ -52,6 +52,7 @@ def run_memory(search: Any, task: str) -> AblationResult:
     rungs = memory_rungs(search.base, task, batch_search=search.options.command is None)
     search.work.mark_effects(rungs)
     result = search.stage("memory", rungs, search.options.repeats, share=MEMORY_SHARE)
+    search.cut_note(result)
     done = [r for r in result.rungs if r.status == Status.DONE and r.repeats]
     base = result.rungs[0]
     fitting = [r for r in done if fits(r, limit) and (r is base or not r.result.metric_worse)]

@@ -14,7 +14,8 @@ from typing import Any, Callable
 import torch
 
 from ..ablation import LadderOptions, run_ladder
-from ..ablation.loop import trimmed
+from ..ablation.clock import run_kind
+from ..ablation.spending import trimmed
 from ..ablation.scoring import recipe_changes
 from ..ablation.script_rungs import add_script_rungs, script_settings
 from ..ablation.store import default_out_dir
@@ -86,7 +87,7 @@ class Search:
                                min_effect=opts.min_effect, resume=opts.resume or again, rung_timeout=None,
                                show=opts.show, settle_within_s=settle_s, time_budget_s=allowed,
                                paired=opts.paired, memory_limit=opts.memory_limit, target=target,
-                               track=self.tracking or ())
+                               track=self.tracking or (), clock=self.budget)
         settings = self.settings(name, rungs, repeats, measure, mode)
         if again:
             # The stage's own folder, gone on with: its plan.json names the rungs it was first planned with, which
@@ -101,17 +102,35 @@ class Search:
         that give an interval), else None: not even that fits."""
         asked = self.options.repeats
         return next((r for r in dict.fromkeys((asked, min(asked, 2)))
-                     if self.budget.fits(runs_per_pass * r, per_run, left)), None)
+                     if self.budget.fits_runs(runs_per_pass * r, per_run, left)), None)
+
+    def run_price(self, measure: str = "speed", recipe: Recipe | None = None, target: bool = False) -> float:
+        """One run's price for a stage, from the runs the search measured so far (ablation/clock.py: the recipe's own
+        runs of that kind first): a stage is checked with it before it starts, and each of its runs again."""
+        return self.budget.price(run_kind(measure, target=target), recipe) or 0.0
+
+    def note(self, text: str) -> None:
+        """A note on what the budget cut or skipped: in tune.md, and on the console as it happens."""
+        self.notes.append(text)
+        if self.options.show:
+            print(f"tune: {text}")
 
     def cut_note(self, result: AblationResult, why: str = "") -> None:
-        """A note on what the stage's time budget cut from its plan, if anything."""
+        """A note on what the stage's time budget cut from its plan, if anything: fewer repeats, its last rungs, or
+        the runs left where a run's price no longer fitted (the ladder stopped there)."""
         cut = result.settings.get("budget_cut")
         if trimmed(cut):
             asked = cut["asked"]["repeats"]
             what = [f"{cut['repeats']} repeats instead of {asked}"] if cut["repeats"] < asked else []
             what += [f"without {', '.join(cut['skipped'])}"] if cut["skipped"] else []
-            self.notes.append(f"{result.settings['stage']}: ran {' and '.join(what)} to fit the budget "
-                              f"(~{cut['seconds_per_run']:.0f} s a run){why}")
+            per_run = f"~{cut['seconds_per_run']:.0f} s a run"
+            said = [f"ran {' and '.join(what)} to fit the budget ({per_run})"] if what else []
+            stopped = cut.get("stopped")
+            if stopped:
+                price = f"its ~{stopped['price_s']:.0f} s" if stopped["price_s"] is not None else "it"
+                said.append(f"stopped before {stopped['at']}: {price} would not fit the {stopped['left_s']:.0f} s "
+                            f"left ({stopped['runs_left']} run(s) not run)")
+            self.note(f"{result.settings['stage']}: {'; '.join(said)}{why}")
 
 
 @dataclass
@@ -123,7 +142,6 @@ class Findings:
     combined: Recipe                         # the switches that gained, together
     in_combination: list[str]
     dropped: dict[str, str]                  # switch -> why it is not in the combination
-    per_run: float = 0.0                     # stage 1's mean seconds a run: what later stages are priced by
     level: Rung | None = None                # the precision level the combination keeps
     on_level: AblationResult | None = None   # stage 1b
     second: AblationResult | None = None     # stage 2
@@ -207,7 +225,7 @@ def run_singles(search: Search, singles: list[Rung]) -> Findings:
     combined, in_combination, dropped = combine(search.base, singles, steps, opts.memory_limit)
     cut = first.settings.get("budget_cut")
     if share < 1 and trimmed(cut) and not kept_level(singles, in_combination) and \
-            budget.fits(1, cut["seconds_per_run"]):
+            budget.fits(cut["seconds_per_run"]):
         # No precision level gained, so there is no stage 1b to keep the rest of the budget for: stage 1 goes
         # on with all of it, re-planned as if it had had it from the start (its runs so far reused).
         singles = search.replan()
@@ -217,11 +235,10 @@ def run_singles(search: Search, singles: list[Rung]) -> Findings:
         search.notes.append("no precision level gained firmly, so stage 1 went on with the budget kept for stage 1b")
     search.cut_note(first, f"; {1 - share:.0%} of the budget was kept for stage 1b, where a switch cut here is "
                            f"judged on top of the precision level if one gains" if share < 1 else "")
-    per_run = statistics.fmean([run.get("wall_time_s") or 0 for r in singles for run in r.repeats] or [0])
     if steps is None and "compile" in in_combination:
         search.notes.append("the planned run's length is not known (a command's runs stop once timed): compile "
                             "was kept without its break-even check; pass --planned-steps to decide it")
-    return Findings(singles, first, steps, combined, in_combination, dropped, per_run,
+    return Findings(singles, first, steps, combined, in_combination, dropped,
                     kept_level(singles, in_combination),
                     script=merged_script(singles, in_combination, search.options.command))
 
@@ -238,8 +255,8 @@ def run_on_level(search: Search, found: Findings) -> None:
     rungs += [Rung(r.name, dict(r.changes), level.recipe.replace(**r.changes), script=dict(r.script))
               for r in on_level_order(others)]
     # Run when the level and one switch fit twice: the stage cuts itself to the budget (the ladder's time budget).
-    if not search.budget.fits(2 * min(repeats, 2), found.per_run):
-        search.notes.append(f"the switches were not judged again on top of {level.name} (would not fit the budget)")
+    if not search.budget.fits_runs(2 * min(repeats, 2), search.run_price("speed", level.recipe)):
+        search.note(f"the switches were not judged again on top of {level.name} (would not fit the budget)")
         return
     found.on_level = search.stage("on-level", rungs, repeats)
     search.cut_note(found.on_level)
@@ -258,14 +275,15 @@ def recommend(search: Search, found: Findings) -> Decision:
     if not found.in_combination:
         return Decision(search.base, "baseline", dropped=found.dropped,
                         notes=["no switch gained firmly on its own: the baseline is recommended"])
-    if len(found.in_combination) == 1 or not search.budget.fits(3 * min(search.options.repeats, 2), found.per_run):
+    full = search.run_price("full", found.combined)
+    if len(found.in_combination) == 1 or not search.budget.fits_runs(3 * min(search.options.repeats, 2), full):
         decision = best_measured(search, found)
         if search.options.command is None:
             return decision
         # A script's stage-1 runs stop once timed: nothing judged its metric. Stage 2 would run in full; without
         # it, the recipe is run in full against the baseline before it is recommended, unless the runs that
         # measured it already ran the script to its end (a token script's, timed whole) and judged its metric.
-        return guarded_by_its_runs(search, found, decision) or guard_measured(search, decision, found.per_run)
+        return guarded_by_its_runs(search, found, decision) or guard_measured(search, decision, full)
     return run_combine(search, found)
 
 
@@ -306,7 +324,7 @@ def guard_measured(search: Search, decision: Decision, per_run: float) -> Decisi
     """The accuracy guard for a script's recipe that stage 2 did not run (guard/): the baseline and the recipe,
     each run to its end and judged on the script's metric as stage 2 judges its rungs; a recipe outside the
     baseline's band on the wrong side is not recommended. Said, not skipped, when it does not fit the budget
-    (priced by stage 1's `per_run` seconds, as stage 2 is)."""
+    (priced at `per_run` seconds a run, as stage 2 is: Search.run_price)."""
     repeats = search.repeats_that_fit(2, per_run)
     if repeats is None:
         decision.notes.append("no accuracy guard: a full run of the baseline and the recipe would not fit the budget")
@@ -344,10 +362,10 @@ def best_measured(search: Search, found: Findings) -> Decision:
     if len(names) > 1 and on_top and found.level is not None:
         decision = on_level_decision(found.level, max(on_top, key=lambda r: r.result.speedup), decision)
     if len(names) > 1 and set(decision.combined) == set(names):
-        search.notes.append(f"stage 2 was skipped (would not fit the budget); it had nothing to add: stage 1b "
+        search.note(f"stage 2 was skipped (would not fit the budget); it had nothing to add: stage 1b "
                             f"measured {decision.name}, all that gained, together")
     elif len(names) > 1:
-        search.notes.append(f"stage 2 was skipped (would not fit the budget): {', '.join(names)} were not "
+        search.note(f"stage 2 was skipped (would not fit the budget): {', '.join(names)} were not "
                             f"measured together; {decision.name} is recommended, the best measured recipe")
     return decision
 
@@ -361,13 +379,13 @@ def run_combine(search: Search, found: Findings) -> Decision:
                           opts.min_effect)
     stamp_stage(rungs, [*found.singles, *(found.on_level.rungs if found.on_level else [])], found.in_combination,
                 opts.command)           # each candidate's runs start the command line of the flags it holds
-    fit = search.repeats_that_fit(len(rungs), found.per_run, search.budget.left())
+    fit = search.repeats_that_fit(len(rungs), search.run_price("full", found.combined), search.budget.left())
     repeats = fit or min(opts.repeats, 2)
     if repeats < opts.repeats:
-        search.notes.append(f"stage 2 ran {repeats} repeats instead of {opts.repeats} to fit the budget")
+        search.note(f"stage 2 ran {repeats} repeats instead of {opts.repeats} to fit the budget")
     if fit is None:
         rungs = rungs[:3]
-        search.notes.append("the leave-one-out rungs (the combination without each switch) were skipped to fit "
+        search.note("the leave-one-out rungs (the combination without each switch) were skipped to fit "
                             "the budget: harmful interactions were not looked for")
     found.second = search.stage("combine", rungs, repeats, measure="full", last=not opts.batch_size_search)
     search.cut_note(found.second)
@@ -392,7 +410,7 @@ def compile_note(singles: list[Rung], decision: Decision) -> None:
                               "compile saved no time per step here: it never repays its compilation")
 
 
-def run_batch_search(search: Search, decision: Decision, per_run: float) -> AblationResult | None:
+def run_batch_search(search: Search, decision: Decision) -> AblationResult | None:
     """--batch-size-search (batch/): the recommended recipe at larger batch sizes, a cumulative ladder; the
     finding goes to decision.batch, never into its recipe."""
     repeats = search.options.repeats
@@ -400,8 +418,8 @@ def run_batch_search(search: Search, decision: Decision, per_run: float) -> Abla
     if len(rungs) < 2:
         search.notes.append("--batch-size-search: no larger batch leaves two steps an epoch on this data")
         return None
-    if not search.budget.fits(len(rungs) * repeats, per_run):
-        search.notes.append("--batch-size-search was skipped: it would not fit the budget")
+    if not search.budget.fits_runs(len(rungs) * repeats, search.run_price("full", decision.recipe)):
+        search.note("--batch-size-search was skipped: it would not fit the budget")
         return None
     batch = search.stage("batch", rungs, repeats, mode="cumulative", last=True)
     search.cut_note(batch)
@@ -455,7 +473,7 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
     decision = named_for_memory(search, held_to_limit(search, decision, measured))
     compile_note(found.singles, decision)
     if opts.batch_size_search:
-        found.batch = run_batch_search(search, decision, found.per_run)
+        found.batch = run_batch_search(search, decision)
     if opts.target is not None:                   # the rate pick and its batch sizes, on their time to target
         budget.total_s = opts.budget_s
         found.target, decision = run_target_stage(search, decision, found.singles)

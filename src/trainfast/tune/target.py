@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ablation.scoring import fits, recipe_changes
-from ..ablation.target import SOONER, ratio_interval
+from ..ablation.target import SOONER, TARGET_SEEDS, ratio_interval
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
 from ..target import Target
@@ -73,9 +73,19 @@ def lost_accuracy(singles: list[Rung]) -> list[Rung]:
     return [r for r in singles[1:] if r.status == Status.DONE and r.result.metric_worse]
 
 
-def run_target_stage(search, decision: Decision, singles: list[Rung]) -> tuple[AblationResult, Decision]:
+def run_target_stage(search, decision: Decision, singles: list[Rung]) -> tuple[AblationResult | None, Decision]:
     """The stage (module docstring) and the decision it leads to; the stage's time budget cuts its repeats or its
-    last candidates where they would not fit (its cut note says so)."""
+    last candidates where they would not fit, counting the seeds each candidate may add (its cut note says so).
+    Skipped, and said, where not even the baseline's seeds and one candidate's repeats fit what is left (priced by
+    the runs measured so far: search.run_price), so no stage starts that could only overrun."""
+    least = TARGET_SEEDS + min(search.options.repeats, 2)
+    price = search.run_price("full", decision.recipe, target=True)
+    if not search.budget.fits_runs(least, price):
+        left = max(0.0, search.budget.left())
+        search.note(f"the to-target stage was skipped: the baseline's {TARGET_SEEDS} seeds and one candidate's runs "
+                    f"(~{least * price:.0f} s at ~{price:.0f} s a run) would not fit the {left:.0f} s left; the rate "
+                    "pick stands")
+        return None, decision
     train = getattr(getattr(search.work, "split", None), "train", None)
     rungs = target_candidates(search.base, decision.recipe, len(train) if train is not None else None,
                               lost_accuracy(singles))

@@ -1,0 +1,89 @@
+"""The one clock a ladder, and a search made of ladders, is priced by: the seconds given, what is left of them, and
+what each kind of run has cost so far.
+
+A run is priced by the runs already measured, most specific first: the same recipe's runs of the same kind (a
+timed run, a baseline's accuracy-only seed, a run trained to a target), else any recipe's of that kind, else the
+same recipe's of any kind, else any run's. A stage prices its plan this way before it starts, and the ladder prices
+each run again before it starts it: a run is started only if its price fits in what is left. So a budget is kept
+to within the one run whose true cost outran its price (the last one started), never more: an activation-
+checkpointed rung that takes twice the baseline's time is priced by its own first run from then on, and a target
+stage's extra seeds are each priced before they start.
+
+A part (`part`) is a stage's share: its own deadline, never past its parent's, on the same clock and with the same
+record of costs, so a later stage is priced by what the earlier ones measured.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+Costs = dict[tuple[str, str], list[float]]      # (kind, recipe key) -> the seconds each such run took
+
+
+def recipe_key(recipe: Any) -> str:
+    """A recipe as a price key: its fields without the seed (repeat i runs seed + i: the same cost)."""
+    fields = recipe.to_dict() if hasattr(recipe, "to_dict") else {"recipe": str(recipe)}
+    return json.dumps({k: v for k, v in fields.items() if k != "seed"}, sort_keys=True, default=str)
+
+
+def run_kind(measure: str, timed: bool = True, target: bool = False) -> str:
+    """A run's kind for pricing: how it is measured ("speed" stops once timed, "full" trains to its end), whether it
+    is timed (else a baseline's accuracy-only seed) and whether it stops at a target."""
+    return measure + ("" if timed else "/seed") + ("/target" if target else "")
+
+
+@dataclass
+class RunClock:
+    """Seconds given (`total_s`, None: no limit), counted from `started` on `now` (time.monotonic; a test's fake
+    clock), and the measured cost of every run so far (`costs`, shared with every part)."""
+    total_s: float | None = None
+    now: Callable[[], float] = time.monotonic
+    started: float | None = None
+    costs: Costs = field(default_factory=dict)
+    parent: "RunClock | None" = None
+
+    def __post_init__(self) -> None:
+        if self.started is None:
+            self.started = self.now()
+
+    def elapsed(self) -> float:
+        return self.now() - self.started
+
+    def left(self) -> float:
+        """Seconds left: of this clock's own total and of every parent's, the fewer."""
+        own = math.inf if self.total_s is None else self.total_s - self.elapsed()
+        return min(own, self.parent.left()) if self.parent is not None else own
+
+    def fits(self, cost: float | None, left: float | None = None) -> bool:
+        """Whether `cost` seconds fit in what is left (or in `left`, read once by a caller that asks more than once).
+        An unpriced cost (None: nothing measured yet) fits while any time is left."""
+        room = self.left() if left is None else left
+        return room > 0 if cost is None else cost <= room
+
+    def part(self, seconds: float | None) -> RunClock:
+        """A stage's share from now: `seconds` (None: all that is left), never past this clock's own end."""
+        return RunClock(seconds, self.now, None, self.costs, self)
+
+    def spend(self, kind: str, recipe: Any, seconds: float) -> None:
+        """A run of `kind` and `recipe` took `seconds`: later runs are priced by it."""
+        self.costs.setdefault((kind, recipe_key(recipe)), []).append(float(seconds))
+
+    def price(self, kind: str, recipe: Any = None) -> float | None:
+        """What one run of `kind` and `recipe` should cost (module docstring), or None: nothing measured yet."""
+        key = recipe_key(recipe) if recipe is not None else None
+        tiers = (lambda k, r: k == kind and r == key, lambda k, r: k == kind,
+                 lambda k, r: r == key, lambda k, r: True)
+        for tier in tiers:
+            seen = [s for (k, r), runs in self.costs.items() if tier(k, r) for s in runs]
+            if seen:
+                return statistics.fmean(seen)
+        return None
+
+    def price_runs(self, runs: list[tuple[str, Any]]) -> float | None:
+        """The price of several runs, each (kind, recipe); None when none of them can be priced yet."""
+        prices = [self.price(kind, recipe) for kind, recipe in runs]
+        return sum(prices) if prices and None not in prices else None

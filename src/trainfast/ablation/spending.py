@@ -1,0 +1,150 @@
+"""A ladder's time: the plan cut to a time budget after its first run, and each run priced and checked against the
+ladder's part of its clock before it starts (clock.py), the ladder stopped where a price no longer fits."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..results import Rung, Status
+from .clock import RunClock, run_kind
+from .target import TARGET_SEEDS
+
+
+@dataclass
+class Cut:
+    """What the time budget cut from the plan, priced by the first run."""
+    seconds_per_run: float
+    rungs: int
+    repeats: int
+    asked: dict[str, int]
+    skipped: list[str]
+    # Where the ladder stopped because its next run's price no longer fitted: the runs left, their price, the time
+    # left (LadderRun.stop); None: every run planned after the cut was run.
+    stopped: dict[str, Any] | None = None
+
+    @property
+    def trimmed(self) -> bool:
+        return trimmed(self.to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seconds_per_run": self.seconds_per_run, "rungs": self.rungs, "repeats": self.repeats,
+                "asked": self.asked, "skipped": self.skipped, **({"stopped": self.stopped} if self.stopped else {})}
+
+
+def trimmed(cut: dict[str, Any] | None) -> bool:
+    """Whether a cut (a result's settings["budget_cut"]) left fewer repeats or rungs than asked: no pass is added
+    to a ladder that could not even fit its plan."""
+    return cut is not None and bool(cut["skipped"] or cut["repeats"] < cut["asked"]["repeats"] or cut.get("stopped"))
+
+
+def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float, seeds: int = 0) -> tuple[int, int]:
+    """How many rungs (the plan's first ones, baseline included) and repeats fit `seconds_left` at `per_run`
+    seconds a run, one run (the first) already done. Repeats go first, down to 2 (the fewest that give a
+    process-to-process spread, so an interval); then the last rungs, down to 2 (a baseline and one rung).
+    The plan's order is its priority: the precision levels, the largest gains, come first. Two rungs get 3
+    repeats, not 2, when that many are asked for: at 2 the interval has one degree of freedom and no verdict.
+    `seeds`: the runs every kept rung may need in all whatever its repeats (--target: the baseline's seeds, and
+    those of a rung that changes the math, aim.py), counted so the plan leaves room for them."""
+    floor = min(repeats, 2)
+    runs_left = 1 + max(0.0, seconds_left) / max(per_run, 1e-9)      # the runs the budget pays for, the first included
+
+    def runs(kept: int, each: int) -> int:
+        return kept * max(each, seeds)
+
+    fitted = next((r for r in range(repeats, floor - 1, -1) if runs(rungs, r) <= runs_left), None)
+    if fitted is not None:
+        return rungs, fitted
+    fitted = floor
+    kept = next((k for k in range(rungs, 2, -1) if runs(k, fitted) <= runs_left), 2)
+    if kept == 2 and fitted == 2:
+        # Two rungs twice leave the pooled noise one degree of freedom (t = 12.7 at 95%): even a 2x gain at 7%
+        # noise is "no measurable difference". A third repeat (two degrees, t = 4.3) is what a verdict needs.
+        fitted = min(repeats, 3)
+    return kept, fitted
+
+
+def cut_to_budget(measured: list[Rung], repeats: int, per_run: float, left: float, budget_s: float,
+                  seeds: int = 0) -> Cut:
+    """The plan cut to the time budget (fit_to_budget): the rungs past those kept marked skipped, with why."""
+    rungs_kept, repeats_kept = fit_to_budget(len(measured), repeats, per_run, left, seeds)
+    for skipped in measured[rungs_kept:]:
+        skipped.status = Status.SKIPPED
+        skipped.reason = (f"would not fit the time budget ({budget_s:.0f} s at ~{per_run:.0f} s a run, "
+                          f"{repeats_kept} repeats)")
+    return Cut(per_run, rungs_kept, repeats_kept, {"rungs": len(measured), "repeats": repeats},
+               [r.name for r in measured[rungs_kept:]])
+
+
+class LadderSpending:
+    """A ladder's time (clock.py): its part of the clock it is given (a search's: the costs its earlier stages
+    measured), each run priced and checked before it starts with the ladder's close kept in hand, each run's cost
+    recorded, and where it stopped."""
+
+    def __init__(self, options: Any, measure: str) -> None:
+        self.clock = (options.clock or RunClock()).part(options.time_budget_s)
+        self.measure, self.aimed = measure, options.target is not None
+        self.close_s: float | None = None   # the ladder's close (its ceilings measured again): as long as its start
+        self.stopped = False        # a run's price no longer fitted: nothing more starts, no pass or seed is added
+        self.why = ""
+
+    def kind(self, timed: bool) -> str:
+        return run_kind(self.measure, timed, self.aimed)
+
+    def affords(self, recipe, timed: bool) -> bool:
+        """Whether the run's price fits, the ladder's close kept in hand: as long as its start (ceilings, machine
+        check), read at its first run."""
+        self.close_s = self.clock.elapsed() if self.close_s is None else self.close_s
+        price = self.clock.price(self.kind(timed), recipe)
+        return self.clock.fits(None if price is None else price + self.close_s)
+
+    def spend(self, recipe, timed: bool, launch: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """`launch`'s run, its cost recorded: the clock's, or the run's own wall time where the clock saw less (a
+        faked run)."""
+        started = self.clock.now()
+        result = launch()
+        if "error" not in result:
+            seconds = max(self.clock.now() - started, result.get("wall_time_s") or 0.0)
+            self.clock.spend(self.kind(timed), recipe, seconds)
+        return result
+
+    def fit(self, measured: list[Rung], repeats: int, first: dict[str, Any], budget_s: float) -> Cut:
+        """The plan cut to the time budget, priced by the first run (the baseline's, fp32: usually the slowest),
+        whole-process wall time. The seconds left are the ladder's own budget's: a resumed ladder's counts the runs it
+        reads back (tune adds what they took), and each run is checked against the clock before it starts. --target:
+        every kept rung may need TARGET_SEEDS runs (the baseline's seeds, a rung that changes the math)."""
+        per_run = max(self.clock.elapsed(), first.get("wall_time_s") or 0.0)
+        return cut_to_budget(measured, repeats, per_run, budget_s - self.clock.elapsed(), budget_s,
+                             TARGET_SEEDS if self.aimed else 0)
+
+    def pass_price(self, measured: list[Rung], pass_times: dict[int, list[float]], within: float) -> float | None:
+        """One more pass priced by its rungs' measured runs (else by the last pass's span), or None: it would not
+        end within `within` seconds of the start, or not fit the time budget."""
+        priced = self.clock.price_runs([(self.kind(True), r.recipe) for r in measured if r.measured])
+        first, last = pass_times[max(pass_times)]
+        pass_s = priced if priced is not None else last - first
+        return pass_s if self.clock.elapsed() + pass_s <= within and self.clock.fits(pass_s) else None
+
+    def stop(self, ladder: Any, run: tuple[Rung, int, bool], display=None) -> None:
+        """`ladder` (a LadderRun) ends before `run` (its rung, its index, timed or a seed), its queue emptied: a rung
+        with runs is scored on those, one without any is skipped, and its cut (made here if the plan had none) says
+        where, at what price, with how much time left; on the console too, where `display` shows."""
+        measured, cut, repeats = ladder.measured, ladder.cut, ladder.repeats
+        rung, index, timed = run
+        runs_left = len(ladder.queue) + 1
+        ladder.queue.clear()
+        price = self.clock.price(self.kind(timed), rung.recipe)
+        left = max(0.0, self.clock.left())
+        self.stopped = True
+        self.why = (f"{runs_left} run(s) left would not fit the time budget (~{price:.0f} s a run, {left:.0f} s left)"
+                    if price is not None else f"{runs_left} run(s) left would not fit the time budget (none left)")
+        for r in measured:
+            if r.status in (Status.PENDING, Status.PARTIAL, Status.RUNNING):
+                r.status, r.reason = (Status.DONE, r.reason) if r.repeats else (Status.SKIPPED, self.why)
+        cut = cut or Cut(price or 0.0, len(measured), repeats, {"rungs": len(measured), "repeats": repeats}, [])
+        skipped = [r.name for r in measured if r.status == Status.SKIPPED and r.name not in cut.skipped]
+        cut.skipped += skipped
+        cut.rungs -= len(skipped)
+        cut.stopped = {"at": f"{rung.name}, run {index + 1}", "runs_left": runs_left, "price_s": price, "left_s": left}
+        if display is not None and display.show:
+            display.console.print(f"stopped before {rung.name} (run {index + 1}): {self.why}")
+        ladder.cut = cut
