@@ -171,7 +171,7 @@ def test_ddp_figures_are_none_without_ddp():
 def test_the_report_has_a_section_per_distributed_rung():
     rng = random.Random(6)
     judged = combine_runs([judge_ranks([planted(0, rng), planted(1, rng, data=0.03)])])
-    rung = SimpleNamespace(status=Status.DONE, name="ddp", changes={}, result=SimpleNamespace(ranks=judged,
+    rung = SimpleNamespace(status=Status.DONE, name="ddp", changes={}, script={}, result=SimpleNamespace(ranks=judged,
                                                                                        rate_unit="samples/s"))
     lines = ranks_section(SimpleNamespace(rungs=[rung], settings={"rate_unit": "samples/s"}))
     text = "\n".join(lines)
