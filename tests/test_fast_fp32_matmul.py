@@ -134,9 +134,10 @@ def test_the_built_in_ablation_runs_its_rung_with_it_and_the_baseline_without(tm
 @pytest.mark.slow
 @native_bf16
 def test_a_plain_script_is_measured_with_it(tmp_path):
-    from test_ablate_command import PLAIN_LOOP, ablate, rungs
+    from test_ablate_command import ROOT, ablate, rungs
 
-    proc, results = ablate(tmp_path / "plain", "--rungs", FIELD, "--repeats", "1", command=PLAIN_LOOP)
+    plain_loop = [sys.executable, str(ROOT / "examples" / "plain_loop.py"), "--epochs", "100"]   # no Session in it
+    proc, results = ablate(tmp_path / "plain", "--rungs", FIELD, "--repeats", "1", command=plain_loop)
     by_name = rungs(results)
     assert by_name["baseline"]["runs"][0]["process_switches"][FIELD] is False
     assert by_name[FIELD]["status"] == "done", by_name[FIELD]

@@ -115,3 +115,11 @@ def test_a_session_loops_precision_is_observed_inside_its_forward():
     seen = observer.observed(by_trainfast={"precision", "channels_last"})
     assert (seen["precision"], seen["autocast"], seen["memory_format"]) == ("bf16", True, "channels_last")
     assert seen["loader"] is None and seen["by"] == {"precision": "trainfast", "memory_format": "trainfast"}
+
+
+def test_a_model_compiled_by_the_script_is_observed_without_asking_its_length():
+    """A script's `torch.compile(model)` wrapper refuses len(), so its truth value: the record is still written."""
+    observer = Observer()
+    observer.model = torch.compile(torch.nn.Sequential(torch.nn.Linear(2, 2)))     # wrapped, never run
+    seen = observer.observed()
+    assert seen["compiled"] is True and seen["precision"] == "fp32" and seen["memory_format"] is None

@@ -181,7 +181,9 @@ class Observer:
         model = self.model
         enabled, dtype = self.inside if self.inside is not None else self.outside
         if not enabled:
-            dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None) if model else None
+            # `is not None`: a compiled module's truth value is its len(), which dynamo's wrapper refuses
+            dtype = (next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+                     if model is not None else None)
         counted = compiles or {}
         # the model runs through dynamo: compiled by the script (a wrapper, or in place), or by trainfast's hook
         # (probe/inject.py) where dynamo then compiled something
