@@ -149,6 +149,7 @@ def _ablate(args, recipe: Recipe) -> int:
     resume, out = resume_folder(args.resume, args.out)
     # the python API keeps its names (rungs, budget, settle_within_s); the CLI's are mapped here
     options = dict(rungs=split_names(args.switches), amp_dtype=args.amp_dtype, nproc=args.nproc, out=out,
+                   nodes=getattr(args, "nodes", None),
                    mode=args.mode, repeats=args.repeats, noise_seeds=args.noise_seeds,
                    budget=TimingBudget(steps=args.timing_steps, seconds=args.timing_budget),
                    min_effect=args.min_effect, resume=resume, rung_timeout=args.rung_timeout,
@@ -165,6 +166,8 @@ def _ablate(args, recipe: Recipe) -> int:
     except KeyboardInterrupt:
         return 130                        # the partial report is written; Display said where
 
+    if getattr(result, "follower", False):           # a following node: node 0's exit status
+        return result.exit_code
     # Non-zero when a run failed, and when nothing could be recommended (every run failed, or the baseline did).
     return 0 if result.best is not None and all(r.status != "failed" for r in result.rungs) else 1
 

@@ -19,6 +19,7 @@ from .cliargs import (DEVICE_HELP, AliasHelpFormatter, Duration, add_aliased, ad
                       optional, positive_int, resume_folder, size_type, target_type, worker_count_or_auto)
 from .defaults import DOCTOR_EVAL_WITHIN, DOCTOR_STEPS, LADDER_MODES, MAX_REPEATS, SETTLE_WITHIN_S, TUNE_BUDGET_S
 from .modelnames import DEFAULT_DETECTION_MODEL, DETECTION_MODELS
+from .nodes import nodes_from
 from .scriptargs import CommandChange, check_rungs, parse_rung, read_ladder
 from .recipe import FIELD_CHOICES, Recipe, field_docs, field_problem, field_sections, preset
 from .tasks import TASKS, TaskDeclaration, declared, infer_task
@@ -168,6 +169,7 @@ def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
     ab.add_argument("--nproc", type=positive_int, default=1, metavar="N",
                     help="run every rung as N processes (built-in run: DDP, gloo on CPU / nccl on CUDA; a COMMAND: "
                          "under torchrun; default %(default)s)")
+    add_node_flags(ab)
     cmd = ab.add_argument_group("your own script: trainfast ablate [flags] -- python train.py ARGS")
     cmd.add_argument("--measure", choices=("speed", "full"), default="speed",
                      help="speed (default): stop each run once warm-up and the timing budget are timed; full: run "
@@ -175,6 +177,22 @@ def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
                           "noise band")
     add_script_flags(cmd, "with --measure full")
     add_script_rungs(cmd)
+
+
+def add_node_flags(parser: argparse.ArgumentParser) -> None:
+    """Several nodes (nodes.py): the same command on every node, as torchrun is started; from torchrun's PET_* or a
+    SLURM step's variables where a flag is not given."""
+    nodes = parser.add_argument_group("several nodes: the same command on every node, each with its --node-rank")
+    nodes.add_argument("--nnodes", type=positive_int, default=None, metavar="N",
+                       help="nodes in every run (default 1; PET_NNODES or SLURM_STEP_NUM_NODES)")
+    nodes.add_argument("--node-rank", type=int, default=None, metavar="K",
+                       help="this node's rank, 0 on the node that leads and writes the results (PET_NODE_RANK or "
+                            "SLURM_NODEID)")
+    nodes.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                       help="node 0's address and a free port; each run meets on one of the 32 ports above it "
+                            "(PET_RDZV_ENDPOINT, or MASTER_ADDR:MASTER_PORT in a SLURM step)")
+    nodes.add_argument("--rdzv-timeout", type=Duration(), default=None, metavar="DURATION",
+                       help="how long the nodes wait for each other before refusing (default 5m)")
 
 
 def add_script_rungs(group) -> None:
@@ -409,6 +427,8 @@ def check_before_torch(args: argparse.Namespace) -> None:
         check_data_folder(args.data, declared("classification"))
     if args.command not in ("ablate", "tune", "doctor", "train"):
         return
+    if args.command == "ablate":
+        args.nodes = nodes_from(args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_timeout)
     if args.command in ("ablate", "tune"):
         resume_folder(args.resume, args.out)
         args.script_rungs = script_rungs_from_args(args)

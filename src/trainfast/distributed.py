@@ -444,12 +444,14 @@ class ParallelCriterion:
 
 # --- launching workers from Python (ablate --nproc, tests) ---------------------------------------------
 
-def launch_local(fn: Callable, args: tuple, nproc: int, run_id: str = "trainfast") -> Any:
+def launch_local(fn: Callable, args: tuple, nproc: int, run_id: str = "trainfast", nodes=None) -> Any:
     """Run `fn(*args)` in `nproc` worker processes through torch.distributed.elastic (what torchrun
-    uses), rendezvous on 127.0.0.1 at a free port; returns rank 0's return value."""
+    uses), rendezvous on 127.0.0.1 at a free port; returns rank 0's return value. `nodes` (nodes.RunNodes): this
+    node's share of a job of several nodes instead, met at its endpoint; rank 0's value on node 0, None elsewhere."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_id,
-                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
-                          monitor_interval=0.5, start_method="spawn")
-    return elastic_launch(config, fn)(*args)[0]
+    where = (nodes.launch_options() if nodes is not None else
+             dict(min_nodes=1, max_nodes=1, run_id=run_id, rdzv_backend="c10d",
+                  rdzv_endpoint=f"127.0.0.1:{free_port()}"))
+    config = LaunchConfig(nproc_per_node=nproc, max_restarts=0, monitor_interval=0.5, start_method="spawn", **where)
+    return elastic_launch(config, fn)(*args).get(0)

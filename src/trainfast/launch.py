@@ -29,6 +29,11 @@ from .techniques import process_env
 SITE_DIR = Path(__file__).parent / "_site"
 
 
+# A run that ended well but wrote no result: a failure on the node that reports, a following node's normal end
+NO_RESULT = ("the command ended without a single optimizer step measured (no optimizer.step() ran, or the process "
+             "left with os._exit)")
+
+
 class RunFailed(RuntimeError):
     """The command failed, or ended without a result; the message says which (the log's tail follows it)."""
     explained = True            # procs.child_main: no traceback of ours after the command's own output
@@ -39,20 +44,23 @@ class Command:
     argv: tuple[str, ...]
     nproc: int = 1                  # > 1: every run under torch.distributed.run (torchrun), this many ranks
     mode: str = "speed"             # probe.PROBE_MODES
+    nodes: Any = None               # nodes.RunNodes: this node's share of a run on several nodes; None: one node
 
     def launch_argv(self) -> list[str]:
         """The argument list actually started: under --nproc, `python script.py ...` becomes
         `python -m torch.distributed.run --standalone --nproc-per-node N script.py ...` (also for `python -m
-        module`), and `trainfast ...` runs as `python -m trainfast ...` under it."""
+        module`), and `trainfast ...` runs as `python -m trainfast ...` under it. On several nodes `--standalone`
+        gives way to this node's place in the run (nodes.RunNodes.torchrun_flags)."""
         argv = list(self.argv)
-        if self.nproc == 1:
+        if self.nproc == 1 and self.nodes is None:
             return argv
         if Path(argv[0]).name == "trainfast":
             argv = [sys.executable, "-m", "trainfast", *argv[1:]]
         if not Path(argv[0]).name.startswith("python"):
             raise RecipeError(f"--nproc {self.nproc} runs the command under torchrun, which starts Python scripts: "
                               f"give the command as `python your_script.py ...`, not {argv[0]!r}")
-        return [argv[0], "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.nproc}", *argv[1:]]
+        where = self.nodes.torchrun_flags() if self.nodes is not None else ["--standalone"]
+        return [argv[0], "-m", "torch.distributed.run", *where, f"--nproc-per-node={self.nproc}", *argv[1:]]
 
 
 def check_command(command: Command) -> None:
@@ -102,6 +110,5 @@ def command_main(argv: list[str], added_env: dict[str, str], run_dir: str, event
         what = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
         raise RunFailed(f"the command {what}")
     if not result_path.is_file():
-        raise RunFailed("the command ended without a single optimizer step measured (no optimizer.step() "
-                        "ran, or the process left with os._exit)")
+        raise RunFailed(NO_RESULT)
     return json.loads(result_path.read_text())

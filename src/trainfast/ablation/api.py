@@ -18,7 +18,7 @@ from .script_rungs import add_script_rungs, script_settings
 from .work import BuiltinSpec, prepare_builtin, prepare_command
 
 # What `ablate` and `ablate_command` take beside their work: LadderOptions' fields, plus these.
-PLAN_OPTIONS = ("rungs", "amp_dtype", "nproc", "out", "script_rungs")
+PLAN_OPTIONS = ("rungs", "amp_dtype", "nproc", "out", "script_rungs", "nodes")
 
 
 def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], LadderOptions]:
@@ -48,7 +48,8 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     DetectionSplit): its own ladder and every rung judged on COCO mAP instead of accuracy.
 
     `options`: `rungs` (names; default the task's ladder), `amp_dtype` ("auto", "bf16", "fp16"), `nproc` (>1:
-    every rung as that many DDP processes, rank 0 reporting), `out` (the report folder), and every field of
+    every rung as that many DDP processes, rank 0 reporting), `nodes` (nodes.Nodes: this node's place in a job of
+    several; node 0 returns the result, the others a nodes.Followed), `out` (the report folder), and every field of
     LadderOptions (mode, repeats, noise_seeds, budget, min_effect, resume, rung_timeout, show,
     settle_within_s). Every rung runs `repeats` times, each in a fresh process, interleaved, repeat i with seed
     recipe.seed + i; the baseline `noise_seeds` times in all, so the accuracy band includes seed-to-seed
@@ -67,7 +68,7 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
                 **({"paired": True} if opts.paired else {}),
                 **({"memory_limit": opts.memory_limit} if opts.memory_limit else {}),
                 "rungs": {r.name: r.recipe.to_dict() for r in plan if r.status != Status.NO_EFFECT}}
-    return run_ladder(plan, work, settings, plan_opts.get("out"), opts)
+    return run_ladder(plan, work, settings, plan_opts.get("out"), opts, nodes=plan_opts.get("nodes"))
 
 
 def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, device: str = "auto",
@@ -120,4 +121,4 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
                 **({"memory_limit": opts.memory_limit} if opts.memory_limit else {}),
                 "rungs": {r.name: {**work.fields(r.recipe), **script_settings(r)} for r in plan
                           if r.status != Status.NO_EFFECT}}
-    return run_ladder(plan, work, settings, plan_opts.get("out"), opts, measure)
+    return run_ladder(plan, work, settings, plan_opts.get("out"), opts, measure, plan_opts.get("nodes"))

@@ -495,9 +495,19 @@ def track_ladder(track: Any, plan: list[Rung], work: Work, settings: dict[str, A
 
 
 def run_ladder(plan: list[Rung], work: Work, settings: dict[str, Any], out: str | Path | None,
-               options: LadderOptions, measure: str = "speed") -> AblationResult:
-    """The one ablation loop, for the built-in run and a user's command alike (LadderRun)."""
+               options: LadderOptions, measure: str = "speed", nodes=None) -> AblationResult:
+    """The one ablation loop, for the built-in run and a user's command alike (LadderRun). `nodes` (nodes.Nodes,
+    several): node 0 runs it with every run a job of all the nodes, the others follow it (nodes.py here)."""
     from .store import default_out_dir
 
+    if nodes is not None and nodes.several and not nodes.leads:
+        from .nodes import follow
+
+        return follow(plan, work, settings, measure, nodes)      # no folder, no report: node 0 writes them
     out_dir = Path(out) if out is not None else default_out_dir()
-    return LadderRun(plan, work, settings, out_dir, options, measure).run()
+    ladder = LadderRun(plan, work, settings, out_dir, options, measure)
+    if nodes is not None and nodes.several:
+        from .nodes import lead
+
+        return lead(ladder, nodes)
+    return ladder.run()

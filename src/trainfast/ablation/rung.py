@@ -59,6 +59,8 @@ class Job:
     # --target: evaluations on a schedule (the curve) and the stop at the target or the cap (curves.py); None:
     # the planned epochs, one evaluation at the end.
     curve: CurvePlan | None = None
+    # Several nodes (nodes.RunNodes): this node's share of the run, met at the run's own endpoint; None: one node.
+    nodes: Any = None
 
 
 def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None],
@@ -239,10 +241,11 @@ def time_step_alone(run: BuiltinRun, probe: Probe, budget: TimingBudget) -> dict
 
 def rung_main(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> dict[str, Any]:
     """What a rung process runs (under procs.child_main: its own process group, its log, the parent watch)."""
-    if job.nproc > 1:
+    if job.nproc > 1 or job.nodes is not None:
         from ..distributed import launch_local
 
-        return launch_local(rung_worker, (job, recipe, budget, events), job.nproc)
+        ranked = launch_local(rung_worker, (job, recipe, budget, events), job.nproc, nodes=job.nodes)
+        return ranked if ranked is not None else {"node": job.nodes.rank}     # a following node: its share ran
     return run_rung(job, recipe, events.put, budget)
 
 
