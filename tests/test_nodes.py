@@ -204,15 +204,20 @@ def test_node_0_refuses_a_missing_node_from_the_command_line_before_any_folder_i
 
 # --- two torchrun agents on this machine as two nodes (slow) ---------------------------------------
 
-def two_nodes(*args: str, env: dict[str, str], timeout: float = 300) -> list[tuple[int, str]]:
-    """`python ARGS --node-rank K` for K = 0, 1, started together; (exit status, output) of each."""
+def two_nodes(*args: str, env: dict[str, str], logs: Path, timeout: float = 600) -> list[tuple[int, str]]:
+    """`python ARGS` with {K} = 0, 1, started together; (exit status, output) of each. The output goes to files
+    (a pipe nobody reads while both run would fill and stop the node that writes the most)."""
+    logs.mkdir(parents=True, exist_ok=True)
+    files = [open(logs / f"node{k}.log", "w+") for k in (0, 1)]
     procs = [subprocess.Popen([sys.executable, *(a.replace("{K}", str(k)) for a in args)], env=env, cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in (0, 1)]
+                              stdout=files[k], stderr=subprocess.STDOUT, text=True) for k in (0, 1)]
     try:
-        return [(p.wait(timeout), p.stdout.read()) for p in procs]
+        codes = [p.wait(timeout) for p in procs]
+        return [(code, (logs / f"node{k}.log").read_text()) for k, code in enumerate(codes)]
     finally:
-        for p in procs:
+        for p, f in zip(procs, files):
             p.kill()
+            f.close()
 
 
 def node_env(**extra: str) -> dict[str, str]:
@@ -229,7 +234,7 @@ def train_on_two_nodes(out: Path, shards: Path, *flags: str) -> list[tuple[int, 
     return two_nodes("-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", "{K}", "--nproc-per-node", "1",
                      "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "train",
                      str(ROOT / "tests" / "scripts" / "node_train.py"), *TRAIN, "--out", str(out), *flags,
-                     env=node_env(SHARD_DIR=str(shards)))
+                     env=node_env(SHARD_DIR=str(shards)), logs=shards)
 
 
 @pytest.mark.slow
@@ -260,7 +265,8 @@ def test_ablate_as_two_node_commands_writes_one_results_folder_with_every_rung_o
     nodes = two_nodes("-m", "trainfast", "ablate", *TRAIN, "--epochs", "1", "--switches", "fused", "--repeats", "1",
                       "--noise-seeds", "1", "--settle-within", "0", "--timing-steps", "4", "--device", "cpu",
                       "--nnodes", "2", "--node-rank", "{K}", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-                      "--rdzv-timeout", "60", "--out", str(tmp_path / "node{K}"), env=node_env())
+                      "--rdzv-timeout", "60", "--out", str(tmp_path / "node{K}"), env=node_env(),
+                      logs=tmp_path / "logs")
     assert [code for code, _ in nodes] == [0, 0], nodes[0][1][-3000:] + nodes[1][1][-3000:]
     assert not outs[1].exists()                                          # node 1 writes nothing
     assert "node 1 of 2: joined node 0" in nodes[1][1]
@@ -269,3 +275,14 @@ def test_ablate_as_two_node_commands_writes_one_results_folder_with_every_rung_o
     for rung in rungs:
         run = rung["runs"][0]
         assert run["world_size"] == 2 and [r["rank"] for r in run["ranks"]["ranks"]] == [0, 1], rung["name"]
+
+
+def test_only_global_rank_0_tries_making_the_shared_run_folder(tmp_path):
+    from trainfast.cliargs import check_out_folder
+
+    out = tmp_path / "shared" / "run"
+    check_out_folder(out, fresh=True, probe=False)          # another rank: nothing made, so nothing to remove
+    assert not (tmp_path / "shared").exists()
+    out.mkdir(parents=True)                                  # rank 0 made it for real meanwhile: left alone
+    check_out_folder(out, fresh=True, probe=False)
+    assert out.is_dir()

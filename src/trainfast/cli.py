@@ -285,11 +285,11 @@ def _train(args, recipe: Recipe) -> int:
     task = build_task(args.task)
     split = task.load_data(args.data, args.image_size)
     out = Path(folder) if folder else Path("runs") / datetime.now().strftime("train-%Y%m%d-%H%M%S")
-    check_out_folder(out, fresh=resume is None)
-    for note in idle_switches(recipe, device, split):
-        print(f"note: {note}", file=sys.stderr)
     # Under torchrun every rank runs this; rank 0 alone prints (the trainer makes it the only writer).
     rank, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1)))
+    check_out_folder(out, fresh=resume is None, probe=rank == 0)
+    for note in idle_switches(recipe, device, split):
+        print(f"note: {note}", file=sys.stderr)
     console = Console(quiet=rank != 0)
     steps_per_epoch = len(split.train) // (apply_recipe_rewrites(recipe).batch_size * world)  # the batch it trains with
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
