@@ -22,6 +22,7 @@ from ..frameworks import SECTION as FRAMEWORKS
 from ..measure import runs_tf32
 from ..probe import PROBE_MODES, PROCESS_SWITCHES
 from ..probe.inject import PLAIN
+from ..printedmetric import PrintedMetric, check_metric_flags
 from ..procs import run_supervised
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import EffectLabel, Rung, Status
@@ -235,6 +236,7 @@ class CommandWork:
     # Variables a run of a rung adds to the command's environment beside the recipe (the loop's trackers: the
     # tracker run the script's own runs belong under)
     run_env: Callable[[Rung], dict[str, str]] = lambda rung: {}
+    metric_pattern: str | None = None    # --metric-pattern: how the metric is read from the script's output
 
     def aim(self, target: Target, cap_seen: float | None) -> None:
         """Every run records a point at each evaluation it reports and stops at the target or its cap (probe/)."""
@@ -271,7 +273,7 @@ class CommandWork:
             spec = MeasureSpec(str((run_dir / "result.json").resolve()), measure if run_budget else "full",
                                steady_window=True, **dataclasses.asdict(self.budget),
                                target=self.target.to_dict() if self.target is not None else None,
-                               cap_seen=self.cap_seen)
+                               cap_seen=self.cap_seen, printed_metric=self.printed_metric())
             env = {**self.run_env(rung), **run_environment(self.fields(recipe), spec), **rung_env(rung)}  # --rung's
             argv = rung_command(rung, self.cmd).launch_argv()              # a --rung's flags too
             # A time to target counts compilation: every run pays what a fresh machine pays
@@ -282,6 +284,10 @@ class CommandWork:
                 return run_supervised(rung_context(), command_main, (argv, env, str(run_dir)),
                                       log_path=run_dir / "log.txt", time_limit_s=limit)
         return launch
+
+    def printed_metric(self) -> dict[str, Any] | None:
+        """--metric read from the script's output too (printedmetric.py): a plain loop reports it no other way."""
+        return PrintedMetric(self.metric_name, self.metric_pattern).to_dict() if self.metric_name else None
 
     def metric(self, measure: str) -> tuple[str | None, str | None]:
         """In full mode the metric named by --metric, else the script's own choice (metric.choose_metric: what it
@@ -408,7 +414,8 @@ def note_carried(rung: Rung, sections: dict[str, Any]) -> None:
 def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], *, recipe: Recipe | None,
                     device: str, nproc: int, measure: str, budget: TimingBudget, metric: str | None = None,
                     goal: str | None = None, if_no_session: Sequence[Rung] = (),
-                    by_task: dict[str, list[Rung]] | None = None, task: str | None = None) -> CommandWork:
+                    by_task: dict[str, list[Rung]] | None = None, task: str | None = None,
+                    metric_pattern: str | None = None) -> CommandWork:
     """The command checked before any run (empty, not on PATH, a missing script, a Python that cannot import
     trainfast), and the fields its runs may switch: every field some candidate changes, those of the rungs
     added for a script without a Session (`if_no_session`) and those of each task's ladder its batches may pick
@@ -416,6 +423,7 @@ def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], 
     from ..launch import Command, check_command
 
     check_measure(measure, goal)
+    check_metric_flags(metric, metric_pattern)
     start_rung_server()
     cmd = Command(tuple(command), nproc, measure)
     check_command(cmd)
@@ -425,7 +433,7 @@ def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], 
     switched = sorted({k for changes in candidates for k in changes} | {"seed"})
     settings = {"command": list(cmd.argv), "nproc": nproc, "cwd": os.getcwd()}
     return CommandWork(cmd, resolve_device(device), recipe or Recipe(), switched, budget, settings, metric, goal,
-                       if_no_session=list(if_no_session), by_task=by_task, task=task)
+                       if_no_session=list(if_no_session), by_task=by_task, task=task, metric_pattern=metric_pattern)
 
 
 def check_measure(measure: str, goal: str | None) -> None:
