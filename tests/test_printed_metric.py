@@ -99,3 +99,32 @@ def test_a_pattern_that_cannot_read_a_number_is_refused_before_any_work(tmp_path
     script = str(Path(__file__).parent / "scripts" / "plain_loop.py")
     assert main(["ablate", "--out", str(out), *flags, "--measure", "full", "--", sys.executable, script]) == 2
     assert message in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.slow
+def test_a_plain_loop_is_judged_on_its_printed_accuracy_with_fp16_and_its_scaler_put_in(tmp_path):
+    """One small full-mode ablation (the baseline's two seeds and one fp16 run) of the plain loop as it is: every run
+    judged on the Acc@1 its last validation line printed, and the fp16 rung's autocast and loss scaler read back."""
+    from test_ablate_command import ablate, rungs
+
+    script = str(Path(__file__).parent / "scripts" / "plain_loop.py")
+    out = tmp_path / "printed"
+    _, results = ablate(out, "--switches", "amp", "--amp-dtype", "fp16", "--repeats", "1", "--noise-seeds", "2",
+                        "--timing-steps", "8", "--measure", "full", "--metric", "Acc@1",
+                        command=[sys.executable, script, "--steps", "40", "--val"])
+    assert (results["metric"]["name"], results["metric"]["goal"]) == ("Acc@1", "max")
+    by_name = rungs(results)
+    for name in ("baseline", "amp"):
+        rung = by_name[name]
+        assert rung["status"] == "done" and rung["metric"]["value"] is not None, rung
+        log = (out / "rungs" / f"{name}-r0" / "log.txt").read_text()
+        printed = [line for line in log.splitlines() if line.startswith(" * Acc@1")][-1]
+        assert rung["runs"][0]["reported"] == {"Acc@1": float(printed.split()[2])}
+    assert by_name["baseline"]["seed_runs"][0]["reported"]["Acc@1"] >= 0         # the second seed judged too
+    run = by_name["amp"]["runs"][0]
+    switched = run["frameworks"]["plain loop"]["switches"]
+    assert switched["autocast"]["applied"] and run["observed"]["precision"] == "fp16"
+    assert switched["torch.amp.GradScaler"]["applied"] and switched["torch.amp.GradScaler"]["read_back"].startswith(
+        "40 steps scaled")
+    assert run["scaler_skips"] is not None and run["precision_state"]["loss_scale"] > 0
+    assert "Acc@1 (Δ)" in (out / "report.md").read_text()
