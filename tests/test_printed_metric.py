@@ -79,11 +79,11 @@ def test_a_pattern_picks_the_validation_line_and_a_session_keeps_its_own_reports
 
 
 def test_the_run_reads_the_metric_it_was_asked_for_from_its_spec(tmp_path):
-    from trainfast.ablation.work import CommandWork
+    from trainfast.ablation.work import CommandWork, printed_metric
 
-    work = CommandWork(None, None, None, [], None, {}, metric_name="Acc@1", metric_pattern=r"Acc@1 (\S+)")
-    assert PrintedMetric.from_dict(work.printed_metric()) == PrintedMetric("Acc@1", r"Acc@1 (\S+)")
-    assert CommandWork(None, None, None, [], None, {}).printed_metric() is None
+    work = CommandWork(None, None, None, [], None, {"metric_pattern": r"Acc@1 (\S+)"}, metric_name="Acc@1")
+    assert PrintedMetric.from_dict(printed_metric(work)) == PrintedMetric("Acc@1", r"Acc@1 (\S+)")
+    assert printed_metric(CommandWork(None, None, None, [], None, {})) is None
     assert default_pattern("a.b").startswith("(?<!")
 
 

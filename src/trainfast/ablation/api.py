@@ -114,8 +114,7 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
                            measure=measure, budget=opts.budget, metric=metric, goal=goal, if_no_session=grown,
                            by_task=by_task, task=task if not named else None, metric_pattern=metric_pattern)
     work.mark_effects(plan)
-    settings = {**work.settings, "measure": measure, "mode": opts.mode,
-                "metric": {"name": metric, "goal": goal, **({"pattern": metric_pattern} if metric_pattern else {})},
+    settings = {**work.settings, "measure": measure, "metric": {"name": metric, "goal": goal}, "mode": opts.mode,
                 "repeats": opts.repeats, "noise_seeds": opts.noise_seeds, "device": str(dev),
                 "budget": dataclasses.asdict(opts.budget), "min_effect": opts.min_effect,
                 **({"paired": True} if opts.paired else {}),

@@ -236,7 +236,6 @@ class CommandWork:
     # Variables a run of a rung adds to the command's environment beside the recipe (the loop's trackers: the
     # tracker run the script's own runs belong under)
     run_env: Callable[[Rung], dict[str, str]] = lambda rung: {}
-    metric_pattern: str | None = None    # --metric-pattern: how the metric is read from the script's output
 
     def aim(self, target: Target, cap_seen: float | None) -> None:
         """Every run records a point at each evaluation it reports and stops at the target or its cap (probe/)."""
@@ -273,7 +272,7 @@ class CommandWork:
             spec = MeasureSpec(str((run_dir / "result.json").resolve()), measure if run_budget else "full",
                                steady_window=True, **dataclasses.asdict(self.budget),
                                target=self.target.to_dict() if self.target is not None else None,
-                               cap_seen=self.cap_seen, printed_metric=self.printed_metric())
+                               cap_seen=self.cap_seen, printed_metric=printed_metric(self))
             env = {**self.run_env(rung), **run_environment(self.fields(recipe), spec), **rung_env(rung)}  # --rung's
             argv = rung_command(rung, self.cmd).launch_argv()              # a --rung's flags too
             # A time to target counts compilation: every run pays what a fresh machine pays
@@ -284,10 +283,6 @@ class CommandWork:
                 return run_supervised(rung_context(), command_main, (argv, env, str(run_dir)),
                                       log_path=run_dir / "log.txt", time_limit_s=limit)
         return launch
-
-    def printed_metric(self) -> dict[str, Any] | None:
-        """--metric read from the script's output too (printedmetric.py): a plain loop reports it no other way."""
-        return PrintedMetric(self.metric_name, self.metric_pattern).to_dict() if self.metric_name else None
 
     def metric(self, measure: str) -> tuple[str | None, str | None]:
         """In full mode the metric named by --metric, else the script's own choice (metric.choose_metric: what it
@@ -396,6 +391,13 @@ class CommandWork:
         self.learned["added_rungs"] = [r.name for r in added]
 
 
+def printed_metric(work: CommandWork) -> dict[str, Any] | None:
+    """--metric read from the script's output too (printedmetric.py: a plain loop reports it no other way), by
+    --metric-pattern where one was given."""
+    pattern = work.settings.get("metric_pattern")
+    return PrintedMetric(work.metric_name, pattern).to_dict() if work.metric_name else None
+
+
 GROWN = ("added to the default ladder: the script has no trainfast.Session, and this switch reaches it through "
          "the environment its process starts with")
 
@@ -431,9 +433,10 @@ def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], 
     candidates = [*plan_changes, *(r.changes for r in if_no_session),
                   *(r.changes for ladder in by_task.values() for r in ladder)]
     switched = sorted({k for changes in candidates for k in changes} | {"seed"})
-    settings = {"command": list(cmd.argv), "nproc": nproc, "cwd": os.getcwd()}
+    settings = {"command": list(cmd.argv), "nproc": nproc, "cwd": os.getcwd(),
+                **({"metric_pattern": metric_pattern} if metric_pattern else {})}    # a resume reads it the same way
     return CommandWork(cmd, resolve_device(device), recipe or Recipe(), switched, budget, settings, metric, goal,
-                       if_no_session=list(if_no_session), by_task=by_task, task=task, metric_pattern=metric_pattern)
+                       if_no_session=list(if_no_session), by_task=by_task, task=task)
 
 
 def check_measure(measure: str, goal: str | None) -> None:

@@ -80,7 +80,6 @@ class Probe:
         self.curve = ScriptCurve(spec.target, spec.cap_seen)      # its evaluations on the way (--target)
         self.observer = None                     # a script's run: what it was seen doing (observe.py)
         self.injected: set[str] | None = None    # a plain loop: the fields trainfast switched in it (inject.py)
-        self.scaler = None                       # a plain loop's fp16 loss scaler, where one was put in (scaler.py)
         when_imported("torch._dynamo", lambda _module: self.compiles.open())
 
     # --- where steps come from ------------------------------------------------------------------------
