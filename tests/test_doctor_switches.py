@@ -29,7 +29,7 @@ def checked(obs: Observations) -> list:
 
 
 def switch_findings(obs: Observations) -> dict[str, object]:
-    return {f.name.split(":")[0].removeprefix("switch "): f for f in checked(obs)}
+    return {f.name.split("(--switches ")[1].rstrip(")"): f for f in checked(obs)}
 
 
 def test_a_plain_fp32_loop_is_told_each_switch_with_the_saving_measured_or_the_ablation_that_measures_it():
@@ -62,4 +62,5 @@ def test_what_the_loop_has_already_is_not_named_and_an_ambiguous_model_is_said()
 
 def test_workers_that_cannot_win_the_wait_back_save_nothing():
     found = switch_findings(observations(PLAIN, [0.002] * 8, handoff_s=0.010, num_workers=0))
-    assert found["workers"].cost_s == 0.0 and "workers cannot win it back" in found["workers"].evidence
+    workers = found["workers"]
+    assert workers.status == "measured" and workers.cost_s == 0.0 and "workers cannot win it back" in workers.evidence

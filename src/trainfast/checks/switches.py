@@ -25,14 +25,14 @@ def ablate(obs: Observations, rung: str) -> str:
 
 
 def candidate(obs: Observations, rung: str, what: str, seen: str, model_level: bool = True,
-              cost_s: float | None = None, measured: str = NOT_MEASURED) -> Finding:
+              cost_s: float | None = None, measured: str = NOT_MEASURED, status: str = SWITCH) -> Finding:
     """One switch the loop could take: what was seen, its saving (or why none was measured), the ablation."""
-    name = f"switch {rung}: {what}"
+    name = f"{what} (--switches {rung})"
     refusal = (obs.observed or {}).get("refusal")
     if model_level and refusal:
         return Finding(name, "switch", NOT_HERE, f"{seen}; but no model switch can reach this loop: {refusal}")
     share = cost_s / obs.step_s if cost_s is not None and obs.step_s else None
-    return Finding(name, "switch", SWITCH, f"{seen}; {measured}", cost_s, share, ablate(obs, rung))
+    return Finding(name, "switch", status, f"{seen}; {measured}", cost_s, share, ablate(obs, rung))
 
 
 def amp(obs: Observations) -> Finding | None:
@@ -75,10 +75,10 @@ def workers(obs: Observations) -> Finding | None:
     if obs.wait_s is None or not obs.step_s:
         return candidate(obs, "workers", "loader worker processes", seen, model_level=False)
     wait = f"the loop waits {ms(obs.wait_s)} a step ({pct(obs.wait_share or 0.0)}) for its next batch (measured)"
-    if workers_cannot_pay(obs):
+    if workers_cannot_pay(obs):          # a number to know, not a switch to try
         return candidate(obs, "workers", "loader worker processes", seen, False, 0.0,
                          f"{wait}, less than the {ms(obs.handoff_s)} a worker adds to hand a batch over (measured): "
-                         "workers cannot win it back")
+                         "workers cannot win it back", status="measured")
     return candidate(obs, "workers", "loader worker processes", seen, False, obs.wait_s,
                      f"{wait}: workers save at most that")
 
