@@ -159,6 +159,7 @@ def _ablate(args, recipe: Recipe) -> int:
         if args.user_command is not None:
             result = ablate_command(args.user_command, recipe=recipe, device=args.device, measure=args.measure,
                                     metric=args.metric, goal=args.metric_goal, task=args.task_given,
+                                    metric_pattern=args.metric_pattern,
                                     script_rungs=getattr(args, "script_rungs", []), **options)
         else:
             result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe,
@@ -182,6 +183,7 @@ def _tune(args, recipe: Recipe) -> int:
              amp_dtype=args.amp_dtype, repeats=args.repeats, budget_s=args.budget, planned_steps=args.planned_steps,
              timing=TimingBudget(steps=args.timing_steps, seconds=args.timing_budget), min_effect=args.min_effect,
              resume=resume, command=args.user_command, nproc=args.nproc, metric=args.metric, goal=args.metric_goal,
+             metric_pattern=args.metric_pattern,
              batch_size_search=args.batch_size_search, settle=args.settle, switches=split_names(args.switches),
              paired=args.paired, task=args.task_given if args.user_command is not None else args.task,
              memory_limit=args.memory_limit, target=args.target, track=choose_trackers(args.track),

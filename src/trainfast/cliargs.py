@@ -240,7 +240,11 @@ def add_comparison(parser, what: str) -> None:
 
 def add_script_flags(group, metric_use: str) -> None:
     group.add_argument("--metric", default=None,
-                       help=f"{metric_use}: which tf.report(...) value to compare (default: the first reported)")
+                       help=f"{metric_use}: which tf.report(...) value to compare (default: the first reported); a "
+                            "plain loop's is read from its output, NAME then `:`, `=` or spaces and a number")
+    group.add_argument("--metric-pattern", default=None, metavar="REGEX",
+                       help="read --metric from each output line this matches, its number in the first group (or "
+                            r"(?P<value>...)), the last one the run's, e.g. '\* Acc@1 ([0-9.]+)'")
     group.add_argument("--metric-goal", choices=("max", "min"), default=None,
                        help="whether the metric is better high or low (default: min for names with loss/err, else max)")
 

@@ -20,6 +20,7 @@ from .cliargs import (DEVICE_HELP, AliasHelpFormatter, Duration, add_aliased, ad
 from .defaults import DOCTOR_EVAL_WITHIN, DOCTOR_STEPS, LADDER_MODES, MAX_REPEATS, SETTLE_WITHIN_S, TUNE_BUDGET_S
 from .modelnames import DEFAULT_DETECTION_MODEL, DETECTION_MODELS
 from .nodes import nodes_from
+from .printedmetric import check_metric_flags
 from .scriptargs import CommandChange, check_rungs, parse_rung, read_ladder
 from .recipe import FIELD_CHOICES, Recipe, field_docs, field_problem, field_sections, preset
 from .tasks import TASKS, TaskDeclaration, declared, infer_task
@@ -432,6 +433,7 @@ def check_before_torch(args: argparse.Namespace) -> None:
     if args.command in ("ablate", "tune"):
         resume_folder(args.resume, args.out)
         args.script_rungs = script_rungs_from_args(args)
+        check_metric_flags(args.metric, args.metric_pattern)
     if args.command == "tune" and args.nproc > 1 and args.user_command is None:
         raise ValueError("--nproc runs a `-- COMMAND` under torchrun; the built-in search runs one process")
     if args.command == "doctor" and args.nproc > 1 and args.user_command is None:

@@ -73,13 +73,14 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
 
 def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, device: str = "auto",
                    measure: str = "speed", metric: str | None = None, goal: str | None = None,
-                   task: str | None = None, **options) -> AblationResult:
+                   task: str | None = None, metric_pattern: str | None = None, **options) -> AblationResult:
     """`trainfast ablate -- COMMAND`: the ladder on a user's own training command (work.CommandWork). Every run
     starts the command with the rung's switches in TRAINFAST_RECIPE; the probe in it (probe/) times its
     steps and writes the result. `measure="speed"`: each run stops once warm-up plus the timing budget is
     timed. `measure="full"`: each runs to its end and the metric it reports with `tf.report` (`metric`,
     default the first one reported; `goal` "max" or "min", default "min" for names with loss/error in them)
-    is compared with the baseline's noise band, as the built-in ablation compares accuracy. A command that
+    is compared with the baseline's noise band, as the built-in ablation compares accuracy; a plain loop's is read
+    from what it prints (printedmetric.py: `metric` followed by a number, or `metric_pattern`). A command that
     never creates a trainfast.Session is measured too (steps/s from the global optimizer hook): the rungs of
     process-wide switches are timed on it (the default ladder gains them once its baseline shows no Session),
     every other rung is reported as having no effect on it. `task`: the script's task (its ladder); None: the
@@ -112,7 +113,7 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
                                         for name in TASKS if name != "classification"}
     work = prepare_command(command, [r.changes for r in plan], recipe=base, device=device, nproc=plan_opts["nproc"],
                            measure=measure, budget=opts.budget, metric=metric, goal=goal, if_no_session=grown,
-                           by_task=by_task, task=task if not named else None)
+                           by_task=by_task, task=task if not named else None, metric_pattern=metric_pattern)
     work.mark_effects(plan)
     settings = {**work.settings, "measure": measure, "metric": {"name": metric, "goal": goal}, "mode": opts.mode,
                 "repeats": opts.repeats, "noise_seeds": opts.noise_seeds, "device": str(dev),

@@ -22,6 +22,7 @@ from ..frameworks import SECTION as FRAMEWORKS
 from ..measure import runs_tf32
 from ..probe import PROBE_MODES, PROCESS_SWITCHES
 from ..probe.inject import PLAIN
+from ..printedmetric import PrintedMetric, check_metric_flags
 from ..procs import run_supervised
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import EffectLabel, Rung, Status
@@ -271,7 +272,7 @@ class CommandWork:
             spec = MeasureSpec(str((run_dir / "result.json").resolve()), measure if run_budget else "full",
                                steady_window=True, **dataclasses.asdict(self.budget),
                                target=self.target.to_dict() if self.target is not None else None,
-                               cap_seen=self.cap_seen)
+                               cap_seen=self.cap_seen, printed_metric=printed_metric(self))
             env = {**self.run_env(rung), **run_environment(self.fields(recipe), spec), **rung_env(rung)}  # --rung's
             argv = rung_command(rung, self.cmd).launch_argv()              # a --rung's flags too
             # A time to target counts compilation: every run pays what a fresh machine pays
@@ -390,6 +391,13 @@ class CommandWork:
         self.learned["added_rungs"] = [r.name for r in added]
 
 
+def printed_metric(work: CommandWork) -> dict[str, Any] | None:
+    """--metric read from the script's output too (printedmetric.py: a plain loop reports it no other way), by
+    --metric-pattern where one was given."""
+    pattern = work.settings.get("metric_pattern")
+    return PrintedMetric(work.metric_name, pattern).to_dict() if work.metric_name else None
+
+
 GROWN = ("added to the default ladder: the script has no trainfast.Session, and this switch reaches it through "
          "the environment its process starts with")
 
@@ -408,7 +416,8 @@ def note_carried(rung: Rung, sections: dict[str, Any]) -> None:
 def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], *, recipe: Recipe | None,
                     device: str, nproc: int, measure: str, budget: TimingBudget, metric: str | None = None,
                     goal: str | None = None, if_no_session: Sequence[Rung] = (),
-                    by_task: dict[str, list[Rung]] | None = None, task: str | None = None) -> CommandWork:
+                    by_task: dict[str, list[Rung]] | None = None, task: str | None = None,
+                    metric_pattern: str | None = None) -> CommandWork:
     """The command checked before any run (empty, not on PATH, a missing script, a Python that cannot import
     trainfast), and the fields its runs may switch: every field some candidate changes, those of the rungs
     added for a script without a Session (`if_no_session`) and those of each task's ladder its batches may pick
@@ -416,6 +425,7 @@ def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], 
     from ..launch import Command, check_command
 
     check_measure(measure, goal)
+    check_metric_flags(metric, metric_pattern)
     start_rung_server()
     cmd = Command(tuple(command), nproc, measure)
     check_command(cmd)
@@ -423,7 +433,8 @@ def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], 
     candidates = [*plan_changes, *(r.changes for r in if_no_session),
                   *(r.changes for ladder in by_task.values() for r in ladder)]
     switched = sorted({k for changes in candidates for k in changes} | {"seed"})
-    settings = {"command": list(cmd.argv), "nproc": nproc, "cwd": os.getcwd()}
+    settings = {"command": list(cmd.argv), "nproc": nproc, "cwd": os.getcwd(),
+                **({"metric_pattern": metric_pattern} if metric_pattern else {})}    # a resume reads it the same way
     return CommandWork(cmd, resolve_device(device), recipe or Recipe(), switched, budget, settings, metric, goal,
                        if_no_session=list(if_no_session), by_task=by_task, task=task)
 

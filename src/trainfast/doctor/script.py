@@ -37,7 +37,10 @@ def install_in_script() -> None:
 
     from ..probe import StopRun
 
+    from ..probe.observe import Observer
+
     spec = json.loads(os.environ[DOCTOR_ENV])
+    observer = Observer().install()             # what the loop is seen doing: the switches it could take
     device = spec.get("device", "cpu")
     taken: list[Observations] = []
     done: list[bool] = []
@@ -52,6 +55,7 @@ def install_in_script() -> None:
         ranks = gather_watched_ranks(w, clock)     # every rank, at the same step: before rank 0 alone goes on
         if rank0:
             taken.append(loop_observations(w, device, w.forwards.dropout_check()))
+            taken[0].observed = observed(observer)
             taken[0].ranks = ranks
             taken[0].eval_wait = {"outcome": "waiting", "limit_s": w.eval_within, "steps": 0, "waited_s": 0.0}
             write(taken[0])
@@ -61,6 +65,7 @@ def install_in_script() -> None:
             return
         done.append(True)
         obs = taken[0] if taken else loop_observations(w, device, w.forwards.dropout_check())
+        obs.observed = obs.observed or observed(observer)
         add_evaluation(obs, w)
         write(obs)
 
@@ -76,6 +81,14 @@ def install_in_script() -> None:
     watch.__enter__()
     clock = start_rank_clock()                      # several ranks: each one's forward and optimizer step
     atexit.register(at_exit)
+
+
+def observed(observer) -> dict[str, Any] | None:
+    """The loop as the Observer saw it (probe/observe.py), with why no model switch could reach it; None before
+    its first training forward."""
+    if observer.model is None:
+        return None
+    return {**observer.observed(), "refusal": observer.refusal}
 
 
 def observe_script(command: list[str], out_dir: Path, *, steps: int = DEFAULT_STEPS, sync_steps: int = 10,
