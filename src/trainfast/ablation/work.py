@@ -242,9 +242,12 @@ class CommandWork:
 
     def fields(self, recipe: Recipe) -> dict[str, Any]:
         """What reaches the script: only the switched fields, so its own settings (grad_accum_steps,
-        log_every...) stand and the baseline turns off whatever the script turned on."""
+        log_every...) stand and the baseline turns off whatever the script turned on. A collective's timeout given
+        to the ablation (--dist-timeout) reaches every run too: a rank that does not arrive ends the run then."""
         values = recipe.to_dict()
-        return {k: values[k] for k in self.switched}
+        timeout = values["dist_timeout_s"]
+        given = {"dist_timeout_s": timeout} if self.base.dist_timeout_s != Recipe.dist_timeout_s else {}
+        return {**given, **{k: values[k] for k in self.switched}}
 
     @property
     def ranks(self) -> int:
