@@ -163,14 +163,14 @@ def test_a_collectives_timeout_given_to_the_ablation_reaches_the_scripts_runs():
 
 @pytest.fixture(scope="module")
 def faulted(tmp_path_factory) -> Path:
-    """One ablation of two gloo ranks of one thread (tests/scripts/rank_fault_loop.py, rank 1 at fault): its baseline
-    clean, its set_to_none rung with rank 1 killed, then its gradient_as_bucket_view rung with rank 1's loader stuck
-    for 60 s, under a 3 s collective timeout."""
+    """One ablation of two gloo ranks of one thread (tests/scripts/rank_fault_loop.py, rank 1 at fault): its baseline's
+    run with rank 1 killed, then its set_to_none rung's with rank 1's loader stuck for 60 s, under a 3 s collective
+    timeout. Two short runs: each fails at its fifth step."""
     out = tmp_path_factory.mktemp("faults") / "ablation"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": "", "FAULT_RANK": "1"}
     env.pop("TRAINFAST_RECIPE", None)
-    proc = subprocess.run([sys.executable, "-m", "trainfast", "ablate", "--out", str(out), "--mode", "each",
-                           "--switches", "set_to_none,gradient_as_bucket_view", "--repeats", "1", "--nproc", "2",
+    proc = subprocess.run([sys.executable, "-m", "trainfast", "ablate", "--out", str(out),
+                           "--switches", "set_to_none", "--repeats", "1", "--nproc", "2",
                            "--settle-within", "0", "--dist-timeout", "3s", "--",
                            sys.executable, str(ROOT / "tests" / "scripts" / "rank_fault_loop.py")],
                           env=env, capture_output=True, text=True, timeout=900)
@@ -188,27 +188,26 @@ def fault_time(run: Path, words: str) -> float:
 @pytest.mark.slow
 def test_a_rank_killed_mid_rung_fails_that_run_by_name_and_the_ablation_goes_on(faulted):
     rungs = {r["name"]: r for r in json.loads((faulted / "results.json").read_text())["rungs"]}
-    assert rungs["baseline"]["status"] == "done"
-    killed = rungs["set_to_none"]
+    killed = rungs["baseline"]
     assert killed["status"] == "failed"
     error = killed["error"]
     assert "rank 1 of 2 was killed by SIGKILL (exit code -9" in error, error
     assert "last seen waiting for its next batch in step 5" in error and "rank 1: killing myself" in error, error
-    run = faulted / "rungs" / "set_to_none-r0"
+    run = faulted / "rungs" / "baseline-r0"
     assert os.path.getmtime(run / "log.txt") - fault_time(run, "killing myself") < 20     # ended at once, no wait
-    assert rungs["gradient_as_bucket_view"]["status"] == "failed"      # the ladder went on to the next rung
+    assert (faulted / "rungs" / "set_to_none-r0" / "log.txt").is_file()     # the ladder went on to its next rung
     assert "rank 1 of 2 was killed by SIGKILL" in (faulted / "report.md").read_text()
 
 
 @pytest.mark.slow
 def test_a_rank_stuck_before_a_collective_is_named_within_the_timeout(faulted):
     rungs = {r["name"]: r for r in json.loads((faulted / "results.json").read_text())["rungs"]}
-    stuck = rungs["gradient_as_bucket_view"]
+    stuck = rungs["set_to_none"]
     error = stuck["error"]
     assert ("rank 1 of 2 did not arrive at a collective: it was last seen waiting for its next batch in step 5, "
             "while rank 0 was last seen in its backward (the gradient all-reduce) in step 5") in error, error
-    assert "Timed out" in error
-    run = faulted / "rungs" / "gradient_as_bucket_view-r0"
+    assert "Ranks 1 failed to pass monitoredBarrier" in error     # the Session named it too, in rank 0
+    run = faulted / "rungs" / "set_to_none-r0"
     # its loader sleeps 60 s: the job ended a few seconds after the 3 s timeout instead (the stuck rank beat till then)
     ended = read_heartbeats(run / "ranks")[1]["at"]
     assert ended - fault_time(run, "my loader stalls") < 25

@@ -1,9 +1,8 @@
-"""A Session loop for two ranks in which one rank can be made to fail: with FAULT_RANK=R in its environment, rank R
-is killed (SIGKILL, by itself) after its FAULT_STEP-th batch in runs whose recipe has set_to_none on, and its loader
-sleeps FAULT_SLEEP_S (60 s: far past any collective's timeout) at that batch in runs whose recipe has
-gradient_as_bucket_view on, so the other rank waits for it in the gradient all-reduce. An ablation of
-`--mode each --switches set_to_none,gradient_as_bucket_view` then has a clean baseline, a rung with a rank killed
-and a rung with a rank stuck, in that order. Each fault is printed with its time (time.time()) before it happens."""
+"""A Session loop for two ranks in which one rank fails: with FAULT_RANK=R in its environment, rank R is killed
+(SIGKILL, by itself) after its FAULT_STEP-th batch in runs whose recipe has set_to_none off, and its loader sleeps
+FAULT_SLEEP_S (60 s: far past any collective's timeout) at that batch in runs whose recipe has set_to_none on, so the
+other rank waits for it in the gradient all-reduce. An ablation of `--switches set_to_none` then has a baseline with a
+rank killed, then a rung with a rank stuck. Each fault is printed with its time (time.time()) before it happens."""
 import argparse
 import os
 import signal
@@ -27,7 +26,7 @@ def main() -> None:
     torch.set_num_threads(1)
     tf = trainfast.Session()
     mine = os.environ.get("FAULT_RANK") == os.environ.get("RANK", "0")
-    kill, stick = mine and tf.recipe.set_to_none, mine and tf.recipe.gradient_as_bucket_view
+    kill, stick = mine and not tf.recipe.set_to_none, mine and tf.recipe.set_to_none
     batches = 0
 
     def collate(samples):
