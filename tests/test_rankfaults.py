@@ -134,17 +134,24 @@ def test_each_rank_writes_its_phase_and_steps_as_it_trains(tmp_path):
     assert clock.where()[0] == "done"
 
 
-def test_a_failed_rung_of_the_builtin_run_names_its_rank():
-    """`ablate --nproc N` on the built-in run: the elastic launcher's ChildFailedError said as its first failure."""
+def test_a_failed_rung_of_the_builtin_run_names_its_rank(tmp_path, monkeypatch):
+    """`ablate --nproc N` on the built-in run: the elastic launcher's ChildFailedError said as its first failure, with
+    the heartbeats its ranks wrote and their lines in the rung's log."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
     from trainfast.ablation.rung import rank_failure
-    from trainfast.rankfaults import RankFailed
+    from trainfast.rankfaults import HEARTBEATS_ENV, RankFailed
 
-    failures = {1: ProcessFailure(local_rank=1, pid=4321, exitcode=-9, error_file="<N/A>")}
-    error = rank_failure(ChildFailedError("rung_worker", failures), 2)
+    for rank, phase in ((0, "backward"), (1, "optimizer")):
+        Heartbeat(tmp_path / "ranks", rank, lambda phase=phase: (phase, 7)).stop()
+    monkeypatch.setenv(HEARTBEATS_ENV, str(tmp_path / "ranks"))
+    (tmp_path / "log.txt").write_text("[rank1]: MemoryError: the optimizer's state\n")
+    failures = {1: ProcessFailure(local_rank=1, pid=4321, exitcode=1, error_file="<N/A>")}
+    error = rank_failure(ChildFailedError("rung_worker", failures), 2, str(tmp_path / "log.txt"))
     assert isinstance(error, RankFailed) and error.explained
-    assert "rank 1 of 2 was killed by SIGKILL (exit code -9, pid 4321)" in str(error)
+    assert str(error) == ("rank 1 of 2 exited with status 1 (exit code 1, pid 4321), last seen in its optimizer step "
+                          "in step 8; its last lines: MemoryError: the optimizer's state (the rung's 2 processes "
+                          "failed)")
 
 
 def test_a_collectives_timeout_given_to_the_ablation_reaches_the_scripts_runs():

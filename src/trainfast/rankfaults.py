@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Callable
 
 HEARTBEAT_S = 0.5            # how often each rank writes where it is: a file of ~100 bytes, replaced
-HEARTBEATS = "ranks"         # the folder beside a run's result where the ranks' heartbeats are written
+HEARTBEATS = "ranks"         # the folder in a run's folder where its ranks' heartbeats are written
+HEARTBEATS_ENV = "TRAINFAST_HEARTBEATS"     # that folder, for the ranks (set by the ablation for each run)
 LAST_LINES = 5               # a failed rank's own last lines quoted in the message
 
 # A step's phases in the order a rank goes through them; "backward" holds DDP's gradient all-reduce, the collective a
@@ -138,15 +139,18 @@ def laggard(beats: dict[int, dict]) -> int | None:
 def describe_rank_fault(exits: list[RankExit], beats: dict[int, dict], lines: list[str],
                         world: int | None = None) -> str | None:
     """What a failed distributed job's ranks say about why it failed (the module docstring), or None when nothing
-    names a rank. A collective that timed out names the rank it waited for (`laggard`); otherwise the launcher's root
-    cause is the rank at fault: how it ended, where it was last seen, its last lines."""
+    names a rank. A collective that timed out (the first rank to end said so) names the rank it waited for
+    (`laggard`); otherwise the launcher's root cause is the rank at fault: how it ended, where it was last seen, its
+    last lines."""
     world = world or (max([e.rank for e in exits] + list(beats)) + 1 if exits or beats else 0)
     of = f" of {world}" if world else ""
     root = next((e for e in exits if e.first), exits[0] if exits else None)
     behind = laggard(beats)
     own = rank_lines(lines, root.rank, root.local_rank) if root is not None else []
     timed_out = any(word in line.lower() for line in own for word in TIMEOUT_WORDS)
-    if behind is not None and (timed_out or root is None or root.rank != behind) and not killed(root, behind):
+    # Only a timeout says a rank waited for another: a rank that raised (or was killed) is the fault, wherever the
+    # others were.
+    if behind is not None and (timed_out or root is None) and not killed(root, behind):
         waited = "; ".join(f"rank {r} was {seen(b)}" for r, b in sorted(beats.items()) if r != behind)
         text = f"rank {behind}{of} did not arrive at a collective: it was {seen(beats[behind])}, while {waited}"
         if root is not None:

@@ -243,29 +243,35 @@ def rung_main(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> 
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
         from ..distributed import launch_local
+        from ..rankfaults import HEARTBEATS, HEARTBEATS_ENV
 
+        log = os.path.realpath("/proc/self/fd/2")           # the rung's log (procs.child_main), on Linux
+        if os.path.isfile(log):                              # its ranks' heartbeats beside it (rankfaults.py)
+            os.environ[HEARTBEATS_ENV] = os.path.join(os.path.dirname(log), HEARTBEATS)
         try:
             return launch_local(rung_worker, (job, recipe, budget, events), job.nproc)
         except ChildFailedError as exc:          # its 40-line table said as the rank that failed first
-            raise rank_failure(exc, job.nproc) from None
+            raise rank_failure(exc, job.nproc, log) from None
     return run_rung(job, recipe, events.put, budget)
 
 
-def rank_failure(exc, world: int) -> Exception:
-    """A rung's job that lost a rank, said by rank (rankfaults.py): how the first rank to fail ended and its last lines
-    (torch prefixes a rank's uncaught exception with its rank; the rung's log holds them)."""
+def rank_failure(exc, world: int, log: str = "") -> Exception:
+    """A rung's job that lost a rank, said by rank (rankfaults.py): how the first rank to fail ended, where it and the
+    others were last seen, and its last lines (torch prefixes a rank's uncaught exception with its rank; the rung's
+    log holds them)."""
     import sys
 
-    from ..rankfaults import RankFailed, describe_rank_fault, exits_of
+    from ..rankfaults import HEARTBEATS_ENV, RankFailed, describe_rank_fault, exits_of, read_heartbeats
 
     first = exc.get_first_failure()[0] if exc.failures else None
     sys.stderr.flush()
-    log, lines = os.path.realpath("/proc/self/fd/2"), []        # the rung's log (procs.child_main), on Linux
+    lines = []
     if os.path.isfile(log):
         with open(log, errors="replace") as f:
             lines = f.read()[-(1 << 20):].splitlines()
-    fault = describe_rank_fault(exits_of(exc.failures, first), {}, lines, world)
-    return RankFailed(f"the rung's {world} processes failed: {fault}") if fault is not None else exc
+    beats = read_heartbeats(os.environ[HEARTBEATS_ENV]) if os.environ.get(HEARTBEATS_ENV) else {}
+    fault = describe_rank_fault(exits_of(exc.failures, first), beats, lines, world)
+    return RankFailed(f"{fault} (the rung's {world} processes failed)") if fault is not None else exc
 
 
 def rung_worker(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> dict[str, Any]:

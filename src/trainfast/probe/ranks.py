@@ -162,14 +162,13 @@ def start_phases(probe, module: torch.nn.Module | None, active: Callable[[], boo
     without a Session has its loader's waits timed by it."""
     if probe.world_size == 1:
         return None
+    import os
+
+    from ..rankfaults import HEARTBEATS_ENV, Heartbeat
+
     clock = PhaseClock(module, active, loader=probe.session is None)
-    if probe.spec.result:            # a run of the ablation: its ranks' heartbeats beside its result (rankfaults.py)
-        import os
-        from pathlib import Path
-
-        from ..rankfaults import HEARTBEATS, Heartbeat
-
-        Heartbeat(Path(probe.spec.result).parent / HEARTBEATS, int(os.environ.get("RANK", "0")), clock.where)
+    if os.environ.get(HEARTBEATS_ENV):       # a run of the ablation: where its ranks' heartbeats go (rankfaults.py)
+        Heartbeat(os.environ[HEARTBEATS_ENV], int(os.environ.get("RANK", "0")), clock.where)
     return clock
 
 
