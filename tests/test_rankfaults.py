@@ -149,7 +149,7 @@ def test_a_failed_rung_of_the_builtin_run_names_its_rank(tmp_path, monkeypatch):
     failures = {1: ProcessFailure(local_rank=1, pid=4321, exitcode=1, error_file="<N/A>")}
     error = rank_failure(ChildFailedError("rung_worker", failures), 2, str(tmp_path / "log.txt"))
     assert isinstance(error, RankFailed) and error.explained
-    assert str(error) == ("rank 1 of 2 exited with status 1 (exit code 1, pid 4321), last seen in its optimizer step "
+    assert str(error) == ("rank 1 of 2 exited with status 1 (pid 4321), last seen in its optimizer step "
                           "in step 8; its last lines: MemoryError: the optimizer's state (the rung's 2 processes "
                           "failed)")
 

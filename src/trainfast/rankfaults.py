@@ -161,8 +161,8 @@ def describe_rank_fault(exits: list[RankExit], beats: dict[int, dict], lines: li
         return text
     if root is None:
         return None
-    pid = f", pid {root.pid}" if root.pid else ""
-    text = f"rank {root.rank}{of} {describe_end(root.exitcode)} (exit code {root.exitcode}{pid})"
+    detail = ([f"exit code {root.exitcode}"] if root.exitcode < 0 else []) + ([f"pid {root.pid}"] if root.pid else [])
+    text = f"rank {root.rank}{of} {describe_end(root.exitcode)}" + (f" ({', '.join(detail)})" if detail else "")
     if beats:
         text += f", {seen(beats.get(root.rank))}"
     return text + ("; its last lines: " + " | ".join(own) if own else "; it printed nothing before it ended")
