@@ -103,6 +103,19 @@ def test_a_rank_that_raised_is_the_fault_not_the_ranks_that_waited_for_it():
     assert describe_rank_fault([], {}, lines) is None      # nothing names a rank: the plain failure stands
 
 
+def test_a_run_stopped_at_its_time_limit_says_which_rank_the_others_waited_for(tmp_path):
+    from trainfast.rankfaults import explain_time_limit
+
+    for rank, phase, step in ((0, "backward", 3), (1, "forward", 3)):
+        Heartbeat(tmp_path, rank, lambda phase=phase, step=step: (phase, step)).stop()
+    stopped = {"error": "stopped after its time limit of 60 s", "timed_out": True}
+    assert explain_time_limit(stopped, tmp_path)["error"] == (
+        "stopped after its time limit of 60 s; rank 1 of 2 did not arrive at a collective: it was last seen in its "
+        "forward in step 4, while rank 0 was last seen in its backward (the gradient all-reduce) in step 4")
+    assert explain_time_limit({"error": "boom"}, tmp_path) == {"error": "boom"}
+    assert explain_time_limit(stopped, tmp_path / "none") == stopped       # one process: no heartbeats
+
+
 def test_the_laggard_is_behind_every_other_rank_or_none():
     assert laggard({0: beat(0, "backward", 7), 1: beat(1, "backward", 6), 2: beat(2, "backward", 7)}) == 1
     assert laggard({0: beat(0, "backward", 7), 1: beat(1, "backward", 7)}) is None

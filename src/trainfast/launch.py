@@ -89,7 +89,7 @@ def run_environment(fields: dict[str, Any], spec: MeasureSpec) -> dict[str, str]
     ranks = Path(spec.result).parent / HEARTBEATS
     # torchrun's own flags as its variables (read only under --nproc): each rank's lines prefixed with its local
     # rank in log.txt, and its own log files in the run's folder rather than a temporary folder left behind.
-    torchrun = {"PET_TEE": "3", "PET_LOG_DIR": str(ranks / "logs"), HEARTBEATS_ENV: str(ranks)}
+    torchrun = {"PET_TEE": "3", "PET_LOG_DIR": str(ranks / "logs"), HEARTBEATS_ENV: str(ranks)} if spec.result else {}
     return {RECIPE_ENV: json.dumps(fields), MEASURE_ENV: spec.to_env(),
             "PYTHONPATH": str(SITE_DIR) + (os.pathsep + path if path else ""), **process_env(fields), **torchrun}
 

@@ -168,6 +168,16 @@ def describe_rank_fault(exits: list[RankExit], beats: dict[int, dict], lines: li
     return text + ("; its last lines: " + " | ".join(own) if own else "; it printed nothing before it ended")
 
 
+def explain_time_limit(result: dict, folder: str | Path) -> dict:
+    """A run stopped at its time limit (procs.run_supervised: "timed_out") whose ranks' heartbeats show one behind
+    the others: its error says which rank the job was waiting for, and where (a collective whose own timeout is longer
+    than the run's limit). Any other result is returned as it is."""
+    if not result.get("timed_out"):
+        return result
+    fault = describe_rank_fault([], read_heartbeats(folder), [])
+    return {**result, "error": f"{result['error']}; {fault}"} if fault is not None else result
+
+
 def killed(root: RankExit | None, behind: int) -> bool:
     """A rank killed by a signal is behind the others because it is dead: it is the root cause, not a laggard."""
     return root is not None and root.exitcode < 0 and root.rank == behind
