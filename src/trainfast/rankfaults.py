@@ -195,7 +195,10 @@ class Heartbeat:
         self.path = Path(folder) / f"rank{rank}.json"
         self.rank, self.where = rank, where
         self.stopped = threading.Event()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass                                # beat() fails quietly too: the run goes on without its heartbeat
         self.beat()
         threading.Thread(target=self._run, name="trainfast-heartbeat", daemon=True).start()
 
