@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                      "trainfast.stats", "trainfast.procs", "trainfast.results", "trainfast.observers",
                      "trainfast.procstate", "trainfast.errors", "trainfast.modelnames", "trainfast.defaults",
                      "trainfast.quiet", "trainfast.scriptargs",
-                     "trainfast.printedmetric"]),
+                     "trainfast.printedmetric", "trainfast.rankfaults"]),
 ]
 
 

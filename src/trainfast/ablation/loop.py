@@ -22,6 +22,7 @@ from ..defaults import MAX_REPEATS, SETTLE_WITHIN_S, parse_size  # the CLI shows
 from ..measure import measure_ceiling
 from ..procstate import process_cpu_seconds, reference_check
 from ..quiet import held_lines
+from ..rankfaults import HEARTBEATS, explain_time_limit
 from ..recipe import RecipeError
 from ..results import AblationResult, Rung, Status
 from ..stats import MIN_EFFECT
@@ -211,7 +212,8 @@ class Launches:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / "recipe.json", recipe.to_dict())
         cpu, started = process_cpu_seconds(), time.monotonic()
-        result = self.launch(rung, recipe, budget, run_dir, display, limit)
+        # a run of several ranks stopped at its limit says which rank the others waited for (rankfaults.py)
+        result = explain_time_limit(self.launch(rung, recipe, budget, run_dir, display, limit), run_dir / HEARTBEATS)
         self.in_runs = (self.in_runs[0] + process_cpu_seconds() - cpu, self.in_runs[1] + time.monotonic() - started)
         display.finished(run_kind(rung, budget), time.monotonic() - started)
         if "error" not in result:

@@ -242,10 +242,10 @@ class CommandWork:
         self.target, self.cap_seen = target, cap_seen
 
     def fields(self, recipe: Recipe) -> dict[str, Any]:
-        """What reaches the script: only the switched fields, so its own settings (grad_accum_steps,
-        log_every...) stand and the baseline turns off whatever the script turned on."""
+        """What reaches the script: the switched fields (its own settings, grad_accum_steps..., stand; the baseline
+        turns off what the script turned on), and the settings given to the ablation that every run takes (given)."""
         values = recipe.to_dict()
-        return {k: values[k] for k in self.switched}
+        return {**given(self.base), **{k: values[k] for k in self.switched}}
 
     @property
     def ranks(self) -> int:
@@ -411,6 +411,12 @@ def note_carried(rung: Rung, sections: dict[str, Any]) -> None:
     text = f"carried from the rungs above but not applied in its runs: {problem}" if problem else ""
     if text and text not in rung.reason:
         rung.reason = f"{rung.reason}; {text}" if rung.reason else text
+
+
+def given(base: Recipe) -> dict[str, Any]:
+    """A collective's timeout given to the ablation (--dist-timeout) reaches every run of a script: a rank that does not
+    arrive ends the run then, named (rankfaults.py). Not given, the script's own timeout stands."""
+    return {"dist_timeout_s": base.dist_timeout_s} if base.dist_timeout_s != Recipe.dist_timeout_s else {}
 
 
 def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], *, recipe: Recipe | None,

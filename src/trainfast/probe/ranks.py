@@ -49,6 +49,8 @@ class PhaseClock:
         self._started: float | None = None
         self._stepping: float | None = None
         self.module = module
+        # Where this rank is in its step, for its heartbeat (rankfaults.py): one assignment per hook.
+        self.phase = "start"
         self.handles = [register_optimizer_step_pre_hook(self._step_begins),
                         register_optimizer_step_post_hook(self._step_ends)]
         if module is not None:
@@ -65,11 +67,14 @@ class PhaseClock:
 
     def _forward_begins(self, module, args) -> None:
         self._started = time.perf_counter() if self._training(module) else None
+        if self._started is not None:
+            self.phase = "forward"
 
     def _forward_ends(self, module, args, output) -> None:
         if self._started is not None:
             self._forward += time.perf_counter() - self._started
             self._started = None
+            self.phase = "backward"
 
     def _wrap_loader(self) -> tuple[Any, Any]:
         from torch.utils.data.dataloader import _BaseDataLoaderIter
@@ -97,6 +102,8 @@ class PhaseClock:
 
     def _step_begins(self, optimizer, args, kwargs) -> None:
         self._stepping = time.perf_counter() if self.active() else None
+        if self._stepping is not None:
+            self.phase = "optimizer"
 
     def _step_ends(self, optimizer, args, kwargs) -> None:
         if self._stepping is not None:
@@ -111,13 +118,19 @@ class PhaseClock:
         if self._stepping is not None:
             self._optimizer += time.perf_counter() - self._stepping
             self._stepping = None
+        self.phase = "data"
         self.forward_s.append(self._forward)
         self.optimizer_s.append(self._optimizer)
         if self.data_s is not None:
             self.data_s.append(self._data)
         self._forward = self._optimizer = self._data = 0.0
 
+    def where(self) -> tuple[str, int]:
+        """This rank's phase and the steps it has closed (its heartbeat's record)."""
+        return self.phase, len(self.forward_s)
+
     def remove(self) -> None:
+        self.phase = "done"
         for handle in self.handles:
             handle.remove()
         self.handles = []
@@ -147,7 +160,16 @@ def ddp_figures(module: Any) -> dict[str, float] | None:
 def start_phases(probe, module: torch.nn.Module | None, active: Callable[[], bool] = lambda: True):
     """A PhaseClock for a run of several processes (None in one: there is no other rank to compare with); a script
     without a Session has its loader's waits timed by it."""
-    return PhaseClock(module, active, loader=probe.session is None) if probe.world_size > 1 else None
+    if probe.world_size == 1:
+        return None
+    import os
+
+    from ..rankfaults import HEARTBEATS_ENV, Heartbeat
+
+    clock = PhaseClock(module, active, loader=probe.session is None)
+    if os.environ.get(HEARTBEATS_ENV):       # a run of the ablation: where its ranks' heartbeats go (rankfaults.py)
+        Heartbeat(os.environ[HEARTBEATS_ENV], int(os.environ.get("RANK", "0")), clock.where)
+    return clock
 
 
 def collect_ranks(probe) -> None:
