@@ -25,6 +25,9 @@ from trainfast.techniques.switch import RunContext  # noqa: E402
 
 CPU = torch.device("cpu")
 MIB = 2 ** 20
+# every DDP wrap switch as a run with none of them reads it back: DDP's own defaults
+DDP_DEFAULTS = {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": False, "static_graph": False,
+                "bf16_compress_hook": False, "fp16_compress_hook": False}
 
 
 def wrap_on_rank(rank: int, port: int, out: str) -> None:
@@ -45,7 +48,8 @@ def wrap_on_rank(rank: int, port: int, out: str) -> None:
     for name, recipe in (("asked", Recipe(ddp_bucket_mb=50.0, optimizer="sgd")), ("default", Recipe(optimizer="sgd")),
                          ("views", Recipe(gradient_as_bucket_view=True, optimizer="sgd")),
                          ("static", Recipe(static_graph=True, optimizer="sgd")),
-                         ("compressed", Recipe(bf16_compress_hook=True, optimizer="sgd"))):
+                         ("compressed", Recipe(bf16_compress_hook=True, optimizer="sgd")),
+                         ("fp16", Recipe(fp16_compress_hook=True, optimizer="sgd"))):
         tf = Session(recipe, device="cpu")
         model, optimizer = tf.setup(make_model(), None)
         inputs, targets = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
@@ -83,28 +87,30 @@ def test_two_gloo_ranks_build_ddp_with_each_wrap_switch_and_read_it_back(tmp_pat
     for report in ranks:
         assert report["asked"]["type"] == "DistributedDataParallel"
         assert report["asked"]["bucket_bytes_cap"] == 50 * MIB
-        assert report["asked"]["read_back"] == {"ddp_bucket_mb": 50.0, "gradient_as_bucket_view": False,
-                                                "static_graph": False, "bf16_compress_hook": False}
-        # unset: DDP's own defaults, read back from it
-        assert report["default"]["read_back"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": False,
-                                                  "static_graph": False, "bf16_compress_hook": False}
-        assert report["views"]["read_back"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": True,
-                                                "static_graph": False, "bf16_compress_hook": False}
+        assert report["asked"]["read_back"] == {**DDP_DEFAULTS, "ddp_bucket_mb": 50.0}
+        assert report["default"]["read_back"] == DDP_DEFAULTS           # unset: DDP's own defaults, read back from it
+        assert report["views"]["read_back"] == {**DDP_DEFAULTS, "gradient_as_bucket_view": True}
         assert report["static"]["read_back"]["static_graph"] and report["static"]["static_graph"]
-        assert report["compressed"]["read_back"]["bf16_compress_hook"]
-        # the all-reduced sum went through bf16: the gradient is bf16's rounding of the plain one
+        assert report["compressed"]["read_back"] == {**DDP_DEFAULTS, "bf16_compress_hook": True}
+        assert report["fp16"]["read_back"] == {**DDP_DEFAULTS, "fp16_compress_hook": True}
+        # the all-reduced sum went through bf16 (fp16): the gradient is that type's rounding of the plain one
         plain, rounded = torch.tensor(report["default"]["grad"]), torch.tensor(report["compressed"]["grad"])
         assert torch.equal(rounded, rounded.bfloat16().float()) and torch.allclose(plain, rounded, rtol=1e-2)
+        halved = torch.tensor(report["fp16"]["grad"])
+        assert torch.equal(halved, halved.half().float()) and torch.allclose(plain, halved, rtol=1e-3)
+        assert not torch.equal(halved, plain)
         assert report["default"]["grad_storages"] == report["default"]["parameters"]     # a buffer per gradient
         assert report["views"]["grad_storages"] == 1                                     # the bucket's, viewed
-    for name in ("asked", "views", "static", "compressed"):
+    for name in ("asked", "views", "static", "compressed", "fp16"):
         assert ranks[0][name]["grad"] == ranks[1][name]["grad"]                # all-reduced through the buckets
 
 
 @pytest.mark.parametrize("rung, changes", [("ddp_buckets", {"ddp_bucket_mb": 100.0}),
                                            ("gradient_as_bucket_view", {"gradient_as_bucket_view": True}),
                                            ("static_graph", {"static_graph": True}),
-                                           ("bf16_compress_hook", {"bf16_compress_hook": True})])
+                                           ("bf16_compress_hook", {"bf16_compress_hook": True}),
+                                           ("fp16_compress_hook", {"fp16_compress_hook": True,
+                                                                   "bf16_compress_hook": False})])
 def test_without_nproc_the_rung_is_not_applicable_and_with_two_ranks_it_is_measured(rung, changes):
     plan = plan_rungs(Recipe(), [rung], device=CPU)
     assert plan[1].changes == changes
@@ -126,6 +132,14 @@ def test_under_fsdp_the_ddp_rungs_are_not_applicable_and_train_says_so_in_one_pr
     assert any(n.startswith("--gradient-as-bucket-view has no effect here") and "--nproc 2" in n for n in notes)
 
 
+def test_one_communication_hook_at_a_time_and_a_later_hook_rung_swaps_the_one_above_it():
+    with pytest.raises(RecipeError, match="one communication hook"):
+        Recipe(bf16_compress_hook=True, fp16_compress_hook=True)
+    plan = plan_rungs(Recipe(), ["bf16_compress_hook", "fp16_compress_hook"], device=CPU)
+    assert plan[1].recipe.bf16_compress_hook and not plan[1].recipe.fp16_compress_hook
+    assert plan[2].recipe.fp16_compress_hook and not plan[2].recipe.bf16_compress_hook
+
+
 def test_the_bucket_size_must_be_positive():
     with pytest.raises(RecipeError, match="ddp_bucket_mb"):
         Recipe(ddp_bucket_mb=0)
@@ -141,13 +155,11 @@ def test_ablate_nproc_2_runs_the_rungs_and_their_records_read_the_settings_back(
     baseline, buckets, views = result.rungs
     for rung in (buckets, views):
         assert rung.status == "done" and rung.result.world_size == 2, rung.result
-    assert baseline.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": False,
-                                                    "static_graph": False, "bf16_compress_hook": False}
-    assert buckets.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 100.0, "gradient_as_bucket_view": False,
-                                                   "static_graph": False, "bf16_compress_hook": False}
+    assert baseline.repeats[0]["wrap_switches"] == DDP_DEFAULTS
+    assert buckets.repeats[0]["wrap_switches"] == {**DDP_DEFAULTS, "ddp_bucket_mb": 100.0}
     # the cumulative ladder: the views' rung keeps the bigger buckets above it
-    assert views.repeats[0]["wrap_switches"] == {"ddp_bucket_mb": 100.0, "gradient_as_bucket_view": True,
-                                                 "static_graph": False, "bf16_compress_hook": False}
+    assert views.repeats[0]["wrap_switches"] == {**DDP_DEFAULTS, "ddp_bucket_mb": 100.0,
+                                                 "gradient_as_bucket_view": True}
     # every run measured each rank (the built-in run gathers them at its end) and, nothing planted, names none slow
     for rung in (baseline, buckets, views):
         ranks = rung.repeats[0]["ranks"]

@@ -312,8 +312,9 @@ WRAP_ORDER: tuple[tuple[str, str], ...] = (
                                 "out as DDP is built), beside the bucket size it lays them out with"),
     ("static_graph", "a constructor option as well: the reducer records the first step's graph and rebuilds its "
                      "buckets once in the order it saw, out of the bucket size and views set above"),
-    ("bf16_compress_hook", "last: a communication hook is registered on the built wrapper, once and before the "
+    ("bf16_compress_hook", "a communication hook, registered on the built wrapper once and before the "
                            "first forward, and compresses the buckets the options above laid out"),
+    ("fp16_compress_hook", "beside bf16's, the same kind of hook: DDP takes only one (Recipe refuses two)"),
 )
 
 
