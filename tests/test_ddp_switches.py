@@ -27,7 +27,7 @@ CPU = torch.device("cpu")
 MIB = 2 ** 20
 # every DDP wrap switch as a run with none of them reads it back: DDP's own defaults
 DDP_DEFAULTS = {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": False, "static_graph": False,
-                "bf16_compress_hook": False, "fp16_compress_hook": False}
+                "bf16_compress_hook": False, "fp16_compress_hook": False, "powersgd_rank": 0}
 
 
 def wrap_on_rank(rank: int, port: int, out: str) -> None:
@@ -49,16 +49,20 @@ def wrap_on_rank(rank: int, port: int, out: str) -> None:
                          ("views", Recipe(gradient_as_bucket_view=True, optimizer="sgd")),
                          ("static", Recipe(static_graph=True, optimizer="sgd")),
                          ("compressed", Recipe(bf16_compress_hook=True, optimizer="sgd")),
-                         ("fp16", Recipe(fp16_compress_hook=True, optimizer="sgd"))):
+                         ("fp16", Recipe(fp16_compress_hook=True, optimizer="sgd")),
+                         ("powersgd", Recipe(powersgd_rank=1, optimizer="sgd"))):
         tf = Session(recipe, device="cpu")
         model, optimizer = tf.setup(make_model(), None)
         inputs, targets = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
-        tf.backward(nn.functional.cross_entropy(model(inputs), targets))        # the buckets all-reduce once
+        for _ in range(3 if name == "powersgd" else 1):        # PowerSGD compresses from the second all-reduce on
+            tf.state.model.zero_grad()
+            tf.backward(nn.functional.cross_entropy(model(inputs), targets))    # the buckets all-reduce once
         wrapped = tf.dist.wrapped
         report[name] = {"type": type(wrapped).__name__, "bucket_bytes_cap": wrapped.bucket_bytes_cap,
                         "static_graph": wrapped.static_graph,
                         "read_back": tf.dist.wrap_state(),
                         "grad": tf.state.model.head.bias.grad.tolist(),
+                        "grad_rank": int(torch.linalg.matrix_rank(tf.state.model.body[1].weight.grad)),
                         # one flat bucket holds every gradient of this small model: as views they share its storage
                         "grad_storages": len({p.grad.untyped_storage().data_ptr()
                                               for p in tf.state.model.parameters()}),
@@ -99,9 +103,12 @@ def test_two_gloo_ranks_build_ddp_with_each_wrap_switch_and_read_it_back(tmp_pat
         halved = torch.tensor(report["fp16"]["grad"])
         assert torch.equal(halved, halved.half().float()) and torch.allclose(plain, halved, rtol=1e-3)
         assert not torch.equal(halved, plain)
+        # PowerSGD at rank 1: the matrix all-reduced is the product of two thin factors, rank 1 where DDP's is not
+        assert report["powersgd"]["read_back"] == {**DDP_DEFAULTS, "powersgd_rank": 1}
+        assert report["powersgd"]["grad_rank"] == 1 and report["default"]["grad_rank"] > 1
         assert report["default"]["grad_storages"] == report["default"]["parameters"]     # a buffer per gradient
         assert report["views"]["grad_storages"] == 1                                     # the bucket's, viewed
-    for name in ("asked", "views", "static", "compressed", "fp16"):
+    for name in ("asked", "views", "static", "compressed", "fp16", "powersgd"):
         assert ranks[0][name]["grad"] == ranks[1][name]["grad"]                # all-reduced through the buckets
 
 
@@ -110,7 +117,9 @@ def test_two_gloo_ranks_build_ddp_with_each_wrap_switch_and_read_it_back(tmp_pat
                                            ("static_graph", {"static_graph": True}),
                                            ("bf16_compress_hook", {"bf16_compress_hook": True}),
                                            ("fp16_compress_hook", {"fp16_compress_hook": True,
-                                                                   "bf16_compress_hook": False})])
+                                                                   "bf16_compress_hook": False}),
+                                           ("powersgd", {"powersgd_rank": 2, "bf16_compress_hook": False,
+                                                         "fp16_compress_hook": False})])
 def test_without_nproc_the_rung_is_not_applicable_and_with_two_ranks_it_is_measured(rung, changes):
     plan = plan_rungs(Recipe(), [rung], device=CPU)
     assert plan[1].changes == changes
@@ -135,6 +144,8 @@ def test_under_fsdp_the_ddp_rungs_are_not_applicable_and_train_says_so_in_one_pr
 def test_one_communication_hook_at_a_time_and_a_later_hook_rung_swaps_the_one_above_it():
     with pytest.raises(RecipeError, match="one communication hook"):
         Recipe(bf16_compress_hook=True, fp16_compress_hook=True)
+    with pytest.raises(RecipeError, match="powersgd_rank"):
+        Recipe(powersgd_rank=1, bf16_compress_hook=True)
     plan = plan_rungs(Recipe(), ["bf16_compress_hook", "fp16_compress_hook"], device=CPU)
     assert plan[1].recipe.bf16_compress_hook and not plan[1].recipe.fp16_compress_hook
     assert plan[2].recipe.fp16_compress_hook and not plan[2].recipe.bf16_compress_hook

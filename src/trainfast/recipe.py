@@ -25,7 +25,7 @@ STRATEGIES = ("ddp", "fsdp", "dp")
 ATTENTION = ("model", "eager", "sdpa", "flex", "flash")   # the attention backends (techniques/attention.py)
 LR_SCALINGS = ("linear", "sqrt", "none")       # how the learning rate follows batch_scale (techniques/batch_scale.py)
 SCALE_BY = ("batch", "accumulation")           # what batch_scale multiplies: the micro-batch, or the accumulation
-COMM_HOOKS = ("bf16_compress_hook", "fp16_compress_hook")   # DDP communication hooks: one at a time
+COMM_HOOKS = ("bf16_compress_hook", "fp16_compress_hook", "powersgd_rank")   # DDP communication hooks: one at a time
 # The string fields that take one of a fixed set of values: validate_fields checks them, the CLI lists them.
 FIELD_CHOICES = {"precision": PRECISIONS, "precision_level": PRECISION_LEVELS, "optimizer": OPTIMIZERS,
                  "optimizer_impl": OPTIMIZER_IMPLS,
@@ -152,6 +152,7 @@ class Recipe:
     static_graph: bool = False        # DDP: the same parameters in the same graph every step (no per-step search)
     bf16_compress_hook: bool = False  # DDP: gradients all-reduced in bf16 (half the bytes; rounds them)
     fp16_compress_hook: bool = False  # DDP: gradients all-reduced in fp16 (half the bytes; rounds them less than bf16)
+    powersgd_rank: int = 0            # DDP: gradients all-reduced as PowerSGD's low-rank factors of this rank (0: off)
     dist_timeout_s: int = 300         # a rank silent this long is reported by rank and the run stops
 
     def __post_init__(self) -> None:
@@ -267,7 +268,7 @@ def apply_env_recipe(recipe: Recipe, environ: Mapping[str, str] | None = None) -
 
 POSITIVE_INTS = ("epochs", "batch_size", "log_every", "max_consecutive_skips", "keep_checkpoints", "grad_accum_steps",
                  "dist_timeout_s", "batch_scale")
-NON_NEGATIVE_INTS = ("warmup_steps", "seed", "save_every", "pad_to_multiple", "batch_tokens")
+NON_NEGATIVE_INTS = ("warmup_steps", "seed", "save_every", "pad_to_multiple", "batch_tokens", "powersgd_rank")
 
 
 def field_problem(name: str, value: Any) -> str | None:

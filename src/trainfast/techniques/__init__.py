@@ -315,6 +315,7 @@ WRAP_ORDER: tuple[tuple[str, str], ...] = (
     ("bf16_compress_hook", "a communication hook, registered on the built wrapper once and before the "
                            "first forward, and compresses the buckets the options above laid out"),
     ("fp16_compress_hook", "beside bf16's, the same kind of hook: DDP takes only one (Recipe refuses two)"),
+    ("powersgd_rank", "another communication hook, beside the two above (one at a time)"),
 )
 
 
