@@ -26,7 +26,7 @@ from trainfast.techniques.switch import RunContext  # noqa: E402
 CPU = torch.device("cpu")
 MIB = 2 ** 20
 # every DDP wrap switch as a run with none of them reads it back: DDP's own defaults
-DDP_DEFAULTS = {"ddp_bucket_mb": 25.0, "gradient_as_bucket_view": False, "static_graph": False,
+DDP_DEFAULTS = {"strategy": "ddp", "ddp_bucket_mb": 25.0, "gradient_as_bucket_view": False, "static_graph": False,
                 "bf16_compress_hook": False, "fp16_compress_hook": False, "powersgd_rank": 0}
 
 
@@ -68,6 +68,15 @@ def wrap_on_rank(rank: int, port: int, out: str) -> None:
                                               for p in tf.state.model.parameters()}),
                         "parameters": len(list(tf.state.model.parameters()))}
         tf.close()
+    for name, recipe in (("fsdp", Recipe(strategy="fsdp", optimizer="sgd")),):
+        tf = Session(recipe, device="cpu")
+        model, optimizer = tf.setup(make_model(), None)
+        loss = nn.functional.cross_entropy(model(torch.randn(4, 3, 8, 8)), torch.tensor([0, 1, 2, 3]))
+        block = tf.state.model.body._get_fsdp_state()._fsdp_param_group        # the first block, after its forward
+        report[name] = {"type": type(tf.dist.wrapped).__name__, "read_back": tf.dist.wrap_state(),
+                        "gathered_after_forward": block.is_unsharded}
+        tf.backward(loss)
+        tf.close()
     drain_collectives()
     torch.distributed.destroy_process_group()
     Path(out).write_text(json.dumps(report))
@@ -106,6 +115,9 @@ def test_two_gloo_ranks_build_ddp_with_each_wrap_switch_and_read_it_back(tmp_pat
         # PowerSGD at rank 1: the matrix all-reduced is the product of two thin factors, rank 1 where DDP's is not
         assert report["powersgd"]["read_back"] == {**DDP_DEFAULTS, "powersgd_rank": 1}
         assert report["powersgd"]["grad_rank"] == 1 and report["default"]["grad_rank"] > 1
+        # the strategy read back from the wrapper each run built; under FSDP2 only its switches are read
+        assert report["fsdp"]["type"].startswith("FSDP") and report["fsdp"]["read_back"] == {"strategy": "fsdp"}
+        assert not report["fsdp"]["gathered_after_forward"]          # resharded after its forward: FSDP2's default
         assert report["default"]["grad_storages"] == report["default"]["parameters"]     # a buffer per gradient
         assert report["views"]["grad_storages"] == 1                                     # the bucket's, viewed
     for name in ("asked", "views", "static", "compressed", "fp16", "powersgd"):
@@ -119,7 +131,8 @@ def test_two_gloo_ranks_build_ddp_with_each_wrap_switch_and_read_it_back(tmp_pat
                                            ("fp16_compress_hook", {"fp16_compress_hook": True,
                                                                    "bf16_compress_hook": False}),
                                            ("powersgd", {"powersgd_rank": 2, "bf16_compress_hook": False,
-                                                         "fp16_compress_hook": False})])
+                                                         "fp16_compress_hook": False}),
+                                           ("fsdp", {"strategy": "fsdp"})])
 def test_without_nproc_the_rung_is_not_applicable_and_with_two_ranks_it_is_measured(rung, changes):
     plan = plan_rungs(Recipe(), [rung], device=CPU)
     assert plan[1].changes == changes

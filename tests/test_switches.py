@@ -67,7 +67,7 @@ def test_the_derived_ladders_are_the_ones_written_by_hand_before():
                            "fused", "checkpointing", "compile_optimizer", "async_checkpoint", "optimizer_state",
                            "optimizer_state_4bit",
                            "ddp_buckets", "gradient_as_bucket_view", "static_graph",
-                           "bf16_compress_hook", "fp16_compress_hook", "powersgd",
+                           "bf16_compress_hook", "fp16_compress_hook", "powersgd", "fsdp",
                            "batch_2x", "batch_4x", "accum_4x"]
     assert RUNGS["master-bf16"] == {"precision": "bf16", "precision_level": "master"}
     assert RUNGS["workers"] == {"num_workers": 2} and RUNGS["checkpointing"] == {"activation_checkpointing": True}

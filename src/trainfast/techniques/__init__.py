@@ -306,6 +306,7 @@ def apply_optimizer_switches(optimizer: torch.optim.Optimizer, recipe, scheduler
 # switch that changes the buckets it runs over comes first. tests/test_switches.py fails when a wrap switch is
 # missing here.
 WRAP_ORDER: tuple[tuple[str, str], ...] = (
+    ("strategy", "the wrapper itself (DDP or FSDP2): it is chosen before any of its options; nothing to apply"),
     ("ddp_bucket_mb", "first: its bucket size is a constructor option and does nothing once the wrapper is built, "
                       "so it is in place before any switch that works on the built wrapper's buckets"),
     ("gradient_as_bucket_view", "a constructor option too (the reducer lays its buckets and the gradients' views "
