@@ -68,7 +68,8 @@ def wrap_on_rank(rank: int, port: int, out: str) -> None:
                                               for p in tf.state.model.parameters()}),
                         "parameters": len(list(tf.state.model.parameters()))}
         tf.close()
-    for name, recipe in (("fsdp", Recipe(strategy="fsdp", optimizer="sgd")),):
+    for name, recipe in (("fsdp", Recipe(strategy="fsdp", optimizer="sgd")),
+                         ("fsdp_kept", Recipe(strategy="fsdp", reshard_after_forward=False, optimizer="sgd"))):
         tf = Session(recipe, device="cpu")
         model, optimizer = tf.setup(make_model(), None)
         loss = nn.functional.cross_entropy(model(torch.randn(4, 3, 8, 8)), torch.tensor([0, 1, 2, 3]))
@@ -116,8 +117,11 @@ def test_two_gloo_ranks_build_ddp_with_each_wrap_switch_and_read_it_back(tmp_pat
         assert report["powersgd"]["read_back"] == {**DDP_DEFAULTS, "powersgd_rank": 1}
         assert report["powersgd"]["grad_rank"] == 1 and report["default"]["grad_rank"] > 1
         # the strategy read back from the wrapper each run built; under FSDP2 only its switches are read
-        assert report["fsdp"]["type"].startswith("FSDP") and report["fsdp"]["read_back"] == {"strategy": "fsdp"}
+        assert report["fsdp"]["type"].startswith("FSDP")
+        assert report["fsdp"]["read_back"] == {"strategy": "fsdp", "reshard_after_forward": True}
         assert not report["fsdp"]["gathered_after_forward"]          # resharded after its forward: FSDP2's default
+        assert report["fsdp_kept"]["read_back"] == {"strategy": "fsdp", "reshard_after_forward": False}
+        assert report["fsdp_kept"]["gathered_after_forward"]         # kept for the backward: ZeRO-2
         assert report["default"]["grad_storages"] == report["default"]["parameters"]     # a buffer per gradient
         assert report["views"]["grad_storages"] == 1                                     # the bucket's, viewed
     for name in ("asked", "views", "static", "compressed", "fp16", "powersgd"):
@@ -132,7 +136,8 @@ def test_two_gloo_ranks_build_ddp_with_each_wrap_switch_and_read_it_back(tmp_pat
                                                                    "bf16_compress_hook": False}),
                                            ("powersgd", {"powersgd_rank": 2, "bf16_compress_hook": False,
                                                          "fp16_compress_hook": False}),
-                                           ("fsdp", {"strategy": "fsdp"})])
+                                           ("fsdp", {"strategy": "fsdp"}),
+                                           ("no_reshard_after_forward", {"reshard_after_forward": False})])
 def test_without_nproc_the_rung_is_not_applicable_and_with_two_ranks_it_is_measured(rung, changes):
     plan = plan_rungs(Recipe(), [rung], device=CPU)
     assert plan[1].changes == changes
@@ -152,6 +157,16 @@ def test_under_fsdp_the_ddp_rungs_are_not_applicable_and_train_says_so_in_one_pr
     assert all(r.effect == EffectLabel.NOT_APPLICABLE and "strategy=fsdp" in r.reason for r in plan[1:])
     notes = idle_switches(Recipe(gradient_as_bucket_view=True), CPU, None)    # `trainfast train` without torchrun
     assert any(n.startswith("--gradient-as-bucket-view has no effect here") and "--nproc 2" in n for n in notes)
+
+
+def test_the_reshard_rung_is_not_applicable_under_ddp_and_measured_below_the_fsdp_rung():
+    plan = plan_rungs(Recipe(), ["no_reshard_after_forward"], device=CPU)
+    mark_effects(plan, RunContext(CPU, ranks=2, strategy="ddp"))
+    assert plan[1].effect == EffectLabel.NOT_APPLICABLE and "strategy=ddp" in plan[1].reason
+    plan = plan_rungs(Recipe(), ["fsdp", "no_reshard_after_forward"], device=CPU)
+    mark_effects(plan, RunContext(CPU, ranks=2, strategy="ddp"))    # each rung judged under its own wrapper
+    assert [r.effect for r in plan[1:]] == [EffectLabel.MEASURED] * 2
+    assert plan[2].recipe.strategy == "fsdp" and not plan[2].recipe.reshard_after_forward
 
 
 def test_one_communication_hook_at_a_time_and_a_later_hook_rung_swaps_the_one_above_it():

@@ -68,6 +68,7 @@ def test_the_derived_ladders_are_the_ones_written_by_hand_before():
                            "optimizer_state_4bit",
                            "ddp_buckets", "gradient_as_bucket_view", "static_graph",
                            "bf16_compress_hook", "fp16_compress_hook", "powersgd", "fsdp",
+                           "no_reshard_after_forward",
                            "batch_2x", "batch_4x", "accum_4x"]
     assert RUNGS["master-bf16"] == {"precision": "bf16", "precision_level": "master"}
     assert RUNGS["workers"] == {"num_workers": 2} and RUNGS["checkpointing"] == {"activation_checkpointing": True}
@@ -94,7 +95,7 @@ def test_the_derived_sets_are_the_ones_written_by_hand_before():
                                  "nonfinite", "num_workers", "prefetch_factor", "async_checkpoint", "passive_threads",
                                  "reuse_memory", "fast_fp32_matmul", "ddp_bucket_mb",
                                  "gradient_as_bucket_view", "static_graph", "bf16_compress_hook",
-                                 "fp16_compress_hook"}
+                                 "fp16_compress_hook", "reshard_after_forward"}
     assert techniques.tune_priority("classification") == ("channels_last", "decode_cache", "reuse_memory",
                                                           "set_to_none", "fused", "prefetch", "passive_threads",
                                                           "fast_fp32_matmul", "compile")

@@ -153,6 +153,7 @@ class Recipe:
     bf16_compress_hook: bool = False  # DDP: gradients all-reduced in bf16 (half the bytes; rounds them)
     fp16_compress_hook: bool = False  # DDP: gradients all-reduced in fp16 (half the bytes; rounds them less than bf16)
     powersgd_rank: int = 0            # DDP: gradients all-reduced as PowerSGD's low-rank factors of this rank (0: off)
+    reshard_after_forward: bool = True  # FSDP2: free gathered parameters after each block's forward (off: ZeRO-2)
     dist_timeout_s: int = 300         # a rank silent this long is reported by rank and the run stops
 
     def __post_init__(self) -> None:

@@ -317,6 +317,7 @@ WRAP_ORDER: tuple[tuple[str, str], ...] = (
                            "first forward, and compresses the buckets the options above laid out"),
     ("fp16_compress_hook", "beside bf16's, the same kind of hook: DDP takes only one (Recipe refuses two)"),
     ("powersgd_rank", "another communication hook, beside the two above (one at a time)"),
+    ("reshard_after_forward", "FSDP2's fully_shard keyword, given to every call with the wrapper's other options"),
 )
 
 
