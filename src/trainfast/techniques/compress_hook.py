@@ -40,6 +40,7 @@ def registered(name: str) -> Callable[[Any], bool]:
     return lambda wrapped: hook_name(wrapped) == name
 
 
+ACCELERATE = "DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.{}) among kwargs_handlers"
 SCRIPT_SETS_IT = "the adapter does not register communication hooks on the framework's DDP; the script sets it with "
 SWITCHES = (
     Switch((FIELD,),
@@ -47,22 +48,20 @@ SWITCHES = (
            resumable=True,
            changes_math=True,             # the summed gradients are rounded to bf16
            wrap=WrapSwitch("comm hook bf16_compress_hook", strategies=("ddp",), apply=registers(FIELD),
-                           state=registered(FIELD)),
+                           state=registered(FIELD), comm_hook="bf16"),
            unreachable={"transformers": "Trainer builds its DDP from TrainingArguments, which has no setting for a "
                                         "communication hook",
-                        "lightning": SCRIPT_SETS_IT + "DDPStrategy(ddp_comm_hook=default_hooks.bf16_compress_hook)",
-                        "accelerate": SCRIPT_SETS_IT + ("DistributedDataParallelKwargs("
-                                                        "comm_hook=DDPCommunicationHookType.BF16)")}),
+                        "lightning": SCRIPT_SETS_IT + "DDPStrategy(ddp_comm_hook=default_hooks.bf16_compress_hook)"},
+           frameworks={"accelerate": ACCELERATE.format("BF16")}),
     Switch((FP16,),
            # after bf16's, turning it off: DDP takes one hook, so a cumulative ladder swaps bf16 for fp16
            rungs=(RungSpec(FP16, {FP16: True, FIELD: False}, place=73.91),),
            resumable=True,
            changes_math=True,             # the summed gradients are rounded to fp16 (and may overflow past 65504)
            wrap=WrapSwitch("comm hook fp16_compress_hook", strategies=("ddp",), apply=registers(FP16),
-                           state=registered(FP16)),
+                           state=registered(FP16), comm_hook="fp16"),
            unreachable={"transformers": "Trainer builds its DDP from TrainingArguments, which has no setting for a "
                                         "communication hook",
-                        "lightning": SCRIPT_SETS_IT + "DDPStrategy(ddp_comm_hook=default_hooks.fp16_compress_hook)",
-                        "accelerate": SCRIPT_SETS_IT + ("DistributedDataParallelKwargs("
-                                                        "comm_hook=DDPCommunicationHookType.FP16)")}),
+                        "lightning": SCRIPT_SETS_IT + "DDPStrategy(ddp_comm_hook=default_hooks.fp16_compress_hook)"},
+           frameworks={"accelerate": ACCELERATE.format("FP16")}),
 )

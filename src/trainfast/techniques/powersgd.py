@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .compress_hook import FIELD as BF16, FP16, SCRIPT_SETS_IT, hook_name
+from .compress_hook import ACCELERATE, FIELD as BF16, FP16, SCRIPT_SETS_IT, hook_name
 from .switch import RungSpec, Switch, WrapSwitch
 
 FIELD = "powersgd_rank"
@@ -41,6 +41,11 @@ def powersgd_rank(wrapped: Any) -> int:
     return next(state.matrix_approximation_rank for _, state in wrapped._comm_hooks)
 
 
+def accelerate_state(rank: int) -> dict[str, int]:
+    """Accelerate's comm_state_option (the PowerSGDState keywords it registers the hook with) for `rank`."""
+    return {"matrix_approximation_rank": rank, "start_powerSGD_iter": START_STEP}
+
+
 SWITCHES = (
     Switch((FIELD,),
            # after the half-type hooks, turning them off: DDP takes one hook. Rank 2: what PowerSGD's paper trains
@@ -48,11 +53,11 @@ SWITCHES = (
            rungs=(RungSpec("powersgd", {FIELD: 2, BF16: False, FP16: False}, place=73.92),),
            changes_math=True,             # the all-reduced update is a low-rank approximation, its error fed back
            wrap=WrapSwitch("comm hook powerSGD_hook (matrix_approximation_rank)", strategies=("ddp",),
-                           apply=register_powersgd, state=powersgd_rank),
+                           apply=register_powersgd, state=powersgd_rank, comm_hook="power_sgd",
+                           comm_state=accelerate_state),
            unreachable={"transformers": "Trainer builds its DDP from TrainingArguments, which has no setting for a "
                                         "communication hook",
                         "lightning": SCRIPT_SETS_IT + "DDPStrategy(ddp_comm_state=powerSGD.PowerSGDState(...), "
-                                                      "ddp_comm_hook=powerSGD.powerSGD_hook)",
-                        "accelerate": SCRIPT_SETS_IT + ("DistributedDataParallelKwargs(comm_hook="
-                                                        "DDPCommunicationHookType.POWER_SGD, comm_state_option=...)")}),
+                                                      "ddp_comm_hook=powerSGD.powerSGD_hook)"},
+           frameworks={"accelerate": ACCELERATE.format("POWER_SGD") + ", comm_state_option={rank, first step}"}),
 )
