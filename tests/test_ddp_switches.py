@@ -189,18 +189,20 @@ def test_ablate_nproc_2_runs_the_rungs_and_their_records_read_the_settings_back(
     from trainfast.ablation import ablate
 
     result = ablate(make_model, make_split(), recipe=Recipe(optimizer="sgd", lr=0.05, batch_size=8, log_every=2),
-                    rungs=["ddp_buckets", "gradient_as_bucket_view"], device="cpu", out=tmp_path, show=False,
-                    nproc=2, noise_seeds=1, repeats=1, settle_within_s=0)
-    baseline, buckets, views = result.rungs
-    for rung in (buckets, views):
+                    rungs=["ddp_buckets", "gradient_as_bucket_view", "bf16_compress_hook"], device="cpu",
+                    out=tmp_path, show=False, nproc=2, noise_seeds=1, repeats=1, settle_within_s=0)
+    baseline, buckets, views, compressed = result.rungs
+    for rung in (buckets, views, compressed):
         assert rung.status == "done" and rung.result.world_size == 2, rung.result
     assert baseline.repeats[0]["wrap_switches"] == DDP_DEFAULTS
     assert buckets.repeats[0]["wrap_switches"] == {**DDP_DEFAULTS, "ddp_bucket_mb": 100.0}
     # the cumulative ladder: the views' rung keeps the bigger buckets above it
     assert views.repeats[0]["wrap_switches"] == {**DDP_DEFAULTS, "ddp_bucket_mb": 100.0,
                                                  "gradient_as_bucket_view": True}
+    assert compressed.repeats[0]["wrap_switches"] == {**DDP_DEFAULTS, "ddp_bucket_mb": 100.0,
+                                                      "gradient_as_bucket_view": True, "bf16_compress_hook": True}
     # every run measured each rank (the built-in run gathers them at its end) and, nothing planted, names none slow
-    for rung in (baseline, buckets, views):
+    for rung in (baseline, buckets, views, compressed):
         ranks = rung.repeats[0]["ranks"]
         assert [r["rank"] for r in ranks["ranks"]] == [0, 1] and ranks["straggler"] is None, ranks
         assert rung.result.ranks["straggler"] is None
