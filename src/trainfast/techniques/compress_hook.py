@@ -41,7 +41,8 @@ def registered(name: str) -> Callable[[Any], bool]:
 
 
 ACCELERATE = "DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.{}) among kwargs_handlers"
-SCRIPT_SETS_IT = "the adapter does not register communication hooks on the framework's DDP; the script sets it with "
+SCRIPT_SETS_IT = ("the adapter does not register communication hooks on Lightning's DDP (its DDPStrategy registers one "
+                  "on CUDA only); the script sets it with ")
 SWITCHES = (
     Switch((FIELD,),
            rungs=(RungSpec(FIELD, {FIELD: True}, place=73.9),),    # after the other DDP switches, before batch sizes
