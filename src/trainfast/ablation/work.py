@@ -78,7 +78,6 @@ def mark_effects(plan: list[Rung], run: RunContext, effect_of: Callable = data_e
     ladder what a ruled-out rung switched is not passed on to the rungs below it (a backend that cannot run here,
     carried into the next rung, would fail it)."""
     base, dropped = plan[0].recipe if plan else None, {}
-    effect_of = in_context(effect_of, run)
     for rung in plan[1:]:
         inherited = {k: getattr(base, k) for k, v in dropped.items()
                      if k not in rung.changes and getattr(rung.recipe, k) == v}
@@ -86,7 +85,9 @@ def mark_effects(plan: list[Rung], run: RunContext, effect_of: Callable = data_e
             rung.recipe = rung.recipe.replace(**inherited)
         if rung.status == Status.NO_EFFECT:         # ruled out when planned (a slow half type)
             continue
-        effect = changes_effect(rung.changes, run.device, run.model, run.split, effect_of)
+        # each rung is judged under the wrapper its own recipe builds: below an FSDP2 rung, FSDP2's switches act
+        wrapped = run if run.strategy is None else dataclasses.replace(run, strategy=rung.recipe.strategy)
+        effect = changes_effect(rung.changes, run.device, run.model, run.split, in_context(effect_of, wrapped))
         rung.effect, rung.reason = EffectLabel(effect.label), effect.reason
         if not effect.acts:
             rung.status = Status.NO_EFFECT
