@@ -331,6 +331,17 @@ class UnusedParametersWarning(UserWarning):
     pass
 
 
+def rank_threads(environ) -> int | None:
+    """Each CPU rank's share of the cores, or None where the user chose (OMP_NUM_THREADS). torchrun's command line
+    gives each of several ranks one thread when the user set none; a launch through its Python API (the ablation's
+    --nproc rungs) does not, and every rank then takes every core: ranks that oversubscribe the cores wait on each
+    other at every collective."""
+    if "OMP_NUM_THREADS" in environ:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, int(environ.get("LOCAL_WORLD_SIZE", "1"))))
+
+
 def setup_distributed(recipe, device: torch.device) -> Dist:
     """The process group from torchrun's environment, or the single-process no-op without it."""
     if not launched_by_torchrun():
@@ -349,6 +360,8 @@ def setup_distributed(recipe, device: torch.device) -> Dist:
             dist.init_process_group("nccl", timeout=timeout, device_id=device)
     elif owns:
         dist.init_process_group("gloo", timeout=timeout)
+    if device.type == "cpu" and (threads := rank_threads(os.environ)) is not None:
+        torch.set_num_threads(threads)
     # A separate gloo group for liveness checks and scalar reductions: it still works after a collective
     # of the training group timed out (which closes that group's connections), so it can name the rank.
     monitor = dist.new_group(backend="gloo", timeout=timeout)
