@@ -104,6 +104,11 @@ class Display:
         if self.show:
             self.console.print(f"reused {rung_label(rung)}, run {repeat + 1} (finished before the interruption)")
 
+    def note(self, text: str) -> None:
+        """Something the loop did that the runs line does not say (a run's rate not a measurement)."""
+        if self.show:
+            self.console.print(text, markup=False, highlight=False)
+
     def progress(self, rung: Rung, event: dict) -> None:
         self.progress_bar.update(self.task, completed=event["step"], total=event["total"], loss=f"{event['loss']:.3f}")
         self.update()

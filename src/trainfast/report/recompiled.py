@@ -1,0 +1,34 @@
+"""A run repeated for a recompile that left too few of its timed steps (ablation/recompiled.py), in words: the
+console's line, the rung's notes, and whether its rate is a measurement (the table's verdict)."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def repeat_text(short: dict[str, Any]) -> str:
+    return (f"recompiled at step {short['step']}: run repeated ({short['kept_steps']} of {short['timed_steps']} "
+            f"timed steps left once its compile's {short['steps']} were left out)")
+
+
+def again_text(short: dict[str, Any]) -> str:
+    return (f"recompiled again at step {short['step']} in the repeat ({short['kept_steps']} of "
+            f"{short['timed_steps']} timed steps left): its rate is not a measurement")
+
+
+def recompiled_notes(run: dict[str, Any], seed: Any) -> list[str]:
+    """A run's repeat for a recompile, in the rung's notes (report/notes.py)."""
+    done = run.get("recompiled")
+    if not done:
+        return []
+    out = [f"seed {seed}: {repeat_text(done['first'])}"]
+    if done.get("repeat_error"):
+        out.append(f"seed {seed}: the repeat failed ({done['repeat_error']}); the first run's rate is kept and is "
+                   "not a measurement")
+    elif done.get("again"):
+        out.append(f"seed {seed}: {again_text(done['again'])}")
+    return out
+
+
+def not_a_measurement(runs: list[dict[str, Any]]) -> bool:
+    """Whether any of a rung's runs kept a rate that is not a measurement (a recompile in its repeat too)."""
+    return any((run.get("recompiled") or {}).get("measurement") is False for run in runs)
