@@ -225,6 +225,23 @@ def test_a_second_recompile_in_the_repeat_is_said_and_not_a_measurement(tmp_path
     assert rows[1][3].startswith("not a measurement") and not rows[0][3].startswith("not a measurement"), rows
 
 
+def test_no_repeat_past_the_time_budget_and_the_rate_is_not_a_measurement(tmp_path):
+    from trainfast.ablation.recompiled import run_repeating
+
+    rungs = [scored_rung("baseline", [100, 101], 0.9), scored_rung("compile", [120, 121], 0.9, compile=True)]
+    display, out = plain_display(rungs)
+    launched = []
+    result, _ = run_repeating(lambda folder: launched.append(folder) or timed_record(SHORT, [0, 4]), tmp_path,
+                              display, "compile", fits=lambda seconds: False)
+    assert launched == [tmp_path] and result["recompiled"]["measurement"] is False      # launched once
+    assert "not repeated (no time left for it in the budget): its rate is not a measurement" in out.getvalue()
+    assert "plan: +1" not in out.getvalue()
+    rungs[1].repeats[0] = {**rungs[1].repeats[0], "recompiled": result["recompiled"]}
+    score_rungs(rungs, {"fp32": 1e12}, [0.9, 0.9])
+    said = " ".join(caveats(rungs[1]))
+    assert "seed 0: recompiled at step 4 (7 of 10 timed steps left) and not repeated" in said, said
+
+
 # --- pad_to_multiple ----------------------------------------------------------------------------------------------
 def documents(lengths: list[int]) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)

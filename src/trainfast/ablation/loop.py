@@ -205,16 +205,17 @@ class Launches:
         display.plan([run_kind(rung, budget) for rung, _, budget in ladder.queue
                       if rung.status not in (Status.NO_EFFECT, Status.SKIPPED)], why)
 
-    def run(self, key: str, rung: Rung, recipe, budget: TimingBudget | None, display, limit: float | None
-            ) -> dict[str, Any]:
-        """The run launched in its own folder (its recipe beside its log), kept in the store unless it failed."""
+    def run(self, key: str, rung: Rung, recipe, budget: TimingBudget | None, display, limit: float | None,
+            fits: Callable[[float], bool] = lambda seconds: True) -> dict[str, Any]:
+        """The run launched in its own folder (its recipe beside its log), kept in the store unless it failed;
+        `fits`: whether a run of so many seconds fits in the time left (a repeat for a recompile)."""
         run_dir = self.out_dir / "rungs" / key
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / "recipe.json", recipe.to_dict())
         cpu, began = process_cpu_seconds(), time.monotonic()
         # once more where a recompile left too few timed steps (recompiled.py); its last launch timed below
         result, started = run_repeating(lambda folder: self.launch(rung, recipe, budget, folder, display, limit),
-                                        run_dir, display, run_kind(rung, budget))
+                                        run_dir, display, run_kind(rung, budget), fits)
         self.in_runs = (self.in_runs[0] + process_cpu_seconds() - cpu, self.in_runs[1] + time.monotonic() - began)
         display.finished(run_kind(rung, budget), time.monotonic() - started)
         if "error" not in result:
@@ -317,7 +318,8 @@ class LadderRun:
             display.start_rung(rung, recipe.seed, len(rung.repeats) + 1 if timed else i + 1,
                                self.repeats if timed else self.noise_seeds)
             result = self.spending.spend(rung.recipe, timed, lambda: self.launches.run(
-                key, rung, recipe, budget, display, rung_time_limit(self.opts, self.plan[0])))
+                key, rung, recipe, budget, display, rung_time_limit(self.opts, self.plan[0]),
+                lambda seconds: self.spending.clock.fits(seconds + (self.spending.close_s or 0.0))))
         else:
             display.reused(rung, i)
         if "error" in result:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..report.recompiled import again_text, repeat_text
+from ..report.recompiled import again_text, not_repeated_text, repeat_text
 
 MIN_KEPT = 8        # measure.steps_to_time's floor: the fewest steady steps a rate is taken over
 REPEAT_DIR = "repeat"
@@ -47,21 +47,28 @@ def repeated(first: dict[str, Any], short: dict[str, Any], second: dict[str, Any
     """The result kept: the repeat's, with both recompiles recorded ("recompiled"); the first run's where the
     repeat failed (its recompile note then says so)."""
     if "error" in second:
-        return {**first, "recompiled": {"first": short, "repeat_error": second["error"], "measurement": False}}
+        return {**first, "recompiled": {"first": short, "not_repeated": f"the repeat failed: {second['error']}",
+                                        "measurement": False}}
     again = short_of_steps(second)
     return {**second, "recompiled": {"first": short, "again": again, "measurement": again is None}}
 
 
-def run_repeating(launch: Callable[[Path], dict[str, Any]], run_dir: Path, display, kind: str
-                  ) -> tuple[dict[str, Any], float]:
-    """The run in `run_dir`, and once more in its `repeat` folder where short_of_steps says so: the first run's
-    cost told to the display and the repeat added to its plan, with why (the console's line). Returns the result
-    kept (repeated) and when its last launch started (the caller times that one)."""
+def run_repeating(launch: Callable[[Path], dict[str, Any]], run_dir: Path, display, kind: str,
+                  fits: Callable[[float], bool] = lambda seconds: True) -> tuple[dict[str, Any], float]:
+    """The run in `run_dir`, and once more in its `repeat` folder where short_of_steps says so and a run as long
+    as the first `fits` in the time left (a budget is kept): the first run's cost told to the display and the
+    repeat added to its plan, with why (the console's line). Returns the result kept (repeated) and when its
+    last launch started (the caller times that one)."""
     started = time.monotonic()
     first = launch(run_dir)
     short = short_of_steps(first)
     if short is None:
         return first, started
+    if not fits(time.monotonic() - started):
+        result = {**first, "recompiled": {"first": short, "not_repeated": "no time left for it in the budget",
+                                          "measurement": False}}
+        display.note(not_repeated_text(short, result["recompiled"]["not_repeated"]))
+        return result, started
     display.finished(kind, time.monotonic() - started)
     display.plan([kind, *display.runs.planned], repeat_text(short))
     started = time.monotonic()

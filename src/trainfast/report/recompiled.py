@@ -15,16 +15,20 @@ def again_text(short: dict[str, Any]) -> str:
             f"{short['timed_steps']} timed steps left): its rate is not a measurement")
 
 
+def not_repeated_text(short: dict[str, Any], why: str) -> str:
+    return (f"recompiled at step {short['step']} ({short['kept_steps']} of {short['timed_steps']} timed steps left) "
+            f"and not repeated ({why}): its rate is not a measurement")
+
+
 def recompiled_notes(run: dict[str, Any], seed: Any) -> list[str]:
     """A run's repeat for a recompile, in the rung's notes (report/notes.py)."""
     done = run.get("recompiled")
     if not done:
         return []
+    if done.get("not_repeated"):
+        return [f"seed {seed}: {not_repeated_text(done['first'], done['not_repeated'])}"]
     out = [f"seed {seed}: {repeat_text(done['first'])}"]
-    if done.get("repeat_error"):
-        out.append(f"seed {seed}: the repeat failed ({done['repeat_error']}); the first run's rate is kept and is "
-                   "not a measurement")
-    elif done.get("again"):
+    if done.get("again"):
         out.append(f"seed {seed}: {again_text(done['again'])}")
     return out
 
