@@ -242,6 +242,18 @@ def test_no_repeat_past_the_time_budget_and_the_rate_is_not_a_measurement(tmp_pa
     assert "seed 0: recompiled at step 4 (7 of 10 timed steps left) and not repeated" in said, said
 
 
+def test_a_recompile_left_out_is_said_on_the_console_as_the_run_ends(tmp_path):
+    from trainfast.ablation.recompiled import run_repeating
+
+    display, out = plain_display([scored_rung("baseline", [100, 101], 0.9)])
+    launched = []
+    result, _ = run_repeating(lambda folder: launched.append(folder) or timed_record(ENOUGH, [0, 12]), tmp_path,
+                              display, "compile", name="compile, seed 0")
+    assert launched == [tmp_path] and "recompiled" not in result               # left out was enough: run once
+    assert ("compile, seed 0: recompiled at step 12: steps 12..13 left out of the rate as warm-up (5.4 s of "
+            "compilation, not the switch's rate)") in out.getvalue(), out.getvalue()
+
+
 # --- pad_to_multiple ----------------------------------------------------------------------------------------------
 def documents(lengths: list[int]) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)

@@ -215,7 +215,8 @@ class Launches:
         cpu, began = process_cpu_seconds(), time.monotonic()
         # once more where a recompile left too few timed steps (recompiled.py); its last launch timed below
         result, started = run_repeating(lambda folder: self.launch(rung, recipe, budget, folder, display, limit),
-                                        run_dir, display, run_kind(rung, budget), fits)
+                                        run_dir, display, run_kind(rung, budget), fits,
+                                        f"{rung.name}, seed {recipe.seed}")
         self.in_runs = (self.in_runs[0] + process_cpu_seconds() - cpu, self.in_runs[1] + time.monotonic() - began)
         display.finished(run_kind(rung, budget), time.monotonic() - started)
         if "error" not in result:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..report.recompiled import again_text, not_repeated_text, repeat_text
+from ..report.recompiled import again_text, left_out_texts, not_repeated_text, repeat_text
 
 MIN_KEPT = 8        # measure.steps_to_time's floor: the fewest steady steps a rate is taken over
 REPEAT_DIR = "repeat"
@@ -54,11 +54,21 @@ def repeated(first: dict[str, Any], short: dict[str, Any], second: dict[str, Any
 
 
 def run_repeating(launch: Callable[[Path], dict[str, Any]], run_dir: Path, display, kind: str,
-                  fits: Callable[[float], bool] = lambda seconds: True) -> tuple[dict[str, Any], float]:
+                  fits: Callable[[float], bool] = lambda seconds: True, name: str = "the run"
+                  ) -> tuple[dict[str, Any], float]:
     """The run in `run_dir`, and once more in its `repeat` folder where short_of_steps says so and a run as long
     as the first `fits` in the time left (a budget is kept): the first run's cost told to the display and the
     repeat added to its plan, with why (the console's line). Returns the result kept (repeated) and when its
-    last launch started (the caller times that one)."""
+    last launch started (the caller times that one). A compile left out of the kept run's rate is said on the
+    console as the run ends, `name` first (its rung and seed), as the rung's notes say it."""
+    result, started = run_once_more(launch, run_dir, display, kind, fits)
+    for text in left_out_texts(result):
+        display.note(f"{name}: {text}")
+    return result, started
+
+
+def run_once_more(launch: Callable[[Path], dict[str, Any]], run_dir: Path, display, kind: str,
+                  fits: Callable[[float], bool]) -> tuple[dict[str, Any], float]:
     started = time.monotonic()
     first = launch(run_dir)
     short = short_of_steps(first)

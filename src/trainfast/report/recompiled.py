@@ -5,6 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 
+def left_out_texts(run: dict[str, Any]) -> list[str]:
+    """A run's compiles inside its timed steps, each with the steps left out of its rate as warm-up (measure.Timing):
+    the rung's notes and, as each run ends, the console."""
+    out = []
+    for c in run.get("timing", {}).get("compiled_left_out") or []:
+        last = c["step"] + c["steps"] - 1
+        steps = f"steps {c['step']}..{last}" if last > c["step"] else f"step {c['step']}"
+        out.append(f"recompiled at step {c['step']}: {steps} left out of the rate as warm-up "
+                   f"({c.get('seconds', 0.0):.1f} s of compilation, not the switch's rate)")
+    return out
+
+
 def repeat_text(short: dict[str, Any]) -> str:
     return (f"recompiled at step {short['step']}: run repeated ({short['kept_steps']} of {short['timed_steps']} "
             f"timed steps left once its compile's {short['steps']} were left out)")
