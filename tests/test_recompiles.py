@@ -232,14 +232,15 @@ def test_no_repeat_past_the_time_budget_and_the_rate_is_not_a_measurement(tmp_pa
     display, out = plain_display(rungs)
     launched = []
     result, _ = run_repeating(lambda folder: launched.append(folder) or timed_record(SHORT, [0, 4]), tmp_path,
-                              display, "compile", fits=lambda seconds: False)
+                              display, "compile", fits=lambda seconds: False, name="compile, seed 0")
     assert launched == [tmp_path] and result["recompiled"]["measurement"] is False      # launched once
-    assert "not repeated (no time left for it in the budget): its rate is not a measurement" in out.getvalue()
+    assert ("compile, seed 0: recompiled at step 4 (7 of 10 timed steps left) and not measured again (no time left "
+            "for it in the budget): its rate is not a measurement") in out.getvalue(), out.getvalue()
     assert "plan: +1" not in out.getvalue()
     rungs[1].repeats[0] = {**rungs[1].repeats[0], "recompiled": result["recompiled"]}
     score_rungs(rungs, {"fp32": 1e12}, [0.9, 0.9])
     said = " ".join(caveats(rungs[1]))
-    assert "seed 0: recompiled at step 4 (7 of 10 timed steps left) and not repeated" in said, said
+    assert "seed 0: recompiled at step 4 (7 of 10 timed steps left) and not measured again" in said, said
 
 
 def test_a_recompile_left_out_is_said_on_the_console_as_the_run_ends(tmp_path):

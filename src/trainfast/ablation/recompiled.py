@@ -61,14 +61,16 @@ def run_repeating(launch: Callable[[Path], dict[str, Any]], run_dir: Path, displ
     repeat added to its plan, with why (the console's line). Returns the result kept (repeated) and when its
     last launch started (the caller times that one). A compile left out of the kept run's rate is said on the
     console as the run ends, `name` first (its rung and seed), as the rung's notes say it."""
-    result, started = run_once_more(launch, run_dir, display, kind, fits)
-    for text in left_out_texts(result):
+    said: list[str] = []
+    result, started = run_once_more(launch, run_dir, display, kind, fits, said)
+    for text in left_out_texts(result) + said:
         display.note(f"{name}: {text}")
     return result, started
 
 
 def run_once_more(launch: Callable[[Path], dict[str, Any]], run_dir: Path, display, kind: str,
-                  fits: Callable[[float], bool]) -> tuple[dict[str, Any], float]:
+                  fits: Callable[[float], bool], said: list[str]) -> tuple[dict[str, Any], float]:
+    """run_repeating's runs: `said` gets what the console says after them."""
     started = time.monotonic()
     first = launch(run_dir)
     short = short_of_steps(first)
@@ -77,13 +79,15 @@ def run_once_more(launch: Callable[[Path], dict[str, Any]], run_dir: Path, displ
     if not fits(time.monotonic() - started):
         result = {**first, "recompiled": {"first": short, "not_repeated": "no time left for it in the budget",
                                           "measurement": False}}
-        display.note(not_repeated_text(short, result["recompiled"]["not_repeated"]))
+        said.append(not_repeated_text(short, result["recompiled"]["not_repeated"]))
         return result, started
     display.finished(kind, time.monotonic() - started)
     display.plan([kind, *display.runs.planned], repeat_text(short))
     started = time.monotonic()
     result = repeated(first, short, launch(run_dir / REPEAT_DIR))
-    again = result["recompiled"].get("again")
-    if again is not None:
-        display.note(again_text(again))
+    done = result["recompiled"]
+    if done.get("again") is not None:
+        said.append(again_text(done["again"]))
+    elif done.get("not_repeated"):
+        said.append(not_repeated_text(short, done["not_repeated"]))
     return result, started

@@ -29,7 +29,7 @@ def again_text(short: dict[str, Any]) -> str:
 
 def not_repeated_text(short: dict[str, Any], why: str) -> str:
     return (f"recompiled at step {short['step']} ({short['kept_steps']} of {short['timed_steps']} timed steps left) "
-            f"and not repeated ({why}): its rate is not a measurement")
+            f"and not measured again ({why}): its rate is not a measurement")
 
 
 def recompiled_notes(run: dict[str, Any], seed: Any) -> list[str]:
