@@ -255,6 +255,19 @@ def test_a_recompile_left_out_is_said_on_the_console_as_the_run_ends(tmp_path):
             "compilation, not the switch's rate)") in out.getvalue(), out.getvalue()
 
 
+def test_a_repeat_fits_where_a_run_as_long_as_the_first_and_the_close_fit():
+    from types import SimpleNamespace
+
+    from trainfast.ablation.clock import RunClock
+    from trainfast.ablation.spending import LadderSpending
+
+    now = [0.0]
+    spending = LadderSpending(SimpleNamespace(clock=RunClock(now=lambda: now[0]), time_budget_s=100.0, target=None),
+                              "speed")
+    now[0], spending.close_s = 50.0, 10.0          # 50 s left, 10 of them kept for the ladder's close
+    assert spending.fits_s(39.0) and not spending.fits_s(41.0)
+
+
 # --- pad_to_multiple ----------------------------------------------------------------------------------------------
 def documents(lengths: list[int]) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)

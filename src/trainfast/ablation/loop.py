@@ -319,8 +319,7 @@ class LadderRun:
             display.start_rung(rung, recipe.seed, len(rung.repeats) + 1 if timed else i + 1,
                                self.repeats if timed else self.noise_seeds)
             result = self.spending.spend(rung.recipe, timed, lambda: self.launches.run(
-                key, rung, recipe, budget, display, rung_time_limit(self.opts, self.plan[0]),
-                lambda seconds: self.spending.clock.fits(seconds + (self.spending.close_s or 0.0))))
+                key, rung, recipe, budget, display, rung_time_limit(self.opts, self.plan[0]), self.spending.fits_s))
         else:
             display.reused(rung, i)
         if "error" in result:
