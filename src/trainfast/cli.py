@@ -201,6 +201,7 @@ def _doctor(args, recipe: Recipe) -> int:
     import torch
 
     from .doctor import DEFAULT_STEPS, ScriptFailed, doctor, observe_builtin, observe_script, watch_steps
+    from .doctor.progress import DoctorProgress
     from .recipe import resolve_device, validate_for_device
 
     out = Path(args.out) if args.out else Path("runs") / datetime.now().strftime("doctor-%Y%m%d-%H%M%S")
@@ -215,9 +216,11 @@ def _doctor(args, recipe: Recipe) -> int:
     if args.user_command:                # an empty one is refused by check_before_torch
         fields = {k: v for k, v in recipe.to_dict().items() if v != getattr(Recipe(), k)}   # the flags given
         try:
-            obs = observe_script(args.user_command, out, steps=steps, sync_steps=watch_steps(recipe.log_every),
-                                 device=str(device), timeout_s=args.script_timeout, eval_within=args.eval_within,
-                                 recipe_fields=fields, nproc=args.nproc)
+            with DoctorProgress() as progress:          # steps done of planned, the time left (as ablate's runs)
+                obs = observe_script(args.user_command, out, steps=steps, sync_steps=watch_steps(recipe.log_every),
+                                     device=str(device), timeout_s=args.script_timeout,
+                                     eval_within=args.eval_within, recipe_fields=fields, nproc=args.nproc,
+                                     progress=progress)
         except ScriptFailed as exc:
             print(f"trainfast doctor: {exc}", file=sys.stderr)
             return 1
@@ -226,8 +229,9 @@ def _doctor(args, recipe: Recipe) -> int:
 
         task = build_task(args.task)
         split = task.load_data(args.data, args.image_size)
-        obs = observe_builtin(lambda: task.build_model(args.model, split), split, recipe=recipe, device=device,
-                              steps=steps)
+        with DoctorProgress() as progress:
+            obs = observe_builtin(lambda: task.build_model(args.model, split), split, recipe=recipe, device=device,
+                                  steps=steps, progress=progress)
     doctor(obs, out)
     print(f"doctor.json: {out / 'doctor.json'}")
     return 0
