@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..instruments.loaders import LoaderListener, listen
 from ..measure.ranks import judge_ranks, rank_figures
 
 # DDP's own timing (`_get_ddp_logging_data()`, nanoseconds): averages over the iterations it samples (its first
@@ -76,19 +77,9 @@ class PhaseClock:
             self._started = None
             self.phase = "backward"
 
-    def _wrap_loader(self) -> tuple[Any, Any]:
-        from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-        original, clock = _BaseDataLoaderIter.__next__, self
-
-        def timed_next(iterator):
-            started = time.perf_counter()
-            try:
-                return original(iterator)
-            finally:
-                clock._data += time.perf_counter() - started
-        _BaseDataLoaderIter.__next__ = timed_next
-        return _BaseDataLoaderIter, original
+    def _wrap_loader(self) -> Callable[[], None]:
+        """Times each next(batch) into this step's data seconds (instruments/loaders.py); returns what stops it."""
+        return listen(_DataWait(self))
 
     def _outer_begins(self, module, args) -> None:
         if self.depth == 0:
@@ -135,9 +126,22 @@ class PhaseClock:
             handle.remove()
         self.handles = []
         if self._restore is not None:
-            owner, original = self._restore
-            owner.__next__ = original
+            self._restore()
             self._restore = None
+
+
+class _DataWait(LoaderListener):
+    """Each next(batch)'s seconds, into the phase clock's data seconds of the step (a batch that ends the pass too)."""
+
+    def __init__(self, clock: PhaseClock) -> None:
+        self.clock = clock
+
+    def around_next(self, iterator, fetch):
+        started = time.perf_counter()
+        try:
+            return fetch()
+        finally:
+            self.clock._data += time.perf_counter() - started
 
 
 def ddp_figures(module: Any) -> dict[str, float] | None:
