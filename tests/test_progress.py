@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from trainfast.ablation.clock import RunClock
 from trainfast.ablation.loop import Launches, run_kind
 from trainfast.ablation.rung import TimingBudget
 from trainfast.recipe import Recipe
@@ -120,6 +121,7 @@ def fake_ladder(**kw):
     budget = TimingBudget()
     queue = [(r, i, budget) for i in range(2) for r in (base, amp)] + [(base, 2, None)]
     opts = SimpleNamespace(settle_within_s=600.0, time_budget_s=None)
+    kw.setdefault("spending", SimpleNamespace(clock=RunClock()))     # no time budget: time left unbounded
     return SimpleNamespace(added=[], cut=None, measured=[base, amp], aim=None, opts=opts, queue=queue, repeats=2,
                            started=time.monotonic(), **kw)
 
@@ -188,3 +190,27 @@ def test_the_time_left_and_the_time_budget_price_a_run_by_one_record():
     assert plan.cost("compile") == clock.price(run_kind("speed"), Recipe(compile=True)) == 40.0   # the same sort
     assert plan.cost("baseline" + SEEDS) == clock.price(run_kind("speed", timed=False), Recipe()) == 60.0
     assert clock.costs.has(run_kind("speed"), recipe_key(Recipe(seed=3)))           # the seed is no other recipe
+
+
+def test_the_time_left_is_never_said_past_the_time_budgets_end(tmp_path):
+    """A plan cut to its floor (a baseline and one rung, 3 repeats) may still price past the budget: the runs past
+    it will not start (each is checked before it does), so the time left says the budget's end, and why."""
+    clock = Clock()
+    plan, budget = RunPlan(clock=clock), RunClock(total_s=100.0, now=clock)
+    plan.plan(ladder_pass(1))
+    run_through(plan, clock, 1)
+    plan.budget_left = budget.left
+    assert plan.left_s() == pytest.approx(100.0 - 60.0)
+    assert plan.line() == "2 of 3 runs, ~40 s left, where the time budget stops it"
+    change = plan.plan(["amp", "compile", "amp", "compile"], "cut to fit the time budget (100 s)")
+    assert plan.change_line(change).endswith("now 5 runs, ~40 s left (the time budget stops it then)")
+    plan.budget_left = RunClock(total_s=10_000.0, now=clock).left          # a budget the plan fits in: its own sum
+    assert plan.left_s() == pytest.approx(240.0) and "budget" not in plan.line()
+    # the ladder hands its clock to the display where a budget bounds it
+    launches = Launches(SimpleNamespace(), None, tmp_path)
+    ladder, shown = fake_ladder(spending=SimpleNamespace(clock=RunClock(total_s=300.0))), Recorder()
+    launches.plan(ladder, shown)
+    assert 290 < shown.runs.budget_left() <= 300
+    unbounded, shown = fake_ladder(), Recorder()
+    launches.plan(unbounded, shown)
+    assert shown.runs.budget_left is None

@@ -13,6 +13,7 @@ its rungs' measured runs, ends within that many seconds of the start.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,6 +204,8 @@ class Launches:
         display.runs.settle = ((window, [r.name for r in ladder.measured if r.status != Status.SKIPPED])
                                if settle and ladder.repeats < MAX_REPEATS and not (ladder.cut and ladder.cut.trimmed)
                                else None)
+        if math.isfinite(ladder.spending.clock.left()):      # the time left never said past the budget's end
+            display.runs.budget_left = ladder.spending.clock.left
         display.plan([run_kind(rung, budget) for rung, _, budget in ladder.queue
                       if rung.status not in (Status.NO_EFFECT, Status.SKIPPED)], why)
 

@@ -80,6 +80,9 @@ class RunPlan:
     clock: Callable[[], float] = time.monotonic
     noun: str = "runs"                       # what is counted: the ablation's runs, the selfcheck's checks
     planned_once: bool = False
+    # The seconds a time budget leaves (its clock's `left`), or None: a plan that would run past them is stopped
+    # there (a run starts only if its price fits), so the time left is never said as more than the budget's.
+    budget_left: Callable[[], float] | None = None
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -91,7 +94,7 @@ class RunPlan:
         change = None
         if self.planned_once and len(kinds) != before:
             change = {"after_run": self.done, "runs": len(kinds) - before, "why": why or "the plan changed",
-                      "total": self.total, "left_s": self.left_s()}
+                      "total": self.total, "left_s": self.left_s(), "budget_stops": self.budget_stops()}
             self.changes.append(change)
         self.planned_once = True
         self.note_first_estimate()
@@ -116,7 +119,15 @@ class RunPlan:
 
     def left_s(self) -> float | None:
         costs = [self.cost(kind) for kind in self.planned]
-        return None if None in costs else sum(costs)
+        if None in costs:
+            return None
+        return min(sum(costs), max(0.0, self.budget_left())) if self.budget_stops() else sum(costs)
+
+    def budget_stops(self) -> bool:
+        """Whether the time budget ends the plan before its runs do (the runs past it will not start)."""
+        costs = [self.cost(kind) for kind in self.planned]
+        return (self.budget_left is not None and None not in costs
+                and sum(costs) > max(0.0, self.budget_left()) + 1.0)
 
     def up_to_s(self) -> float | None:
         """The most the rest may take if settling adds passes: a pass is added only while it ends within the settle
@@ -146,14 +157,17 @@ class RunPlan:
         left, up_to = self.left_s(), self.up_to_s()
         more = (f", up to ~{seconds_text(up_to)} if passes are added to settle verdicts"
                 if up_to is not None and up_to > 1.1 * left + 5 else "")
+        stops = ", where the time budget stops it" if self.budget_stops() else ""
         return (f"{min(self.done + 1, self.total)} of {self.total} {self.noun}, "
-                + (f"~{seconds_text(left)} left{more}" if left is not None else "time left after the first of them"))
+                + (f"~{seconds_text(left)} left{stops}{more}" if left is not None
+                   else "time left after the first of them"))
 
     def change_line(self, change: dict[str, Any]) -> str:
         runs = change["runs"]
         left = change["left_s"]
+        stops = " (the time budget stops it then)" if change.get("budget_stops") else ""
         return (f"plan: {'+' if runs > 0 else ''}{runs} run(s), {change['why']}: now {change['total']} {self.noun}"
-                + (f", ~{seconds_text(left)} left" if left is not None else ""))
+                + (f", ~{seconds_text(left)} left{stops}" if left is not None else ""))
 
     def summary(self) -> dict[str, Any]:
         """What the finished job took beside what was planned (the report's line, results.json's settings)."""
