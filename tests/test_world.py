@@ -178,3 +178,43 @@ def test_a_sizes_lines_are_prefixed_with_its_size():
     stream.write("running baseline")
     stream.write(" … done\nnext\n")
     assert out.getvalue() == "[nproc 2] running baseline … done\n[nproc 2] next\n" and not stream.isatty()
+
+
+# --- end to end: the built-in run at 1 and 2 processes, with --target auto -------------------------------------------
+
+@pytest.mark.slow
+def test_ablate_at_one_and_two_processes_gives_rates_efficiency_and_time_to_target(tmp_path, monkeypatch):
+    """The baseline alone, one repeat, two seeds a size (the fewest a seed band takes), 2 gloo ranks of
+    one thread: the smallest ablation that shows every figure per size."""
+    import trainfast.ablation.aim as aim
+    import trainfast.ablation.loop as loop
+    from tests.dist_common import make_model, make_split
+    from trainfast.ablation import TimingBudget, ablate
+    from trainfast.recipe import Recipe
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr(loop, "TARGET_SEEDS", 2)
+    monkeypatch.setattr(aim, "TARGET_SEEDS", 2)
+    result = ablate(make_model, make_split(), recipe=Recipe(optimizer="sgd", lr=0.05, batch_size=8, log_every=2,
+                                                            epochs=2),
+                    rungs=["baseline"], device="cpu", out=tmp_path, show=False, nproc=(1, 2), repeats=1,
+                    noise_seeds=1, settle_within_s=0, target="auto",
+                    budget=TimingBudget(steps=4, seconds=1.0, floor=2, min_seconds=0.0))
+    world = result.settings["world"]
+    assert world["sizes"] == [1, 2] and world["target"]["auto"] and world["target"]["value"] is not None
+    one, two = (entry["rungs"][0] for entry in world["by_size"])
+    assert one["efficiency"] == 1.0 and one["throughput"] > 0
+    assert two["throughput"] > 0 and two["per_rank"] == pytest.approx(two["throughput"] / 2)
+    assert two["efficiency"] == pytest.approx(two["throughput"] / (2 * one["throughput"]), rel=0.05)
+    assert len([r for r in two["rank_rates"] if r]) == 2 and two["ranks_line"]
+    assert one["to_target"]["runs"] == 2 and two["to_target"]["runs"] == 2      # every size aimed at one level
+    assert two["vs_reference_target"]["verdict"] in ("sooner", "later", "no measurable difference",
+                                                     "did not reach the target")
+    # each size its own folder; the report folder's results.json and report.md carry the sizes side by side
+    smaller = json.loads((tmp_path / "results.json").read_text())
+    larger = json.loads((tmp_path / "nproc-2" / "results.json").read_text())
+    assert smaller["settings"]["nproc"] == 1 and larger["settings"]["nproc"] == 2
+    assert larger["settings"]["target"]["value"] == smaller["settings"]["target"]["value"]
+    assert smaller["settings"]["world"]["by_size"][1]["folder"] == "nproc-2"
+    report = (tmp_path / "report.md").read_text()
+    assert "## World size" in report and "### 2 processes" in report
