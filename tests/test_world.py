@@ -128,6 +128,61 @@ def test_time_to_target_at_each_size_against_the_smallest():
     assert world["target"]["value"] == 2.0 and "vs_reference_target" not in world["by_size"][0]["rungs"][0]
 
 
+# --- the ladders of the sizes, interleaved -------------------------------------------------------------------------
+
+def test_the_sizes_ladders_run_interleaved_a_run_of_each_in_turn(tmp_path, monkeypatch):
+    """Two sizes of a two-rung ladder on a fake launch: the runs alternate between the sizes, every size gets its
+    folder and the report folder's result carries the sizes side by side."""
+    import dataclasses
+
+    import torch
+
+    import trainfast.ablation.loop as loop
+    from trainfast.ablation import LadderOptions, TimingBudget
+    from trainfast.ablation.world import ablate_sizes
+    from trainfast.recipe import Recipe
+    from trainfast.results import Rung
+
+    # the machine's roof and reference workload are measured per ladder for real elsewhere: faked here, for speed
+    monkeypatch.setattr(loop, "ceiling", lambda work, precision: 1e11)
+    monkeypatch.setattr(loop, "reference_check", lambda dev: {"median_s": 0.01, "min_s": 0.01, "max_s": 0.01})
+    launched = []
+
+    class Work:
+        dev, settings, learned, flops_per_sample = torch.device("cpu"), {}, {}, None
+
+        def __init__(self, nproc):
+            self.nproc = nproc
+
+        def launcher(self, measure):
+            def launch(rung, recipe, budget, run_dir, display, limit):
+                launched.append((self.nproc, rung.name))
+                rate = (100.0 if rung.name == "baseline" else 120.0) * (0.8 * self.nproc if self.nproc > 1 else 1)
+                record = scored_rung("x", [rate / self.nproc], 0.9).repeats[0]
+                return {**record, "seed": recipe.seed, "world_size": self.nproc, "wall_time_s": 1.0}
+            return launch
+
+        def metric(self, measure):
+            return ("accuracy", "max")
+
+        def after_run(self, plan):
+            return None
+
+    def ladder_at(nproc):
+        plan = [Rung("baseline", {}, Recipe()), Rung("fused", {"optimizer_impl": "fused"},
+                                                     Recipe(optimizer_impl="fused"))]
+        return plan, Work(nproc), {"nproc": nproc, "budget": dataclasses.asdict(TimingBudget())}
+
+    opts = LadderOptions(repeats=2, noise_seeds=2, show=False, settle_within_s=None)
+    result = ablate_sizes((1, 2), ladder_at, tmp_path, opts)
+    assert launched == [(1, "baseline"), (2, "baseline"), (1, "fused"), (2, "fused")] * 2
+    assert (tmp_path / "results.json").exists() and (tmp_path / "nproc-2" / "results.json").exists()
+    two = result.settings["world"]["by_size"][1]
+    assert two["folder"] == "nproc-2" and [r["rung"] for r in two["rungs"]] == ["baseline", "fused"]
+    assert two["rungs"][0]["efficiency"] == pytest.approx(0.8, rel=0.05)
+    assert "## World size" in (tmp_path / "report.md").read_text()
+
+
 # --- the report, results.json and the console, from faked records ---------------------------------------------------
 
 def world_result(tmp_path):
