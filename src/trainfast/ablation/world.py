@@ -154,7 +154,10 @@ class WorldRun:
 
         from ..report.world import console_table
 
-        Console().print(console_table(result))
+        console = Console()
+        if not console.is_terminal:         # piped or logged: wide enough that the table is not wrapped
+            console = Console(width=max(console.width, 230))
+        console.print(console_table(result))
 
 
 def ablate_sizes(sizes: tuple[int, ...], ladder_at: Ladder, out: str | Path | None,
