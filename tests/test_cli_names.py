@@ -139,7 +139,7 @@ def test_every_duration_flag_uses_the_one_duration_type(command):
 def test_the_duration_flags_are_found_and_the_check_can_fail():
     found = {a.dest for c in SUBCOMMANDS for a in subparser(c)._actions if isinstance(a.type, Duration)}
     assert found == {"dist_timeout_s", "rung_timeout", "settle_within", "timing_budget", "budget",
-                     "script_timeout", "eval_within"}
+                     "script_timeout", "eval_within", "rdzv_timeout"}
     bad = argparse.ArgumentParser()
     bad.add_argument("--warmup-timeout", type=float, metavar="SECONDS")        # a plain float
     bad.add_argument("--idle-seconds", type=Duration(), metavar="DURATION")    # the unit in the name

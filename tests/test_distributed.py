@@ -19,7 +19,7 @@ from dist_common import MEAN, STD, make_model, make_split  # noqa: E402
 from trainfast import Recipe, RecipeError, train  # noqa: E402
 from trainfast.data.datasets import normalize, stats_tensors  # noqa: E402
 from trainfast.data.loader import build_loader  # noqa: E402
-from trainfast.distributed import Dist, ShardSampler, find_unused_parameters, free_port  # noqa: E402
+from trainfast.distributed import Dist, ShardSampler, find_unused_parameters, free_port, rank_threads  # noqa: E402
 from trainfast.recipe import validate_for_device  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -327,3 +327,11 @@ def test_nccl_ddp_on_two_gpus(tmp_path):
     code, log = finish(proc)
     assert code == 0, log[-4000:]
     assert (tmp_path / "run" / "model.pt").exists()
+
+
+def test_cpu_ranks_share_the_cores_unless_the_user_chose(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert rank_threads({"LOCAL_WORLD_SIZE": "2"}) == 4
+    assert rank_threads({"LOCAL_WORLD_SIZE": "16"}) == 1
+    assert rank_threads({}) == 8
+    assert rank_threads({"LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "8"}) is None

@@ -39,7 +39,7 @@ def test_doctor_refuses_bad_flags_before_work(capsys):
         assert "torch sees no GPU: " in capsys.readouterr().err
 
 
-def test_doctor_on_a_script(tmp_path):
+def test_doctor_on_a_script(tmp_path, capsys):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     out = tmp_path / "doc"
@@ -49,6 +49,17 @@ def test_doctor_on_a_script(tmp_path):
     syncs = next(f for f in data["findings"] if f["name"] == "host-device syncs per step")
     assert syncs["status"] == "measured" and "loss.item()" in syncs["evidence"]    # a problem on a GPU only
     assert data["observations"]["steps_run"] == 1 + 4 + 4          # stopped after its steps (4 watched: --log-every)
+    # a plain loop: the switches trainfast could apply to it, none of their savings measured by the doctor
+    switches = {f["name"].split("(--switches ")[1]: f for f in data["findings"] if f["group"] == "switch"}
+    assert set(switches) == {"amp)", "compile)", "fused)"}, switches
+    assert data["observations"]["observed"]["optimizer"] == "SGD"
+    for f in switches.values():
+        assert f["status"] == "switch" and f["cost_s"] is None and f"-- {sys.executable} {script}`" in f["fix"]
+    # what it did, off a terminal: plain lines, its steps read from the file the script's process wrote
+    said = capsys.readouterr().out
+    assert "running the script: its start-up and first step … (1 of 9 steps, time left after the first" in said, said
+    assert "running the script's steps, watched (syncs, shapes, gradients), then timed … (2 of 9 steps" in said, said
+    assert json.loads((out / "progress.json").read_text())["steps"] >= 1
 
 
 @pytest.mark.slow

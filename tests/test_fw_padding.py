@@ -241,22 +241,24 @@ def test_document_lengths_read_mappings_lists_and_tensors_of_token_ids():
 # --- the examples, end to end through `trainfast ablate` ------------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("example, framework", [("lightning_causal_lm.py", "lightning"),
-                                                ("accelerate_causal_lm.py", "accelerate")])
-def test_the_examples_padding_rungs_are_applied_and_rated_in_tokens(tmp_path, example, framework):
+@pytest.mark.parametrize("example, framework, rung, setting", [
+    ("lightning_causal_lm.py", "lightning", "padding_free", PACKS),
+    ("accelerate_causal_lm.py", "accelerate", "group_by_length", GROUPED)])
+def test_the_examples_padding_rungs_are_applied_and_rated_in_tokens(tmp_path, example, framework, rung, setting):
     """examples/lightning_causal_lm.py and examples/accelerate_causal_lm.py (neither imports trainfast) under
-    `trainfast ablate --switches padding_free,group_by_length`: both rungs run as applied, each switch read back
-    from the training loader, the rate in tokens (the script's batches are a language model's)."""
+    `trainfast ablate`: the rung runs as applied, its switch read back from the training loader, the rate in tokens
+    (the script's batches are a language model's). One switch an example: each switch reaches both frameworks'
+    loaders in this process (test_lightning_packs_and_groups_..., test_accelerate_packs_and_groups_...), so the
+    end-to-end runs prove the examples and the ablation around them, each switch once."""
     from trainfast.ablation import ablate_command
     from trainfast.results import Status
 
     result = ablate_command([sys.executable, os.path.join(fwkit.ROOT, "examples", example), "--documents", "96"],
-                            device="cpu", out=tmp_path / "ablation", rungs=["padding_free", "group_by_length"],
+                            device="cpu", out=tmp_path / "ablation", rungs=[rung],
                             repeats=1, noise_seeds=1, show=False, settle_within_s=0, mode="each")
     rungs = {r.name: r for r in result.rungs}
     assert all(r.status == Status.DONE for r in rungs.values()), {n: (r.status, r.reason) for n, r in rungs.items()}
-    for name, setting in (("padding_free", PACKS), ("group_by_length", GROUPED)):
-        switches = rungs[name].repeats[0]["frameworks"][framework]["switches"]
-        assert switches[setting]["applied"] and switches[setting]["read_back"] is True, switches
-        assert rungs[name].repeats[0]["rate_unit"] == "tokens/s"
+    switches = rungs[rung].repeats[0]["frameworks"][framework]["switches"]
+    assert switches[setting]["applied"] and switches[setting]["read_back"] is True, switches
+    assert all(r.repeats[0]["rate_unit"] == "tokens/s" for r in rungs.values())
     assert result.settings["script_task"]["name"] == "lm"

@@ -38,12 +38,14 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("session", ["trainfast.session", "trainfast.session.*"]),
     ("techniques, data, distribution", ["trainfast.techniques", "trainfast.techniques.*", "trainfast.data",
                                         "trainfast.data.*", "trainfast.detection", "trainfast.detection.*",
-                                        "trainfast.distributed", "trainfast.faults", "trainfast.checkpoint",
+                                        "trainfast.distributed", "trainfast.nodes", "trainfast.faults",
+                                        "trainfast.checkpoint",
                                         "trainfast.models", "trainfast.text", "trainfast.text.*"]),
     ("foundations", ["trainfast.recipe", "trainfast.target", "trainfast.measure", "trainfast.measure.*",
                      "trainfast.stats", "trainfast.procs", "trainfast.results", "trainfast.observers",
                      "trainfast.procstate", "trainfast.errors", "trainfast.modelnames", "trainfast.defaults",
-                     "trainfast.quiet", "trainfast.scriptargs"]),
+                     "trainfast.quiet", "trainfast.scriptargs",
+                     "trainfast.printedmetric", "trainfast.rankfaults"]),
 ]
 
 

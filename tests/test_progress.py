@@ -173,3 +173,18 @@ def test_the_selfcheck_table_carries_the_checks_left():
     out = io.StringIO()
     Console(file=out, width=120).print(build_table([Result("amp", "pass", seconds=4.0)], "selfcheck", plan.line()))
     assert "2 of 2 checks, ~4 s left" in out.getvalue()
+
+
+def test_the_time_left_and_the_time_budget_price_a_run_by_one_record():
+    """RunPlan (the time left) and RunClock (the budget) keep their costs in one RunCosts and price alike: the same
+    sort and subject, else the same sort, else the same subject, else every run."""
+    from trainfast.ablation.clock import RunClock, recipe_key, run_kind
+    from trainfast.report.progress import RunCosts
+
+    plan, clock = RunPlan(), RunClock()
+    assert isinstance(plan.costs, RunCosts) and isinstance(clock.costs, RunCosts)
+    plan.finished("baseline", 60.0), plan.finished("amp", 20.0)
+    clock.spend(run_kind("speed"), Recipe(), 60.0), clock.spend(run_kind("speed"), Recipe(channels_last=True), 20.0)
+    assert plan.cost("compile") == clock.price(run_kind("speed"), Recipe(compile=True)) == 40.0   # the same sort
+    assert plan.cost("baseline" + SEEDS) == clock.price(run_kind("speed", timed=False), Recipe()) == 60.0
+    assert clock.costs.has(run_kind("speed"), recipe_key(Recipe(seed=3)))           # the seed is no other recipe

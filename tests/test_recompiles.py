@@ -153,6 +153,121 @@ def test_the_recompile_left_out_is_said_in_the_notes():
     assert not any("recompiled at" in note for note in caveats(rungs[0]))
 
 
+def timed_record(seconds: list[float], compiles: list[int]) -> dict:
+    """A run's record as the ablation reads it back: its timing from these step times and compile steps."""
+    from trainfast.measure import Timing
+
+    return {"seed": 0, "timing": Timing.from_steps(fake_steps(seconds), compiles=compiles).to_dict()}
+
+
+# a whole run of 10 timed steps whose recompile at step 4 and its tail take 3 of them: 7 left for the rate
+SHORT = [2.0] + [0.1] * 3 + [5.0, 0.4, 0.3] + [0.1] * 4
+ENOUGH = [2.0] + [0.1] * 11 + [5.0, 0.4] + [0.1] * 16
+
+
+def test_a_recompile_that_leaves_too_few_timed_steps_asks_for_a_repeat():
+    from trainfast.ablation.recompiled import MIN_KEPT, short_of_steps
+
+    short = short_of_steps(timed_record(SHORT, [0, 4]))
+    assert short == {"step": 4, "steps": 3, "seconds": pytest.approx(5.7), "timed_steps": 10, "kept_steps": 7}, short
+    assert short["kept_steps"] < MIN_KEPT
+    assert short_of_steps(timed_record(ENOUGH, [0, 12])) is None          # 25 of 27 kept: left out is enough
+    assert short_of_steps(timed_record(SHORT, [0])) is None               # no recompile past warm-up
+    assert short_of_steps({"error": "it failed"}) is None
+
+
+def plain_display(rungs):
+    import io
+
+    from rich.console import Console
+
+    from trainfast.report import Display
+
+    out = io.StringIO()
+    display = Display(rungs, {}, {"device_name": "cpu", "device": "cpu"}, console=Console(file=out, width=200))
+    display.plan(["compile", "baseline"])
+    return display, out
+
+
+def test_the_run_is_repeated_once_and_the_console_and_notes_say_so(tmp_path):
+    from trainfast.ablation.recompiled import run_repeating
+
+    rungs = [scored_rung("baseline", [100, 101], 0.9), scored_rung("compile", [120, 121], 0.9, compile=True)]
+    display, out = plain_display(rungs)
+    launched = []
+    records = iter([timed_record(SHORT, [0, 4]), timed_record(ENOUGH, [0])])
+    result, _ = run_repeating(lambda folder: launched.append(folder) or next(records), tmp_path, display, "compile")
+    assert launched == [tmp_path, tmp_path / "repeat"]
+    assert result["recompiled"]["measurement"] is True and result["timing"]["compiled_left_out"] == []
+    said = out.getvalue()
+    assert "plan: +1 run(s), recompiled at step 4: run repeated (" in said and "now 3 runs" in said, said
+    assert display.runs.done == 1 and display.runs.planned == ["compile", "baseline"]
+    rungs[1].repeats[0] = {**rungs[1].repeats[0], **result, "timing": rungs[1].repeats[0]["timing"]}
+    score_rungs(rungs, {"fp32": 1e12}, [0.9, 0.9])
+    assert any("seed 0: recompiled at step 4: run repeated" in note for note in caveats(rungs[1]))
+    assert not any("not a measurement" in note for note in caveats(rungs[1]))
+
+
+def test_a_second_recompile_in_the_repeat_is_said_and_not_a_measurement(tmp_path):
+    from trainfast.ablation.recompiled import run_repeating
+    from trainfast.report.table import Columns, table_rows
+
+    rungs = [scored_rung("baseline", [100, 101], 0.9), scored_rung("compile", [120, 121], 0.9, compile=True)]
+    display, out = plain_display(rungs)
+    records = iter([timed_record(SHORT, [0, 4]), timed_record(SHORT, [0, 4])])
+    result, _ = run_repeating(lambda folder: next(records), tmp_path, display, "compile")
+    assert result["recompiled"]["measurement"] is False
+    assert "recompiled again at step 4 in the repeat" in out.getvalue() and "not a measurement" in out.getvalue()
+    rungs[1].repeats[1] = {**rungs[1].repeats[1], "recompiled": result["recompiled"]}
+    score_rungs(rungs, {"fp32": 1e12}, [0.9, 0.9])
+    assert any("recompiled again at step 4 in the repeat" in note for note in caveats(rungs[1]))
+    rows = table_rows(rungs, Columns())
+    assert rows[1][3].startswith("not a measurement") and not rows[0][3].startswith("not a measurement"), rows
+
+
+def test_no_repeat_past_the_time_budget_and_the_rate_is_not_a_measurement(tmp_path):
+    from trainfast.ablation.recompiled import run_repeating
+
+    rungs = [scored_rung("baseline", [100, 101], 0.9), scored_rung("compile", [120, 121], 0.9, compile=True)]
+    display, out = plain_display(rungs)
+    launched = []
+    result, _ = run_repeating(lambda folder: launched.append(folder) or timed_record(SHORT, [0, 4]), tmp_path,
+                              display, "compile", fits=lambda seconds: False, name="compile, seed 0")
+    assert launched == [tmp_path] and result["recompiled"]["measurement"] is False      # launched once
+    assert ("compile, seed 0: recompiled at step 4 (7 of 10 timed steps left) and not measured again (no time left "
+            "for it in the budget): its rate is not a measurement") in out.getvalue(), out.getvalue()
+    assert "plan: +1" not in out.getvalue()
+    rungs[1].repeats[0] = {**rungs[1].repeats[0], "recompiled": result["recompiled"]}
+    score_rungs(rungs, {"fp32": 1e12}, [0.9, 0.9])
+    said = " ".join(caveats(rungs[1]))
+    assert "seed 0: recompiled at step 4 (7 of 10 timed steps left) and not measured again" in said, said
+
+
+def test_a_recompile_left_out_is_said_on_the_console_as_the_run_ends(tmp_path):
+    from trainfast.ablation.recompiled import run_repeating
+
+    display, out = plain_display([scored_rung("baseline", [100, 101], 0.9)])
+    launched = []
+    result, _ = run_repeating(lambda folder: launched.append(folder) or timed_record(ENOUGH, [0, 12]), tmp_path,
+                              display, "compile", name="compile, seed 0")
+    assert launched == [tmp_path] and "recompiled" not in result               # left out was enough: run once
+    assert ("compile, seed 0: recompiled at step 12: steps 12..13 left out of the rate as warm-up (5.4 s of "
+            "compilation, not the switch's rate)") in out.getvalue(), out.getvalue()
+
+
+def test_a_repeat_fits_where_a_run_as_long_as_the_first_and_the_close_fit():
+    from types import SimpleNamespace
+
+    from trainfast.ablation.clock import RunClock
+    from trainfast.ablation.spending import LadderSpending
+
+    now = [0.0]
+    spending = LadderSpending(SimpleNamespace(clock=RunClock(now=lambda: now[0]), time_budget_s=100.0, target=None),
+                              "speed")
+    now[0], spending.close_s = 50.0, 10.0          # 50 s left, 10 of them kept for the ladder's close
+    assert spending.fits_s(39.0) and not spending.fits_s(41.0)
+
+
 # --- pad_to_multiple ----------------------------------------------------------------------------------------------
 def documents(lengths: list[int]) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)

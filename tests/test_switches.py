@@ -67,7 +67,9 @@ def test_the_derived_ladders_are_the_ones_written_by_hand_before():
                            "fused", "checkpointing", "compile_optimizer", "async_checkpoint", "optimizer_state",
                            "optimizer_state_4bit",
                            "ddp_buckets", "gradient_as_bucket_view", "static_graph",
-                           "bf16_compress_hook", "batch_2x", "batch_4x", "accum_4x"]
+                           "bf16_compress_hook", "fp16_compress_hook", "powersgd", "fsdp",
+                           "no_reshard_after_forward",
+                           "batch_2x", "batch_4x", "accum_4x"]
     assert RUNGS["master-bf16"] == {"precision": "bf16", "precision_level": "master"}
     assert RUNGS["workers"] == {"num_workers": 2} and RUNGS["checkpointing"] == {"activation_checkpointing": True}
     assert list(DETECTION_LADDER) == ["baseline", "amp", "set_to_none", "group_aspect_ratio", "workers",
@@ -92,7 +94,8 @@ def test_the_derived_sets_are_the_ones_written_by_hand_before():
     assert RESUMABLE_CHANGES == {"epochs", "log_every", "save_every", "keep_checkpoints", "max_consecutive_skips",
                                  "nonfinite", "num_workers", "prefetch_factor", "async_checkpoint", "passive_threads",
                                  "reuse_memory", "fast_fp32_matmul", "ddp_bucket_mb",
-                                 "gradient_as_bucket_view", "static_graph", "bf16_compress_hook"}
+                                 "gradient_as_bucket_view", "static_graph", "bf16_compress_hook",
+                                 "fp16_compress_hook", "reshard_after_forward"}
     assert techniques.tune_priority("classification") == ("channels_last", "decode_cache", "reuse_memory",
                                                           "set_to_none", "fused", "prefetch", "passive_threads",
                                                           "fast_fp32_matmul", "compile")

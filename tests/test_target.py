@@ -274,13 +274,16 @@ def test_a_session_script_is_judged_on_its_time_to_target_from_its_own_reports(t
     from tests.test_ablate_command import ADOPTED, ablate
 
     out = tmp_path / "out"
-    _, results = ablate(out, "--target", "auto", "--switches", "amp", "--repeats", "2", "--settle-within", "0",
+    # one timed repeat: the baseline's runs are its seeds' (five whatever the repeats), and amp gets its own seeds
+    # only where its curve leaves their band
+    _, results = ablate(out, "--target", "auto", "--switches", "amp", "--repeats", "1", "--settle-within", "0",
                         command=[sys.executable, ADOPTED, "--epochs", "2", "--eval-every", "5"])
     target = results["settings"]["target"]
     assert target["auto"] and target["name"] == "val_accuracy" and target["goal"] == "max" and target["cap_seen"] > 0
     base, amp = results["rungs"]
     runs = base["runs"] + base["seed_runs"]
-    assert len(runs) == 5 and all(len(r["curve"]) >= 8 for r in runs)       # every 5 of 44 steps, each seed
+    assert len(base["runs"]) == 1 and len(runs) == 5                       # 1 repeat and 4 seeds
+    assert all(len(r["curve"]) >= 8 for r in runs)                         # every 5 of 44 steps, each seed
     assert all(r["curve_stopped"] == "end" for r in runs)                   # auto: the baseline sets the level
     assert {r["curve_stopped"] for r in amp["runs"]} <= {"reached", "cap", "end"}
     assert all(len(r["curve"]) == len(runs[0]["curve"]) for r in amp["runs"] if r["curve_stopped"] != "cap")

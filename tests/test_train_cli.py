@@ -1,7 +1,5 @@
 """`trainfast train` writes a run folder: metrics per epoch, the recipe used, the final weights."""
 import json
-import subprocess
-import sys
 
 import torch
 
@@ -68,9 +66,9 @@ def test_a_batch_larger_than_the_training_set_is_refused_not_trained_as_nothing(
 
 def test_a_bad_out_folder_is_refused_before_any_work_naming_the_flag(tmp_path, capsys):
     """A file where the folder should be, a path under a file, a run folder holding an earlier run's checkpoints:
-    each refused with --out named, no traceback, before the bar or a step; a folder only probed is removed. The
-    first through `python -m trainfast`, the others through main() in this process (an interpreter's start
-    saved each)."""
+    each refused with --out named, no traceback, before the bar or a step; a folder only probed is removed. Each
+    through main() in this process (an interpreter's start saved each: `python -m trainfast` exits with main()'s
+    status, as the end-to-end tests run it)."""
     (tmp_path / "file").write_text("not a folder")
     earlier = tmp_path / "earlier" / "checkpoints"
     earlier.mkdir(parents=True)
@@ -78,15 +76,9 @@ def test_a_bad_out_folder_is_refused_before_any_work_naming_the_flag(tmp_path, c
     cases = ((tmp_path / "file", "is a file, not a folder"),
              (tmp_path / "file" / "sub", "the folder cannot be made there (Not a directory)"),
              (tmp_path / "earlier", "holds checkpoints of an earlier run (step-000000002.ckpt)"))
-    for index, (out, message) in enumerate(cases):
-        argv = ["train", "--image-size", "16", "--model", "convnext_atto", "--out", str(out)]
-        if index == 0:
-            proc = subprocess.run([sys.executable, "-m", "trainfast", *argv], capture_output=True, text=True,
-                                  timeout=300)
-            code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-        else:
-            code = main(argv)
-            stdout, stderr = capsys.readouterr()
+    for out, message in cases:
+        code = main(["train", "--image-size", "16", "--model", "convnext_atto", "--out", str(out)])
+        stdout, stderr = capsys.readouterr()
         assert code == 2 and f"--out {out}" in stderr and message in stderr, stderr
         assert "Traceback" not in stderr and "train" not in stdout
     from trainfast.cliargs import check_out_folder

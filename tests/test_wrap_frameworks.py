@@ -42,6 +42,30 @@ def test_accelerate_sets_its_ddp_kwargs_handler_and_reads_it_back(monkeypatch):
                                                          "gradient_as_bucket_view": (False, True, False, True)}
 
 
+def test_accelerate_registers_the_communication_hook_the_run_asks_for_and_only_that_one(monkeypatch):
+    pytest.importorskip("accelerate")
+    import fwkit
+    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
+
+    with fwkit.fresh_accelerate_state(monkeypatch):
+        board = Board({"bf16_compress_hook": False, "fp16_compress_hook": False, "powersgd_rank": 2})
+        acc = fwkit.patched_accelerator(board)()
+        acc.prepare(nn.Linear(4, 2))
+        handler = acc.ddp_handler
+        assert handler.comm_hook == DDPCommunicationHookType.POWER_SGD
+        assert handler.comm_state_option == {"matrix_approximation_rank": 2, "start_powerSGD_iter": 2}
+        # one process: read from the handler (no DDP object)
+        assert proof(board.frameworks["accelerate"]) == {"comm_hook=bf16": (False, UNSET, False, True),
+                                                         "comm_hook=fp16": (False, UNSET, False, True),
+                                                         "comm_hook=power_sgd": (True, UNSET, True, True)}
+    with fwkit.fresh_accelerate_state(monkeypatch):
+        board = Board({"bf16_compress_hook": False})      # a baseline: the script's own fp16 hook taken off, said
+        script = DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.FP16)
+        fwkit.patched_accelerator(board)(kwargs_handlers=[script]).prepare(nn.Linear(4, 2))
+        assert script.comm_hook == DDPCommunicationHookType.NO
+        assert proof(board.frameworks["accelerate"]) == {"comm_hook=bf16": (False, False, False, True)}
+
+
 def test_lightning_sets_its_ddp_strategy_and_says_when_the_trainer_builds_no_ddp(monkeypatch):
     pytest.importorskip("lightning")
     import fwkit
@@ -81,22 +105,27 @@ def test_the_proof_is_read_from_the_ddp_object_where_there_is_one(tmp_path):
     record = FrameworkRecord("accelerate", "x")
     record.set("ddp_bucket_mb", "bucket_cap_mb", 100.0)
     record.set("gradient_as_bucket_view", "gradient_as_bucket_view", True)
+    record.set("bf16_compress_hook", "comm_hook=bf16", True)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
         wrapped = nn.parallel.DistributedDataParallel(nn.Linear(4, 2), bucket_cap_mb=100.0)
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+        wrapped.register_comm_hook(None, bf16_compress_hook)          # as Accelerate's handler registers it
         # the settings say views, the DDP object has none: the object is what is proven
         prove_ddp_settings(record, torch.compile(wrapped), lambda k: True)
     finally:
         dist.destroy_process_group()
     assert proof(record) == {"bucket_cap_mb": (100.0, UNSET, 100.0, True),
-                             "gradient_as_bucket_view": (True, UNSET, False, False)}
+                             "gradient_as_bucket_view": (True, UNSET, False, False),
+                             "comm_hook=bf16": (True, UNSET, True, True)}
 
 
 @pytest.mark.slow
 def test_ablate_nproc_2_on_an_accelerate_script_reads_both_back_from_its_ddp(tmp_path):
     """examples/accelerate_loop.py (it does not import trainfast) under `trainfast ablate --nproc 2 --switches
-    ddp_buckets,gradient_as_bucket_view`: every rung runs, each record reads both settings back from the
-    DistributedDataParallel object Accelerate built (the baseline's DDP defaults, then each rung's)."""
+    ddp_buckets,gradient_as_bucket_view,bf16_compress_hook`: every rung runs, each record reads every setting back
+    from the DistributedDataParallel object Accelerate built (the baseline's DDP defaults, then each rung's)."""
     pytest.importorskip("accelerate")
     import os
     import sys
@@ -108,8 +137,8 @@ def test_ablate_nproc_2_on_an_accelerate_script_reads_both_back_from_its_ddp(tmp
 
     result = ablate_command([sys.executable, os.path.join(fwkit.ROOT, "examples", "accelerate_loop.py"),
                              "--epochs", "1", "--train-size", "256"],
-                            device="cpu", nproc=2, out=tmp_path / "ablation", rungs=["ddp_buckets",
-                                                                                     "gradient_as_bucket_view"],
+                            device="cpu", nproc=2, out=tmp_path / "ablation",
+                            rungs=["ddp_buckets", "gradient_as_bucket_view", "bf16_compress_hook"],
                             repeats=1, noise_seeds=1, show=False, settle_within_s=0,
                             budget=TimingBudget(steps=4, seconds=1.0, floor=2, min_seconds=0.0))
     rungs = {r.name: r for r in result.rungs}
@@ -117,8 +146,13 @@ def test_ablate_nproc_2_on_an_accelerate_script_reads_both_back_from_its_ddp(tmp
     read = {name: {k: (s["read_back"], s["applied"])
                    for k, s in rung.repeats[0]["frameworks"]["accelerate"]["switches"].items() if k != "set_seed"}
             for name, rung in rungs.items()}
-    assert read == {"baseline": {"bucket_cap_mb": (25.0, True), "gradient_as_bucket_view": (False, True)},
-                    "ddp_buckets": {"bucket_cap_mb": (100.0, True), "gradient_as_bucket_view": (False, True)},
+    hook_off = {"comm_hook=bf16": (False, True)}
+    assert read == {"baseline": {"bucket_cap_mb": (25.0, True), "gradient_as_bucket_view": (False, True), **hook_off},
+                    "ddp_buckets": {"bucket_cap_mb": (100.0, True), "gradient_as_bucket_view": (False, True),
+                                    **hook_off},
                     "gradient_as_bucket_view": {"bucket_cap_mb": (100.0, True),
-                                                "gradient_as_bucket_view": (True, True)}}
+                                                "gradient_as_bucket_view": (True, True), **hook_off},
+                    # registered on the DDP object Accelerate built, read back from it
+                    "bf16_compress_hook": {"bucket_cap_mb": (100.0, True), "gradient_as_bucket_view": (True, True),
+                                           "comm_hook=bf16": (True, True)}}
     assert all(rung.repeats[0]["world_size"] == 2 for rung in rungs.values())

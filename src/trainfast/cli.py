@@ -149,6 +149,7 @@ def _ablate(args, recipe: Recipe) -> int:
     resume, out = resume_folder(args.resume, args.out)
     # the python API keeps its names (rungs, budget, settle_within_s); the CLI's are mapped here
     options = dict(rungs=split_names(args.switches), amp_dtype=args.amp_dtype, nproc=args.nproc, out=out,
+                   nodes=getattr(args, "nodes", None),
                    mode=args.mode, repeats=args.repeats, noise_seeds=args.noise_seeds,
                    budget=TimingBudget(steps=args.timing_steps, seconds=args.timing_budget),
                    min_effect=args.min_effect, resume=resume, rung_timeout=args.rung_timeout,
@@ -158,6 +159,7 @@ def _ablate(args, recipe: Recipe) -> int:
         if args.user_command is not None:
             result = ablate_command(args.user_command, recipe=recipe, device=args.device, measure=args.measure,
                                     metric=args.metric, goal=args.metric_goal, task=args.task_given,
+                                    metric_pattern=args.metric_pattern,
                                     script_rungs=getattr(args, "script_rungs", []), **options)
         else:
             result = ablate(args.model, data=args.data, image_size=args.image_size, recipe=recipe,
@@ -165,6 +167,8 @@ def _ablate(args, recipe: Recipe) -> int:
     except KeyboardInterrupt:
         return 130                        # the partial report is written; Display said where
 
+    if getattr(result, "follower", False):           # a following node: node 0's exit status
+        return result.exit_code
     # Non-zero when a run failed, and when nothing could be recommended (every run failed, or the baseline did).
     return 0 if result.best is not None and all(r.status != "failed" for r in result.rungs) else 1
 
@@ -179,6 +183,7 @@ def _tune(args, recipe: Recipe) -> int:
              amp_dtype=args.amp_dtype, repeats=args.repeats, budget_s=args.budget, planned_steps=args.planned_steps,
              timing=TimingBudget(steps=args.timing_steps, seconds=args.timing_budget), min_effect=args.min_effect,
              resume=resume, command=args.user_command, nproc=args.nproc, metric=args.metric, goal=args.metric_goal,
+             metric_pattern=args.metric_pattern,
              batch_size_search=args.batch_size_search, settle=args.settle, switches=split_names(args.switches),
              paired=args.paired, task=args.task_given if args.user_command is not None else args.task,
              memory_limit=args.memory_limit, target=args.target, track=choose_trackers(args.track),
@@ -196,6 +201,7 @@ def _doctor(args, recipe: Recipe) -> int:
     import torch
 
     from .doctor import DEFAULT_STEPS, ScriptFailed, doctor, observe_builtin, observe_script, watch_steps
+    from .doctor.progress import DoctorProgress
     from .recipe import resolve_device, validate_for_device
 
     out = Path(args.out) if args.out else Path("runs") / datetime.now().strftime("doctor-%Y%m%d-%H%M%S")
@@ -210,9 +216,11 @@ def _doctor(args, recipe: Recipe) -> int:
     if args.user_command:                # an empty one is refused by check_before_torch
         fields = {k: v for k, v in recipe.to_dict().items() if v != getattr(Recipe(), k)}   # the flags given
         try:
-            obs = observe_script(args.user_command, out, steps=steps, sync_steps=watch_steps(recipe.log_every),
-                                 device=str(device), timeout_s=args.script_timeout, eval_within=args.eval_within,
-                                 recipe_fields=fields, nproc=args.nproc)
+            with DoctorProgress() as progress:          # steps done of planned, the time left (as ablate's runs)
+                obs = observe_script(args.user_command, out, steps=steps, sync_steps=watch_steps(recipe.log_every),
+                                     device=str(device), timeout_s=args.script_timeout,
+                                     eval_within=args.eval_within, recipe_fields=fields, nproc=args.nproc,
+                                     progress=progress)
         except ScriptFailed as exc:
             print(f"trainfast doctor: {exc}", file=sys.stderr)
             return 1
@@ -221,8 +229,9 @@ def _doctor(args, recipe: Recipe) -> int:
 
         task = build_task(args.task)
         split = task.load_data(args.data, args.image_size)
-        obs = observe_builtin(lambda: task.build_model(args.model, split), split, recipe=recipe, device=device,
-                              steps=steps)
+        with DoctorProgress() as progress:
+            obs = observe_builtin(lambda: task.build_model(args.model, split), split, recipe=recipe, device=device,
+                                  steps=steps, progress=progress)
     doctor(obs, out)
     print(f"doctor.json: {out / 'doctor.json'}")
     return 0
@@ -282,11 +291,11 @@ def _train(args, recipe: Recipe) -> int:
     task = build_task(args.task)
     split = task.load_data(args.data, args.image_size)
     out = Path(folder) if folder else Path("runs") / datetime.now().strftime("train-%Y%m%d-%H%M%S")
-    check_out_folder(out, fresh=resume is None)
-    for note in idle_switches(recipe, device, split):
-        print(f"note: {note}", file=sys.stderr)
     # Under torchrun every rank runs this; rank 0 alone prints (the trainer makes it the only writer).
     rank, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1)))
+    check_out_folder(out, fresh=resume is None, probe=rank == 0)
+    for note in idle_switches(recipe, device, split):
+        print(f"note: {note}", file=sys.stderr)
     console = Console(quiet=rank != 0)
     steps_per_epoch = len(split.train) // (apply_recipe_rewrites(recipe).batch_size * world)  # the batch it trains with
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

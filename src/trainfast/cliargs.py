@@ -240,7 +240,11 @@ def add_comparison(parser, what: str) -> None:
 
 def add_script_flags(group, metric_use: str) -> None:
     group.add_argument("--metric", default=None,
-                       help=f"{metric_use}: which tf.report(...) value to compare (default: the first reported)")
+                       help=f"{metric_use}: which tf.report(...) value to compare (default: the first reported); a "
+                            "plain loop's is read from its output, NAME then `:`, `=` or spaces and a number")
+    group.add_argument("--metric-pattern", default=None, metavar="REGEX",
+                       help="read --metric from each output line this matches, its number in the first group (or "
+                            r"(?P<value>...)), the last one the run's, e.g. '\* Acc@1 ([0-9.]+)'")
     group.add_argument("--metric-goal", choices=("max", "min"), default=None,
                        help="whether the metric is better high or low (default: min for names with loss/err, else max)")
 
@@ -261,10 +265,12 @@ def resume_folder(resume: str | None, out: str | None) -> tuple[bool, str | None
     return True, resume
 
 
-def check_out_folder(out: Path, fresh: bool) -> None:
+def check_out_folder(out: Path, fresh: bool, probe: bool = True) -> None:
     """train's --out, refused before any work: a path that is a file or lies under one, a folder that cannot
     be made there, and (a fresh run, no --resume) a run folder holding an earlier run's checkpoints. The
-    folder is made to prove it can be, and what this made is removed again (the run makes it for real)."""
+    folder is made to prove it can be, and what this made is removed again (the run makes it for real).
+    `probe=False` (every rank but global rank 0): the folder is not made and removed, since on a folder every
+    node sees that removal could take away the folder rank 0 has just made for real."""
     import shutil
 
     from .checkpoint import list_checkpoints
@@ -273,10 +279,11 @@ def check_out_folder(out: Path, fresh: bool) -> None:
         raise ValueError(f"--out {out} is a file, not a folder")
     first_missing = next((p for p in (out, *out.parents) if not p.exists() and p.parent.exists()), None)
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        if probe:
+            out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"--out {out}: the folder cannot be made there ({exc.strerror or exc})") from None
-    if first_missing is not None:
+    if first_missing is not None and probe:
         shutil.rmtree(first_missing, ignore_errors=True)
     existing = list_checkpoints(out / "checkpoints") if fresh and (out / "checkpoints").is_dir() else []
     if existing:

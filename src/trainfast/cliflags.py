@@ -20,6 +20,8 @@ from .cliargs import (DEVICE_HELP, AliasHelpFormatter, Duration, add_aliased, ad
 from .defaults import (DOCTOR_EVAL_WITHIN, DOCTOR_STEPS, LADDER_MODES, MAX_REPEATS, SETTLE_WITHIN_S, TUNE_BUDGET_S,
                        parse_world_sizes)
 from .modelnames import DEFAULT_DETECTION_MODEL, DETECTION_MODELS
+from .nodes import nodes_from
+from .printedmetric import check_metric_flags
 from .scriptargs import CommandChange, check_rungs, parse_rung, read_ladder
 from .recipe import FIELD_CHOICES, Recipe, field_docs, field_problem, field_sections, preset
 from .tasks import TASKS, TaskDeclaration, declared, infer_task
@@ -170,6 +172,7 @@ def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
                     help="run every rung as N processes (built-in run: DDP, gloo on CPU / nccl on CUDA; a COMMAND: "
                          "under torchrun; default %(default)s); a list (1,2): the built-in ladder at each size, side "
                          "by side, with the scaling efficiency (and time to target with --target)")
+    add_node_flags(ab)
     cmd = ab.add_argument_group("your own script: trainfast ablate [flags] -- python train.py ARGS")
     cmd.add_argument("--measure", choices=("speed", "full"), default="speed",
                      help="speed (default): stop each run once warm-up and the timing budget are timed; full: run "
@@ -187,6 +190,22 @@ def world_sizes(text: str) -> int | tuple[int, ...]:
         return parse_world_sizes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_node_flags(parser: argparse.ArgumentParser) -> None:
+    """Several nodes (nodes.py): the same command on every node, as torchrun is started; from torchrun's PET_* or a
+    SLURM step's variables where a flag is not given."""
+    nodes = parser.add_argument_group("several nodes: the same command on every node, each with its --node-rank")
+    nodes.add_argument("--nnodes", type=positive_int, default=None, metavar="N",
+                       help="nodes in every run (default 1; PET_NNODES or SLURM_STEP_NUM_NODES)")
+    nodes.add_argument("--node-rank", type=int, default=None, metavar="K",
+                       help="this node's rank, 0 on the node that leads and writes the results (PET_NODE_RANK or "
+                            "SLURM_NODEID)")
+    nodes.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                       help="node 0's address and a free port; each run meets on one of the 32 ports above it "
+                            "(PET_RDZV_ENDPOINT, or MASTER_ADDR:MASTER_PORT in a SLURM step)")
+    nodes.add_argument("--rdzv-timeout", type=Duration(), default=None, metavar="DURATION",
+                       help="how long the nodes wait for each other before refusing (default 5m)")
 
 
 def add_script_rungs(group) -> None:
@@ -421,14 +440,20 @@ def check_before_torch(args: argparse.Namespace) -> None:
         check_data_folder(args.data, declared("classification"))
     if args.command not in ("ablate", "tune", "doctor", "train"):
         return
+    if args.command == "ablate":
+        args.nodes = nodes_from(args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_timeout)
     if args.command in ("ablate", "tune"):
         resume_folder(args.resume, args.out)
         args.script_rungs = script_rungs_from_args(args)
+        check_metric_flags(args.metric, args.metric_pattern)
     if args.command == "tune" and args.nproc > 1 and args.user_command is None:
         raise ValueError("--nproc runs a `-- COMMAND` under torchrun; the built-in search runs one process")
     if args.command == "ablate" and isinstance(args.nproc, tuple) and args.user_command is not None:
         raise ValueError(f"--nproc {','.join(map(str, args.nproc))}: a list of process counts measures the built-in "
                          "run; a `-- COMMAND` takes one count (run the ablation once per size)")
+    if args.command == "ablate" and isinstance(args.nproc, tuple) and (getattr(args, "nnodes", None) or 1) > 1:
+        raise ValueError(f"--nproc {','.join(map(str, args.nproc))}: a list of process counts is measured on one "
+                         "node; with --nnodes give one count")
     if args.command == "doctor" and args.nproc > 1 and args.user_command is None:
         raise ValueError("doctor --nproc runs a `-- COMMAND` under torchrun; the built-in run is watched in one "
                          "process (trainfast ablate --nproc N measures it rank by rank)")

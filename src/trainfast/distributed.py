@@ -331,6 +331,17 @@ class UnusedParametersWarning(UserWarning):
     pass
 
 
+def rank_threads(environ) -> int | None:
+    """Each CPU rank's share of the cores, or None where the user chose (OMP_NUM_THREADS). torchrun's command line
+    gives each of several ranks one thread when the user set none; a launch through its Python API (the ablation's
+    --nproc rungs) does not, and every rank then takes every core: ranks that oversubscribe the cores wait on each
+    other at every collective."""
+    if "OMP_NUM_THREADS" in environ:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, int(environ.get("LOCAL_WORLD_SIZE", "1"))))
+
+
 def setup_distributed(recipe, device: torch.device) -> Dist:
     """The process group from torchrun's environment, or the single-process no-op without it."""
     if not launched_by_torchrun():
@@ -349,6 +360,8 @@ def setup_distributed(recipe, device: torch.device) -> Dist:
             dist.init_process_group("nccl", timeout=timeout, device_id=device)
     elif owns:
         dist.init_process_group("gloo", timeout=timeout)
+    if device.type == "cpu" and (threads := rank_threads(os.environ)) is not None:
+        torch.set_num_threads(threads)
     # A separate gloo group for liveness checks and scalar reductions: it still works after a collective
     # of the training group timed out (which closes that group's connections), so it can name the rank.
     monitor = dist.new_group(backend="gloo", timeout=timeout)
@@ -444,12 +457,14 @@ class ParallelCriterion:
 
 # --- launching workers from Python (ablate --nproc, tests) ---------------------------------------------
 
-def launch_local(fn: Callable, args: tuple, nproc: int, run_id: str = "trainfast") -> Any:
+def launch_local(fn: Callable, args: tuple, nproc: int, run_id: str = "trainfast", nodes=None) -> Any:
     """Run `fn(*args)` in `nproc` worker processes through torch.distributed.elastic (what torchrun
-    uses), rendezvous on 127.0.0.1 at a free port; returns rank 0's return value."""
+    uses), rendezvous on 127.0.0.1 at a free port; returns rank 0's return value. `nodes` (nodes.RunNodes): this
+    node's share of a job of several nodes instead, met at its endpoint; rank 0's value on node 0, None elsewhere."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_id,
-                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
-                          monitor_interval=0.5, start_method="spawn")
-    return elastic_launch(config, fn)(*args)[0]
+    where = (nodes.launch_options() if nodes is not None else
+             dict(min_nodes=1, max_nodes=1, run_id=run_id, rdzv_backend="c10d",
+                  rdzv_endpoint=f"127.0.0.1:{free_port()}"))
+    config = LaunchConfig(nproc_per_node=nproc, max_restarts=0, monitor_interval=0.5, start_method="spawn", **where)
+    return elastic_launch(config, fn)(*args).get(0)

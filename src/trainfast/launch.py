@@ -9,7 +9,9 @@ time limit, stopped with the ablation on Ctrl-C or if the ablation dies), which 
 hands back the result the probe wrote, or an error naming what went wrong.
 
 Each run keeps a folder: command.json (the argument list and the added environment), log.txt (the
-command's stdout and stderr) and result.json (the probe's).
+command's stdout and stderr) and result.json (the probe's). Under --nproc also ranks/: each rank's heartbeat and
+its own stdout and stderr (torchrun's --tee and --log-dir, set through their PET_ variables: every line in log.txt
+says its rank), from which a failed run names the rank at fault (rankfaults.py).
 """
 from __future__ import annotations
 
@@ -23,10 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from .probe import MEASURE_ENV, MeasureSpec
+from .rankfaults import HEARTBEATS, HEARTBEATS_ENV, RankFailed, describe_rank_fault, parse_rank_exits, read_heartbeats
 from .recipe import RECIPE_ENV, RecipeError
 from .techniques import process_env
 
 SITE_DIR = Path(__file__).parent / "_site"
+
+
+# A run that ended well but wrote no result: a failure on the node that reports, a following node's normal end
+NO_RESULT = ("the command ended without a single optimizer step measured (no optimizer.step() ran, or the process "
+             "left with os._exit)")
 
 
 class RunFailed(RuntimeError):
@@ -39,20 +47,23 @@ class Command:
     argv: tuple[str, ...]
     nproc: int = 1                  # > 1: every run under torch.distributed.run (torchrun), this many ranks
     mode: str = "speed"             # probe.PROBE_MODES
+    nodes: Any = None               # nodes.RunNodes: this node's share of a run on several nodes; None: one node
 
     def launch_argv(self) -> list[str]:
         """The argument list actually started: under --nproc, `python script.py ...` becomes
         `python -m torch.distributed.run --standalone --nproc-per-node N script.py ...` (also for `python -m
-        module`), and `trainfast ...` runs as `python -m trainfast ...` under it."""
+        module`), and `trainfast ...` runs as `python -m trainfast ...` under it. On several nodes `--standalone`
+        gives way to this node's place in the run (nodes.RunNodes.torchrun_flags)."""
         argv = list(self.argv)
-        if self.nproc == 1:
+        if self.nproc == 1 and self.nodes is None:
             return argv
         if Path(argv[0]).name == "trainfast":
             argv = [sys.executable, "-m", "trainfast", *argv[1:]]
         if not Path(argv[0]).name.startswith("python"):
             raise RecipeError(f"--nproc {self.nproc} runs the command under torchrun, which starts Python scripts: "
                               f"give the command as `python your_script.py ...`, not {argv[0]!r}")
-        return [argv[0], "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.nproc}", *argv[1:]]
+        where = self.nodes.torchrun_flags() if self.nodes is not None else ["--standalone"]
+        return [argv[0], "-m", "torch.distributed.run", *where, f"--nproc-per-node={self.nproc}", *argv[1:]]
 
 
 def check_command(command: Command) -> None:
@@ -83,8 +94,12 @@ def run_environment(fields: dict[str, Any], spec: MeasureSpec) -> dict[str, str]
     """The variables a run adds to the ablation's own environment (passive_threads: the OpenMP wait policy,
     which the command's process must start with; reuse_memory: glibc's malloc settings, read at its start)."""
     path = os.environ.get("PYTHONPATH", "")
+    ranks = Path(spec.result).parent / HEARTBEATS
+    # torchrun's own flags as its variables (read only under --nproc): each rank's lines prefixed with its local
+    # rank in log.txt, and its own log files in the run's folder rather than a temporary folder left behind.
+    torchrun = {"PET_TEE": "3", "PET_LOG_DIR": str(ranks / "logs"), HEARTBEATS_ENV: str(ranks)} if spec.result else {}
     return {RECIPE_ENV: json.dumps(fields), MEASURE_ENV: spec.to_env(),
-            "PYTHONPATH": str(SITE_DIR) + (os.pathsep + path if path else ""), **process_env(fields)}
+            "PYTHONPATH": str(SITE_DIR) + (os.pathsep + path if path else ""), **process_env(fields), **torchrun}
 
 
 def command_main(argv: list[str], added_env: dict[str, str], run_dir: str, events) -> dict[str, Any]:
@@ -99,9 +114,22 @@ def command_main(argv: list[str], added_env: dict[str, str], run_dir: str, event
         except OSError as exc:
             raise RunFailed(f"the command could not start: {exc}") from None
     if code != 0:
-        what = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
-        raise RunFailed(f"the command {what}")
+        what = "the command " + (f"killed by signal {-code}" if code < 0 else f"exited with status {code}")
+        fault = describe_rank_fault(parse_rank_exits(read_lines(run / "log.txt")), read_heartbeats(run / HEARTBEATS),
+                                    read_lines(run / "log.txt"))
+        if fault is not None:
+            raise RankFailed(f"{fault} ({what})")      # the rank first: a table's cell shows its start
+        raise RunFailed(what)
     if not result_path.is_file():
-        raise RunFailed("the command ended without a single optimizer step measured (no optimizer.step() "
-                        "ran, or the process left with os._exit)")
+        raise RunFailed(NO_RESULT)
     return json.loads(result_path.read_text())
+
+
+def read_lines(path: Path, max_bytes: int = 1 << 20) -> list[str]:
+    """The last `max_bytes` of a log, as lines: what a failed run's ranks said last."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - max_bytes))
+            return f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []

@@ -25,6 +25,7 @@ STRATEGIES = ("ddp", "fsdp", "dp")
 ATTENTION = ("model", "eager", "sdpa", "flex", "flash")   # the attention backends (techniques/attention.py)
 LR_SCALINGS = ("linear", "sqrt", "none")       # how the learning rate follows batch_scale (techniques/batch_scale.py)
 SCALE_BY = ("batch", "accumulation")           # what batch_scale multiplies: the micro-batch, or the accumulation
+COMM_HOOKS = ("bf16_compress_hook", "fp16_compress_hook", "powersgd_rank")   # DDP communication hooks: one at a time
 # The string fields that take one of a fixed set of values: validate_fields checks them, the CLI lists them.
 FIELD_CHOICES = {"precision": PRECISIONS, "precision_level": PRECISION_LEVELS, "optimizer": OPTIMIZERS,
                  "optimizer_impl": OPTIMIZER_IMPLS,
@@ -150,6 +151,9 @@ class Recipe:
     gradient_as_bucket_view: bool = False  # DDP: gradients as views into its buckets (one gradient-sized copy less)
     static_graph: bool = False        # DDP: the same parameters in the same graph every step (no per-step search)
     bf16_compress_hook: bool = False  # DDP: gradients all-reduced in bf16 (half the bytes; rounds them)
+    fp16_compress_hook: bool = False  # DDP: gradients all-reduced in fp16 (half the bytes; rounds them less than bf16)
+    powersgd_rank: int = 0            # DDP: gradients all-reduced as PowerSGD's low-rank factors of this rank (0: off)
+    reshard_after_forward: bool = True  # FSDP2: free gathered parameters after each block's forward (off: ZeRO-2)
     dist_timeout_s: int = 300         # a rank silent this long is reported by rank and the run stops
 
     def __post_init__(self) -> None:
@@ -265,7 +269,7 @@ def apply_env_recipe(recipe: Recipe, environ: Mapping[str, str] | None = None) -
 
 POSITIVE_INTS = ("epochs", "batch_size", "log_every", "max_consecutive_skips", "keep_checkpoints", "grad_accum_steps",
                  "dist_timeout_s", "batch_scale")
-NON_NEGATIVE_INTS = ("warmup_steps", "seed", "save_every", "pad_to_multiple", "batch_tokens")
+NON_NEGATIVE_INTS = ("warmup_steps", "seed", "save_every", "pad_to_multiple", "batch_tokens", "powersgd_rank")
 
 
 def field_problem(name: str, value: Any) -> str | None:
@@ -318,6 +322,9 @@ def validate_fields(r: Recipe) -> None:
         raise RecipeError("prefetch_factor needs num_workers > 0 (the main process does not prefetch)")
     if r.optimizer_state != "full" and r.optimizer != "adamw":
         raise RecipeError(f"optimizer_state={r.optimizer_state!r} quantizes Adam's moments: it needs optimizer=adamw")
+    hooks = [name for name in COMM_HOOKS if getattr(r, name)]
+    if len(hooks) > 1:
+        raise RecipeError(f"{' and '.join(hooks)}: DDP takes one communication hook; turn all but one off")
     if r.non_blocking and not r.pin_memory and not r.prefetch:
         # An async copy from pageable memory is silently synchronous on CUDA: refuse the illusion.
         raise RecipeError("non_blocking=True needs pin_memory=True (copies from pageable memory are synchronous)")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 AUTO = "auto"
-SPEC = re.compile(r"^\s*(?P<name>[A-Za-z][\w/.\- ]*?)\s*(?P<op><=|>=)\s*(?P<value>[-+0-9.eE]+)\s*$")
+SPEC = re.compile(r"^\s*(?P<name>[A-Za-z][\w/.@\- ]*?)\s*(?P<op><=|>=)\s*(?P<value>[-+0-9.eE]+)\s*$")
 OPS = {"<=": "min", ">=": "max"}
 # Names users and frameworks give the same held-out numbers: "val_loss" finds a Trainer's eval_loss, a Lightning
 # script's val/loss, the built-in language model's validation loss; "val_acc" finds accuracy, eval_accuracy, val_acc.

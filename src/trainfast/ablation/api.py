@@ -20,7 +20,7 @@ from .work import BuiltinSpec, prepare_builtin, prepare_command
 from .world import ablate_sizes, check_devices
 
 # What `ablate` and `ablate_command` take beside their work: LadderOptions' fields, plus these.
-PLAN_OPTIONS = ("rungs", "amp_dtype", "nproc", "out", "script_rungs")
+PLAN_OPTIONS = ("rungs", "amp_dtype", "nproc", "out", "script_rungs", "nodes")
 
 
 def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], LadderOptions]:
@@ -57,23 +57,27 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
 
     `options`: `rungs` (names; default the task's ladder), `amp_dtype` ("auto", "bf16", "fp16"), `nproc` (>1:
     every rung as that many DDP processes, rank 0 reporting; a tuple (1, 2): the ladder at each size, world.py),
-    `out` (the report folder), and every field of LadderOptions (mode, repeats, noise_seeds, budget, min_effect,
-    resume, rung_timeout, show, settle_within_s). Every rung runs `repeats` times, each in a fresh process,
-    interleaved, repeat i with seed recipe.seed + i; the baseline `noise_seeds` times in all, so the accuracy band
-    includes seed-to-seed training noise."""
+    `nodes` (nodes.Nodes: this node's place in a job of several; node 0 returns the result, the others a
+    nodes.Followed), `out` (the report folder), and every field of LadderOptions (mode, repeats, noise_seeds, budget,
+    min_effect, resume, rung_timeout, show, settle_within_s). Every rung runs `repeats` times, each in a fresh
+    process, interleaved, repeat i with seed recipe.seed + i; the baseline `noise_seeds` times in all, so the
+    accuracy band includes seed-to-seed training noise."""
     plan_opts, opts = split_options(options)
     if plan_opts.get("script_rungs"):
         raise RecipeError("--rung: a rung of a script's own flags needs the script: trainfast ablate --rung "
                           "NAME='ARGS' -- python train.py ...")
     spec = BuiltinSpec(model, train_set, val_set, loss_fn, data, image_size, mean, std, task)
     sizes = plan_opts["nproc"] if isinstance(plan_opts["nproc"], tuple) else None
+    if sizes and getattr(plan_opts.get("nodes"), "several", False):
+        raise RecipeError(f"--nproc {','.join(map(str, sizes))}: a list of process counts is measured on one node; "
+                          "with --nnodes give one count")
     work = prepare_builtin(spec, recipe, device, sizes[0] if sizes else plan_opts["nproc"])
     if sizes:                  # the same ladder at each size, each size's work the one prepared here
         check_devices(work, sizes)
         return ablate_sizes(sizes, lambda n: builtin_ladder(dataclasses.replace(
             work, job=dataclasses.replace(work.job, nproc=n)), plan_opts, opts), plan_opts.get("out"), opts)
     plan, _, settings = builtin_ladder(work, plan_opts, opts)
-    return run_ladder(plan, work, settings, plan_opts.get("out"), opts)
+    return run_ladder(plan, work, settings, plan_opts.get("out"), opts, nodes=plan_opts.get("nodes"))
 
 
 def builtin_ladder(work, plan_opts: dict[str, Any], opts: LadderOptions) -> tuple[list, Any, dict[str, Any]]:
@@ -91,13 +95,14 @@ def builtin_ladder(work, plan_opts: dict[str, Any], opts: LadderOptions) -> tupl
 
 def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, device: str = "auto",
                    measure: str = "speed", metric: str | None = None, goal: str | None = None,
-                   task: str | None = None, **options) -> AblationResult:
+                   task: str | None = None, metric_pattern: str | None = None, **options) -> AblationResult:
     """`trainfast ablate -- COMMAND`: the ladder on a user's own training command (work.CommandWork). Every run
     starts the command with the rung's switches in TRAINFAST_RECIPE; the probe in it (probe/) times its
     steps and writes the result. `measure="speed"`: each run stops once warm-up plus the timing budget is
     timed. `measure="full"`: each runs to its end and the metric it reports with `tf.report` (`metric`,
     default the first one reported; `goal` "max" or "min", default "min" for names with loss/error in them)
-    is compared with the baseline's noise band, as the built-in ablation compares accuracy. A command that
+    is compared with the baseline's noise band, as the built-in ablation compares accuracy; a plain loop's is read
+    from what it prints (printedmetric.py: `metric` followed by a number, or `metric_pattern`). A command that
     never creates a trainfast.Session is measured too (steps/s from the global optimizer hook): the rungs of
     process-wide switches are timed on it (the default ladder gains them once its baseline shows no Session),
     every other rung is reported as having no effect on it. `task`: the script's task (its ladder); None: the
@@ -133,7 +138,7 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
                                         for name in TASKS if name != "classification"}
     work = prepare_command(command, [r.changes for r in plan], recipe=base, device=device, nproc=plan_opts["nproc"],
                            measure=measure, budget=opts.budget, metric=metric, goal=goal, if_no_session=grown,
-                           by_task=by_task, task=task if not named else None)
+                           by_task=by_task, task=task if not named else None, metric_pattern=metric_pattern)
     work.mark_effects(plan)
     settings = {**work.settings, "measure": measure, "metric": {"name": metric, "goal": goal}, "mode": opts.mode,
                 "repeats": opts.repeats, "noise_seeds": opts.noise_seeds, "device": str(dev),
@@ -142,4 +147,4 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
                 **({"memory_limit": opts.memory_limit} if opts.memory_limit else {}),
                 "rungs": {r.name: {**work.fields(r.recipe), **script_settings(r)} for r in plan
                           if r.status != Status.NO_EFFECT}}
-    return run_ladder(plan, work, settings, plan_opts.get("out"), opts, measure)
+    return run_ladder(plan, work, settings, plan_opts.get("out"), opts, measure, plan_opts.get("nodes"))

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-Costs = dict[tuple[str, str], list[float]]      # (kind, recipe key) -> the seconds each such run took
+from ..report.progress import RunCosts
 
 
 def recipe_key(recipe: Any) -> str:
@@ -39,11 +38,12 @@ def run_kind(measure: str, timed: bool = True, target: bool = False) -> str:
 @dataclass
 class RunClock:
     """Seconds given (`total_s`, None: no limit), counted from `started` on `now` (time.monotonic; a test's fake
-    clock), and the measured cost of every run so far (`costs`, shared with every part)."""
+    clock), and the measured cost of every run so far (`costs`, shared with every part; keyed by run_kind and
+    recipe_key, priced as the progress display prices its runs: report/progress.RunCosts)."""
     total_s: float | None = None
     now: Callable[[], float] = time.monotonic
     started: float | None = None
-    costs: Costs = field(default_factory=dict)
+    costs: RunCosts = field(default_factory=RunCosts)
     parent: "RunClock | None" = None
 
     def __post_init__(self) -> None:
@@ -70,18 +70,11 @@ class RunClock:
 
     def spend(self, kind: str, recipe: Any, seconds: float) -> None:
         """A run of `kind` and `recipe` took `seconds`: later runs are priced by it."""
-        self.costs.setdefault((kind, recipe_key(recipe)), []).append(float(seconds))
+        self.costs.add(kind, recipe_key(recipe), seconds)
 
     def price(self, kind: str, recipe: Any = None) -> float | None:
         """What one run of `kind` and `recipe` should cost (module docstring), or None: nothing measured yet."""
-        key = recipe_key(recipe) if recipe is not None else None
-        tiers = (lambda k, r: k == kind and r == key, lambda k, r: k == kind,
-                 lambda k, r: r == key, lambda k, r: True)
-        for tier in tiers:
-            seen = [s for (k, r), runs in self.costs.items() if tier(k, r) for s in runs]
-            if seen:
-                return statistics.fmean(seen)
-        return None
+        return self.costs.price(kind, recipe_key(recipe) if recipe is not None else None)
 
     def price_runs(self, runs: list[tuple[str, Any]]) -> float | None:
         """The price of several runs, each (kind, recipe); None when none of them can be priced yet."""

@@ -22,6 +22,7 @@ from ..defaults import MAX_REPEATS, SETTLE_WITHIN_S, parse_size  # the CLI shows
 from ..measure import measure_ceiling
 from ..procstate import process_cpu_seconds, reference_check
 from ..quiet import held_lines
+from ..rankfaults import HEARTBEATS, explain_time_limit
 from ..recipe import RecipeError
 from ..results import AblationResult, Rung, Status
 from ..stats import MIN_EFFECT
@@ -35,6 +36,7 @@ from .server import wait_rung_server
 from .store import RunStore, write_json
 from .aim import Aim
 from .clock import RunClock
+from .recompiled import run_repeating
 from .spending import Cut, LadderSpending
 from .target import TARGET_SEEDS, pick_soonest
 from .work import Work
@@ -204,15 +206,21 @@ class Launches:
         display.plan([run_kind(rung, budget) for rung, _, budget in ladder.queue
                       if rung.status not in (Status.NO_EFFECT, Status.SKIPPED)], why)
 
-    def run(self, key: str, rung: Rung, recipe, budget: TimingBudget | None, display, limit: float | None
-            ) -> dict[str, Any]:
-        """The run launched in its own folder (its recipe beside its log), kept in the store unless it failed."""
+    def run(self, key: str, rung: Rung, recipe, budget: TimingBudget | None, display, limit: float | None,
+            fits: Callable[[float], bool] = lambda seconds: True) -> dict[str, Any]:
+        """The run launched in its own folder (its recipe beside its log), kept in the store unless it failed;
+        `fits`: whether a run of so many seconds fits in the time left (a repeat for a recompile)."""
         run_dir = self.out_dir / "rungs" / key
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / "recipe.json", recipe.to_dict())
-        cpu, started = process_cpu_seconds(), time.monotonic()
-        result = self.launch(rung, recipe, budget, run_dir, display, limit)
-        self.in_runs = (self.in_runs[0] + process_cpu_seconds() - cpu, self.in_runs[1] + time.monotonic() - started)
+        cpu, began = process_cpu_seconds(), time.monotonic()
+        # once more where a recompile left too few timed steps (recompiled.py); its last launch timed below; a run
+        # of several ranks stopped at its limit says which rank the others waited for (rankfaults.py)
+        result, started = run_repeating(
+            lambda folder: explain_time_limit(self.launch(rung, recipe, budget, folder, display, limit),
+                                              folder / HEARTBEATS),
+            run_dir, display, run_kind(rung, budget), fits, f"{rung.name}, seed {recipe.seed}")
+        self.in_runs = (self.in_runs[0] + process_cpu_seconds() - cpu, self.in_runs[1] + time.monotonic() - began)
         display.finished(run_kind(rung, budget), time.monotonic() - started)
         if "error" not in result:
             self.store.save(key, result)
@@ -323,7 +331,7 @@ class LadderRun:
             display.start_rung(rung, recipe.seed, len(rung.repeats) + 1 if timed else i + 1,
                                self.repeats if timed else self.noise_seeds)
             result = self.spending.spend(rung.recipe, timed, lambda: self.launches.run(
-                key, rung, recipe, budget, display, rung_time_limit(self.opts, self.plan[0])))
+                key, rung, recipe, budget, display, rung_time_limit(self.opts, self.plan[0]), self.spending.fits_s))
         else:
             display.reused(rung, i)
         if "error" in result:
@@ -515,9 +523,19 @@ def track_ladder(track: Any, plan: list[Rung], work: Work, settings: dict[str, A
 
 
 def run_ladder(plan: list[Rung], work: Work, settings: dict[str, Any], out: str | Path | None,
-               options: LadderOptions, measure: str = "speed") -> AblationResult:
-    """The one ablation loop, for the built-in run and a user's command alike (LadderRun)."""
+               options: LadderOptions, measure: str = "speed", nodes=None) -> AblationResult:
+    """The one ablation loop, for the built-in run and a user's command alike (LadderRun). `nodes` (nodes.Nodes,
+    several): node 0 runs it with every run a job of all the nodes, the others follow it (nodes.py here)."""
     from .store import default_out_dir
 
+    if nodes is not None and nodes.several and not nodes.leads:
+        from .nodes import follow
+
+        return follow(plan, work, settings, measure, nodes)      # no folder, no report: node 0 writes them
     out_dir = Path(out) if out is not None else default_out_dir()
-    return LadderRun(plan, work, settings, out_dir, options, measure).run()
+    ladder = LadderRun(plan, work, settings, out_dir, options, measure)
+    if nodes is not None and nodes.several:
+        from .nodes import lead
+
+        return lead(ladder, nodes)
+    return ladder.run()

@@ -59,6 +59,8 @@ class Job:
     # --target: evaluations on a schedule (the curve) and the stop at the target or the cap (curves.py); None:
     # the planned epochs, one evaluation at the end.
     curve: CurvePlan | None = None
+    # Several nodes (nodes.RunNodes): this node's share of the run, met at the run's own endpoint; None: one node.
+    nodes: Any = None
 
 
 def run_rung(job: Job, recipe: Recipe, emit: Callable[[dict], None],
@@ -239,11 +241,40 @@ def time_step_alone(run: BuiltinRun, probe: Probe, budget: TimingBudget) -> dict
 
 def rung_main(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> dict[str, Any]:
     """What a rung process runs (under procs.child_main: its own process group, its log, the parent watch)."""
-    if job.nproc > 1:
-        from ..distributed import launch_local
+    if job.nproc > 1 or job.nodes is not None:
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-        return launch_local(rung_worker, (job, recipe, budget, events), job.nproc)
+        from ..distributed import launch_local
+        from ..rankfaults import HEARTBEATS, HEARTBEATS_ENV
+
+        log = os.path.realpath("/proc/self/fd/2")           # the rung's log (procs.child_main), on Linux
+        if os.path.isfile(log):                              # its ranks' heartbeats beside it (rankfaults.py)
+            os.environ[HEARTBEATS_ENV] = os.path.join(os.path.dirname(log), HEARTBEATS)
+        try:
+            ranked = launch_local(rung_worker, (job, recipe, budget, events), job.nproc, nodes=job.nodes)
+        except ChildFailedError as exc:          # its 40-line table said as the rank that failed first
+            raise rank_failure(exc, job.nproc * (job.nodes.count if job.nodes else 1), log) from None
+        return ranked if ranked is not None else {"node": job.nodes.rank}     # a following node: its share ran
     return run_rung(job, recipe, events.put, budget)
+
+
+def rank_failure(exc, world: int, log: str = "") -> Exception:
+    """A rung's job that lost a rank, said by rank (rankfaults.py): how the first rank to fail ended, where it and the
+    others were last seen, and its last lines (torch prefixes a rank's uncaught exception with its rank; the rung's
+    log holds them)."""
+    import sys
+
+    from ..rankfaults import HEARTBEATS_ENV, RankFailed, describe_rank_fault, exits_of, read_heartbeats
+
+    first = exc.get_first_failure()[0] if exc.failures else None
+    sys.stderr.flush()
+    lines = []
+    if os.path.isfile(log):
+        with open(log, errors="replace") as f:
+            lines = f.read()[-(1 << 20):].splitlines()
+    beats = read_heartbeats(os.environ[HEARTBEATS_ENV]) if os.environ.get(HEARTBEATS_ENV) else {}
+    fault = describe_rank_fault(exits_of(exc.failures, first), beats, lines, world)
+    return RankFailed(f"{fault} (the rung's {world} processes failed)") if fault is not None else exc
 
 
 def rung_worker(job: Job, recipe: Recipe, budget: TimingBudget | None, events) -> dict[str, Any]:

@@ -97,6 +97,10 @@ class LadderSpending:
         price = self.clock.price(self.kind(timed), recipe)
         return self.clock.fits(None if price is None else price + self.close_s)
 
+    def fits_s(self, seconds: float) -> bool:
+        """Whether a run of `seconds` fits, the ladder's close kept in hand (a repeat, priced by its first run)."""
+        return self.clock.fits(seconds + (self.close_s or 0.0))
+
     def spend(self, recipe, timed: bool, launch: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """`launch`'s run, its cost recorded: the clock's, or the run's own wall time where the clock saw less (a
         faked run)."""

@@ -22,6 +22,7 @@ from ..frameworks import SECTION as FRAMEWORKS
 from ..measure import runs_tf32
 from ..probe import PROBE_MODES, PROCESS_SWITCHES
 from ..probe.inject import PLAIN
+from ..printedmetric import PrintedMetric, check_metric_flags
 from ..procs import run_supervised
 from ..recipe import Recipe, RecipeError, resolve_device, validate_for_device
 from ..results import EffectLabel, Rung, Status
@@ -77,7 +78,6 @@ def mark_effects(plan: list[Rung], run: RunContext, effect_of: Callable = data_e
     ladder what a ruled-out rung switched is not passed on to the rungs below it (a backend that cannot run here,
     carried into the next rung, would fail it)."""
     base, dropped = plan[0].recipe if plan else None, {}
-    effect_of = in_context(effect_of, run)
     for rung in plan[1:]:
         inherited = {k: getattr(base, k) for k, v in dropped.items()
                      if k not in rung.changes and getattr(rung.recipe, k) == v}
@@ -85,7 +85,9 @@ def mark_effects(plan: list[Rung], run: RunContext, effect_of: Callable = data_e
             rung.recipe = rung.recipe.replace(**inherited)
         if rung.status == Status.NO_EFFECT:         # ruled out when planned (a slow half type)
             continue
-        effect = changes_effect(rung.changes, run.device, run.model, run.split, effect_of)
+        # each rung is judged under the wrapper its own recipe builds: below an FSDP2 rung, FSDP2's switches act
+        wrapped = run if run.strategy is None else dataclasses.replace(run, strategy=rung.recipe.strategy)
+        effect = changes_effect(rung.changes, run.device, run.model, run.split, in_context(effect_of, wrapped))
         rung.effect, rung.reason = EffectLabel(effect.label), effect.reason
         if not effect.acts:
             rung.status = Status.NO_EFFECT
@@ -241,10 +243,10 @@ class CommandWork:
         self.target, self.cap_seen = target, cap_seen
 
     def fields(self, recipe: Recipe) -> dict[str, Any]:
-        """What reaches the script: only the switched fields, so its own settings (grad_accum_steps,
-        log_every...) stand and the baseline turns off whatever the script turned on."""
+        """What reaches the script: the switched fields (its own settings, grad_accum_steps..., stand; the baseline
+        turns off what the script turned on), and the settings given to the ablation that every run takes (given)."""
         values = recipe.to_dict()
-        return {k: values[k] for k in self.switched}
+        return {**given(self.base), **{k: values[k] for k in self.switched}}
 
     @property
     def ranks(self) -> int:
@@ -271,7 +273,7 @@ class CommandWork:
             spec = MeasureSpec(str((run_dir / "result.json").resolve()), measure if run_budget else "full",
                                steady_window=True, **dataclasses.asdict(self.budget),
                                target=self.target.to_dict() if self.target is not None else None,
-                               cap_seen=self.cap_seen)
+                               cap_seen=self.cap_seen, printed_metric=printed_metric(self))
             env = {**self.run_env(rung), **run_environment(self.fields(recipe), spec), **rung_env(rung)}  # --rung's
             argv = rung_command(rung, self.cmd).launch_argv()              # a --rung's flags too
             # A time to target counts compilation: every run pays what a fresh machine pays
@@ -390,6 +392,13 @@ class CommandWork:
         self.learned["added_rungs"] = [r.name for r in added]
 
 
+def printed_metric(work: CommandWork) -> dict[str, Any] | None:
+    """--metric read from the script's output too (printedmetric.py: a plain loop reports it no other way), by
+    --metric-pattern where one was given."""
+    pattern = work.settings.get("metric_pattern")
+    return PrintedMetric(work.metric_name, pattern).to_dict() if work.metric_name else None
+
+
 GROWN = ("added to the default ladder: the script has no trainfast.Session, and this switch reaches it through "
          "the environment its process starts with")
 
@@ -405,10 +414,17 @@ def note_carried(rung: Rung, sections: dict[str, Any]) -> None:
         rung.reason = f"{rung.reason}; {text}" if rung.reason else text
 
 
+def given(base: Recipe) -> dict[str, Any]:
+    """A collective's timeout given to the ablation (--dist-timeout) reaches every run of a script: a rank that does not
+    arrive ends the run then, named (rankfaults.py). Not given, the script's own timeout stands."""
+    return {"dist_timeout_s": base.dist_timeout_s} if base.dist_timeout_s != Recipe.dist_timeout_s else {}
+
+
 def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], *, recipe: Recipe | None,
                     device: str, nproc: int, measure: str, budget: TimingBudget, metric: str | None = None,
                     goal: str | None = None, if_no_session: Sequence[Rung] = (),
-                    by_task: dict[str, list[Rung]] | None = None, task: str | None = None) -> CommandWork:
+                    by_task: dict[str, list[Rung]] | None = None, task: str | None = None,
+                    metric_pattern: str | None = None) -> CommandWork:
     """The command checked before any run (empty, not on PATH, a missing script, a Python that cannot import
     trainfast), and the fields its runs may switch: every field some candidate changes, those of the rungs
     added for a script without a Session (`if_no_session`) and those of each task's ladder its batches may pick
@@ -416,6 +432,7 @@ def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], 
     from ..launch import Command, check_command
 
     check_measure(measure, goal)
+    check_metric_flags(metric, metric_pattern)
     start_rung_server()
     cmd = Command(tuple(command), nproc, measure)
     check_command(cmd)
@@ -423,7 +440,8 @@ def prepare_command(command: Sequence[str], plan_changes: list[dict[str, Any]], 
     candidates = [*plan_changes, *(r.changes for r in if_no_session),
                   *(r.changes for ladder in by_task.values() for r in ladder)]
     switched = sorted({k for changes in candidates for k in changes} | {"seed"})
-    settings = {"command": list(cmd.argv), "nproc": nproc, "cwd": os.getcwd()}
+    settings = {"command": list(cmd.argv), "nproc": nproc, "cwd": os.getcwd(),
+                **({"metric_pattern": metric_pattern} if metric_pattern else {})}    # a resume reads it the same way
     return CommandWork(cmd, resolve_device(device), recipe or Recipe(), switched, budget, settings, metric, goal,
                        if_no_session=list(if_no_session), by_task=by_task, task=task)
 

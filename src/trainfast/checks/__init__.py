@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import compute, environment, evaluation, loader, loop, ranks, syncs, text
+from . import compute, environment, evaluation, loader, loop, ranks, switches, syncs, text
 from .compute import page_faults, untimed
-from .findings import INPUT_BOUND_SHARE, MATERIAL_SHARE, NOT_HERE, Finding, Observations
+from .findings import INPUT_BOUND_SHARE, MATERIAL_SHARE, NOT_HERE, SWITCH, Finding, Observations
 from .loader import bound
 from .syncs import sync_fix
 
-__all__ = ["CHECKS", "INPUT_BOUND_SHARE", "MATERIAL_SHARE", "NOT_HERE", "Finding", "Observations", "bound",
+__all__ = ["CHECKS", "INPUT_BOUND_SHARE", "MATERIAL_SHARE", "NOT_HERE", "SWITCH", "Finding", "Observations", "bound",
            "page_faults", "rank", "run_checks", "sync_fix", "untimed"]
 
 # Every check, in the order a report lists findings of equal rank: the machine, where the time goes, then the
@@ -28,7 +28,7 @@ CHECKS: tuple[Callable[[Observations], Finding | None], ...] = (
     compute.compile_graphs, ranks.straggler,
     evaluation.eval_dropout, evaluation.eval_graph, evaluation.eval_mode,
     loop.host_copies, loop.zero_grad, loop.data_parallel, loop.cudnn_shapes, loader.num_workers,
-    text.padding, text.attention_backend,
+    text.padding, text.attention_backend, *switches.SWITCH_CHECKS,
 )
 
 
@@ -40,5 +40,5 @@ def run_checks(obs: Observations) -> list[Finding]:
 
 def rank(findings: list[Finding]) -> list[Finding]:
     """Problems first, the costliest first (unmeasured costs after measured ones), then the rest."""
-    order = {"problem": 0, "measured": 1, "fine": 2, NOT_HERE: 3}
+    order = {"problem": 0, SWITCH: 0.5, "measured": 1, "fine": 2, NOT_HERE: 3}
     return sorted(findings, key=lambda f: (order.get(f.status, 4), -(f.cost_s or 0.0), f.cost_s is None))

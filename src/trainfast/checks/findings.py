@@ -29,6 +29,7 @@ SHARED_CORES = 0.5      # other processes busy on half a core or more while the 
 VARYING_SHAPES = 2      # distinct input shapes tolerated under cudnn.benchmark (full batches + the last one)
 
 NOT_HERE = "not checked here"
+SWITCH = "switch"       # a built-in switch trainfast could apply to the loop as it is (checks/switches.py)
 
 
 @dataclass
@@ -97,6 +98,9 @@ class Observations:
     reuse_memory: dict[str, Any] = field(default_factory=dict)   # {"in_effect": bool, "unavailable": str | None}
     command: list[str] | None = None          # `doctor -- COMMAND`: the user's command, for fixes that name it
     text: dict[str, Any] | None = None        # a language model's padding and attention (doctor/text.py)
+    # A script's run: what it was seen doing (probe/observe.py's section, and "refusal": why no model switch could
+    # reach it); the switches it could take are named from it (checks/switches.py)
+    observed: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
     @property

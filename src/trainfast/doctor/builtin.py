@@ -32,6 +32,7 @@ from ..instruments.watch import Watch
 from .common import (DEFAULT_STEPS, add_evaluation, add_machine_load, add_page_faults, add_watch, capacity,
                      compiled_since, current_memory)
 from .peaks import half_ceiling, measure_flops
+from .progress import FIRST, DoctorProgress, Silent
 from .text import observe_text
 
 
@@ -55,9 +56,9 @@ def repeat_passes(batches: Iterable, n: int) -> Iterator:
 
 def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: Callable | None = None,
                     recipe=None, *, device: str | torch.device = "auto", steps: int = DEFAULT_STEPS,
-                    flops: bool = True) -> Observations:
+                    flops: bool = True, progress: DoctorProgress | None = None) -> Observations:
     """Run the built-in loop's three passes (module docstring) on the built-in run as `train` assembles it
-    (run.py) and return what they measured."""
+    (run.py) and return what they measured; `progress` shows them, steps done of planned with the time left."""
     from ..measure import peak_memory_bytes
     from ..run import assemble_run
 
@@ -67,28 +68,44 @@ def observe_builtin(model: nn.Module | Callable[[], nn.Module], split, loss_fn: 
     run = assemble_run(model, split, recipe, device=device, loss_fn=loss_fn)
     state, recipe, dev = run.state, run.recipe, run.device
     obs = Observations("built-in", str(dev), collect_environment())
+    progress = progress or Silent()
     try:
         static = current_memory(dev)
         k = watch_steps(recipe.log_every)
+        progress.plan(builtin_phases(k, steps, flops, dev.type == "cuda"))
+        progress.start(f"the first {1 + k} steps, watched (syncs, shapes, gradients)")
         with Watch(state.forward, device_type=dev.type, sync_window=(1, 1 + k)) as watch:      # pass 1
-            run_steps(run, repeat_passes(run.train_batches, (1 + k) * recipe.grad_accum_steps))
-        with Watch(state.model, device_type=dev.type, sync_window=(0, 0)) as evaluation:
+            watched = run_steps(run, repeat_passes(run.train_batches, (1 + k) * recipe.grad_accum_steps))
+        progress.steps(FIRST, [s.seconds for s in watched[:1]])
+        progress.steps("watched", [s.seconds for s in watched[1:]])
+        progress.start("the evaluation, watched")
+        with Watch(state.model, device_type=dev.type, sync_window=(0, 0)) as evaluation, progress.timed("evaluation"):
             run.task.evaluate(state.model, islice(run.val_batches, 2), state.precision, run.dist)
         obs.dropout = watch.forwards.dropout_check()
         compiled_before = _compiled_frames()
         batch = _clone(next(iter(run.train_batches)))
         load_start = cpu_seconds()
-        timed, replayed, replay_kernel = time_and_replay(run, batch, steps)                    # passes 2 and 3
+        progress.start(f"{steps} timed steps, each beside a replay of one cached batch")
+        timed, replayed, replay_kernel = time_and_replay(run, batch, steps, progress)          # passes 2 and 3
         add_machine_load(obs, load_start)
         recompiles = _compiled_frames() - compiled_before if compiled_before is not None else None
         obs.memory = {"peak_bytes": peak_memory_bytes(dev), "static_bytes": static, "capacity_bytes": capacity(dev)}
-        obs.memory["breakdown"] = step_memory(run, batch)
+        progress.start("one more step, its memory by what holds it")
+        with progress.timed("memory"):
+            obs.memory["breakdown"] = step_memory(run, batch)
         obs.text = observe_text(run, batch, lambda batches: run_steps(run, batches))
-        obs.cuda_profile = (profile_cuda(lambda n: run_steps(run, [batch] * (n * recipe.grad_accum_steps)))
-                            if dev.type == "cuda" else None)
+        if dev.type == "cuda":
+            progress.start("a profile of the replayed step (kernels, copies)")
+        with progress.timed("profile"):
+            obs.cuda_profile = (profile_cuda(lambda n: run_steps(run, [batch] * (n * recipe.grad_accum_steps)))
+                                if dev.type == "cuda" else None)
         loss_fn = run.task.loss_fn
-        obs.flops_per_sample, obs.ceiling_flops = (measure_flops(state.model, loss_fn, batch, recipe, dev)
-                                                   if flops and loss_fn is not None else (None, None))
+        flops = flops and loss_fn is not None
+        if flops:
+            progress.start("the model's FLOPs and the matmul peak")
+        with progress.timed("flops"):
+            obs.flops_per_sample, obs.ceiling_flops = (measure_flops(state.model, loss_fn, batch, recipe, dev)
+                                                       if flops else (None, None))
     finally:
         run.close()
     warmup = detect_warmup([s.seconds for s in timed], min_skip=1)
@@ -135,7 +152,13 @@ def run_steps(run, micro_batches: Iterable) -> list:
     return state.timer.steps[first:]
 
 
-def time_and_replay(run, batch, steps: int) -> tuple[list, list]:
+def builtin_phases(k: int, steps: int, flops: bool, cuda: bool) -> list[tuple[str, int]]:
+    """observe_builtin's steps to come, as (kind, how many) in order (doctor/progress.py prices each kind)."""
+    return [(FIRST, 1), ("watched", k), ("evaluation", 1), ("timed", steps), ("replay", steps),
+            ("memory", 1), ("profile", 1 if cuda else 0), ("flops", 1 if flops else 0)]
+
+
+def time_and_replay(run, batch, steps: int, progress: DoctorProgress | None = None) -> tuple[list, list]:
     """Passes 2 and 3, interleaved step by step (a loader step, then a replayed one): on a shared machine a
     slow spell lasts seconds and moves the step time by up to 1.7x, so a replay run after the timed steps
     would compare two spells, not two pipelines. One loader iterator across the steps (its workers start
@@ -143,11 +166,14 @@ def time_and_replay(run, batch, steps: int) -> tuple[list, list]:
     accum = run.recipe.grad_accum_steps
     loader_steps = repeat_passes(run.train_batches, steps * accum)
     timed, replayed, kernel = [], [], []
+    progress = progress or Silent()
     for _ in range(steps):
-        timed += run_steps(run, islice(loader_steps, accum))                  # pass 2
+        timed += (done := run_steps(run, islice(loader_steps, accum)))        # pass 2
+        progress.steps("timed", [s.seconds for s in done])   # between steps: no step's clock runs (StepTimer.start)
         before = memory_reuse.kernel_counters()
-        replayed += run_steps(run, [batch] * accum)                           # pass 3
+        replayed += (done := run_steps(run, [batch] * accum))                 # pass 3
         kernel.append((before, memory_reuse.kernel_counters()))
+        progress.steps("replay", [s.seconds for s in done])
     return timed, replayed, kernel
 
 

@@ -30,7 +30,7 @@ def print_findings(findings: list[Finding], obs: Observations, console=None) -> 
     from rich.table import Table
 
     console = console or Console()
-    style = {"problem": "bold red", "fine": "green", "measured": "cyan", "not checked here": "dim"}
+    style = {"problem": "bold red", "switch": "yellow", "fine": "green", "measured": "cyan", "not checked here": "dim"}
     step = f" of {obs.step_s * 1e3:.1f} ms (median)" if obs.step_seconds else ""
     table = Table(title=f"trainfast doctor: {obs.source} run on {obs.device}, {len(obs.step_seconds)} timed "
                         f"steps{step}")
@@ -45,7 +45,7 @@ def print_findings(findings: list[Finding], obs: Observations, console=None) -> 
     for i, f in enumerate(findings, 1):
         console.print(f"[bold]{i}. {f.name}[/bold] [{style.get(f.status, '')}]{f.status}[/]: {f.evidence}",
                       highlight=False)
-        if f.fix and f.status == "problem":
+        if f.fix and f.status in ("problem", "switch"):
             console.print(f"   [bold]fix:[/bold] {f.fix}", highlight=False)
     problems = [f for f in findings if f.status == "problem"]
     console.print(f"{len(problems)} problem(s)" + (": fix them in the order above (the costliest measured first)"

@@ -60,7 +60,7 @@ from .common import (COMPILED_INSIDE, LOADER_FIELDS, compiled_submodule, is_comp
                      switch_models, switch_optimizers)
 from .hooks import when_imported
 from .packing import asks_batches, named_batches, prove_batches, switch_batches
-from .wrapping import ddp_settings, prove_ddp_settings, switch_ddp_settings
+from .wrapping import ddp_settings, hook_settings, prove_ddp_settings, switch_comm_hook, switch_ddp_settings
 
 NAME = "accelerate"
 PATCHED = "_trainfast_patched"
@@ -210,7 +210,7 @@ def switch_arguments(kw: dict[str, Any], record: FrameworkRecord, fields: dict[s
                                    dataclasses.replace(config, non_blocking=bool(fields["non_blocking"])))
     if "set_to_none" in fields:
         record.unsupported.setdefault("set_to_none", NO_ZERO_GRAD)
-    if ddp_settings(fields):
+    if ddp_settings(fields) or hook_settings(fields):
         switch_ddp_handler(kw, record, fields)
     mark_shared_switches(record, fields)
     if "cudnn_benchmark" in fields:
@@ -222,7 +222,7 @@ def switch_ddp_handler(kw: dict[str, Any], record: FrameworkRecord, fields: dict
     """The wrap switches on the Accelerator's DistributedDataParallelKwargs, whose fields are DDP's keywords: the
     script's own handler among its kwargs_handlers, or one added there (a field at its default is not passed on to
     DDP: DDP's own default stands)."""
-    from accelerate.utils import DistributedDataParallelKwargs
+    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
 
     handlers = list(kw.get("kwargs_handlers") or [])
     script = next((h for h in handlers if isinstance(h, DistributedDataParallelKwargs)), None)
@@ -230,6 +230,12 @@ def switch_ddp_handler(kw: dict[str, Any], record: FrameworkRecord, fields: dict
     defaults = DistributedDataParallelKwargs()
     switch_ddp_settings(record, fields, lambda k: getattr(script, k, None),
                         lambda k, v: setattr(handler, k, getattr(defaults, k) if v is None else v))
+
+    def put_hook(hook: str | None, state: dict[str, Any]) -> None:
+        handler.comm_hook = DDPCommunicationHookType(hook) if hook else defaults.comm_hook
+        handler.comm_state_option = state
+    had = None if script is None or script.comm_hook == defaults.comm_hook else str(script.comm_hook)
+    switch_comm_hook(record, fields, had, put_hook)
     kw["kwargs_handlers"] = handlers if script is not None else [*handlers, handler]
 
 

@@ -3,6 +3,7 @@
   watch.py       Watch: arms the instruments around any loop, drives them by its steps, keeps what they find;
                  and the gradients' instrument (GradientWatch)
   steps.py       the watched steps: each one's end, and each next(batch)'s wait and samples (StepWatch)
+  loaders.py     listening to DataLoaders' passes and batches: one patch each, shared by every listener
   forwards.py    forward hooks: input shapes, evaluation forwards, the model tests at the end (ForwardWatch)
   syncs.py       the sync counter: host reads of tensor values (and dropouts that still drop) by source line
   gradients.py   the gradients between two steps and the zero_grad calls that clear them

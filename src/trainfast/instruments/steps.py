@@ -1,17 +1,18 @@
 """The watched steps' clock, one of the doctor's instruments (watch.py puts them around a loop): at each step
 torch's global optimizer-step hook closes (the Watch's), the step's end and the kernel's counters; and, for a
 loop that iterates a torch DataLoader, the time each `next(batch)` took and the samples it brought (its
-iterator's __next__ is wrapped while the watch is on), summed per step."""
+iterator's batches are listened to while the watch is on: loaders.py), summed per step."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ..envcheck import cpu_seconds
 from ..measure import InputSpan, read_spans
 from ..techniques.memory_reuse import kernel_counters
+from .loaders import LoaderListener, listen
 from .tensors import tensors_of
 
 
@@ -30,32 +31,9 @@ class StepWatch:
         self._spans, self._samples = [], 0
         self.last_batch: Any = None                 # a loader's batch after the first step, as it left the loader
 
-    def wrap_loader(self) -> tuple[Any, str, Any]:
-        """Wraps DataLoader iterators' __next__; returns what restores it: (owner, name, original)."""
-        from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-        from ..measure import batch_samples
-
-        original, watch, clock = _BaseDataLoaderIter.__next__, self.watch, self
-        restore = (_BaseDataLoaderIter, "__next__", original)
-
-        def timed_next(iterator):
-            span = InputSpan(watch.device_type == "cuda")    # on a GPU: the device's idle time for the batch
-            watch.counter.in_loader = True
-            try:
-                batch = original(iterator)
-            finally:
-                watch.counter.in_loader = False
-            span.end()
-            clock._spans.append(span)
-            clock._samples += batch_samples(batch)
-            clock.num_workers = iterator._num_workers
-            if watch.steps >= 1 and clock.last_batch is None:
-                watch.safe(clock._keep_batch)(batch)
-            return batch
-
-        _BaseDataLoaderIter.__next__ = timed_next
-        return restore
+    def wrap_loader(self) -> Callable[[], None]:
+        """Listens to DataLoader iterators' batches (loaders.py); returns what stops it."""
+        return listen(_BatchClock(self))
 
     def _keep_batch(self, batch) -> None:
         """What a worker would hand over (doctor.worker_handoff_s): the batch's tensors, copied (loaders recycle)."""
@@ -79,3 +57,30 @@ class StepWatch:
         if self.watch.device_type == "cuda":
             torch.cuda.synchronize()
         return [read_spans(spans)[0] for spans in self.step_waits]
+
+
+class _BatchClock(LoaderListener):
+    """Each next(batch) of a watched loop: its wait (with the sync counter told the host is in the loader, where
+    a read of a tensor's value is the loader's, not the loop's), its samples, the loader's workers, and the first
+    batch after the first step kept."""
+
+    def __init__(self, clock: StepWatch) -> None:
+        self.clock = clock
+
+    def around_next(self, iterator, fetch):
+        from ..measure import batch_samples
+
+        clock, watch = self.clock, self.clock.watch
+        span = InputSpan(watch.device_type == "cuda")    # on a GPU: the device's idle time for the batch
+        watch.counter.in_loader = True
+        try:
+            batch = fetch()
+        finally:
+            watch.counter.in_loader = False
+        span.end()
+        clock._spans.append(span)
+        clock._samples += batch_samples(batch)
+        clock.num_workers = iterator._num_workers
+        if watch.steps >= 1 and clock.last_batch is None:
+            watch.safe(clock._keep_batch)(batch)
+        return batch

@@ -85,6 +85,7 @@ class Watch:
         self.eval_wait: dict[str, Any] | None = None
         self._handles: list = []
         self._restore: list[tuple[Any, str, Any]] = []
+        self._unlisten: Callable[[], None] | None = None      # stops the step clock's loader listener
 
     # --- hooks ---------------------------------------------------------------------------------------
 
@@ -95,7 +96,7 @@ class Watch:
         self._handles.append(register_optimizer_step_post_hook(self._on_step))
         self._handles += self.forwards.register()
         self.batches = BatchKind(padding=True)
-        self._restore.append(self.clock.wrap_loader())
+        self._unlisten = self.clock.wrap_loader()
         self._restore.append(self.gradients.wrap(torch.optim.Optimizer, "optimizer.zero_grad"))
         self._restore.append(self.gradients.wrap(nn.Module, "model.zero_grad"))
         self._update_window()
@@ -111,6 +112,9 @@ class Watch:
         for owner, name, original in reversed(self._restore):
             setattr(owner, name, original)
         self._restore = []
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
 
     def safe(self, hook: Callable) -> Callable:
         """A hook that can fail (a model split over devices, an odd forward) notes why in `errors` and lets

@@ -37,14 +37,17 @@ def install() -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         from ..instruments.batches import BatchKind
+        from ..printedmetric import PrintedMetric
         from ..observers import observe_sessions
         from .inject import install as install_plain
         from .observe import Observer
+        from .printed import install as read_printed
 
         observe_sessions(probe)
         probe.observer = Observer().install()        # what the run did, observed (the record's "observed")
         install_plain(probe, probe.observer)         # a plain loop: the run's switches through the Observer's hooks
         register_optimizer_step_post_hook(probe._global_step)
+        read_printed(probe, PrintedMetric.from_dict(probe.spec.printed_metric))    # --metric on its output
         # The task the script's batches are (its ladder, ablation/work.py); its first training forward
         probe.batches = BatchKind(on_start=probe.training_began)
         apply_command_switches()

@@ -43,6 +43,8 @@ class MeasureSpec:
     # seconds without reaching it.
     target: dict | None = None
     cap_seen: float | None = None
+    # --metric on a script's output (printedmetric.PrintedMetric.to_dict()): its lines read as reported values
+    printed_metric: dict | None = None
 
     def to_env(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -7,8 +7,8 @@ switches' apply, the optimizer switches' rebuild, the loader's settings, the pro
 and read back from the running process like a framework adapter's (frameworks/board.py: a "plain loop"
 section), so the ablation times them and rules out, with why, the ones that cannot act:
   - precision bf16: autocast around the model's training forward (its `forward`, wrapped on the instance: the
-    script's own `model(x)` calls enter it). fp16 needs a loss scaler around the backward, which a plain loop's
-    own `loss.backward()` does not let trainfast reach: said so, never timed without its scaler;
+    script's own `model(x)` calls enter it). fp16 the same, with the Session's loss scaler around the script's own
+    `loss.backward()` and `optimizer.step()` (scaler.py), refused where those cannot be proven reached;
   - channels_last (every model switch): on the model, and on its 4-D inputs as the forward receives them;
   - compile: the model's forward compiled (training forwards only; evaluation stays eager, as a Session's);
   - optimizer_impl: the script's optimizer rebuilt by the switch (same class, same groups) and its flags carried
@@ -36,12 +36,11 @@ from ..frameworks.common import (AUTO_WORKERS, LOADER_FIELDS, is_compiled, loade
                                  prove_loader, prove_optimizers, switch_models, switch_optimizers)
 from ..techniques import AMP, model_switches, optimizer_fields, process_wide_fields
 from ..techniques.compile import effect as compile_effect
-from ..techniques.precision import auto_amp_dtype
+from ..techniques.precision import auto_amp_dtype, build_precision
 from .observe import Observer, dtype_name
+from .scaler import TWO_OPTIMIZERS, LossScaling
 
 PLAIN = "plain loop"          # the run record's section, beside the frameworks' (frameworks/board.py)
-FP16 = ("fp16 needs a loss scaler around the backward, and a plain loop calls loss.backward() itself: trainfast "
-        "cannot scale it (bf16 needs none: use precision=bf16, or a trainfast.Session for fp16)")
 LEVELS = ("master weights and pure half precision change the step itself (fp32 master copies, the update's cast), "
           "which a plain loop runs itself; its precision switch is autocast (O1)")
 UNREACHED = ("a plain loop: trainfast reaches its model, optimizer and loader through the probe's hooks, not its step "
@@ -91,6 +90,10 @@ class PlainLoop:
         self.dtype: torch.dtype | None = None
         self.channels_last = False
         self.compile = False
+        # fp16 asked (or amp, which may be fp16 on the device): the backward and the clips patched before the
+        # script imports them; the scaler acts only once armed on the trained model's optimizer (switch_precision)
+        self.scaling = LossScaling().install() if self.asked.get("precision") in ("fp16", AMP) else None
+        probe.scaler = None
         observer.listeners.append(self.model_seen)
         observer.loader_listeners.append(self.loader_seen)
 
@@ -162,12 +165,29 @@ class PlainLoop:
         if value == AMP:
             value = auto_amp_dtype(device)
         if value == "fp16":
-            record.unsupported["precision"] = FP16
+            self.switch_fp16(record, device)
         elif value == "bf16":
             enabled, dtype = self.observer.outside
             record.set("precision", "autocast", "bf16", dtype_name(dtype) if enabled else UNSET)
             self.dtype = None if enabled else torch.bfloat16           # the script's own autocast stands
             record.readers.append(lambda r: r.prove("autocast", self.observer.observed()["precision"]))
+
+    def switch_fp16(self, record: FrameworkRecord, device: torch.device) -> None:
+        """fp16 autocast with the Session's loss scaler around the script's backward and step (scaler.py)."""
+        if len(self.observer.alive_optimizers()) > 1:
+            record.unsupported["precision"] = TWO_OPTIMIZERS
+            return
+        enabled, dtype = self.observer.outside
+        record.set("precision", "autocast", "fp16", dtype_name(dtype) if enabled else UNSET)
+        record.readers.append(lambda r: r.prove("autocast", self.observer.observed()["precision"]))
+        if enabled:                         # the script's own autocast (and its own scaler, if it has one) stands
+            return
+        self.dtype = torch.float16
+        self.scaling.arm(build_precision("fp16", device), self.observer.optimizer)
+        self.probe.scaler = self.scaling
+        record.set("precision", "torch.amp.GradScaler", True)
+        record.readers.append(lambda r: r.prove("torch.amp.GradScaler", self.scaling.read_back(),
+                                                applied=bool(self.scaling.steps) and self.scaling.refused is None))
 
     def switch_compile(self, record: FrameworkRecord, module: nn.Module, device: torch.device) -> None:
         if not self.asked.get("compile"):

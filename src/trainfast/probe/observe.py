@@ -5,11 +5,11 @@ command line.
 
 The trained model is the first module called in training mode, with gradients on, whose parameters an optimizer
 holds (optimizers are noticed as they are built, loaders as they are iterated: one patched constructor and one
-patched `__iter__`, nothing on the step). At that first training forward the Observer decides once, tells its
-listeners (probe/inject.py switches a plain loop there), and reads the autocast state the next module call sees,
-inside the model's forward (where a Session's or a framework's autocast is entered). The rest is read when the
-record is written: the optimizer's class and implementation, the training loader's settings, the conv weights'
-memory format, the compiles dynamo counted.
+listener to `__iter__` in instruments/loaders.py, nothing on the step). At that first training forward the Observer
+decides once, tells its listeners (probe/inject.py switches a plain loop there), and reads the autocast state the
+next module call sees, inside the model's forward (where a Session's or a framework's autocast is entered). The
+rest is read when the record is written: the optimizer's class and implementation, the training loader's settings,
+the conv weights' memory format, the compiles dynamo counted.
 
 Shape of the section (others read it; keep it):
   {"precision": "bf16" | "fp16" | "fp32" | ..., "autocast": bool, "compiled": bool, "recompiles": int,
@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..frameworks.common import LOADER_FIELDS, is_compiled
+from ..instruments import loaders
 from ..techniques.memory_format import memory_format_of
 from ..techniques.optimizer import impl_of
 
@@ -71,6 +72,19 @@ def loader_of(loader: Any) -> dict[str, Any] | None:
     return {name: getattr(loader, name, None) for name in LOADER_FIELDS.values()}
 
 
+class _LoaderNotice(loaders.LoaderListener):
+    """A pass over a loader begins: the observer's loader listeners told (the loader switches set before its
+    iterator is built), and the loader kept as the one iterated last."""
+
+    def __init__(self, observer: "Observer") -> None:
+        self.observer = observer
+
+    def iterating(self, loader) -> None:
+        for notice in self.observer.loader_listeners:
+            notice(loader)
+        self.observer.last_loader = weakref.ref(loader)
+
+
 class Observer:
     """Notices the optimizers and loaders a script builds, finds its trained model at its first training forward,
     and reads what the run did (`observed`). `install()` patches and hooks, `close()` undoes it (a test's loop)."""
@@ -92,22 +106,15 @@ class Observer:
 
     def install(self) -> "Observer":
         observer = self
-        init, iterate = torch.optim.Optimizer.__init__, DataLoader.__iter__
+        init = torch.optim.Optimizer.__init__
 
         def noticed_init(optimizer, *args, **kwargs):
             init(optimizer, *args, **kwargs)
             observer.optimizers.append(weakref.ref(optimizer))
 
-        def noticed_iter(loader):
-            for listen in observer.loader_listeners:
-                listen(loader)
-            observer.last_loader = weakref.ref(loader)
-            return iterate(loader)
-
         torch.optim.Optimizer.__init__ = noticed_init
-        DataLoader.__iter__ = noticed_iter
         self._undo += [lambda: setattr(torch.optim.Optimizer, "__init__", init),
-                       lambda: setattr(DataLoader, "__iter__", iterate)]
+                       loaders.listen(_LoaderNotice(self))]
         self._handle = nn.modules.module.register_module_forward_pre_hook(self.forward_seen)
         return self
 

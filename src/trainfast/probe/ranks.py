@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..instruments.loaders import LoaderListener, listen
 from ..measure.ranks import judge_ranks, rank_figures
 
 # DDP's own timing (`_get_ddp_logging_data()`, nanoseconds): averages over the iterations it samples (its first
@@ -49,6 +50,8 @@ class PhaseClock:
         self._started: float | None = None
         self._stepping: float | None = None
         self.module = module
+        # Where this rank is in its step, for its heartbeat (rankfaults.py): one assignment per hook.
+        self.phase = "start"
         self.handles = [register_optimizer_step_pre_hook(self._step_begins),
                         register_optimizer_step_post_hook(self._step_ends)]
         if module is not None:
@@ -65,25 +68,18 @@ class PhaseClock:
 
     def _forward_begins(self, module, args) -> None:
         self._started = time.perf_counter() if self._training(module) else None
+        if self._started is not None:
+            self.phase = "forward"
 
     def _forward_ends(self, module, args, output) -> None:
         if self._started is not None:
             self._forward += time.perf_counter() - self._started
             self._started = None
+            self.phase = "backward"
 
-    def _wrap_loader(self) -> tuple[Any, Any]:
-        from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-        original, clock = _BaseDataLoaderIter.__next__, self
-
-        def timed_next(iterator):
-            started = time.perf_counter()
-            try:
-                return original(iterator)
-            finally:
-                clock._data += time.perf_counter() - started
-        _BaseDataLoaderIter.__next__ = timed_next
-        return _BaseDataLoaderIter, original
+    def _wrap_loader(self) -> Callable[[], None]:
+        """Times each next(batch) into this step's data seconds (instruments/loaders.py); returns what stops it."""
+        return listen(_DataWait(self))
 
     def _outer_begins(self, module, args) -> None:
         if self.depth == 0:
@@ -97,6 +93,8 @@ class PhaseClock:
 
     def _step_begins(self, optimizer, args, kwargs) -> None:
         self._stepping = time.perf_counter() if self.active() else None
+        if self._stepping is not None:
+            self.phase = "optimizer"
 
     def _step_ends(self, optimizer, args, kwargs) -> None:
         if self._stepping is not None:
@@ -111,20 +109,39 @@ class PhaseClock:
         if self._stepping is not None:
             self._optimizer += time.perf_counter() - self._stepping
             self._stepping = None
+        self.phase = "data"
         self.forward_s.append(self._forward)
         self.optimizer_s.append(self._optimizer)
         if self.data_s is not None:
             self.data_s.append(self._data)
         self._forward = self._optimizer = self._data = 0.0
 
+    def where(self) -> tuple[str, int]:
+        """This rank's phase and the steps it has closed (its heartbeat's record)."""
+        return self.phase, len(self.forward_s)
+
     def remove(self) -> None:
+        self.phase = "done"
         for handle in self.handles:
             handle.remove()
         self.handles = []
         if self._restore is not None:
-            owner, original = self._restore
-            owner.__next__ = original
+            self._restore()
             self._restore = None
+
+
+class _DataWait(LoaderListener):
+    """Each next(batch)'s seconds, into the phase clock's data seconds of the step (a batch that ends the pass too)."""
+
+    def __init__(self, clock: PhaseClock) -> None:
+        self.clock = clock
+
+    def around_next(self, iterator, fetch):
+        started = time.perf_counter()
+        try:
+            return fetch()
+        finally:
+            self.clock._data += time.perf_counter() - started
 
 
 def ddp_figures(module: Any) -> dict[str, float] | None:
@@ -147,7 +164,16 @@ def ddp_figures(module: Any) -> dict[str, float] | None:
 def start_phases(probe, module: torch.nn.Module | None, active: Callable[[], bool] = lambda: True):
     """A PhaseClock for a run of several processes (None in one: there is no other rank to compare with); a script
     without a Session has its loader's waits timed by it."""
-    return PhaseClock(module, active, loader=probe.session is None) if probe.world_size > 1 else None
+    if probe.world_size == 1:
+        return None
+    import os
+
+    from ..rankfaults import HEARTBEATS_ENV, Heartbeat
+
+    clock = PhaseClock(module, active, loader=probe.session is None)
+    if os.environ.get(HEARTBEATS_ENV):       # a run of the ablation: where its ranks' heartbeats go (rankfaults.py)
+        Heartbeat(os.environ[HEARTBEATS_ENV], int(os.environ.get("RANK", "0")), clock.where)
+    return clock
 
 
 def collect_ranks(probe) -> None:

@@ -183,7 +183,8 @@ def run_state(probe, stopped: str) -> RunState:
 
     session = probe.session
     state = session.state if session is not None else None
-    precision = state.precision.metrics() if state else {}
+    scaler = getattr(probe, "scaler", None)              # a plain loop's fp16 loss scaler (scaler.py)
+    precision = state.precision.metrics() if state else scaler.precision.metrics() if scaler and scaler.steps else {}
     return RunState(
         session=session is not None,
         mode=probe.spec.mode,

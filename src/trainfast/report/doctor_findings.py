@@ -14,8 +14,8 @@ FINDING_KEYS = ("name", "status", "evidence")     # what a finding needs to be l
 
 def saves_text(cost_s: float | None, share: float | None, status: str) -> str:
     """What fixing a finding saves per step: '3.2 ms (14%)'; 'not measured' for a problem with no cost; '' for
-    anything that is not a problem."""
-    if status != "problem":
+    anything that is not a problem or a switch the loop could take (checks/switches.py)."""
+    if status not in ("problem", "switch"):
         return ""
     if cost_s is None:
         return "not measured"

@@ -7,7 +7,8 @@ from typing import Any
 
 from ..results import AblationResult, Rung
 from .format import roofs_text, rung_label
-from .progress import RunPlan, seconds_text, time_line
+from .progress import RunPlan, time_line
+from .runsbar import RunsBar
 from .summary import best_line, keep_line, machine_line, repeatability_line
 from .table import Columns, headers, table_rows
 from .target import console_table
@@ -31,10 +32,8 @@ class Display:
                                    width=max(self.console.width, 230))
         self.progress_bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=self.console)
-        # The whole ladder: its own time left (the plan's per-rung costs), not rich's, which assumes equal runs
-        self.overall = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[left]}"), TimeElapsedColumn(), console=self.console)
-        self.overall_task = self.overall.add_task("runs", total=None, left="")
+        # The whole ladder: runs done of planned and the time left, as the doctor shows its steps (runsbar.py)
+        self.bar = RunsBar(self.runs, self.console, show, describe=False)
         self.task = None
         self.live = None
 
@@ -48,7 +47,7 @@ class Display:
             table.add_column(h, justify="left" if h == "rung" else "right")
         for row in table_rows(self.rungs, columns):
             table.add_row(*row)
-        return Group(table, self.overall, self.progress_bar)
+        return Group(table, self.bar.progress, self.progress_bar)
 
     def __enter__(self):
         from rich.live import Live
@@ -62,6 +61,7 @@ class Display:
                 # second the display took 2.5% of a core from the runs it times (0.2% without a terminal).
                 self.live = Live(self._render(), console=self.console, refresh_per_second=1)
                 self.live.__enter__()
+        self.bar.printing = self.show and self.live is None
         return self
 
     def __exit__(self, *exc):
@@ -78,31 +78,26 @@ class Display:
                  else rung_label(rung))
         what = f"{label} — seed {seed}, run {run} of {runs}"
         self.task = self.progress_bar.add_task(what, total=None, loss="…")
-        self.show_runs()
-        if self.show and self.live is None:
-            self.console.print(f"running {what} … ({self.runs.line()})")
+        self.bar.start(what)
         self.update()
 
     def plan(self, kinds: list[str], why: str | None = None) -> None:
         """The runs still planned (progress.RunPlan.plan); a change in their number is said, with why."""
-        change = self.runs.plan(kinds, why)
-        if change is not None and self.show:
-            self.console.print(self.runs.change_line(change))
-        self.show_runs()
+        self.bar.plan(kinds, why)
+        self.update()
 
     def finished(self, kind: str, seconds: float | None) -> None:
-        self.runs.finished(kind, seconds)
-        self.show_runs()
-
-    def show_runs(self) -> None:
-        left = self.runs.left_s()
-        self.overall.update(self.overall_task, completed=self.runs.done, total=self.runs.total or None,
-                            left=f"~{seconds_text(left)} left" if left is not None else "")
+        self.bar.finished(kind, seconds)
         self.update()
 
     def reused(self, rung: Rung, repeat: int) -> None:
         if self.show:
             self.console.print(f"reused {rung_label(rung)}, run {repeat + 1} (finished before the interruption)")
+
+    def note(self, text: str) -> None:
+        """Something the loop did that the runs line does not say (a run's rate not a measurement)."""
+        if self.show:
+            self.console.print(text, markup=False, highlight=False)
 
     def progress(self, rung: Rung, event: dict) -> None:
         self.progress_bar.update(self.task, completed=event["step"], total=event["total"], loss=f"{event['loss']:.3f}")

@@ -12,6 +12,7 @@ from ..techniques import threads
 from ..techniques.precision import level_note
 from .format import fmt_sig, rung_label
 from .observed import observed_note
+from .recompiled import left_out_texts, recompiled_notes
 
 FEW_CLEAN_STEPS = 8     # fewer clean steps than this in a run: too few for a firm verdict
 
@@ -168,11 +169,8 @@ def compiled_left_out_notes(rung: Rung) -> list[str]:
     """Each run whose timed steps held a recompile: its steps, left out of the rate as warm-up (measure.Timing)."""
     out = []
     for i, run in enumerate(rung.repeats):
-        for c in run.get("timing", {}).get("compiled_left_out") or []:
-            last = c["step"] + c["steps"] - 1
-            steps = f"steps {c['step']}..{last}" if last > c["step"] else f"step {c['step']}"
-            out.append(f"seed {run.get('seed', i)}: recompiled at step {c['step']}: {steps} left out of the rate as "
-                       f"warm-up ({c.get('seconds', 0.0):.1f} s of compilation, not the switch's rate)")
+        out += [f"seed {run.get('seed', i)}: {text}" for text in left_out_texts(run)]
+        out += recompiled_notes(run, run.get('seed', i))          # a repeat where leaving them out was not enough
     return out
 
 

@@ -7,18 +7,53 @@ budget) and what each run took (`finished`); the display asks for the line to sh
 
 The estimate: a planned run costs what the runs of its kind took so far (their mean: the kind is its rung, and
 whether the run is timed or only evaluated for the metric's noise); a kind not run yet costs what the other runs
-of its rung took, else the mean of every run so far. After the first pass every rung has priced its own runs, and
-the rungs differ (a compiled rung's run costs its compile; an fp32 run several bf16 ones), so the estimate then is
-the plan's own sum, not a count times an average. Before the first run there is no estimate ("time left after
-the first of them").
+of its sort took (timed or evaluated), else what its rung's other runs took, else the mean of every run so far.
+After the first pass every rung has priced its own runs, and the rungs differ (a compiled rung's run costs its
+compile; an fp32 run several bf16 ones), so the estimate then is the plan's own sum, not a count times an average.
+Before the first run there is no estimate ("time left after the first of them"). The prices come from one record
+of costs, RunCosts, the one the ablation's time budget prices its runs by (ablation/clock.py, where the subject of
+a cost is its recipe; here, its rung).
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 SEEDS = "/seeds"        # a kind's suffix for a rung's runs that are only evaluated (the baseline's extra seeds)
+TIMED = "timed"         # the sort of a rung's run without the suffix
+
+
+@dataclass
+class RunCosts:
+    """What each run took, by its sort (`kind`: how it is measured) and its subject (`key`: a rung's name, a
+    recipe's key), and what one more should cost: the mean of the runs most like it, most specific first: the same
+    kind and subject, else the same kind, else the same subject, else every run. One record for the time left
+    (RunPlan) and the time budget (ablation/clock.py's RunClock), so both price a run alike."""
+    runs: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+
+    def add(self, kind: str, key: str, seconds: float) -> None:
+        self.runs.setdefault((kind, key), []).append(float(seconds))
+
+    def has(self, kind: str, key: str) -> bool:
+        return bool(self.runs.get((kind, key)))
+
+    def price(self, kind: str, key: str | None = None) -> float | None:
+        """What one run of `kind` on `key` (None: any subject) should cost, or None: nothing measured yet."""
+        tiers = (lambda k, r: k == kind and r == key, lambda k, r: k == kind,
+                 lambda k, r: r == key, lambda k, r: True)
+        for tier in tiers:
+            seen = [s for (k, r), runs in self.runs.items() if tier(k, r) for s in runs]
+            if seen:
+                return statistics.fmean(seen)
+        return None
+
+
+def sort_of(kind: str) -> tuple[str, str]:
+    """A planned run's kind ("amp", "baseline/seeds": report/progress's kinds) as RunCosts' (sort, rung)."""
+    rung = kind.removesuffix(SEEDS)
+    return (SEEDS if rung != kind else TIMED), rung
 
 
 def seconds_text(seconds: float) -> str:
@@ -34,7 +69,7 @@ def seconds_text(seconds: float) -> str:
 class RunPlan:
     """The runs still planned (their kinds, in order), what each finished one cost, and how the plan changed."""
     planned: list[str] = field(default_factory=list)
-    costs: dict[str, list[float]] = field(default_factory=dict)
+    costs: RunCosts = field(default_factory=RunCosts)
     done: int = 0
     changes: list[dict[str, Any]] = field(default_factory=list)
     planned_total_s: float | None = None     # elapsed + left once every planned kind had a cost of its own
@@ -68,7 +103,7 @@ class RunPlan:
             self.planned.remove(kind)
         self.done += 1
         if seconds is not None:
-            self.costs.setdefault(kind, []).append(seconds)
+            self.costs.add(*sort_of(kind), seconds)
         self.note_first_estimate()
 
     @property
@@ -77,11 +112,7 @@ class RunPlan:
 
     def cost(self, kind: str) -> float | None:
         """What a run of `kind` is expected to take (module docstring), or None before any run."""
-        for key in (kind, kind.removesuffix(SEEDS)):
-            if self.costs.get(key):
-                return sum(self.costs[key]) / len(self.costs[key])
-        every = [s for runs in self.costs.values() for s in runs]
-        return sum(every) / len(every) if every else None
+        return self.costs.price(*sort_of(kind))
 
     def left_s(self) -> float | None:
         costs = [self.cost(kind) for kind in self.planned]
@@ -105,7 +136,7 @@ class RunPlan:
         """The planned time: the first estimate made with every planned kind priced by its own runs (after the
         first pass of an ablation), kept to set beside the time the job took."""
         if self.planned_total_s is None and self.planned and all(
-                self.costs.get(k.removesuffix(SEEDS)) for k in self.planned):
+                self.costs.has(TIMED, sort_of(k)[1]) for k in self.planned):
             self.planned_total_s = self.elapsed_s() + self.left_s()
             up_to = self.up_to_s()
             self.planned_up_to_s = self.elapsed_s() + up_to if up_to is not None else None

@@ -7,6 +7,7 @@ from typing import Any
 from ..results import EffectLabel, Rung, RungResult, Status
 from ..scriptargs import UNCHANGED
 from ..techniques.precision import not_run_text
+from .recompiled import not_a_measurement
 from .format import (TOO_FEW, fmt_bytes, fmt_rate, fmt_sig, fmt_speedup, readable, repeats_needed, rung_label,
                      short_verdict)
 
@@ -105,6 +106,8 @@ def measured_row(rung: Rung, columns: Columns) -> list[str]:
     r = rung.result
     baseline = rung.name == "baseline"
     verdict = "reference" if baseline else short_verdict(r.verdict, r.speedup, r.is_firm)
+    if not_a_measurement(rung.repeats):      # recompiled in its timed steps, its repeat too (see notes)
+        verdict = "not a measurement: recompiled in its timed steps"
     if rung.status != Status.DONE:
         verdict += f" (so far: {len(rung.repeats)} repeat(s))"
     if rung.script.get("unchanged"):          # a --rung observed doing what the rung above did (script_rungs.py)

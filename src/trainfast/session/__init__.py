@@ -198,7 +198,8 @@ class Session:
         if isinstance(loss, Mapping) and "loss" in loss:
             raise ValueError("tf.backward(): a loss dict may not have a term named 'loss' (the sum is logged under "
                              "that name); rename it")
-        total = self.require_state().backward(loss)
+        with self.dist.watch():     # the gradient all-reduce timed out: the rank that did not arrive is named
+            total = self.require_state().backward(loss)
         if isinstance(loss, Mapping):
             self.logs.add({"loss": total, **loss})
         return total

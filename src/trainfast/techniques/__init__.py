@@ -306,14 +306,18 @@ def apply_optimizer_switches(optimizer: torch.optim.Optimizer, recipe, scheduler
 # switch that changes the buckets it runs over comes first. tests/test_switches.py fails when a wrap switch is
 # missing here.
 WRAP_ORDER: tuple[tuple[str, str], ...] = (
+    ("strategy", "the wrapper itself (DDP or FSDP2): it is chosen before any of its options; nothing to apply"),
     ("ddp_bucket_mb", "first: its bucket size is a constructor option and does nothing once the wrapper is built, "
                       "so it is in place before any switch that works on the built wrapper's buckets"),
     ("gradient_as_bucket_view", "a constructor option too (the reducer lays its buckets and the gradients' views "
                                 "out as DDP is built), beside the bucket size it lays them out with"),
     ("static_graph", "a constructor option as well: the reducer records the first step's graph and rebuilds its "
                      "buckets once in the order it saw, out of the bucket size and views set above"),
-    ("bf16_compress_hook", "last: a communication hook is registered on the built wrapper, once and before the "
+    ("bf16_compress_hook", "a communication hook, registered on the built wrapper once and before the "
                            "first forward, and compresses the buckets the options above laid out"),
+    ("fp16_compress_hook", "beside bf16's, the same kind of hook: DDP takes only one (Recipe refuses two)"),
+    ("powersgd_rank", "another communication hook, beside the two above (one at a time)"),
+    ("reshard_after_forward", "FSDP2's fully_shard keyword, given to every call with the wrapper's other options"),
 )
 
 

@@ -18,6 +18,5 @@ SWITCHES = (
     setting("max_bad_fraction"),
     setting("save_every", own_process=True, resumable=True),   # saves inside the timed steps
     setting("keep_checkpoints", resumable=True),
-    setting("strategy", own_process=True),                      # ranks of a multi-process job
     setting("find_unused_parameters", "dist_timeout_s"),
 )

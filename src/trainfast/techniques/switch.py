@@ -215,6 +215,10 @@ class WrapSwitch:
                 it has none; the switch then declares the Trainer unreachable).
     show(value): the state `value` asks for, as state() reads it (DDP's own default for the value that asks for
                 none: the proof of a baseline).
+    comm_hook:  a communication hook's name among Accelerate's DDPCommunicationHookType values ("bf16", "fp16",
+                "power_sgd"): Accelerate's DistributedDataParallelKwargs(comm_hook=...) registers it on the DDP it
+                builds, so its adapter sets it there (frameworks/wrapping.py); "": Accelerate cannot. comm_state(value):
+                its comm_state_option for the recipe's value (PowerSGD's rank).
     """
     label: str
     strategies: tuple[str, ...] = ("ddp",)
@@ -225,6 +229,8 @@ class WrapSwitch:
     keyword: str = ""
     trainer_argument: str = ""
     show: Callable[[Any], Any] = as_given
+    comm_hook: str = ""
+    comm_state: Callable[[Any], Mapping[str, Any]] = no_options
 
 
 @dataclass

@@ -36,6 +36,7 @@ class TuneOptions:
     nproc: int = 1
     metric: str | None = None
     goal: str | None = None
+    metric_pattern: str | None = None         # --metric-pattern: the metric read from the script's output
     batch_size_search: bool = False
     settle: bool = True
     paired: bool = False

@@ -181,7 +181,7 @@ def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: 
         # Every candidate is a combination of the singles' fields: those are all a run may switch.
         work = prepare_command(opts.command, [r.changes for r in singles], recipe=base, device=device,
                                nproc=opts.nproc, measure="speed", budget=opts.timing, metric=opts.metric,
-                               goal=opts.goal, by_task=by_task, task=spec.task)
+                               goal=opts.goal, by_task=by_task, task=spec.task, metric_pattern=opts.metric_pattern)
     work.mark_effects(singles)
 
     def replan() -> list[Rung]:
