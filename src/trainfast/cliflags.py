@@ -17,7 +17,8 @@ from . import __version__, selfcheck
 from .cliargs import (DEVICE_HELP, AliasHelpFormatter, Duration, add_aliased, add_comparison, add_out, add_resume,
                       add_script_flags, add_switches, add_timing, fill_help_later, format_duration, int_or_auto,
                       optional, positive_int, resume_folder, size_type, target_type, worker_count_or_auto)
-from .defaults import DOCTOR_EVAL_WITHIN, DOCTOR_STEPS, LADDER_MODES, MAX_REPEATS, SETTLE_WITHIN_S, TUNE_BUDGET_S
+from .defaults import (DOCTOR_EVAL_WITHIN, DOCTOR_STEPS, LADDER_MODES, MAX_REPEATS, SETTLE_WITHIN_S, TUNE_BUDGET_S,
+                       parse_world_sizes)
 from .modelnames import DEFAULT_DETECTION_MODEL, DETECTION_MODELS
 from .nodes import nodes_from
 from .printedmetric import check_metric_flags
@@ -167,9 +168,10 @@ def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
     add_out(ab, "ablate", "the report")
     add_track(ab, "one run per ablation and one per rung (its switches, rate, speed-up, verdict, memory, metric)")
     add_resume(ab, "continue an interrupted ablation in DIR: finished runs are reused, the rest run")
-    ab.add_argument("--nproc", type=positive_int, default=1, metavar="N",
+    ab.add_argument("--nproc", type=world_sizes, default=1, metavar="N",
                     help="run every rung as N processes (built-in run: DDP, gloo on CPU / nccl on CUDA; a COMMAND: "
-                         "under torchrun; default %(default)s)")
+                         "under torchrun; default %(default)s); a list (1,2): the built-in ladder at each size, side "
+                         "by side, with the scaling efficiency (and time to target with --target)")
     add_node_flags(ab)
     cmd = ab.add_argument_group("your own script: trainfast ablate [flags] -- python train.py ARGS")
     cmd.add_argument("--measure", choices=("speed", "full"), default="speed",
@@ -178,6 +180,16 @@ def add_ablate_flags(ab: argparse.ArgumentParser) -> None:
                           "noise band")
     add_script_flags(cmd, "with --measure full")
     add_script_rungs(cmd)
+
+
+def world_sizes(text: str) -> int | tuple[int, ...]:
+    """The argparse type of ablate's --nproc: one count as every count flag takes it, or a list (defaults.py)."""
+    if "," not in text:
+        return positive_int(text)
+    try:
+        return parse_world_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_node_flags(parser: argparse.ArgumentParser) -> None:
@@ -436,6 +448,12 @@ def check_before_torch(args: argparse.Namespace) -> None:
         check_metric_flags(args.metric, args.metric_pattern)
     if args.command == "tune" and args.nproc > 1 and args.user_command is None:
         raise ValueError("--nproc runs a `-- COMMAND` under torchrun; the built-in search runs one process")
+    if args.command == "ablate" and isinstance(args.nproc, tuple) and args.user_command is not None:
+        raise ValueError(f"--nproc {','.join(map(str, args.nproc))}: a list of process counts measures the built-in "
+                         "run; a `-- COMMAND` takes one count (run the ablation once per size)")
+    if args.command == "ablate" and isinstance(args.nproc, tuple) and (getattr(args, "nnodes", None) or 1) > 1:
+        raise ValueError(f"--nproc {','.join(map(str, args.nproc))}: a list of process counts is measured on one "
+                         "node; with --nnodes give one count")
     if args.command == "doctor" and args.nproc > 1 and args.user_command is None:
         raise ValueError("doctor --nproc runs a `-- COMMAND` under torchrun; the built-in run is watched in one "
                          "process (trainfast ablate --nproc N measures it rank by rank)")

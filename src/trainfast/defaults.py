@@ -43,3 +43,35 @@ def parse_size(text: str | int) -> int:
     if unit not in SIZE_UNITS or not value > 0:
         raise ValueError(f"must be {SIZE_SYNTAX} (more than 0), got {text!r}")
     return int(value * SIZE_UNITS[unit])
+
+
+# --nproc 1,2 (ablation/world.py): the world sizes one ablation measures side by side
+def parse_world_sizes(value: str | int | tuple | list) -> int | tuple[int, ...]:
+    """--nproc as written: one process count ("2" -> 2, every rung as that many processes, as always), or a comma list
+    ("1,2" -> (1, 2), ascending: the same ladder at each size, the smallest the reference of the scaling). Refused,
+    naming the flag and the value, before torch loads: a count that is not a positive integer, one given twice, and
+    in a list a count above this machine's cores (each rank needs one: more would time the cores' sharing, not the
+    scaling)."""
+    import os
+
+    parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else (
+        list(value) if isinstance(value, (tuple, list)) else [value])
+    counts = []
+    for part in parts:
+        try:
+            count = part if isinstance(part, int) and not isinstance(part, bool) else int(part)
+        except (TypeError, ValueError):
+            count = None
+        if count is None or count < 1:
+            raise ValueError(f"--nproc {value!r}: {part!r} is not a positive process count (e.g. --nproc 2 or "
+                             "--nproc 1,2)")
+        if count in counts:
+            raise ValueError(f"--nproc {value!r}: {count} is given twice; each world size is measured once")
+        counts.append(count)
+    if len(counts) == 1:
+        return counts[0]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if max(counts) > cores:
+        raise ValueError(f"--nproc {value!r}: {max(counts)} processes need at least {max(counts)} cores and this "
+                         f"machine gives this process {cores}; measure the sizes it can hold (up to {cores})")
+    return tuple(sorted(counts))

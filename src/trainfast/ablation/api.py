@@ -6,6 +6,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..defaults import parse_world_sizes
 from ..recipe import Recipe, RecipeError, resolve_device
 from ..scriptargs import as_changes, check_rungs
 from ..results import AblationResult, Status
@@ -16,6 +17,7 @@ from .ladders import SCRIPT, plan_rungs, target_ladder
 from .loop import LadderOptions, check_positive_int, run_ladder
 from .script_rungs import add_script_rungs, script_settings
 from .work import BuiltinSpec, prepare_builtin, prepare_command
+from .world import ablate_sizes, check_devices
 
 # What `ablate` and `ablate_command` take beside their work: LadderOptions' fields, plus these.
 PLAN_OPTIONS = ("rungs", "amp_dtype", "nproc", "out", "script_rungs", "nodes")
@@ -31,7 +33,13 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], LadderOption
                         f"{', '.join(sorted(known | set(PLAN_OPTIONS)))}")
     plan = {k: options[k] for k in PLAN_OPTIONS if k in options}
     plan.setdefault("nproc", 1)
-    check_positive_int("--nproc", plan["nproc"])
+    if isinstance(plan["nproc"], (tuple, list)):      # world sizes side by side (world.py); one count as always
+        try:
+            plan["nproc"] = parse_world_sizes(plan["nproc"])
+        except ValueError as exc:
+            raise RecipeError(str(exc)) from None
+    else:
+        check_positive_int("--nproc", plan["nproc"])
     loop = LadderOptions(**{k: v for k, v in options.items() if k in known and not (k == "budget" and v is None)})
     return plan, loop
 
@@ -48,27 +56,41 @@ def ablate(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=Non
     DetectionSplit): its own ladder and every rung judged on COCO mAP instead of accuracy.
 
     `options`: `rungs` (names; default the task's ladder), `amp_dtype` ("auto", "bf16", "fp16"), `nproc` (>1:
-    every rung as that many DDP processes, rank 0 reporting), `nodes` (nodes.Nodes: this node's place in a job of
-    several; node 0 returns the result, the others a nodes.Followed), `out` (the report folder), and every field of
-    LadderOptions (mode, repeats, noise_seeds, budget, min_effect, resume, rung_timeout, show,
-    settle_within_s). Every rung runs `repeats` times, each in a fresh process, interleaved, repeat i with seed
-    recipe.seed + i; the baseline `noise_seeds` times in all, so the accuracy band includes seed-to-seed
-    training noise."""
+    every rung as that many DDP processes, rank 0 reporting; a tuple (1, 2): the ladder at each size, world.py),
+    `nodes` (nodes.Nodes: this node's place in a job of several; node 0 returns the result, the others a
+    nodes.Followed), `out` (the report folder), and every field of LadderOptions (mode, repeats, noise_seeds, budget,
+    min_effect, resume, rung_timeout, show, settle_within_s). Every rung runs `repeats` times, each in a fresh
+    process, interleaved, repeat i with seed recipe.seed + i; the baseline `noise_seeds` times in all, so the
+    accuracy band includes seed-to-seed training noise."""
     plan_opts, opts = split_options(options)
     if plan_opts.get("script_rungs"):
         raise RecipeError("--rung: a rung of a script's own flags needs the script: trainfast ablate --rung "
                           "NAME='ARGS' -- python train.py ...")
     spec = BuiltinSpec(model, train_set, val_set, loss_fn, data, image_size, mean, std, task)
-    work = prepare_builtin(spec, recipe, device, plan_opts["nproc"])
+    sizes = plan_opts["nproc"] if isinstance(plan_opts["nproc"], tuple) else None
+    if sizes and getattr(plan_opts.get("nodes"), "several", False):
+        raise RecipeError(f"--nproc {','.join(map(str, sizes))}: a list of process counts is measured on one node; "
+                          "with --nnodes give one count")
+    work = prepare_builtin(spec, recipe, device, sizes[0] if sizes else plan_opts["nproc"])
+    if sizes:                  # the same ladder at each size, each size's work the one prepared here
+        check_devices(work, sizes)
+        return ablate_sizes(sizes, lambda n: builtin_ladder(dataclasses.replace(
+            work, job=dataclasses.replace(work.job, nproc=n)), plan_opts, opts), plan_opts.get("out"), opts)
+    plan, _, settings = builtin_ladder(work, plan_opts, opts)
+    return run_ladder(plan, work, settings, plan_opts.get("out"), opts, nodes=plan_opts.get("nodes"))
+
+
+def builtin_ladder(work, plan_opts: dict[str, Any], opts: LadderOptions) -> tuple[list, Any, dict[str, Any]]:
+    """The built-in work's plan (its effects marked) and settings, at the work's process count."""
     named = plan_opts.get("rungs") or (target_ladder(work.job.task) if opts.target is not None else None)
     plan = plan_rungs(work.base, named, opts.mode, plan_opts.get("amp_dtype", "auto"), work.dev, work.job.task)
     work.mark_effects(plan)
     settings = {**work.settings, "mode": opts.mode, "repeats": opts.repeats, "noise_seeds": opts.noise_seeds,
-                "nproc": plan_opts["nproc"], "budget": dataclasses.asdict(opts.budget), "min_effect": opts.min_effect,
+                "nproc": work.job.nproc, "budget": dataclasses.asdict(opts.budget), "min_effect": opts.min_effect,
                 **({"paired": True} if opts.paired else {}),
                 **({"memory_limit": opts.memory_limit} if opts.memory_limit else {}),
                 "rungs": {r.name: r.recipe.to_dict() for r in plan if r.status != Status.NO_EFFECT}}
-    return run_ladder(plan, work, settings, plan_opts.get("out"), opts, nodes=plan_opts.get("nodes"))
+    return plan, work, settings
 
 
 def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, device: str = "auto",
@@ -90,6 +112,9 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
     baseline and these alone).
     `options`: as ablate()'s."""
     plan_opts, opts = split_options(options)
+    if isinstance(plan_opts["nproc"], tuple):
+        raise RecipeError(f"--nproc {','.join(map(str, plan_opts['nproc']))}: a list of process counts measures the "
+                          "built-in run; a `-- COMMAND` takes one count (run the ablation once per size)")
     if opts.target is not None:     # a run must go on to its target (or its cap): the script's whole run, judged
         measure = "full"
     if measure != "full":           # speed mode: nothing to judge accuracy on, so no extra baseline seeds

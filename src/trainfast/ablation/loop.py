@@ -277,35 +277,44 @@ class LadderRun:
         self.tracking = track_ladder(options.track, plan, work, settings, out_dir)
 
     def run(self) -> AblationResult:
+        display, interrupted = self.open(), False
+        with display:
+            try:
+                while self.step(display):
+                    pass
+            except KeyboardInterrupt:
+                interrupted = True
+            self.wind_up(interrupted)
+        return conclude(self, display, interrupted)
+
+    def open(self, console=None):
+        """The run store opened, the ceilings and the machine measured: the ladder's Display, to be entered (run() in
+        parts: open, step, wind_up, conclude, so that several ladders run interleaved, a run at a time: world.py)."""
         from ..report import Display, environment
 
         self.launches.start(self.settings, self.opts.resume, [r.recipe.precision for r in self.measured])
-        env = environment(self.work.dev)
-        display = Display(self.plan, self.ceilings, env, show=self.opts.show, settings=self.settings)
-        interrupted = False
-        with display:
-            try:
-                while self.queue or self.add_pass() or self.add_seeds():
-                    self.launches.plan(self, display)          # the progress line's plan, and why it changed
-                    self.run_next(display)
-                    self.rescore()
-                    display.metric = self.metric.judged_metric()
-                    display.update()
-                    self.tracking.judged(self.plan, display.metric)
-            except KeyboardInterrupt:
-                interrupted = True
-            if not interrupted:
-                self.launches.finish()
-            for rung in self.plan:
-                if rung.status == Status.PARTIAL and interrupted:
-                    rung.status = Status.DONE        # a partial report still shows what was measured
-            self.rescore()
-        result = self.result(env)
-        self.tracking.finish(result, interrupted)
-        display.final(result, interrupted)
-        if interrupted:
-            raise KeyboardInterrupt
-        return result
+        self.env = environment(self.work.dev)
+        return Display(self.plan, self.ceilings, self.env, self.opts.show, self.settings, console=console)
+
+    def step(self, display) -> bool:
+        """The next run (a settling pass or a target's seeds queued first if none is), scored; False: none left."""
+        if not (self.queue or self.add_pass() or self.add_seeds()):
+            return False
+        self.launches.plan(self, display)          # the progress line's plan, and why it changed
+        self.run_next(display)
+        self.rescore()
+        display.metric = self.metric.judged_metric()
+        display.update()
+        self.tracking.judged(self.plan, display.metric)
+        return True
+
+    def wind_up(self, interrupted: bool) -> None:
+        if not interrupted:
+            self.launches.finish()
+        for rung in self.plan:
+            if rung.status == Status.PARTIAL and interrupted:
+                rung.status = Status.DONE        # a partial report still shows what was measured
+        self.rescore()
 
     def run_next(self, display) -> None:
         """The next run of the queue: read back from the store, or launched; its rung updated."""
@@ -408,18 +417,29 @@ class LadderRun:
         if self.aim is not None:
             self.aim.score()
 
-    def result(self, env: dict[str, Any]) -> AblationResult:
-        """The scored ladder, its recommendation and the settings as run (cut and settled), report written."""
-        from ..report import write_report
+def ladder_result(run: LadderRun) -> AblationResult:
+    """The scored ladder, its recommendation and the settings as run (cut and settled), report written."""
+    from ..report import write_report
 
-        best, tie, odds = pick_best(self.plan, self.opts.min_effect, self.opts.memory_limit)
-        if self.aim is not None and self.aim.target.known:      # judged on time to target, not on rate
-            best, tie, odds = pick_soonest(self.plan, self.opts.memory_limit), [], {}
-        result = AblationResult(self.plan, env, self.out_dir, best.recipe if best else None,
-                                best.name if best else None, self.ceilings, self.seed_runs, tie, settings_as_run(self),
-                                odds, self.metric.judged_metric())
-        write_report(result)
-        return result
+    best, tie, odds = pick_best(run.plan, run.opts.min_effect, run.opts.memory_limit)
+    if run.aim is not None and run.aim.target.known:      # judged on time to target, not on rate
+        best, tie, odds = pick_soonest(run.plan, run.opts.memory_limit), [], {}
+    result = AblationResult(run.plan, run.env, run.out_dir, best.recipe if best else None,
+                            best.name if best else None, run.ceilings, run.seed_runs, tie, settings_as_run(run),
+                            odds, run.metric.judged_metric())
+    write_report(result)
+    return result
+
+
+def conclude(run: LadderRun, display, interrupted: bool) -> AblationResult:
+    """The last of a ladder's run: its result and report written, its trackers closed, its summary shown; raises
+    KeyboardInterrupt once written, when interrupted."""
+    result = ladder_result(run)
+    run.tracking.finish(result, interrupted)
+    display.final(result, interrupted)
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
 
 
 def run_kind(rung: Rung, budget: TimingBudget | None) -> str:

@@ -16,6 +16,7 @@ from .doctor_findings import doctor_section
 from .format import roofs_text, rung_label
 from .memory import memory_section
 from .ranks import ranks_section
+from .world import world_section
 from .target import target_section, write_target_chart
 from .notes import rung_notes
 from .progress import time_line
@@ -71,6 +72,7 @@ def report_lines(result: AblationResult, charts: list[Path]) -> list[str]:
         lines += ["## Notes", "", *items, ""]
     lines += memory_section(result)             # each rung's profiled step by what holds the memory
     lines += ranks_section(result)              # several ranks: each one's own figures and the straggler
+    lines += world_section(result)              # --nproc 1,2: each size's rates, efficiency, time to target
     lines += doctor_section(result.out_dir)      # `trainfast doctor --out` this folder: its findings, when present
     keep = keep_line(result.settings, result.best)
     lines += ["## Recommendation", "", best_line(result) + ".", ""]
