@@ -43,12 +43,15 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 
 @pytest.mark.slow
-def test_killed_ablation_leaves_no_process_and_resumes(tmp_path):
+def test_killed_ablation_leaves_no_process_and_resumes(tmp_path, capsys):
+    from trainfast.cli import main
+
     out = tmp_path / "ablation"
-    cmd = [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",
-           "--rungs", "fused", "--repeats", "1", "--noise-seeds", "1", "--out", str(out),
-           "--timing-steps", "150",   # a rung of a few seconds (~20 ms a step): the signal lands while it runs
-           "--settle-within", "0"]    # one pass of each rung, however noisy the machine
+    argv = ["ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",
+            "--rungs", "fused", "--repeats", "1", "--noise-seeds", "1", "--out", str(out),
+            "--timing-steps", "150",   # a rung of a few seconds (~20 ms a step): the signal lands while it runs
+            "--settle-within", "0"]    # one pass of each rung, however noisy the machine
+    cmd = [sys.executable, "-m", "trainfast", *argv]
     parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: (out / "runs" / "baseline-r0.json").exists(), 240, "the baseline run to finish")
@@ -67,9 +70,9 @@ def test_killed_ablation_leaves_no_process_and_resumes(tmp_path):
             parent.kill()
     finished = json.loads((out / "runs" / "baseline-r0.json").read_text())
 
-    # The same command again is refused without --resume, and with it reuses the finished baseline.
-    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert refused.returncode == 2 and "already holds an ablation" in refused.stderr
+    # The same command again is refused without --resume (in this process: the refusals start no run), and with
+    # it reuses the finished baseline.
+    assert main(argv) == 2 and "already holds an ablation" in capsys.readouterr().err
     done = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "reused baseline (fp32), run 1" in done.stdout
@@ -79,9 +82,9 @@ def test_killed_ablation_leaves_no_process_and_resumes(tmp_path):
     assert base["runs"][0]["reused"] and rung["status"] == "done" and rung["verdict"] != "failed"
 
     # A changed plan is refused with the difference named.
-    changed = subprocess.run([*cmd, "--resume", "--batch-size", "16"], capture_output=True, text=True, timeout=60)
-    assert changed.returncode == 2 and "differs from this command in" in changed.stderr \
-        and "batch_size" in changed.stderr
+    assert main([*argv, "--resume", "--batch-size", "16"]) == 2
+    changed = capsys.readouterr().err
+    assert "differs from this command in" in changed and "batch_size" in changed
 
 
 # Slow: a whole ablation waits out a 10 s limit. Fast: the supervisor's limit on a hung child and its whole
