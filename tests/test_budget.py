@@ -295,3 +295,17 @@ def test_a_ladder_with_no_time_left_starts_nothing(tmp_path):
     result = run_ladder(plan, Work(), settings, tmp_path / "none", opts)
     assert not launched and all(r.status == Status.SKIPPED for r in result.rungs)
     assert result.settings["budget_cut"]["stopped"]["runs_left"] == 6
+
+
+def test_a_memory_stage_whose_time_ran_out_says_which_rungs_it_never_measured(tmp_path, monkeypatch):
+    # Nothing fits a 1 MiB limit; the smaller batches cost more than the stage's share leaves: the note says the
+    # baseline's peak and how many rungs went unmeasured, not an empty list.
+    base = Recipe().batch_size
+
+    def cost(rung, recipe, timed):
+        return 60.0 + 400.0 * round(math.log2(base / recipe.batch_size))
+
+    decision, md, clock, launched = faked_search(monkeypatch, tmp_path / "tune", cost, lambda r: 500.0, 900.0,
+                                                 switches=["fused"], memory_limit="1MiB")
+    note = next(line for line in md.splitlines() if "nothing measured fits it" in line)
+    assert "; )" not in note and "rung(s) not measured, the stage's time spent" in note, note

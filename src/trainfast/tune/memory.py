@@ -61,9 +61,12 @@ def run_memory(search: Any, task: str) -> AblationResult:
         search.notes.append(f"memory limit {mib(limit)}: the baseline fits as it is ({needs[base.name]})")
         return result
     if not fitting:
-        search.notes.append(f"memory limit {mib(limit)}: nothing measured fits it (the baseline {needs[base.name]}; "
-                            + ", ".join(f"{r.name} {needs[r.name]}" for r in done[1:]) +
-                            "): the search goes on from the baseline and says so")
+        others = ", ".join(f"{r.name} {needs[r.name]}" for r in done[1:])
+        unrun = len(result.rungs) - len(done)
+        search.notes.append(f"memory limit {mib(limit)}: nothing measured fits it (the baseline {needs[base.name]}"
+                            + (f"; {others}" if others else "")
+                            + (f"; {unrun} rung(s) not measured, the stage's time spent" if unrun else "")
+                            + "): the search goes on from the baseline and says so")
         return result
     chosen = max(fitting, key=lambda r: r.result.speedup or 0.0)
     smaller = [r for r in fitting if set(r.changes) == {"batch_size"}]
