@@ -40,6 +40,8 @@ def registered(name: str) -> Callable[[Any], bool]:
     return lambda wrapped: hook_name(wrapped) == name
 
 
+# the Trainer's reason, shared with powersgd.py
+TRAINER_HAS_NO_HOOK = "Trainer builds its DDP from TrainingArguments, which has no setting for a communication hook"
 ACCELERATE = "DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.{}) among kwargs_handlers"
 SCRIPT_SETS_IT = ("the adapter does not register communication hooks on Lightning's DDP (its DDPStrategy registers one "
                   "on CUDA only); the script sets it with ")
@@ -50,8 +52,7 @@ SWITCHES = (
            changes_math=True,             # the summed gradients are rounded to bf16
            wrap=WrapSwitch("comm hook bf16_compress_hook", strategies=("ddp",), apply=registers(FIELD),
                            state=registered(FIELD), comm_hook="bf16"),
-           unreachable={"transformers": "Trainer builds its DDP from TrainingArguments, which has no setting for a "
-                                        "communication hook",
+           unreachable={"transformers": TRAINER_HAS_NO_HOOK,
                         "lightning": SCRIPT_SETS_IT + "DDPStrategy(ddp_comm_hook=default_hooks.bf16_compress_hook)"},
            frameworks={"accelerate": ACCELERATE.format("BF16")}),
     Switch((FP16,),
@@ -61,8 +62,7 @@ SWITCHES = (
            changes_math=True,             # the summed gradients are rounded to fp16 (and may overflow past 65504)
            wrap=WrapSwitch("comm hook fp16_compress_hook", strategies=("ddp",), apply=registers(FP16),
                            state=registered(FP16), comm_hook="fp16"),
-           unreachable={"transformers": "Trainer builds its DDP from TrainingArguments, which has no setting for a "
-                                        "communication hook",
+           unreachable={"transformers": TRAINER_HAS_NO_HOOK,
                         "lightning": SCRIPT_SETS_IT + "DDPStrategy(ddp_comm_hook=default_hooks.fp16_compress_hook)"},
            frameworks={"accelerate": ACCELERATE.format("FP16")}),
 )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .compress_hook import ACCELERATE, FIELD as BF16, FP16, SCRIPT_SETS_IT, hook_name
+from .compress_hook import ACCELERATE, FIELD as BF16, FP16, SCRIPT_SETS_IT, TRAINER_HAS_NO_HOOK, hook_name
 from .switch import RungSpec, Switch, WrapSwitch
 
 FIELD = "powersgd_rank"
@@ -55,8 +55,7 @@ SWITCHES = (
            wrap=WrapSwitch("comm hook powerSGD_hook (matrix_approximation_rank)", strategies=("ddp",),
                            apply=register_powersgd, state=powersgd_rank, comm_hook="power_sgd",
                            comm_state=accelerate_state),
-           unreachable={"transformers": "Trainer builds its DDP from TrainingArguments, which has no setting for a "
-                                        "communication hook",
+           unreachable={"transformers": TRAINER_HAS_NO_HOOK,
                         "lightning": SCRIPT_SETS_IT + "DDPStrategy(ddp_comm_state=powerSGD.PowerSGDState(...), "
                                                       "ddp_comm_hook=powerSGD.powerSGD_hook)"},
            frameworks={"accelerate": ACCELERATE.format("POWER_SGD") + ", comm_state_option={rank, first step}"}),
