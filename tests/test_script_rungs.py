@@ -83,11 +83,14 @@ def test_a_rung_that_cannot_work_is_refused_naming_it(text, message):
     assert f"--rung {text!r}" in str(refused.value) and message in str(refused.value)
 
 
-def test_a_rung_named_as_a_switch_or_twice_is_refused():
-    with pytest.raises(RungError, match="--rung amp: the name is a switch's rung"):
-        check_rungs([parse_rung("amp=--amp")], ["baseline", "amp"])
+def test_a_rung_named_as_a_switch_is_measured_beside_it_and_one_named_twice_is_refused():
+    named = check_rungs([parse_rung("compile=--torchcompile"), parse_rung("cl=--channels-last")],
+                        ["baseline", "compile"])
+    assert [(r.name, r.args) for r in named] == [("own_compile", ("--torchcompile",)), ("cl", ("--channels-last",))]
     with pytest.raises(RungError, match="--rung a: two rungs have this name"):
         check_rungs([parse_rung("a=--x"), parse_rung("a=--y")], [])
+    with pytest.raises(RungError, match="--rung own_amp: two rungs have this name"):
+        check_rungs([parse_rung("amp=--amp"), parse_rung("own_amp=--bf16")], ["amp"])
 
 
 def test_a_ladder_file_gives_rungs_and_its_mistakes_are_named(tmp_path):
@@ -220,20 +223,29 @@ def test_a_plain_loops_own_flags_are_ablated_as_rungs(tmp_path):
     script = str(ROOT / "tests" / "scripts" / "own_flags_loop.py")
     proc = subprocess.run(
         [sys.executable, "-m", "trainfast", "ablate", "--out", str(out), "--repeats", "1", "--settle-within", "0",
-         "--timing-steps", "20", "--rung", "bf16=--amp", "--rung", "cl=OWN_FLAGS_NOTE=seen --channels-last",
+         "--timing-steps", "20", "--mode", "each", "--switches", "amp", "--amp-dtype", "bf16",
+         "--rung", "bf16=--amp", "--rung", "dtype=--dtype bf16", "--rung", "cl=OWN_FLAGS_NOTE=seen --channels-last",
          "--", sys.executable, script, "--steps", "100000", "--lr", "0.05"],
         env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     by_name = {r["name"]: r for r in results["rungs"]}
-    assert list(by_name) == ["baseline", "bf16", "cl"]
-    for name in ("bf16", "cl"):
+    assert list(by_name) == ["baseline", "amp", "bf16", "dtype", "cl"]
+    for name in ("amp", "bf16", "dtype", "cl"):
         assert by_name[name]["status"] == "done" and by_name[name]["throughput"] > 0
         assert by_name[name]["verdict"], by_name[name]
     assert by_name["bf16"]["script"]["args"] == ["--amp"]
     assert by_name["cl"]["script"]["env"] == {"OWN_FLAGS_NOTE": "seen"}
+    # What each run did, observed: the script's --amp and trainfast's amp run bf16; its --dtype bf16 is entered only
+    # on CUDA, so on this CPU its rung runs fp32 and says the flag changed nothing.
+    observed = {name: by_name[name]["observed"] for name in by_name}
+    assert observed["amp"]["precision"] == "bf16" and observed["amp"]["by"]["precision"] == "trainfast"
+    assert observed["bf16"]["precision"] == "bf16" and observed["bf16"]["by"]["precision"] == "script"
+    assert observed["dtype"]["precision"] == "fp32" and observed["baseline"]["precision"] == "fp32"
+    assert "changed nothing trainfast could see" in by_name["dtype"]["script"]["unchanged"]
+    assert "unchanged" not in by_name["bf16"]["script"] and "unchanged" not in by_name["cl"]["script"]
     started = json.loads((out / "rungs" / "cl-r0" / "command.json").read_text())
-    assert started["argv"][-4:] == ["--lr", "0.05", "--amp", "--channels-last"]       # cumulative, replaced once
+    assert started["argv"][-3:] == ["--lr", "0.05", "--channels-last"]                 # each: on the baseline
     assert started["env"]["OWN_FLAGS_NOTE"] == "seen"
     assert "note: seen" in (out / "rungs" / "cl-r0" / "log.txt").read_text()
     baseline = json.loads((out / "rungs" / "baseline-r0" / "command.json").read_text())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import typing
 from pathlib import Path
 from typing import Any, Callable
@@ -479,11 +480,16 @@ def check_before_torch(args: argparse.Namespace) -> None:
 
 def script_rungs_from_args(args: argparse.Namespace) -> list[CommandChange]:
     """--rung and --ladder read and checked (scriptargs.py): a bad name, an empty rung, a variable that cannot be one,
-    two rungs of one name, a switch's rung name, or either without `-- COMMAND`, refused naming the rung."""
+    two rungs of one name, or either without `-- COMMAND`, refused naming the rung; one named as a switch's rung is
+    measured as own_NAME beside it, and said."""
     rungs = [parse_rung(text) for text in args.rung] + (read_ladder(args.ladder) if args.ladder else [])
     if rungs and args.user_command is None:
         given = f"--rung {args.rung[0]}" if args.rung else f"--ladder {args.ladder}"
         raise ValueError(f"{given}: a rung of a script's own flags needs the script after `--`: "
                          f"trainfast {args.command} --rung NAME='ARGS' -- python train.py ...")
-    check_rungs(rungs, rung_names(None))            # every rung a script's ladder can name
-    return rungs
+    named = check_rungs(rungs, rung_names(None))    # every rung a script's ladder can name
+    for given, rung in zip(rungs, named):
+        if given.name != rung.name:
+            print(f"--rung {given.name}: measured as {rung.name}, beside trainfast's own {given.name} rung",
+                  file=sys.stderr)
+    return named

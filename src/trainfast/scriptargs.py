@@ -26,6 +26,7 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 NUMBER = re.compile(r"-\.?\d")          # `-1`, `-0.5`, `-.5`: a value, not a short flag
 # What trainfast sets in every run (launch.run_environment): a rung setting one would unmeasure its runs.
 RESERVED_ENV = ("TRAINFAST_", "PYTHONPATH")
+OWN_PREFIX = "own_"        # a script rung named as a switch's rung is measured as own_NAME beside it
 UNCHANGED = "the flag changed nothing trainfast could see"
 
 
@@ -91,16 +92,18 @@ def build_change(name: str, args: str | Sequence[str], env: dict[str, Any], wher
     return CommandChange(name, tuple(words), variables)
 
 
-def check_rungs(changes: Sequence[CommandChange], taken: Sequence[str]) -> None:
-    """Two rungs of one name, or a rung named as a switch's rung (`taken`), refused with the name."""
-    seen: set[str] = set()
+def check_rungs(changes: Sequence[CommandChange], taken: Sequence[str]) -> list[CommandChange]:
+    """The rungs with names that can sit in one ladder: a rung named as a switch's rung (`taken`: `--rung
+    compile='--torchcompile'` beside trainfast's own compile) is called own_NAME, so the script's flag and the switch
+    are measured side by side; two rungs of one name (after that) are refused with the name."""
+    named: list[CommandChange] = []
     for change in changes:
         if change.name in taken:
-            raise RungError(f"--rung {change.name}: the name is a switch's rung (--switches {change.name}); name "
-                            "the script's own flags another way, e.g. own_" + change.name)
-        if change.name in seen:
+            change = CommandChange(OWN_PREFIX + change.name, change.args, change.env)
+        if change.name in taken or any(c.name == change.name for c in named):
             raise RungError(f"--rung {change.name}: two rungs have this name")
-        seen.add(change.name)
+        named.append(change)
+    return named
 
 
 def read_ladder(path: str) -> list[CommandChange]:

@@ -129,7 +129,7 @@ def ablate_command(command: Sequence[str], *, recipe: Recipe | None = None, devi
     def default(name: str) -> list[str] | None:          # --target: each default ladder with the batch rungs
         return target_ladder(name) if opts.target is not None else None
     plan = plan_rungs(base, named or default(ladder), opts.mode, amp, dev, ladder)
-    check_rungs(own, rung_names(None))             # every switch's rung name (a Python caller's too)
+    own = check_rungs(own, rung_names(None))       # every switch's rung name (a Python caller's too)
     add_script_rungs(plan, own, command, opts.mode)
     # The default ladder on a script without a Session: what can reach it is added once its baseline shows that;
     # on a script whose task was not given, its batches pick the ladder (each task's, planned here, checked now).

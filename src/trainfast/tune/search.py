@@ -197,8 +197,7 @@ def prepare_search(spec: BuiltinSpec, recipe: Recipe | None, device: str, opts: 
 def with_own_rungs(singles: list[Rung], opts: TuneOptions) -> list[Rung]:
     """Stage 1's rungs and, after them, each rung of the script's own flags (--rung) alone on the baseline."""
     if opts.script_rungs:
-        own = as_changes(opts.script_rungs)
-        check_rungs(own, rung_names(None))
+        own = check_rungs(as_changes(opts.script_rungs), rung_names(None))
         add_script_rungs(singles, own, opts.command, "each")
     return singles
 
