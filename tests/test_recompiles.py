@@ -153,6 +153,68 @@ def test_the_recompile_left_out_is_said_in_the_notes():
     assert not any("recompiled at" in note for note in caveats(rungs[0]))
 
 
+def test_a_step_holding_an_evaluation_is_left_out_of_the_training_rate():
+    from trainfast.measure import Timing
+
+    seconds = [2.0] + [0.1] * 7 + [1.2] + [0.1] * 7 + [1.2] + [0.1] * 7    # an evaluation every 8 steps
+    plain = Timing.from_steps(fake_steps(seconds))
+    timing = Timing.from_steps(fake_steps(seconds), other_passes=[8, 16, 30])       # 30: past the run's end
+    assert [e["step"] for e in timing.evaluated] == [8, 16] and timing.evaluated[0]["seconds"] == 1.2
+    assert timing.throughput == pytest.approx(100.0) and plain.throughput < 70
+    record = timing.to_dict()
+    assert record["evaluation_left_out"] == timing.evaluated and record["disturbed_steps"] == 0
+    assert record["timed_steps"] == 21
+    # a loop that iterates another loader in every step: that is its training, nothing is left out
+    every = Timing.from_steps(fake_steps([2.0] + [0.1] * 6), other_passes=list(range(7)))
+    assert every.evaluated == [] and every.clean_steps == 6
+
+
+def test_a_scripts_evaluation_between_steps_is_placed_in_its_step_and_said():
+    """A plain loop that evaluates on its own loader after every epoch, under the probe in this process: the steps
+    in which the validation pass began are left out of the rate, and the rung's notes say so."""
+    import time
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from trainfast.probe import MeasureSpec, Probe
+    from trainfast.probe.observe import Observer
+
+    probe = Probe(MeasureSpec("", "full"))
+    probe.observer = Observer().install()
+    probe.observer.loader_listeners.append(probe.other_passes)
+    hook = register_optimizer_step_post_hook(probe._global_step)
+    try:
+        model = nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+        train = torch.utils.data.DataLoader(data, batch_size=4)
+        val = torch.utils.data.DataLoader(data, batch_size=16)
+        for _ in range(3):
+            for x, y in train:
+                if probe.timer is None:
+                    probe.training_began(model)          # the first training forward (BatchKind's on_start)
+                nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            with torch.no_grad():
+                for x, _ in val:
+                    model(x)
+                    time.sleep(0.05)
+        timing = probe.timing()
+    finally:
+        hook.remove()
+        probe.observer.close()
+        probe.compiles.close()
+    assert probe.other_passes.steps == [8, 16, 24]
+    assert [e["step"] for e in timing.evaluated] == [8, 16]     # the third began after the last step
+    assert all(e["seconds"] >= 0.1 for e in timing.evaluated)
+    rungs = [scored_rung("baseline", [100, 101], 0.9)]
+    rungs[0].repeats[0]["timing"]["evaluation_left_out"] = timing.evaluated
+    score_rungs(rungs, {"fp32": 1e12}, [0.9, 0.9])
+    said = " ".join(caveats(rungs[0]))
+    assert "2 timed step(s) in 1 of 2 run(s) held a pass over another loader than the training one" in said, said
+
+
 def timed_record(seconds: list[float], compiles: list[int]) -> dict:
     """A run's record as the ablation reads it back: its timing from these step times and compile steps."""
     from trainfast.measure import Timing

@@ -52,6 +52,20 @@ def compile_left_out(work: list[float], warmup: int, compiles: list[int], tolera
     return out
 
 
+def evaluation_left_out(n: int, warmup: int, passes: list[int], taken: set[int]) -> list[dict]:
+    """The timed steps in which a pass over another loader began, left out of the training rate. A script that
+    evaluates every epoch does it between two optimizer steps, so one step's interval holds the whole evaluation
+    (a second in a short epoch of a small model): whether a run's window happened to hold one decided its rate,
+    and a compiled rung whose evaluation step was left out for its recompile measured 1.2x against rungs that paid
+    theirs. Left out in every rung alike, the rate is the training's. Not when it would leave no step to time (a
+    loop that iterates another loader in every step: that is its training). `taken`: steps already left out,
+    counted from the first timed step."""
+    steps = sorted({k for k in passes if warmup <= k < n and k - warmup not in taken})
+    if len(steps) + len(taken) >= n - warmup:
+        return []
+    return [{"step": k} for k in steps]
+
+
 BLOCK_SECONDS = 0.2       # a timing block: consecutive steps summing to at least this (20 ticks of /proc/stat)
 DISTURBED_SHARE = 0.25    # a block is disturbed when other processes used more than this share of the machine
 EDGE_SHARE = 0.05         # ... and so is a block beside a disturbed one where they used more than this
@@ -73,14 +87,17 @@ class Timing:
     copy_s: float | None = None   # CUDA: the batches' copy and preparation on the compute stream (StepTime)
     # Compiles inside the timed steps, left out as warm-up (compile_left_out): {"step", "steps", "seconds"}
     compiled: list[dict] = field(default_factory=list)
+    # Steps holding another loader's pass (an evaluation), left out of the training rate: {"step", "seconds"}
+    evaluated: list[dict] = field(default_factory=list)
 
     @classmethod
     def from_steps(cls, steps: list[StepTime], min_skip: int = 1, check_disturbance: bool = False,
-                   per_sample: bool = False, compiles: list[int] = ()) -> "Timing":
+                   per_sample: bool = False, compiles: list[int] = (), other_passes: list[int] = ()) -> "Timing":
         """`per_sample`: warm-up is found on each step's seconds per sample, for steps whose work varies (a token
         script's: a step of long documents is not a warm-up step, however long it takes). `compiles`: the steps in
         which torch.compile compiled (instruments/recompiles.py); those past warm-up are left out as warm-up
-        (compile_left_out)."""
+        (compile_left_out). `other_passes`: the steps in which a pass over another loader than the training one
+        began (a script's evaluation between two training steps, probe/agent.py): left out of the training rate."""
         import os
 
         work = [(s.seconds / s.samples if s.samples else math.inf) if per_sample else s.seconds for s in steps]
@@ -88,6 +105,8 @@ class Timing:
         timed = steps[warmup:]
         compiled = compile_left_out(work, warmup, compiles)
         left_out = {i - warmup for c in compiled for i in range(c["step"], c["step"] + c["steps"])}
+        evaluated = evaluation_left_out(len(steps), warmup, other_passes, left_out)
+        left_out |= {e["step"] - warmup for e in evaluated}
         kept = [s for i, s in enumerate(timed) if i not in left_out]
         cores = os.cpu_count() or 1
         blocks, current = [], []
@@ -102,9 +121,11 @@ class Timing:
         copies = [s.copy_s for s in clean]
         for c in compiled:
             c["seconds"] = sum(s.seconds for s in steps[c["step"]:c["step"] + c["steps"]])
+        for e in evaluated:
+            e["seconds"] = steps[e["step"]].seconds
         return cls(warmup, [s.seconds for s in timed], [s.samples for s in timed],
                    sum(s.data_wait_s for s in clean), blocks, [s.seconds for s in steps[:warmup]],
-                   sum(copies) if copies and None not in copies else None, compiled)
+                   sum(copies) if copies and None not in copies else None, compiled, evaluated)
 
     @property
     def clean_blocks(self) -> list[dict]:
@@ -131,8 +152,9 @@ class Timing:
     def to_dict(self) -> dict:
         return {"warmup_steps": self.warmup_steps, "timed_steps": self.clean_steps, "timed_seconds": self.seconds,
                 "throughput": self.throughput, "data_wait_s": self.data_wait_s, "copy_s": self.copy_s,
-                "disturbed_steps": len(self.step_seconds) - self.clean_steps - self.compiled_steps,
-                "compiled_left_out": self.compiled,
+                "disturbed_steps": (len(self.step_seconds) - self.clean_steps - self.compiled_steps
+                                    - len(self.evaluated)),
+                "compiled_left_out": self.compiled, "evaluation_left_out": self.evaluated,
                 "all_disturbed": bool(self.blocks) and all(b["disturbed"] for b in self.blocks),
                 "warmup_seconds": self.warmup_seconds, "step_seconds": self.step_seconds,
                 "step_samples": self.step_samples, "blocks": self.blocks}

@@ -56,6 +56,22 @@ class LoaderWorkers:
         return self.num_workers if isinstance(self.num_workers, int) else self.children_seen
 
 
+class OtherPasses:
+    """The steps in which a pass over another loader than the training one began: a script's evaluation between two
+    training steps, left out of the training rate (measure.Timing). Called by the observer as each pass begins; the
+    training loader is the one it saw iterated last at the first training forward."""
+
+    def __init__(self, probe: "Probe") -> None:
+        self.probe = probe
+        self.steps: list[int] = []
+
+    def __call__(self, loader) -> None:
+        probe = self.probe
+        trained = probe.observer.loader if probe.observer is not None else None
+        if probe.timer is not None and trained is not None and loader is not trained:
+            self.steps.append(probe.timer.updates)
+
+
 class Probe:
     def __init__(self, spec: MeasureSpec) -> None:
         self.spec = spec
@@ -68,8 +84,7 @@ class Probe:
         self.cap: int | None = None
         self.started = time.perf_counter()
         self.unit: str | None = None             # what the rate counts, where the run declares it (record.Rate)
-        # More parts of the result, read when it is written: name -> (its value, the script settings it replaced)
-        self.sections: dict[str, Any] = {}
+        self.sections: dict[str, Any] = {}       # more parts of the result, read when it is written
         self.loader = LoaderWorkers()            # loader worker processes beside the step
         self.steady_steps: int | None = None     # full mode, steady_window: the steps speed mode would have timed
         self.batches = None                      # a command's run: what its batches are (instruments/batches.py)
@@ -80,6 +95,7 @@ class Probe:
         self.curve = ScriptCurve(spec.target, spec.cap_seen)      # its evaluations on the way (--target)
         self.observer = None                     # a script's run: what it was seen doing (observe.py)
         self.injected: set[str] | None = None    # a plain loop: the fields trainfast switched in it (inject.py)
+        self.other_passes = OtherPasses(self)    # steps in which another loader's pass began (an evaluation)
         when_imported("torch._dynamo", lambda _module: self.compiles.open())
 
     # --- where steps come from ------------------------------------------------------------------------
@@ -224,7 +240,7 @@ class Probe:
         if steps and not any(s.samples for s in steps):      # samples unknown: one "sample" per step
             steps = [dataclasses.replace(s, samples=self.samples_per_step() or 1) for s in steps]
         return Timing.from_steps(steps, check_disturbance=self.check_disturbance, per_sample=self.whole_run,
-                                 compiles=self.compiles.steps)
+                                 compiles=self.compiles.steps, other_passes=self.other_passes.steps)
 
     def result(self, stopped: str) -> dict[str, Any]:
         """Every measured number of this run (the ablation's per-run record): run_record."""

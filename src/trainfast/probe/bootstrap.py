@@ -45,6 +45,7 @@ def install() -> None:
 
         observe_sessions(probe)
         probe.observer = Observer().install()        # what the run did, observed (the record's "observed")
+        probe.observer.loader_listeners.append(probe.other_passes)     # evaluations left out of the training rate
         install_plain(probe, probe.observer)         # a plain loop: the run's switches through the Observer's hooks
         register_optimizer_step_post_hook(probe._global_step)
         read_printed(probe, PrintedMetric.from_dict(probe.spec.printed_metric))    # --metric on its output

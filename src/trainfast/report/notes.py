@@ -12,7 +12,7 @@ from ..techniques import threads
 from ..techniques.precision import level_note
 from .format import fmt_sig, rung_label
 from .observed import observed_note
-from .recompiled import left_out_texts, recompiled_notes
+from .recompiled import evaluation_text, left_out_texts, recompiled_notes
 
 FEW_CLEAN_STEPS = 8     # fewer clean steps than this in a run: too few for a firm verdict
 
@@ -155,6 +155,7 @@ def caveats(rung: Rung, settings: dict | None = None) -> list[str]:
         out.append(compiled)
     if done:
         out += compiled_left_out_notes(rung)
+        out += [text] if (text := evaluation_text(rung.repeats)) else []
     risk = level_note(rung.recipe)
     if risk:
         out.append(risk)

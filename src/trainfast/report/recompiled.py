@@ -17,6 +17,19 @@ def left_out_texts(run: dict[str, Any]) -> list[str]:
     return out
 
 
+def evaluation_text(runs: list[dict[str, Any]]) -> str | None:
+    """A rung's runs whose timed steps held another loader's pass (an evaluation), left out of the training rate,
+    in one note: how many steps in how many runs, and their seconds."""
+    found = [e for run in runs for e in run.get("timing", {}).get("evaluation_left_out") or []]
+    if not found:
+        return None
+    holding = sum(1 for run in runs if run.get("timing", {}).get("evaluation_left_out"))
+    seconds = sum(e.get("seconds", 0.0) for e in found)
+    return (f"{len(found)} timed step(s) in {holding} of {len(runs)} run(s) held a pass over another loader than "
+            f"the training one (an evaluation, {seconds:.1f} s in all): left out of the training rate, as in every "
+            "rung")
+
+
 def repeat_text(short: dict[str, Any]) -> str:
     return (f"recompiled at step {short['step']}: run repeated ({short['kept_steps']} of {short['timed_steps']} "
             f"timed steps left once its compile's {short['steps']} were left out)")
