@@ -292,7 +292,8 @@ class LadderRun:
         parts: open, step, wind_up, conclude, so that several ladders run interleaved, a run at a time: world.py)."""
         from ..report import Display, environment
 
-        self.launches.start(self.settings, self.opts.resume, [r.recipe.precision for r in self.measured])
+        with self.spending.fixed("open"):         # priced for the stages after it (clock.py)
+            self.launches.start(self.settings, self.opts.resume, [r.recipe.precision for r in self.measured])
         self.env = environment(self.work.dev)
         return Display(self.plan, self.ceilings, self.env, self.opts.show, self.settings, console=console)
 
@@ -310,7 +311,8 @@ class LadderRun:
 
     def wind_up(self, interrupted: bool) -> None:
         if not interrupted:
-            self.launches.finish()
+            with self.spending.fixed("close"):
+                self.launches.finish()
         for rung in self.plan:
             if rung.status == Status.PARTIAL and interrupted:
                 rung.status = Status.DONE        # a partial report still shows what was measured
@@ -427,7 +429,8 @@ def ladder_result(run: LadderRun) -> AblationResult:
     result = AblationResult(run.plan, run.env, run.out_dir, best.recipe if best else None,
                             best.name if best else None, run.ceilings, run.seed_runs, tie, settings_as_run(run),
                             odds, run.metric.judged_metric())
-    write_report(result)
+    with run.spending.fixed("report"):
+        write_report(result)
     return result
 
 
