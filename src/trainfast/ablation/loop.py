@@ -32,7 +32,7 @@ from ..track.names import check_names
 from ..techniques.precision import DTYPES
 from .metric import SCRIPT_CHOICE, MetricChoice, better, choose_metric, metric_goal
 from .rung import TimingBudget
-from .scoring import pick_best, score_rungs, seed_summary, unresolved
+from .scoring import likely_unsettled, pick_best, score_rungs, seed_summary, unresolved
 from .server import wait_rung_server
 from .store import RunStore, write_json
 from .aim import Aim
@@ -204,6 +204,11 @@ class Launches:
         display.runs.settle = ((window, [r.name for r in ladder.measured if r.status != Status.SKIPPED])
                                if settle and ladder.repeats < MAX_REPEATS and not (ladder.cut and ladder.cut.trimmed)
                                else None)
+        # what follows the runs, known in advance: the passes settling is likely to add (their verdicts still within
+        # the noise), and the ladder's close (its peak and reference workload timed again, its report written)
+        display.runs.settle_passes = (MAX_REPEATS - ladder.repeats if display.runs.settle is not None and
+                                      likely_unsettled(ladder.measured, ladder.repeats, ladder.opts.min_effect) else 0)
+        display.runs.close_s = ladder.spending.held_s()
         if math.isfinite(ladder.spending.clock.left()):      # the time left never said past the budget's end
             display.runs.budget_left = ladder.spending.clock.left
         display.plan([run_kind(rung, budget) for rung, _, budget in ladder.queue
