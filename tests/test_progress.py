@@ -120,7 +120,7 @@ def fake_ladder(**kw):
     amp = Rung("amp", {}, Recipe())
     budget = TimingBudget()
     queue = [(r, i, budget) for i in range(2) for r in (base, amp)] + [(base, 2, None)]
-    opts = SimpleNamespace(settle_within_s=600.0, time_budget_s=None, min_effect=0.05)
+    opts = SimpleNamespace(settle_within_s=600.0, time_budget_s=None, min_effect=0.05, mode="each")
     kw.setdefault("spending", SimpleNamespace(clock=RunClock(), held_s=lambda: 0.0))   # no time budget: unbounded
     return SimpleNamespace(added=[], cut=None, measured=[base, amp], aim=None, opts=opts, queue=queue, repeats=2,
                            started=time.monotonic(), **kw)
@@ -268,3 +268,32 @@ def test_every_time_left_stops_at_the_budgets_end():
     assert "up to" not in plan.line() and "~5 min left" in plan.line()
     plan.budget_left = None                            # no budget: the bound is the settle window's
     assert plan.up_to_s() == pytest.approx(600 + 180 - 180 + 10)
+
+
+def test_a_compiled_rungs_first_run_prices_its_repeats_without_its_compile():
+    # The default ablation's compile rung on 2 cores: its first run took 21 s, 15 of them compiling (its epoch took
+    # 17.4 s for 49 steps of 0.058 s), its repeats 6.3 s, reading the shared cache; priced at 21 s, the plan after the
+    # first pass said 30 s more than the ablation took.
+    from trainfast.ablation.spending import repeat_cost
+
+    first = {"compile": {"graphs": 1}, "epoch_time_s": 17.39, "steps_run": 49,
+             "timing": {"timed_steps": 35, "timed_seconds": 2.017}}
+    assert repeat_cost(first, 21.17) == pytest.approx(21.17 - (17.39 - 49 * 2.017 / 35), abs=0.01)   # ~6.6 s
+    assert repeat_cost({**first, "compile": {"graphs": 0}}, 21.17) == 21.17        # not compiled: as it took
+    warm = {**first, "epoch_time_s": 4.7}      # read from a warm cache: ~2 s of 7.7 its repeats pay too
+    assert repeat_cost(warm, 7.7) == 7.7
+    plan = RunPlan()
+    plan.plan(["compile", "compile"])
+    plan.finished("compile", 21.17, repeat_cost(first, 21.17))
+    assert plan.cost("compile") == pytest.approx(6.6, abs=0.1)
+
+
+def test_a_cumulative_ladders_steps_between_rungs_count_as_verdicts_to_settle():
+    # The default ablation after its first pass: every rung 1.6x the baseline, but each on top of the one above it
+    # gains ~3%, the step a cumulative ladder judges: settling will add passes for those.
+    from trainfast.ablation.scoring import likely_unsettled
+
+    plan = [Rung(name, {}, Recipe()) for name in ("baseline", "amp", "prefetch")]
+    for rung, speedup in zip(plan, (1.0, 1.6, 1.65)):
+        rung.status, rung.repeats, rung.result.speedup = Status.PARTIAL, [{}], speedup
+    assert not likely_unsettled(plan, 3, 0.05) and likely_unsettled(plan, 3, 0.05, cumulative=True)

@@ -38,7 +38,7 @@ from .store import RunStore, write_json
 from .aim import Aim
 from .clock import RunClock
 from .recompiled import run_repeating
-from .spending import Cut, LadderSpending
+from .spending import Cut, LadderSpending, repeat_cost
 from .target import TARGET_SEEDS, pick_soonest
 from .work import Work
 
@@ -166,6 +166,7 @@ class Launches:
         self.in_runs = (0.0, 0.0)               # this process's CPU seconds while runs ran, and those seconds
         self.display = None                     # the display plan() feeds, and what the ladder did when it last did
         self.seen: tuple[int, bool, int] | None = None
+        self.aimed = False                      # --target: every run compiles afresh (techniques/compile.py)
 
     def start(self, settings: dict[str, Any], resume: bool, precisions: list[str]) -> None:
         self.store = RunStore(self.out_dir, settings, resume)
@@ -207,7 +208,8 @@ class Launches:
         # what follows the runs, known in advance: the passes settling is likely to add (their verdicts still within
         # the noise), and the ladder's close (its peak and reference workload timed again, its report written)
         display.runs.settle_passes = (MAX_REPEATS - ladder.repeats if display.runs.settle is not None and
-                                      likely_unsettled(ladder.measured, ladder.repeats, ladder.opts.min_effect) else 0)
+                                      likely_unsettled(ladder.measured, ladder.repeats, ladder.opts.min_effect,
+                                                       ladder.opts.mode == "cumulative") else 0)
         display.runs.close_s = ladder.spending.held_s()
         if math.isfinite(ladder.spending.clock.left()):      # the time left never said past the budget's end
             display.runs.budget_left = ladder.spending.clock.left
@@ -229,7 +231,11 @@ class Launches:
                                               folder / HEARTBEATS),
             run_dir, display, run_kind(rung, budget), fits, f"{rung.name}, seed {recipe.seed}")
         self.in_runs = (self.in_runs[0] + process_cpu_seconds() - cpu, self.in_runs[1] + time.monotonic() - began)
-        display.finished(run_kind(rung, budget), time.monotonic() - started)
+        took = time.monotonic() - started
+        # a compiled rung's first run pays the compile its repeats read from the shared cache (not under a target:
+        # each run compiles afresh there): the time left prices them without it
+        first = not (rung.repeats or rung.seed_runs) and not self.aimed
+        display.finished(run_kind(rung, budget), took, repeat_cost(result, took) if first else None)
         if "error" not in result:
             self.store.save(key, result)
         return result
@@ -257,6 +263,7 @@ class LadderRun:
         if options.paired and pair_against is not None:
             pair_against(plan[0].recipe)
         self.launches = Launches(work, work.launcher(measure), out_dir)
+        self.launches.aimed = options.target is not None
         self.ceilings = self.launches.ceilings          # each precision's roof (Launches), filled as the runs start
         self.metric = LadderMetric(lambda: work.metric(measure), plan, settings)
         self.after_run = work.after_run(plan)

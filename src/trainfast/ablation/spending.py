@@ -76,6 +76,20 @@ def cut_to_budget(measured: list[Rung], repeats: int, per_run: float, left: floa
                [r.name for r in measured[rungs_kept:]])
 
 
+def repeat_cost(result: dict[str, Any], seconds: float) -> float:
+    """What another run of the same rung should take, from a first run of `seconds`: a compiled run's first run pays
+    its compilation, which its repeats read from the shared compile cache (techniques/compile.py: a compiled
+    ResNet-9's first step took 18 s, then 1.4 s), so the seconds its epoch took beyond its steps at their steady pace
+    are left out of the price where they are most of the run (a cold compile: the default ResNet-9's 15 s of 21; one
+    read from a warm cache costs ~2 s of 8, and its repeats pay that too); any other run: `seconds`."""
+    timing = result.get("timing") or {}
+    if not (result.get("compile") or {}).get("graphs") or not timing.get("timed_steps"):
+        return seconds
+    steady = (timing.get("timed_seconds") or 0.0) / timing["timed_steps"]
+    extra = (result.get("epoch_time_s") or 0.0) - (result.get("steps_run") or 0) * steady
+    return seconds - extra if extra > seconds - extra else seconds
+
+
 class LadderSpending:
     """A ladder's time (clock.py): its part of the clock it is given (a search's: the costs its earlier stages
     measured), each run priced and checked before it starts with the ladder's close kept in hand, each run's cost

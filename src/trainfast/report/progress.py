@@ -107,13 +107,15 @@ class RunPlan:
         self.note_first_estimate()
         return change
 
-    def finished(self, kind: str, seconds: float | None) -> None:
-        """A run of `kind` is over, after `seconds` (None: read back from an earlier, interrupted job: no cost)."""
+    def finished(self, kind: str, seconds: float | None, repeat_s: float | None = None) -> None:
+        """A run of `kind` is over, after `seconds` (None: read back from an earlier, interrupted job: no cost);
+        `repeat_s`: what its repeats should take where that is known to differ (a compiled rung's first run paid a
+        compile its repeats read from the cache), priced instead."""
         if kind in self.planned:
             self.planned.remove(kind)
         self.done += 1
         if seconds is not None:
-            self.costs.add(*sort_of(kind), seconds)
+            self.costs.add(*sort_of(kind), seconds if repeat_s is None else repeat_s)
         self.note_first_estimate()
 
     @property
