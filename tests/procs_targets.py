@@ -29,6 +29,14 @@ def exit_without_result(how: str, events) -> dict:
     os._exit(3)
 
 
+def hold_a_semaphore_and_die(events) -> dict:
+    """Creates what a DataLoader's queues or a compiler's worker pool create in a run (a named semaphore, which
+    multiprocessing's resource tracker tracks), then dies without releasing it, as a run the OOM killer ends."""
+    held = mp.get_context("spawn").Lock()
+    events.put({"event": "progress", "held": str(held)})
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def start_workers_and_hang(pid_file: str, events) -> dict:
     """Starts what a rung starts (a forked Python worker, like a DataLoader's, and an exec'd program), writes
     every pid to `pid_file`, says so in a progress event, then hangs."""

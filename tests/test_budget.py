@@ -33,6 +33,10 @@ class Clock:
         return self.t
 
 
+class Failed(float):
+    """A run's cost where the run fails after taking it (a compile that ran out of memory after three minutes)."""
+
+
 class FakeRuns:
     """The work run_ladder is given around the search's own (its device, settings, what a target tells it), its
     runs made here: each costs `cost(rung, recipe, timed)` seconds of the fake clock and runs at `rate(recipe)`."""
@@ -50,6 +54,8 @@ class FakeRuns:
         seconds = self.cost(rung, recipe, budget is not None)
         self.clock.t += seconds
         self.launched.append((self.stage, rung.name, seconds))
+        if isinstance(seconds, Failed):
+            return {"error": "the run failed", "log_tail": "", "wall_time_s": float(seconds)}
         rate = self.rate(recipe) * (1 + 0.01 * (recipe.seed % 3 - 1))
         run = {**scored_rung("x", [rate], 0.95).repeats[0], "seed": recipe.seed, "wall_time_s": seconds}
         return {**run, **(self.record(recipe) if self.record else {})}
@@ -70,9 +76,32 @@ class FakeRuns:
         return self.work.curve_metric()
 
 
-def faked_search(monkeypatch, out, cost, rate, budget_s, record=None, **options):
-    """tune() on the built-in digits, its runs faked (FakeRuns) on one fake clock; the decision, tune.md, the clock
-    and every run launched (stage, rung, seconds)."""
+def fixed_costs(monkeypatch, clock: Clock, fixed: dict[str, float]) -> None:
+    """Each ladder's fixed costs on the fake clock, as a real ladder pays them: each precision's matmul peak and the
+    reference workload timed before its first run and again after its last (`ceiling`, `reference`), its report
+    written (`report`: its cost, the report itself left out)."""
+    import trainfast.ablation.loop as loop_module
+    import trainfast.report as report_module
+
+    def ceiling(work, precision):
+        clock.t += fixed.get("ceiling", 0.0)
+        return 1e12
+
+    def reference(device=None):
+        clock.t += fixed.get("reference", 0.0)
+        return {}
+
+    def report(result):             # its cost only: the charts take a real second or more each, and tell nothing here
+        clock.t += fixed.get("report", 0.0)
+
+    monkeypatch.setattr(loop_module, "ceiling", ceiling)
+    monkeypatch.setattr(loop_module, "reference_check", reference)
+    monkeypatch.setattr(report_module, "write_report", report)
+
+
+def faked_search(monkeypatch, out, cost, rate, budget_s, record=None, fixed=None, **options):
+    """tune() on the built-in digits, its runs faked (FakeRuns) on one fake clock, with each ladder's `fixed` costs
+    (fixed_costs) where given; the decision, tune.md, the clock and every run launched (stage, rung, seconds)."""
     import trainfast.tune.search as search_module
     from trainfast.ablation import run_ladder
     from trainfast.tune import tune
@@ -80,6 +109,8 @@ def faked_search(monkeypatch, out, cost, rate, budget_s, record=None, **options)
 
     clock = Clock()
     launched: list[tuple[str, str, float]] = []
+    if fixed:
+        fixed_costs(monkeypatch, clock, fixed)
 
     def faked(rungs, work, settings, out_dir, opts, measure="speed"):
         runs = FakeRuns(work, clock, cost, rate, record, settings["stage"])
@@ -188,7 +219,8 @@ def curve_of(recipe: Recipe, base_batch: int) -> dict:
 
 def test_the_to_target_stage_counts_the_seeds_its_candidates_add(tmp_path, monkeypatch):
     # The candidates that change the math (the batch sizes) each get up to five seeds: the stage's plan counts them,
-    # and each seed is priced before it starts; the search ends within its budget plus one run.
+    # and each seed is priced before it starts, with every ladder's fixed costs (its peak, reference workload and
+    # report) and the process's start counted; the search ends within its budget plus one run.
     base_batch = Recipe().batch_size
 
     def cost(rung, recipe, timed):
@@ -199,7 +231,10 @@ def test_the_to_target_stage_counts_the_seeds_its_candidates_add(tmp_path, monke
 
     decision, md, clock, launched = faked_search(monkeypatch, tmp_path / "tune", cost, rate, 2400.0,
                                                  record=lambda r: curve_of(r, base_batch),
-                                                 switches=["autocast-bf16"], target="accuracy>=0.9")
+                                                 switches=["autocast-bf16"], target="accuracy>=0.9",
+                                                 fixed={"ceiling": 3.0, "reference": 2.0, "report": 3.0},
+                                                 started=-10.0)
+    clock.t += 10.0                       # the process's start, counted by the budget
     within_one_run(clock, 2400.0, launched)
     # the plan left room for the seeds (batch_half, which changes the math, got its five runs): nothing was stopped
     assert "to-target: ran 2 repeats instead of 3 and without batch_2x" in md and "stopped" not in md
@@ -309,3 +344,28 @@ def test_a_memory_stage_whose_time_ran_out_says_which_rungs_it_never_measured(tm
                                                  switches=["fused"], memory_limit="1MiB")
     note = next(line for line in md.splitlines() if "nothing measured fits it" in line)
     assert "; )" not in note and "rung(s) not measured, the stage's time spent" in note, note
+
+
+def test_the_last_stage_stops_in_time_beside_its_fixed_costs_and_a_run_that_failed_late(tmp_path, monkeypatch):
+    # `tune --memory-limit ... --budget 15m` as it ran on a language model: the memory stage, then the singles, the
+    # last stage. Every ladder pays 13 s beside its runs (the matmul peak and the reference workload timed before its
+    # first run and after its last, its report), and the process ran 10 s before the search began (its imports).
+    # channels_last's first run fails after 300 s (a compile the OOM killer ended) and its next would take 290 s:
+    # priced by what the failed run took, it is not started where it cannot end in time. Priced by the other runs
+    # (40 s), it was, and the search ended 96 s past its budget.
+    from trainfast.tune.memory import MEMORY_SHARE
+
+    def cost(rung, recipe, timed):
+        if recipe.channels_last:
+            return Failed(300.0) if recipe.seed == Recipe().seed else 290.0
+        return 40.0
+
+    budget_s = 900.0
+    decision, md, clock, launched = faked_search(
+        monkeypatch, tmp_path / "tune", cost, lambda r: 500.0, budget_s, switches=["fused", "channels_last"],
+        memory_limit="1GiB", fixed={"ceiling": 3.0, "reference": 2.0, "report": 3.0}, started=-10.0)
+    assert 10.0 + clock.t <= budget_s + 40.0, launched
+    memory = [seconds for stage, _, seconds in launched if stage == "memory"]
+    assert sum(memory) <= MEMORY_SHARE * budget_s + max(memory)
+    assert [name for stage, name, _ in launched if stage == "singles"].count("channels_last") == 1
+    assert "singles: stopped before channels_last, run 2: its ~300 s would not fit" in md, md

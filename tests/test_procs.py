@@ -186,6 +186,33 @@ def test_nothing_outlives_a_parent_that_is_killed_or_interrupted(sig, tmp_path):
         assert parent.returncode == 130 and "interrupted" in output.read_text()
 
 
+LEAKER = textwrap.dedent("""
+    import multiprocessing as mp, sys
+    import procs_targets
+    from trainfast.procs import run_supervised
+
+    if __name__ == "__main__":
+        result = run_supervised(mp.get_context("spawn"), procs_targets.hold_a_semaphore_and_die, (),
+                                log_path=sys.argv[1])
+        print(result["error"], flush=True)
+""")
+
+
+def test_a_run_killed_with_a_semaphore_held_has_it_cleaned_up_in_its_own_log_not_on_the_console(tmp_path):
+    # A run the OOM killer ended held a semaphore: the tracker that cleans it up at the end is the run's own, and says
+    # so in the run's log; the supervisor's (whose stderr is the console) has nothing left to warn about at its exit.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])}
+    log = tmp_path / "child.log"
+    done = subprocess.run([sys.executable, "-c", LEAKER, str(log)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert "killed by SIGKILL" in done.stdout, done.stdout + done.stderr
+    assert "leaked semaphore" not in done.stderr, done.stderr
+    deadline = time.monotonic() + 10          # the run's tracker reports once the run's last process is gone
+    while "leaked semaphore" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "leaked semaphore" in log.read_text()
+
+
 def kill_survivors(pids) -> None:
     """A failing test must not leave its processes running on the machine."""
     for pid in pids:

@@ -13,7 +13,7 @@ from trainfast.ablation.rung import TimingBudget
 from trainfast.recipe import Recipe
 from trainfast.report.live import Display
 from trainfast.report.progress import SEEDS, RunPlan, seconds_text, time_line
-from trainfast.results import Rung
+from trainfast.results import Rung, Status
 
 COSTS = {"baseline": 60.0, "amp": 20.0, "compile": 100.0}     # seconds a run of each rung takes (faked)
 
@@ -120,8 +120,8 @@ def fake_ladder(**kw):
     amp = Rung("amp", {}, Recipe())
     budget = TimingBudget()
     queue = [(r, i, budget) for i in range(2) for r in (base, amp)] + [(base, 2, None)]
-    opts = SimpleNamespace(settle_within_s=600.0, time_budget_s=None)
-    kw.setdefault("spending", SimpleNamespace(clock=RunClock()))     # no time budget: time left unbounded
+    opts = SimpleNamespace(settle_within_s=600.0, time_budget_s=None, min_effect=0.05, mode="each")
+    kw.setdefault("spending", SimpleNamespace(clock=RunClock(), held_s=lambda: 0.0))   # no time budget: unbounded
     return SimpleNamespace(added=[], cut=None, measured=[base, amp], aim=None, opts=opts, queue=queue, repeats=2,
                            started=time.monotonic(), **kw)
 
@@ -208,9 +208,92 @@ def test_the_time_left_is_never_said_past_the_time_budgets_end(tmp_path):
     assert plan.left_s() == pytest.approx(240.0) and "budget" not in plan.line()
     # the ladder hands its clock to the display where a budget bounds it
     launches = Launches(SimpleNamespace(), None, tmp_path)
-    ladder, shown = fake_ladder(spending=SimpleNamespace(clock=RunClock(total_s=300.0))), Recorder()
+    ladder, shown = fake_ladder(spending=SimpleNamespace(clock=RunClock(total_s=300.0), held_s=lambda: 0.0)), Recorder()
     launches.plan(ladder, shown)
     assert 290 < shown.runs.budget_left() <= 300
     unbounded, shown = fake_ladder(), Recorder()
     launches.plan(unbounded, shown)
     assert shown.runs.budget_left is None
+
+
+def test_the_time_planned_after_the_first_pass_counts_the_close_and_the_settling_passes_it_expects():
+    # Three passes of 180 s planned, a settle window of 800 s: one more pass ends within it (at 720 s), a second would
+    # not (900 s); the close (peak, reference workload, report) takes 30 s. Without them the estimate was 540 s of
+    # the 750 the ablation takes: 28% short.
+    clock = Clock()
+    plan = RunPlan(clock=clock, settle=(800.0, list(COSTS)), settle_passes=5, close_s=30.0)
+    plan.plan(ladder_pass(3))
+    run_through(plan, clock, 3)
+    assert plan.planned_total_s == pytest.approx(540 + 180 + 30)
+    assert plan.line().startswith(f"4 of 9 runs, ~{seconds_text(360 + 180 + 30)} left,")   # runs, pass, close
+    run_through(plan, clock, 6)
+    plan.plan(ladder_pass(1), "pass 4 added: amp still within the noise")
+    run_through(plan, clock, 3)
+    clock.now += 30.0                                    # the close
+    assert plan.summary()["total_s"] == pytest.approx(plan.planned_total_s)
+    # verdicts that settled by the first pass (no pass expected): the planned runs and the close only
+    settled = RunPlan(clock=clock, settle=(800.0, list(COSTS)), settle_passes=0, close_s=30.0)
+    settled.plan(ladder_pass(3))
+    run_through(settled, clock, 3)
+    assert settled.planned_total_s == pytest.approx(540 + 30)
+
+
+def test_the_ladder_tells_the_plan_its_close_and_the_passes_its_unsettled_verdicts_may_add(tmp_path):
+    from trainfast.defaults import MAX_REPEATS
+
+    launches = Launches(SimpleNamespace(), None, tmp_path)
+    ladder, shown = fake_ladder(spending=SimpleNamespace(clock=RunClock(), held_s=lambda: 12.0)), Recorder()
+    base, amp = ladder.measured
+    base.status = amp.status = Status.PARTIAL
+    base.repeats, amp.repeats = [{}], [{}]           # after the first pass: one run each, no noise of their own yet
+    amp.result.speedup = 1.04                        # within what two runs at the prior noise can tell from 5%
+    launches.plan(ladder, shown)
+    assert shown.runs.close_s == 12.0 and shown.runs.settle_passes == MAX_REPEATS - ladder.repeats
+    amp.result.speedup = 2.0                         # a gain no noise hides: no pass expected
+    launches.plan(ladder, shown)
+    assert shown.runs.settle_passes == 0
+
+
+def test_every_time_left_stops_at_the_budgets_end():
+    # A settle window of 600 s in a stage that has 300 s of its budget left: neither the time left nor the bound on
+    # what settling adds says more than the 300 s (a pass that does not fit the budget is not added).
+    clock = Clock()
+    plan = RunPlan(clock=clock, settle=(600.0, list(COSTS)), settle_passes=3, close_s=10.0)
+    plan.plan(ladder_pass(2))
+    run_through(plan, clock, 3)
+    budget = RunClock(total_s=180.0 + 300.0, now=clock)
+    budget.started = plan.started
+    plan.budget_left = budget.left
+    assert plan.up_to_s() == pytest.approx(300.0) and plan.left_s() <= 300.0
+    assert "up to" not in plan.line() and "~5 min left" in plan.line()
+    plan.budget_left = None                            # no budget: the bound is the settle window's
+    assert plan.up_to_s() == pytest.approx(600 + 180 - 180 + 10)
+
+
+def test_a_compiled_rungs_first_run_prices_its_repeats_without_its_compile():
+    # The default ablation's compile rung on 2 cores: its first run took 21 s, 15 of them compiling (its epoch took
+    # 17.4 s for 49 steps of 0.058 s), its repeats 6.3 s, reading the shared cache; priced at 21 s, the plan after the
+    # first pass said 30 s more than the ablation took.
+    from trainfast.ablation.spending import repeat_cost
+
+    first = {"compile": {"graphs": 1}, "epoch_time_s": 17.39, "steps_run": 49,
+             "timing": {"timed_steps": 35, "timed_seconds": 2.017}}
+    assert repeat_cost(first, 21.17) == pytest.approx(21.17 - (17.39 - 49 * 2.017 / 35), abs=0.01)   # ~6.6 s
+    assert repeat_cost({**first, "compile": {"graphs": 0}}, 21.17) == 21.17        # not compiled: as it took
+    warm = {**first, "epoch_time_s": 4.7}      # read from a warm cache: ~2 s of 7.7 its repeats pay too
+    assert repeat_cost(warm, 7.7) == 7.7
+    plan = RunPlan()
+    plan.plan(["compile", "compile"])
+    plan.finished("compile", 21.17, repeat_cost(first, 21.17))
+    assert plan.cost("compile") == pytest.approx(6.6, abs=0.1)
+
+
+def test_a_cumulative_ladders_steps_between_rungs_count_as_verdicts_to_settle():
+    # The default ablation after its first pass: every rung 1.6x the baseline, but each on top of the one above it
+    # gains ~3%, the step a cumulative ladder judges: settling will add passes for those.
+    from trainfast.ablation.scoring import likely_unsettled
+
+    plan = [Rung(name, {}, Recipe()) for name in ("baseline", "amp", "prefetch")]
+    for rung, speedup in zip(plan, (1.0, 1.6, 1.65)):
+        rung.status, rung.repeats, rung.result.speedup = Status.PARTIAL, [{}], speedup
+    assert not likely_unsettled(plan, 3, 0.05) and likely_unsettled(plan, 3, 0.05, cumulative=True)

@@ -176,6 +176,7 @@ def _ablate(args, recipe: Recipe) -> int:
 def _tune(args, recipe: Recipe) -> int:
     from .ablation import TimingBudget
     from .tune import tune
+    from .tune.budget import process_started
 
     resume, out = resume_folder(args.resume, args.out)      # refused already, if it cannot work (check_before_torch)
     try:
@@ -187,7 +188,7 @@ def _tune(args, recipe: Recipe) -> int:
              batch_size_search=args.batch_size_search, settle=args.settle, switches=split_names(args.switches),
              paired=args.paired, task=args.task_given if args.user_command is not None else args.task,
              memory_limit=args.memory_limit, target=args.target, track=choose_trackers(args.track),
-             script_rungs=getattr(args, "script_rungs", []))
+             script_rungs=getattr(args, "script_rungs", []), started=process_started())
     except KeyboardInterrupt:
         return 130
     return 0

@@ -251,6 +251,7 @@ def child_main(target: Callable[..., Any], args: tuple, conn, parent_pid: int, l
         from .quiet import write_held_to_stderr
 
         write_held_to_stderr()      # stderr is the run's log here: libraries' import notices belong in it
+    own_resource_tracker()
     own_group = lead_own_group()
     watch_parent(parent_pid, own_group)
     events = Events(conn)
@@ -263,6 +264,26 @@ def child_main(target: Callable[..., Any], args: tuple, conn, parent_pid: int, l
         return
     if result is not None:
         events.put({"event": "result", "result": result})
+
+
+def own_resource_tracker() -> None:
+    """The semaphores and shared memory this process (and the workers it starts) creates are tracked by a
+    multiprocessing resource tracker of its own, started when first needed with this process's stderr (its run's
+    log), instead of the supervisor's it inherited. A run killed before it released them (the OOM killer, its time
+    limit) then has them unlinked, and the leak said, in its own log as it ends; the supervisor's tracker reported
+    them only when the supervisor exited, on the console and naming no run."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    lock, fd = getattr(tracker, "_lock", None), getattr(tracker, "_fd", None)
+    if lock is None or fd is None:
+        return
+    with lock:
+        tracker._fd, tracker._pid = None, None
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def lead_own_group() -> bool:

@@ -32,13 +32,13 @@ from ..track.names import check_names
 from ..techniques.precision import DTYPES
 from .metric import SCRIPT_CHOICE, MetricChoice, better, choose_metric, metric_goal
 from .rung import TimingBudget
-from .scoring import pick_best, score_rungs, seed_summary, unresolved
+from .scoring import likely_unsettled, pick_best, score_rungs, seed_summary, unresolved
 from .server import wait_rung_server
 from .store import RunStore, write_json
 from .aim import Aim
 from .clock import RunClock
 from .recompiled import run_repeating
-from .spending import Cut, LadderSpending
+from .spending import Cut, LadderSpending, repeat_cost
 from .target import TARGET_SEEDS, pick_soonest
 from .work import Work
 
@@ -166,6 +166,7 @@ class Launches:
         self.in_runs = (0.0, 0.0)               # this process's CPU seconds while runs ran, and those seconds
         self.display = None                     # the display plan() feeds, and what the ladder did when it last did
         self.seen: tuple[int, bool, int] | None = None
+        self.aimed = False                      # --target: every run compiles afresh (techniques/compile.py)
 
     def start(self, settings: dict[str, Any], resume: bool, precisions: list[str]) -> None:
         self.store = RunStore(self.out_dir, settings, resume)
@@ -204,6 +205,12 @@ class Launches:
         display.runs.settle = ((window, [r.name for r in ladder.measured if r.status != Status.SKIPPED])
                                if settle and ladder.repeats < MAX_REPEATS and not (ladder.cut and ladder.cut.trimmed)
                                else None)
+        # what follows the runs, known in advance: the passes settling is likely to add (their verdicts still within
+        # the noise), and the ladder's close (its peak and reference workload timed again, its report written)
+        display.runs.settle_passes = (MAX_REPEATS - ladder.repeats if display.runs.settle is not None and
+                                      likely_unsettled(ladder.measured, ladder.repeats, ladder.opts.min_effect,
+                                                       ladder.opts.mode == "cumulative") else 0)
+        display.runs.close_s = ladder.spending.held_s()
         if math.isfinite(ladder.spending.clock.left()):      # the time left never said past the budget's end
             display.runs.budget_left = ladder.spending.clock.left
         display.plan([run_kind(rung, budget) for rung, _, budget in ladder.queue
@@ -224,7 +231,11 @@ class Launches:
                                               folder / HEARTBEATS),
             run_dir, display, run_kind(rung, budget), fits, f"{rung.name}, seed {recipe.seed}")
         self.in_runs = (self.in_runs[0] + process_cpu_seconds() - cpu, self.in_runs[1] + time.monotonic() - began)
-        display.finished(run_kind(rung, budget), time.monotonic() - started)
+        took = time.monotonic() - started
+        # a compiled rung's first run pays the compile its repeats read from the shared cache (not under a target:
+        # each run compiles afresh there): the time left prices them without it
+        first = not (rung.repeats or rung.seed_runs) and not self.aimed
+        display.finished(run_kind(rung, budget), took, repeat_cost(result, took) if first else None)
         if "error" not in result:
             self.store.save(key, result)
         return result
@@ -252,6 +263,7 @@ class LadderRun:
         if options.paired and pair_against is not None:
             pair_against(plan[0].recipe)
         self.launches = Launches(work, work.launcher(measure), out_dir)
+        self.launches.aimed = options.target is not None
         self.ceilings = self.launches.ceilings          # each precision's roof (Launches), filled as the runs start
         self.metric = LadderMetric(lambda: work.metric(measure), plan, settings)
         self.after_run = work.after_run(plan)
@@ -292,7 +304,8 @@ class LadderRun:
         parts: open, step, wind_up, conclude, so that several ladders run interleaved, a run at a time: world.py)."""
         from ..report import Display, environment
 
-        self.launches.start(self.settings, self.opts.resume, [r.recipe.precision for r in self.measured])
+        with self.spending.fixed("open"):         # priced for the stages after it (clock.py)
+            self.launches.start(self.settings, self.opts.resume, [r.recipe.precision for r in self.measured])
         self.env = environment(self.work.dev)
         return Display(self.plan, self.ceilings, self.env, self.opts.show, self.settings, console=console)
 
@@ -310,7 +323,8 @@ class LadderRun:
 
     def wind_up(self, interrupted: bool) -> None:
         if not interrupted:
-            self.launches.finish()
+            with self.spending.fixed("close"):
+                self.launches.finish()
         for rung in self.plan:
             if rung.status == Status.PARTIAL and interrupted:
                 rung.status = Status.DONE        # a partial report still shows what was measured
@@ -427,7 +441,8 @@ def ladder_result(run: LadderRun) -> AblationResult:
     result = AblationResult(run.plan, run.env, run.out_dir, best.recipe if best else None,
                             best.name if best else None, run.ceilings, run.seed_runs, tie, settings_as_run(run),
                             odds, run.metric.judged_metric())
-    write_report(result)
+    with run.spending.fixed("report"):
+        write_report(result)
     return result
 
 

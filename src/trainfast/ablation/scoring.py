@@ -294,6 +294,25 @@ def unresolved(rung: Rung, min_effect: float = MIN_EFFECT) -> bool:
                for v in comparisons)
 
 
+# The run-to-run noise assumed while a ladder has measured none of its own (after its first pass: one run a rung): what
+# fresh processes show on a CPU (5-12% on 2 cores); a quieter machine settles its verdicts sooner than this foresees.
+PRIOR_NOISE = 0.08
+
+
+def likely_unsettled(rungs: list[Rung], repeats: int, min_effect: float = MIN_EFFECT, cumulative: bool = False) -> bool:
+    """Whether settling is likely to add passes after `repeats` (the time left counts them): a rung whose verdict
+    is within the noise or unresolved (what settling itself asks: loop.py), or, before any rung has two runs, a
+    difference so far (a rung against the baseline and, in a cumulative ladder, against the rung above it) closer to
+    min_effect than `repeats` runs at PRIOR_NOISE can resolve (two standard errors of a ratio of two means)."""
+    measured = [r for r in rungs[1:] if r.measured]
+    if any(len(r.repeats) >= 2 for r in measured):
+        return any(r.result.unsettled or unresolved(r, min_effect) for r in measured)
+    line = math.log1p(min_effect) + 2 * PRIOR_NOISE * math.sqrt(2 / max(1, repeats))
+    speedups = [r.result.speedup for r in measured]
+    ratios = speedups + ([b / a for a, b in zip([1.0, *speedups], speedups) if a and b] if cumulative else [])
+    return any(not s or abs(math.log(s)) < line for s in ratios)
+
+
 def seed_summary(result: dict[str, Any], metric: str | None) -> dict[str, Any]:
     """One baseline run as a noise seed: its seed, loss, rate and judged metric's value (`metric`)."""
     return {**{k: result.get(k) for k in ("seed", "loss", "throughput")}, "metric": run_metric(result, metric)}

@@ -2,11 +2,12 @@
 ladder's part of its clock before it starts (clock.py), the ladder stopped where a price no longer fits."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..results import Rung, Status
-from .clock import RunClock, run_kind
+from .clock import RunClock, recipe_key, run_kind
 from .target import TARGET_SEEDS
 
 
@@ -75,6 +76,20 @@ def cut_to_budget(measured: list[Rung], repeats: int, per_run: float, left: floa
                [r.name for r in measured[rungs_kept:]])
 
 
+def repeat_cost(result: dict[str, Any], seconds: float) -> float:
+    """What another run of the same rung should take, from a first run of `seconds`: a compiled run's first run pays
+    its compilation, which its repeats read from the shared compile cache (techniques/compile.py: a compiled
+    ResNet-9's first step took 18 s, then 1.4 s), so the seconds its epoch took beyond its steps at their steady pace
+    are left out of the price where they are most of the run (a cold compile: the default ResNet-9's 15 s of 21; one
+    read from a warm cache costs ~2 s of 8, and its repeats pay that too); any other run: `seconds`."""
+    timing = result.get("timing") or {}
+    if not (result.get("compile") or {}).get("graphs") or not timing.get("timed_steps"):
+        return seconds
+    steady = (timing.get("timed_seconds") or 0.0) / timing["timed_steps"]
+    extra = (result.get("epoch_time_s") or 0.0) - (result.get("steps_run") or 0) * steady
+    return seconds - extra if extra > seconds - extra else seconds
+
+
 class LadderSpending:
     """A ladder's time (clock.py): its part of the clock it is given (a search's: the costs its earlier stages
     measured), each run priced and checked before it starts with the ladder's close kept in hand, each run's cost
@@ -87,38 +102,61 @@ class LadderSpending:
         self.stopped = False        # a run's price no longer fitted: nothing more starts, no pass or seed is added
         self.why = ""
 
+    @contextmanager
+    def fixed(self, what: str) -> Iterator[None]:
+        """A fixed cost of the ladder ("open", "close", "report"), timed on its clock and recorded (clock.py)."""
+        began = self.clock.now()
+        yield
+        self.clock.spend_fixed(what, self.clock.now() - began)
+
     def kind(self, timed: bool) -> str:
         return run_kind(self.measure, timed, self.aimed)
 
     def affords(self, recipe, timed: bool) -> bool:
-        """Whether the run's price fits, the ladder's close kept in hand: as long as its start (ceilings, machine
-        check), read at its first run."""
+        """Whether the run's price fits, the ladder's close kept in hand (held_s)."""
         self.close_s = self.clock.elapsed() if self.close_s is None else self.close_s
         price = self.clock.price(self.kind(timed), recipe)
-        return self.clock.fits(None if price is None else price + self.close_s)
+        return self.clock.fits(None if price is None else price + self.held_s())
+
+    def held_s(self) -> float:
+        """What the ladder's close will cost after its last run (clock.py): its ceilings and reference workload timed
+        again and its report written, priced by the closes measured so far (an earlier stage's); before any, as
+        long as its own start (close_s, read at its first run)."""
+        close = self.clock.fixed_price("close")
+        return (close if close is not None else self.close_s or 0.0) + (self.clock.fixed_price("report") or 0.0)
 
     def fits_s(self, seconds: float) -> bool:
         """Whether a run of `seconds` fits, the ladder's close kept in hand (a repeat, priced by its first run)."""
-        return self.clock.fits(seconds + (self.close_s or 0.0))
+        return self.clock.fits(seconds + self.held_s())
 
     def spend(self, recipe, timed: bool, launch: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """`launch`'s run, its cost recorded: the clock's, or the run's own wall time where the clock saw less (a
-        faked run)."""
+        faked run). A failed run's too: the next run of its recipe is priced by what this one took (a compile that
+        failed after three minutes is not a twenty-second run)."""
         started = self.clock.now()
         result = launch()
-        if "error" not in result:
-            seconds = max(self.clock.now() - started, result.get("wall_time_s") or 0.0)
-            self.clock.spend(self.kind(timed), recipe, seconds)
+        seconds = max(self.clock.now() - started, result.get("wall_time_s") or 0.0)
+        self.clock.spend(self.kind(timed), recipe, seconds)
         return result
 
     def fit(self, measured: list[Rung], repeats: int, first: dict[str, Any], budget_s: float) -> Cut:
-        """The plan cut to the time budget, priced by the first run (the baseline's, fp32: usually the slowest),
-        whole-process wall time. The seconds left are the ladder's own budget's: a resumed ladder's counts the runs it
-        reads back (tune adds what they took), and each run is checked against the clock before it starts. --target:
-        every kept rung may need TARGET_SEEDS runs (the baseline's seeds, a rung that changes the math)."""
-        per_run = max(self.clock.elapsed(), first.get("wall_time_s") or 0.0)
-        return cut_to_budget(measured, repeats, per_run, budget_s - self.clock.elapsed(), budget_s,
-                             TARGET_SEEDS if self.aimed else 0)
+        """The plan cut to the time budget, priced by the runs measured so far (plan_price), with the ladder's close
+        kept in hand. The seconds left are the ladder's own budget's: a resumed ladder's counts the runs it reads back
+        (tune adds what they took), and each run is checked against the clock before it starts. --target: every kept
+        rung may need TARGET_SEEDS runs (the baseline's seeds, a rung that changes the math)."""
+        per_run = self.plan_price(measured, first)
+        left = min(budget_s - self.clock.elapsed(), self.clock.left()) - self.held_s()
+        return cut_to_budget(measured, repeats, per_run, left, budget_s, TARGET_SEEDS if self.aimed else 0)
+
+    def plan_price(self, measured: list[Rung], first: dict[str, Any]) -> float:
+        """One run of the plan, on average: each rung's own price where its recipe has runs of this kind measured (in
+        this ladder or an earlier stage's), the first run's cost for the rungs not run yet (whole-process wall time:
+        the baseline's, fp32, usually the slowest)."""
+        kind = self.kind(True)
+        first_s = max(first.get("wall_time_s") or 0.0, self.clock.price(kind, measured[0].recipe) or 0.0)
+        prices = [self.clock.price(kind, r.recipe) if self.clock.costs.has(kind, recipe_key(r.recipe)) else first_s
+                  for r in measured]
+        return max(sum(prices) / len(prices), 1e-9) if prices else first_s
 
     def pass_price(self, measured: list[Rung], pass_times: dict[int, list[float]], within: float) -> float | None:
         """One more pass priced by its rungs' measured runs (else by the last pass's span), or None: it would not
@@ -126,7 +164,7 @@ class LadderSpending:
         priced = self.clock.price_runs([(self.kind(True), r.recipe) for r in measured if r.measured])
         first, last = pass_times[max(pass_times)]
         pass_s = priced if priced is not None else last - first
-        return pass_s if self.clock.elapsed() + pass_s <= within and self.clock.fits(pass_s) else None
+        return pass_s if self.clock.elapsed() + pass_s <= within and self.fits_s(pass_s) else None
 
     def stop(self, ladder: Any, run: tuple[Rung, int, bool], display=None) -> None:
         """`ladder` (a LadderRun) ends before `run` (its rung, its index, timed or a seed), its queue emptied: a rung
@@ -137,7 +175,7 @@ class LadderSpending:
         runs_left = len(ladder.queue) + 1
         ladder.queue.clear()
         price = self.clock.price(self.kind(timed), rung.recipe)
-        left = max(0.0, self.clock.left())
+        left = max(0.0, self.clock.left() - self.held_s())       # what the runs had: the close is kept in hand
         self.stopped = True
         self.why = (f"{runs_left} run(s) left would not fit the time budget (~{price:.0f} s a run, {left:.0f} s left)"
                     if price is not None else f"{runs_left} run(s) left would not fit the time budget (none left)")

@@ -86,8 +86,8 @@ class Display:
         self.bar.plan(kinds, why)
         self.update()
 
-    def finished(self, kind: str, seconds: float | None) -> None:
-        self.bar.finished(kind, seconds)
+    def finished(self, kind: str, seconds: float | None, repeat_s: float | None = None) -> None:
+        self.bar.finished(kind, seconds, repeat_s)
         self.update()
 
     def reused(self, rung: Rung, repeat: int) -> None:

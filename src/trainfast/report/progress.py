@@ -10,7 +10,12 @@ whether the run is timed or only evaluated for the metric's noise); a kind not r
 of its sort took (timed or evaluated), else what its rung's other runs took, else the mean of every run so far.
 After the first pass every rung has priced its own runs, and the rungs differ (a compiled rung's run costs its
 compile; an fp32 run several bf16 ones), so the estimate then is the plan's own sum, not a count times an average.
-Before the first run there is no estimate ("time left after the first of them"). The prices come from one record
+Before the first run there is no estimate ("time left after the first of them"). What is known to come after the
+planned runs is counted too: the job's close (an ablation's peak and reference workload timed again, its report
+written: `close_s`) and the settling passes it expects (`settle_passes`: as many as end within the settle window,
+each priced by its rungs' runs), so the time planned after the first pass is the time the job takes when verdicts
+stay within the noise, as they mostly do on a busy CPU. "Up to" bounds what settling may add; every figure stops at
+a time budget's end where one applies (`budget_left`). The prices come from one record
 of costs, RunCosts, the one the ablation's time budget prices its runs by (ablation/clock.py, where the subject of
 a cost is its recipe; here, its rung).
 """
@@ -83,6 +88,8 @@ class RunPlan:
     # The seconds a time budget leaves (its clock's `left`), or None: a plan that would run past them is stopped
     # there (a run starts only if its price fits), so the time left is never said as more than the budget's.
     budget_left: Callable[[], float] | None = None
+    close_s: float = 0.0        # after the last run, known in advance (module docstring)
+    settle_passes: int = 0      # the settling passes expected, at most (module docstring)
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -100,13 +107,15 @@ class RunPlan:
         self.note_first_estimate()
         return change
 
-    def finished(self, kind: str, seconds: float | None) -> None:
-        """A run of `kind` is over, after `seconds` (None: read back from an earlier, interrupted job: no cost)."""
+    def finished(self, kind: str, seconds: float | None, repeat_s: float | None = None) -> None:
+        """A run of `kind` is over, after `seconds` (None: read back from an earlier, interrupted job: no cost);
+        `repeat_s`: what its repeats should take where that is known to differ (a compiled rung's first run paid a
+        compile its repeats read from the cache), priced instead."""
         if kind in self.planned:
             self.planned.remove(kind)
         self.done += 1
         if seconds is not None:
-            self.costs.add(*sort_of(kind), seconds)
+            self.costs.add(*sort_of(kind), seconds if repeat_s is None else repeat_s)
         self.note_first_estimate()
 
     @property
@@ -117,28 +126,50 @@ class RunPlan:
         """What a run of `kind` is expected to take (module docstring), or None before any run."""
         return self.costs.price(*sort_of(kind))
 
-    def left_s(self) -> float | None:
+    def runs_s(self) -> float | None:
+        """The planned runs' seconds, or None while one of them cannot be priced."""
         costs = [self.cost(kind) for kind in self.planned]
-        if None in costs:
+        return None if None in costs else sum(costs)
+
+    def passes_s(self) -> float:
+        """The expected settling passes' seconds: of `settle_passes`, those that end within the settle window after
+        the planned runs (a pass is added only then)."""
+        runs = self.runs_s()
+        if self.settle is None or not self.settle_passes or runs is None:
+            return 0.0
+        window, kinds = self.settle
+        one_pass = sum(self.cost(k) or 0.0 for k in kinds)
+        if one_pass <= 0:
+            return 0.0
+        fit = int(max(0.0, window - self.elapsed_s() - runs) // one_pass)
+        return min(self.settle_passes, fit) * one_pass
+
+    def left_s(self) -> float | None:
+        runs = self.runs_s()
+        if runs is None:
             return None
-        return min(sum(costs), max(0.0, self.budget_left())) if self.budget_stops() else sum(costs)
+        return self.capped(runs + self.passes_s() + self.close_s)
+
+    def capped(self, seconds: float) -> float:
+        """`seconds`, never past the time budget's end where one applies."""
+        return seconds if self.budget_left is None else min(seconds, max(0.0, self.budget_left()))
 
     def budget_stops(self) -> bool:
         """Whether the time budget ends the plan before its runs do (the runs past it will not start)."""
-        costs = [self.cost(kind) for kind in self.planned]
-        return (self.budget_left is not None and None not in costs
-                and sum(costs) > max(0.0, self.budget_left()) + 1.0)
+        runs = self.runs_s()
+        return self.budget_left is not None and runs is not None and \
+            runs + self.close_s > max(0.0, self.budget_left()) + 1.0
 
     def up_to_s(self) -> float | None:
         """The most the rest may take if settling adds passes: a pass is added only while it ends within the settle
-        window, so the job ends by then, or one pass past the plan's own end, whichever is later; None where
-        nothing may be added or nothing is priced yet."""
+        window, so the job ends by then, or one pass past the plan's own end, whichever is later, and its close;
+        never past a time budget's end; None where nothing may be added or nothing is priced yet."""
         left = self.left_s()
         if self.settle is None or left is None:
             return None
         window, kinds = self.settle
         one_pass = sum(self.cost(k) or 0.0 for k in kinds)
-        return max(left, window + one_pass - self.elapsed_s())
+        return self.capped(max(left, window + one_pass - self.elapsed_s() + self.close_s))
 
     def elapsed_s(self) -> float:
         return self.clock() - self.started

@@ -55,8 +55,8 @@ class RunsBar:
             self.console.print(self.runs.change_line(change), markup=False, highlight=False, soft_wrap=True)
         self.refresh()
 
-    def finished(self, kind: str, seconds: float | None) -> None:
-        self.runs.finished(kind, seconds)
+    def finished(self, kind: str, seconds: float | None, repeat_s: float | None = None) -> None:
+        self.runs.finished(kind, seconds, repeat_s)
         self.refresh()
 
     def refresh(self) -> None:

@@ -32,6 +32,14 @@ def parse_budget(text: str) -> float:
     return seconds
 
 
+def process_started() -> float:
+    """When this process started, on time.monotonic()'s clock: a command's --budget counts the interpreter's start
+    and its imports (torch's take seconds on 2 cores) too, as the clock of the person who gave it does."""
+    import psutil
+
+    return time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
+
+
 def singles_share(singles: list[Rung]) -> float:
     """The share of the budget stage 1 may spend: SINGLES_SHARE when a precision level and another switch
     are both to be run (stage 1b may follow), else all of it."""
@@ -47,11 +55,15 @@ class SearchBudget(RunClock):
     priced by the runs measured before it (its own recipe's, in any stage) and started only if it fits."""
 
     def __init__(self, total_s: float, now: Callable[[], float] = time.monotonic) -> None:
-        super().__init__(total_s, now)
+        # The search's own outputs (tune.md, tune.json, best.yaml) are written after its last stage: kept in hand as a
+        # ladder's report, measured at every stage's close (clock.py), which writes more (charts, results.json).
+        super().__init__(total_s, now, reserve=lambda: self.fixed_price("report") or 0.0)
 
     def fits_runs(self, runs: float, per_run: float, left: float | None = None) -> bool:
-        """Whether `runs` runs of ~`per_run` seconds fit in what is left (or in `left`)."""
-        return self.fits(runs * per_run, left)
+        """Whether a stage of `runs` runs of ~`per_run` seconds fits in what is left (or in `left`), beside its
+        ladder's fixed costs (its open, close and report, as the stages before it measured them: clock.py), so no
+        stage starts that could pay for its fixed costs and nothing more."""
+        return self.fits(runs * per_run + self.ladder_fixed_s(), left)
 
     @staticmethod
     def allowance(share: float, credit_s: float, left: float) -> float:

@@ -46,6 +46,9 @@ class TuneOptions:
     track: Any = ()      # tracker names (track/): a parent run per search, a child per candidate
     # --rung / --ladder (scriptargs.CommandChange): the script's own flags, tried alone and combined (tune/script.py)
     script_rungs: Sequence[Any] = ()
+    # time.monotonic() the budget counts from (the CLI: its process's start, tune/budget.py: process_started); None:
+    # from tune()'s call
+    started: float | None = None
 
     def __post_init__(self) -> None:
         if self.timing is None:

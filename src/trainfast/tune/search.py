@@ -224,7 +224,7 @@ def run_singles(search: Search, singles: list[Rung]) -> Findings:
     combined, in_combination, dropped = combine(search.base, singles, steps, opts.memory_limit)
     cut = first.settings.get("budget_cut")
     if share < 1 and trimmed(cut) and not kept_level(singles, in_combination) and \
-            budget.fits(cut["seconds_per_run"]):
+            budget.fits_runs(1, cut["seconds_per_run"]):
         # No precision level gained, so there is no stage 1b to keep the rest of the budget for: stage 1 goes
         # on with all of it, re-planned as if it had had it from the start (its runs so far reused).
         singles = search.replan()
@@ -456,6 +456,8 @@ def tune(model: str | Callable[[], torch.nn.Module] = "resnet9", train_set=None,
     opts = tune_options(options)
     # --target: the rate search keeps to its share, the stage on time to target gets the rest (tune/target.py)
     budget = SearchBudget(opts.budget_s * (1 - TARGET_SHARE) if opts.target is not None else opts.budget_s)
+    if opts.started is not None:                  # the CLI's budget counts its process's start and imports too
+        budget.started = min(budget.started, opts.started)
     spec = BuiltinSpec(model, train_set, val_set, loss_fn, data, image_size, mean, std, task)
     search, singles = prepare_search(spec, recipe, device, opts, budget)
     search.tracking = open_tracking(opts, search.out_dir, search.work.settings)

@@ -78,13 +78,15 @@ def run_target_stage(search, decision: Decision, singles: list[Rung]) -> tuple[A
     last candidates where they would not fit, counting the seeds each candidate may add (its cut note says so).
     Skipped, and said, where not even the baseline's seeds and one candidate's repeats fit what is left (priced by
     the runs measured so far: search.run_price), so no stage starts that could only overrun."""
-    least = TARGET_SEEDS + min(search.options.repeats, 2)
-    price = search.run_price("full", decision.recipe, target=True)
-    if not search.budget.fits_runs(least, price):
-        left = max(0.0, search.budget.left())
-        search.note(f"the to-target stage was skipped: the baseline's {TARGET_SEEDS} seeds and one candidate's runs "
-                    f"(~{least * price:.0f} s at ~{price:.0f} s a run) would not fit the {left:.0f} s left; the rate "
-                    "pick stands")
+    repeats = min(search.options.repeats, 2)
+    # each priced by its own recipe's runs so far (a run to a target: as one trained to its end until one is measured)
+    base_s, pick_s = (search.run_price("full", r, target=True) for r in (search.base, decision.recipe))
+    least = TARGET_SEEDS * base_s + repeats * pick_s
+    if not search.budget.fits_runs(1, least):
+        left, fixed = max(0.0, search.budget.left()), search.budget.ladder_fixed_s()
+        search.note(f"the to-target stage was skipped: the baseline's {TARGET_SEEDS} seeds (~{base_s:.0f} s a run) and "
+                    f"the rate pick's {repeats} runs (~{pick_s:.0f} s a run), ~{least + fixed:.0f} s with the stage's "
+                    f"peak, reference workload and report, would not fit the {left:.0f} s left; the rate pick stands")
         return None, decision
     train = getattr(getattr(search.work, "split", None), "train", None)
     rungs = target_candidates(search.base, decision.recipe, len(train) if train is not None else None,
