@@ -98,7 +98,7 @@ WORKLOADS = {                       # name -> (timm model, image size, batch siz
     # The GPU workload (--device cuda --jpeg-folder PATH): 320x256 JPEGs made by make_jpeg_folder.py, 10 classes.
     "r50-224": ("resnet50", 224, 256, 19200),
     # gpu_quick.sh's CPU smoke mode: the same steps, small enough for a CPU in seconds.
-    "r18-64": ("resnet18", 64, 32, 96),
+    "r18-32": ("resnet18", 32, 32, 64),
 }
 # timm-tc-cl: timm's best flags on a GPU, --torchcompile --channels-last (with bf16 AMP and --pin-mem there).
 TOOLS = ("timm", "timm-cl", "timm-tc-cl", "plain", "lightning", "lightning-cl", "trainfast", "trainfast-cl",

@@ -117,6 +117,40 @@ def _reference_workload_timed_once():
 
 
 @pytest.fixture(scope="session")
+def hf_trainer_ablation(tmp_path_factory):
+    """One `trainfast ablate` of examples/hf_trainer.py (amp, set_to_none and fused, one run each) for the tests
+    that read what it wrote: test_fw_hf (each rung's switches read back, the script's settings in the report) and
+    test_track (the ablation and the script's own runs grouped in MLflow): one ablation, not one each. The script's
+    Trainer reports to MLflow as a user sets it (report_to="mlflow", its one changed line) and the ablation runs
+    with --track mlflow into a file store beside it; without mlflow installed, the example as it is, untracked
+    (test_track's test skips). (the ablation's folder, its results.json, the MLflow tracking URI or None)"""
+    import importlib.util
+
+    pytest.importorskip("transformers")
+    from test_ablate_command import ablate
+
+    root = tmp_path_factory.mktemp("hf-trainer")
+    script, flags, uri = ROOT / "examples" / "hf_trainer.py", [], None
+    if importlib.util.find_spec("mlflow") is not None:
+        code = script.read_text()
+        assert 'report_to="none"' in code
+        script = root / "train_hf.py"
+        script.write_text(code.replace('report_to="none"', 'report_to="mlflow"'))
+        uri, flags = (root / "mlruns").as_uri(), ["--track", "mlflow"]
+    out = root / "ablate-hf"
+    with pytest.MonkeyPatch.context() as patch:
+        if uri:
+            patch.setenv("MLFLOW_TRACKING_URI", uri)
+            patch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")      # mlflow 3 keeps file stores behind this
+        patch.chdir(root)
+        _, results = ablate(out, *flags, "--switches", "amp,set_to_none,fused", "--repeats", "1",
+                            "--noise-seeds", "1", "--settle-within", "0",
+                            command=[sys.executable, str(script), "--train-size", "1536", "--output-dir",
+                                     str(root / "hf")])
+    return out, results, uri
+
+
+@pytest.fixture(scope="session")
 def digits16() -> Split:
     """The real built-in dataset at 16 px: small enough that a full epoch takes about a second."""
     return load_digits(16)

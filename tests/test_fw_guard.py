@@ -25,7 +25,7 @@ def test_a_faster_rung_that_ruins_the_trainers_metric_is_not_recommended(tmp_pat
     pytest.importorskip("transformers")
     metric, why = "eval_accuracy", "metric_for_best_model='accuracy'"
     out = tmp_path / "ab"
-    _, results = ablate(out, "--switches", "amp", "--measure", "full", "--repeats", "3", "--noise-seeds", "3",
+    _, results = ablate(out, "--switches", "amp", "--measure", "full", "--repeats", "2", "--noise-seeds", "2",
                         "--settle-within", "0", command=[sys.executable, SCRIPT, "--framework", "hf"])
     by_name = rungs(results)
     base, amp = by_name["baseline"], by_name["amp"]

@@ -16,7 +16,6 @@ from fwkit import patched_trainer_classes as patched_classes  # noqa: E402
 
 from trainfast.frameworks.board import Board  # noqa: E402
 
-EXAMPLE = str(ROOT / "examples" / "hf_trainer.py")
 sys.path.insert(0, str(ROOT / "examples"))
 
 
@@ -174,13 +173,8 @@ def test_a_second_trainer_is_the_one_read_back_and_other_read_backs_are_kept(tmp
 
 
 @pytest.mark.slow
-def test_an_ablation_of_the_example_proves_its_rungs_and_reports_the_scripts_settings(tmp_path):
-    from test_ablate_command import ablate
-
-    out = tmp_path / "ab"
-    proc, results = ablate(out, "--switches", "amp,set_to_none,fused", "--repeats", "1", "--noise-seeds", "1",
-                           "--settle-within", "0",
-                           command=[sys.executable, EXAMPLE, "--train-size", "1536", "--output-dir", str(tmp_path)])
+def test_an_ablation_of_the_example_proves_its_rungs_and_reports_the_scripts_settings(hf_trainer_ablation):
+    out, results, _ = hf_trainer_ablation       # conftest: the one ablation of the example test_track reads too
     rungs = {r["name"]: r for r in results["rungs"]}
     assert rungs["set_to_none"]["status"] == "no-effect" and rungs["set_to_none"]["effect"] == "not-applicable"
     for name in ("baseline", "amp", "fused"):

@@ -150,7 +150,8 @@ def test_a_script_whose_batches_said_nothing_keeps_its_ladder(tmp_path):
 def test_an_unmodified_trainer_script_gets_the_language_model_ladder_without_being_told(tmp_path):
     """examples/hf_causal_lm.py (transformers' Trainer, never imports trainfast), `ablate -- COMMAND` with no
     --switches and no --task: its baseline's first forward shows token ids, so the language-model ladder runs (amp,
-    padding_free, group_by_length, the attention backends, fused), each switch read back through the Trainer."""
+    padding_free, group_by_length, the attention backends, fused), each switch read back through the Trainer
+    (packing and length grouping checked here; the attention backend's read-back: test_lm)."""
     import os
     import sys
 
@@ -168,6 +169,8 @@ def test_an_unmodified_trainer_script_gets_the_language_model_ladder_without_bei
     assert rungs["padding_free"].status == Status.DONE, (rungs["padding_free"].status, rungs["padding_free"].reason)
     switches = rungs["padding_free"].repeats[0]["frameworks"]["transformers"]["switches"]
     assert switches["data_collator packs"]["applied"]
+    grouped = rungs["group_by_length"].repeats[0]["frameworks"]["transformers"]["switches"]["train_sampling_strategy"]
+    assert grouped["applied"] and grouped["read_back"] == "group_by_length", grouped
     assert "read from its first training forward" in (result.out_dir / "report.md").read_text()
 
 
