@@ -184,11 +184,16 @@ def test_full_mode_runs_the_adopted_example_to_its_end_in_each_rung(tmp_path):
 def test_the_default_ladder_reaches_a_plain_loop_and_reads_each_switch_back(tmp_path):
     """A plain loop (no Session, no framework, not edited): the default ladder's switches are applied in its process
     through the probe's hooks, each read back applied and observed; what cannot reach it is said so; the
-    process-wide rungs join the ladder."""
+    process-wide rungs join the ladder. In this process, through the API the command line calls (the command line's
+    own path is every other test's here): a plain loop's millisecond steps timed over 8 steps, not stretched to
+    the 2 s the command line's timing budget gives them (what is read is each switch, not its speed)."""
+    from trainfast.ablation import TimingBudget, ablate_command
+
     out = tmp_path / "plain"
-    proc, results = ablate(out, "--repeats", "1", "--timing-steps", "8",
-                           command=[sys.executable, str(ROOT / "tests" / "scripts" / "plain_loop.py"), "--steps", "40",
-                                    "--epochs", "50"])
+    ablate_command([sys.executable, str(ROOT / "tests" / "scripts" / "plain_loop.py"), "--steps", "40", "--epochs",
+                    "50"], device="cpu", out=out, repeats=1, noise_seeds=1, show=False, settle_within_s=0,
+                   amp_dtype="bf16", budget=TimingBudget(steps=8, min_seconds=0.0))
+    results = json.loads((out / "results.json").read_text())
     by_name = rungs(results)
     base = by_name["baseline"]["runs"][0]
     assert base["session"] is False and base["rate_unit"] == "steps/s"
