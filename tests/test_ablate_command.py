@@ -33,6 +33,15 @@ def ablate(out: Path, *flags: str, command: list[str], check: bool = True) -> tu
     return proc, results
 
 
+def ablate_in_process(out: Path, command: list[str], **options) -> dict:
+    """ablate()'s ablation through the API the command line calls (ablation.ablate_command), in this process: its
+    settings as ablate() gives them (bf16 amp, no settling pass), its results.json read back."""
+    from trainfast.ablation import ablate_command
+
+    ablate_command(command, device="cpu", out=out, show=False, amp_dtype="bf16", settle_within_s=0, **options)
+    return json.loads((out / "results.json").read_text())
+
+
 def run_logs(out: Path) -> str:
     """Why each run ended, as the report's log tail reads it (procs.read_log_tail: under torchrun the ranks'
     last words and the root-cause rank, not the launcher's traceback); the report's table cuts it short."""
@@ -236,15 +245,14 @@ def test_commands_that_cannot_run_are_refused_before_any_run(tmp_path, capsys):
 def test_a_command_that_fails_or_never_steps_is_reported_with_its_log(tmp_path):
     """One ablation for both ends (an ablation's own start and close cost more than these runs): the baseline's
     command exits with status 3 after printing, the set_to_none rung's (its recipe reaches the script through the
-    environment) exits 0 without a single optimizer step."""
+    environment) exits 0 without a single optimizer step. In this process, through the API the command line calls
+    (a failed run's exit status: test_a_failing_rung_is_reported_and_the_others_finish)."""
     out = tmp_path / "bad"
     script = tmp_path / "nostep.py"
     script.write_text("import json, os, sys\nprint('loading data...')\n"
                       "recipe = json.loads(os.environ.get('TRAINFAST_RECIPE', '{}'))\n"
                       "sys.exit(0 if recipe.get('set_to_none') else 3)\n")
-    proc, results = ablate(out, "--rungs", "set_to_none", "--repeats", "1", command=[sys.executable, str(script)],
-                           check=False)
-    assert proc.returncode == 1
+    results = ablate_in_process(out, [sys.executable, str(script)], rungs=["set_to_none"], repeats=1)
     failed, never_stepped = rungs(results)["baseline"], rungs(results)["set_to_none"]
     assert failed["status"] == "failed" and "exited with status 3" in failed["error"], failed
     assert "loading data..." in failed["log_tail"]
