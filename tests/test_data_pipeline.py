@@ -531,7 +531,7 @@ def test_cuda_prefetcher_side_stream_gives_the_cpu_batches(tmp_path):
 def test_ablation_prefetch_rung_reads_the_folder_and_reports_waiting_and_skips(tmp_path):
     import json
 
-    from trainfast.ablation import ablate
+    from trainfast.ablation import TimingBudget, ablate
 
     root = tmp_path / "photos"
     make_folder(root / "train", per_class=16, bad=2)
@@ -539,7 +539,9 @@ def test_ablation_prefetch_rung_reads_the_folder_and_reports_waiting_and_skips(t
     make_folder(root / "val", per_class=4)
     result = ablate("resnet9", data=f"imagefolder:{root}", image_size=16, rungs=["prefetch"],
                     recipe=Recipe(batch_size=8, num_workers=1, max_bad_fraction=0.2, log_every=2),
-                    device="cpu", out=tmp_path / "report", show=False, repeats=1, noise_seeds=1)
+                    device="cpu", out=tmp_path / "report", show=False, repeats=1, noise_seeds=1,
+                    # what is read is the folder and the waiting, not the rate: one pass, a few timed steps
+                    settle_within_s=0, budget=TimingBudget(steps=4, seconds=1.0, floor=2, min_seconds=0.0))
     assert [r.status for r in result.rungs] == ["done", "done"], [r.result.error for r in result.rungs]
     data = json.loads((tmp_path / "report" / "results.json").read_text())
     for rung in data["rungs"]:

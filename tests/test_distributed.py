@@ -1,5 +1,5 @@
-"""Distributed training on CPU with gloo, launched through torchrun's CLI (or torch.distributed.elastic's
-API for ablate --nproc) as bounded subprocesses. Several worker scenarios share one launch: importing
+"""Distributed training on CPU with gloo, launched through torchrun's CLI as bounded subprocesses (the
+built-in ablation's rungs under --nproc 2: test_ddp_switches.py). Several worker scenarios share one launch: importing
 torch dominates a launch on a loaded 2-core machine."""
 from __future__ import annotations
 
@@ -57,14 +57,13 @@ def launch(out: Path, scenarios: str, nproc: int = 2) -> subprocess.Popen:
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
     """Every torchrun launch of this file at once (startup is mostly waiting on imports and rendezvous,
-    and the hang run waits on its timeout): the scenarios, a second identical ddp run, a run where rank 1
-    goes silent, two one-process "nodes" on localhost, and the CLI."""
-    outs = {name: tmp_path_factory.mktemp(name) for name in ("main", "repeat", "hang", "nodes", "cli")}
+    and the hang run waits on its timeout): the scenarios, a run where rank 1 goes silent, two one-process
+    "nodes" on localhost (a second ddp run of the same world of two, launched otherwise), and the CLI."""
+    outs = {name: tmp_path_factory.mktemp(name) for name in ("main", "hang", "nodes", "cli")}
     rdzv = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "two-nodes", WORKER, str(outs["nodes"]), "ddp"]
     procs = {
         "main": launch(outs["main"], "ddp,accum,fsdp,unused,session,session_fsdp,nan"),
-        "repeat": launch(outs["repeat"], "ddp"),
         "hang": launch(outs["hang"], "hang"),
         "nodes": start(*rdzv),
         "node1": start(*rdzv),
@@ -131,7 +130,8 @@ def test_grad_accumulation_gives_the_same_update(two_procs):
 
 @pytest.mark.slow
 def test_two_runs_are_bit_identical(two_procs, launches):
-    out, code, log = launches["repeat"]
+    """The second run: the two one-process nodes' (the same world of two, the same ranks, one thread each)."""
+    out, code, log = launches["nodes"]
     assert code == 0, log[-4000:]
     first, second = weights(two_procs / "ddp" / "model.pt"), weights(out / "ddp" / "model.pt")
     assert all(torch.equal(first[k], second[k]) for k in first)
@@ -204,19 +204,6 @@ def test_torchrun_cli_train_writes_one_run_folder(launches):
     record = json.loads((run / "metrics.jsonl").read_text())
     assert record["step"] > 0 and record["val_accuracy"] > 0
     assert log.count("epoch 1:") == 1                                      # printed by rank 0 only
-
-
-@pytest.mark.slow
-def test_ablate_nproc_runs_each_rung_under_torch_distributed(tmp_path):
-    from trainfast.ablation import ablate
-
-    result = ablate(make_model, make_split(), recipe=Recipe(optimizer="sgd", lr=LR, batch_size=BATCH,
-                                                             log_every=2), rungs=["baseline"],
-                    device="cpu", out=tmp_path, show=False, nproc=2, noise_seeds=1, repeats=1)
-    rung = result.rungs[0]
-    assert rung.status == "done", rung.result
-    assert rung.result.world_size == 2 and rung.result.steps == STEPS
-    assert (tmp_path / "results.json").exists()
 
 
 # --- in process ------------------------------------------------------------------------------------

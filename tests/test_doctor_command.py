@@ -102,7 +102,8 @@ def test_eval_within_waits_for_the_evaluation_up_to_its_limit():
     assert off.eval_wait["outcome"] == "off" and off.eval_wait["steps"] == 0 and off.steps_run == 7
 
 
-# Slow: waits 2 s of a script's real steps. Fast: test_eval_within_waits_for_the_evaluation_up_to_its_limit
+# Slow: waits 2 s of a script's real steps. Fast: test_eval_within_waits_for_the_evaluation_up_to_its_limit (and
+# the wait off: stopped after the watched steps)
 @pytest.mark.slow
 def test_eval_within_limit_then_not_checked_with_the_reason(tmp_path):
     script = tmp_path / "long_epoch.py"
@@ -115,9 +116,6 @@ def test_eval_within_limit_then_not_checked_with_the_reason(tmp_path):
     for name in ("evaluation builds an autograd graph", "evaluation without model.eval()"):
         found = next(f for f in data["findings"] if f["name"] == name)
         assert found["status"] == NOT_HERE and "--eval-within" in found["evidence"] and "2 s" in found["evidence"]
-    off = doctor_script(tmp_path / "off", script, flags=("--eval-within", "0"))
-    assert off["observations"]["eval_wait"]["outcome"] == "off"
-    assert off["observations"]["steps_run"] == 9
 
 
 @pytest.mark.slow

@@ -116,18 +116,15 @@ def test_training_is_bit_identical_with_it(tmp_path):
         assert torch.equal(weights[0][name], weights[1][name]), name
 
 
-# Slow: two built-in ablations of the switch. Fast: test_a_plan_with_the_switch_starts_every_run_fresh (no effect
-# without loader workers; with them every run spawned), test_starting_with_sets_the_variable_for_children_only_while_
-# they_start (the spawned rung starts with it), test_the_read_back_is_the_environment_the_process_started_with (what
-# its record reads).
+# Slow: a built-in ablation of the switch. Fast: test_a_plan_with_the_switch_starts_every_run_fresh (no effect
+# without loader workers, through the marking the ablation itself does; with them every run spawned),
+# test_starting_with_sets_the_variable_for_children_only_while_they_start (the spawned rung starts with it),
+# test_the_read_back_is_the_environment_the_process_started_with (what its record reads).
 @pytest.mark.slow
 def test_the_switch_acts_where_workers_share_the_cores_and_is_read_back_in_the_rung(tmp_path, digits16):
     from conftest import ablate_one_switch
 
     assert data_effect("passive_threads", torch.device("cpu"), None).acts      # an OpenMP build (the wheels)
-    alone = ablate_one_switch(digits16, "passive_threads", Recipe(batch_size=64), tmp_path / "a")
-    rung = next(r for r in alone.rungs if r.name == "passive_threads")
-    assert rung.status == "no-effect" and "num_workers=0" in rung.reason
     shared = ablate_one_switch(digits16, "passive_threads", Recipe(batch_size=64, num_workers=1), tmp_path / "b")
     by_name = {r.name: r for r in shared.rungs}
     assert shared.settings["rungs"]["passive_threads"]["passive_threads"] is True

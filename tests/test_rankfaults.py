@@ -1,12 +1,11 @@
 """A distributed run that failed, said by rank (rankfaults.py): the rank killed mid-run named with how it ended, where
 it was last seen and its last lines; the rank a collective waited for named with the phase it was stuck in. Fast tests
-build the messages from faked logs and heartbeats; one slow ablation of two gloo ranks has both faults for real."""
+build the messages from faked logs and heartbeats; one slow ablation of two gloo ranks has both faults for real
+(rank_ablation.py, shared with test_ranks.py)."""
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,8 +15,6 @@ from torch import nn
 
 from trainfast.rankfaults import (Heartbeat, RankExit, describe_rank_fault, laggard, parse_rank_exits,
                                   rank_lines, read_heartbeats)
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # torchrun's end of a job whose rank 1 was killed (its --tee prefixes each rank's lines with its local rank)
 KILLED_LOG = """\
@@ -31,7 +28,7 @@ KILLED_LOG = """\
 W1201 23:19:59.451000 15797 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 15912 closing signal
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 =======================================================
-rank_fault_loop.py FAILED
+rank_loop.py FAILED
 -------------------------------------------------------
 Failures:
 [1]:
@@ -183,18 +180,12 @@ def test_a_collectives_timeout_given_to_the_ablation_reaches_the_scripts_runs():
 
 @pytest.fixture(scope="module")
 def faulted(tmp_path_factory) -> Path:
-    """One ablation of two gloo ranks of one thread (tests/scripts/rank_fault_loop.py, rank 1 at fault): its baseline's
-    run with rank 1 killed, then its set_to_none rung's with rank 1's loader stuck for 60 s, under a 3 s collective
-    timeout. Two short runs: each fails at its fifth step."""
-    out = tmp_path_factory.mktemp("faults") / "ablation"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": "", "FAULT_RANK": "1"}
-    env.pop("TRAINFAST_RECIPE", None)
-    proc = subprocess.run([sys.executable, "-m", "trainfast", "ablate", "--out", str(out),
-                           "--switches", "set_to_none", "--repeats", "1", "--nproc", "2",
-                           "--settle-within", "0", "--dist-timeout", "3s", "--",
-                           sys.executable, str(ROOT / "tests" / "scripts" / "rank_fault_loop.py")],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert (out / "results.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    """The shared ablation of two gloo ranks of one thread (rank_ablation.py, tests/scripts/rank_loop.py with rank 1
+    planted): its killed rung's run with rank 1 killed, its stuck rung's with rank 1's loader stuck for 60 s, under a
+    3 s collective timeout. Each of the two fails at its fifth step."""
+    from rank_ablation import planted_ablation
+
+    out, proc = planted_ablation(tmp_path_factory)
     assert proc.returncode == 1          # a run failed: said by the exit status
     return out
 
@@ -208,26 +199,26 @@ def fault_time(run: Path, words: str) -> float:
 @pytest.mark.slow
 def test_a_rank_killed_mid_rung_fails_that_run_by_name_and_the_ablation_goes_on(faulted):
     rungs = {r["name"]: r for r in json.loads((faulted / "results.json").read_text())["rungs"]}
-    killed = rungs["baseline"]
+    killed = rungs["killed"]
     assert killed["status"] == "failed"
     error = killed["error"]
     assert "rank 1 of 2 was killed by SIGKILL (exit code -9" in error, error
     assert "last seen waiting for its next batch in step 5" in error and "rank 1: killing myself" in error, error
-    run = faulted / "rungs" / "baseline-r0"
+    run = faulted / "rungs" / "killed-r0"
     assert os.path.getmtime(run / "log.txt") - fault_time(run, "killing myself") < 20     # ended at once, no wait
-    assert (faulted / "rungs" / "set_to_none-r0" / "log.txt").is_file()     # the ladder went on to its next rung
+    assert (faulted / "rungs" / "stuck-r0" / "log.txt").is_file()           # the ladder went on to its next rung
     assert "rank 1 of 2 was killed by SIGKILL" in (faulted / "report.md").read_text()
 
 
 @pytest.mark.slow
 def test_a_rank_stuck_before_a_collective_is_named_within_the_timeout(faulted):
     rungs = {r["name"]: r for r in json.loads((faulted / "results.json").read_text())["rungs"]}
-    stuck = rungs["set_to_none"]
+    stuck = rungs["stuck"]
     error = stuck["error"]
     assert ("rank 1 of 2 did not arrive at a collective: it was last seen waiting for its next batch in step 5, "
             "while rank 0 was last seen in its backward (the gradient all-reduce) in step 5") in error, error
     assert "Ranks 1 failed to pass monitoredBarrier" in error     # the Session named it too, in rank 0
-    run = faulted / "rungs" / "set_to_none-r0"
+    run = faulted / "rungs" / "stuck-r0"
     # its loader sleeps 60 s: the job ended a few seconds after the 3 s timeout instead (the stuck rank beat till then)
     ended = read_heartbeats(run / "ranks")[1]["at"]
     assert ended - fault_time(run, "my loader stalls") < 25

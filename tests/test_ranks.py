@@ -181,27 +181,22 @@ def test_the_report_has_a_section_per_distributed_rung():
     assert ranks_section(SimpleNamespace(rungs=[alone], settings={})) == []
 
 
-@pytest.mark.slow
-def test_ablate_nproc_2_names_a_planted_straggler_with_data_and_no_rank_without_it(tmp_path):
-    """One ablation, two rungs of two gloo ranks of one thread: the baseline with nothing planted, and a rung whose
-    runs make rank 1's loader sleep 30 ms a batch (tests/scripts/straggler_loop.py)."""
+@pytest.fixture(scope="module")
+def planted_ranks(tmp_path_factory):
+    """The shared ablation of two gloo ranks of one thread (rank_ablation.py): its baseline with nothing planted, its
+    straggler rung's runs with rank 1's loader sleeping 30 ms a batch (tests/scripts/rank_loop.py)."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    out = tmp_path / "ranks"
-    env = {**os.environ, "PYTHONPATH": str(root / "src"), "CUDA_VISIBLE_DEVICES": "", "STRAGGLER_RANK": "1"}
-    env.pop("TRAINFAST_RECIPE", None)
-    proc = subprocess.run([sys.executable, "-m", "trainfast", "ablate", "--out", str(out), "--switches", "set_to_none",
-                           "--repeats", "1", "--nproc", "2", "--settle-within", "0", "--",
-                           sys.executable, str(root / "tests" / "scripts" / "straggler_loop.py")],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rungs = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rungs"]}
-    calm, planted_rung = rungs["baseline"]["runs"][0]["ranks"], rungs["set_to_none"]["runs"][0]["ranks"]
+    from rank_ablation import planted_ablation
+
+    out, proc = planted_ablation(tmp_path_factory)
+    return out, {r["name"]: r for r in json.loads((out / "results.json").read_text())["rungs"]}
+
+
+@pytest.mark.slow
+def test_ablate_nproc_2_names_a_planted_straggler_with_data_and_no_rank_without_it(planted_ranks):
+    out, rungs = planted_ranks
+    calm, planted_rung = rungs["baseline"]["runs"][0]["ranks"], rungs["straggler"]["runs"][0]["ranks"]
     assert [r["rank"] for r in calm["ranks"]] == [0, 1] and calm["straggler"] is None
     found = planted_rung["straggler"]
     assert found["rank"] == 1 and found["phase"] == "data" and found["excess_s"] > 0.02
@@ -214,8 +209,22 @@ def test_ablate_nproc_2_names_a_planted_straggler_with_data_and_no_rank_without_
 
 
 @pytest.mark.slow
+def test_ablate_nproc_2_runs_every_rung_of_a_command_under_torchrun(planted_ranks):
+    """Each run of the command is a torchrun job of two ranks, stopped once timed (the script would go on for 100
+    epochs); the switches' rungs reaching a command's ranks: test_wrap_frameworks' accelerate ablation."""
+    import json
+
+    out, rungs = planted_ranks
+    for name in ("baseline", "straggler"):
+        run = rungs[name]["runs"][0]
+        assert rungs[name]["status"] == "done" and run["world_size"] == 2 and run["stopped"] != "script ended", run
+    argv = json.loads((out / "rungs" / "straggler-r0" / "command.json").read_text())["argv"]
+    assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+
+
+@pytest.mark.slow
 def test_the_doctor_with_nproc_2_names_the_planted_straggler(tmp_path):
-    """`trainfast doctor --nproc 2 -- python straggler_loop.py`, rank 1's loader sleeping 30 ms a batch."""
+    """`trainfast doctor --nproc 2 -- python rank_loop.py`, rank 1's loader sleeping 30 ms a batch."""
     import json
     import os
     import subprocess
@@ -223,11 +232,12 @@ def test_the_doctor_with_nproc_2_names_the_planted_straggler(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root / "src"), "CUDA_VISIBLE_DEVICES": "", "STRAGGLER_RANK": "1"}
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "CUDA_VISIBLE_DEVICES": "", "PLANT_RANK": "1",
+           "PLANT": "straggler"}
     env.pop("TRAINFAST_RECIPE", None)
-    proc = subprocess.run([sys.executable, "-m", "trainfast", "doctor", "--set-to-none", "--nproc", "2", "--out",
+    proc = subprocess.run([sys.executable, "-m", "trainfast", "doctor", "--nproc", "2", "--out",
                            str(tmp_path), "--eval-within", "0", "--", sys.executable,
-                           str(root / "tests" / "scripts" / "straggler_loop.py")],
+                           str(root / "tests" / "scripts" / "rank_loop.py")],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     findings = {f["name"]: f for f in json.loads((tmp_path / "doctor.json").read_text())["findings"]}

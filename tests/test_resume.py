@@ -1,6 +1,6 @@
 """Kill a training run (SIGKILL) in the middle of an epoch, resume it, and compare with a run that was
-never interrupted: every tensor of model, optimizer, scheduler and scaler bit-identical, and the losses
-logged after the resume identical."""
+never interrupted (run at the same time, in its own folder: the two share nothing but the cores): every tensor of
+model, optimizer, scheduler and scaler bit-identical, and the losses logged after the resume identical."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -65,14 +66,16 @@ def test_sigkill_mid_epoch_then_resume_is_bit_exact(tmp_path, num_workers, seed)
     kills = (random.Random(seed).choice([s for s in range(SAVE_EVERY + 1, STEPS_PER_EPOCH) if s % SAVE_EVERY]),
              STEPS_PER_EPOCH + 2)
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    done = run_child(straight, recipe)
+    with ThreadPoolExecutor(1) as beside:        # the uninterrupted run beside the killed one: its own folder
+        uninterrupted = beside.submit(run_child, straight, recipe)
+        for kill_step in kills:
+            run = run_child(killed, recipe, kills)
+            assert run.returncode == -signal.SIGKILL, run.stderr
+            saved = max(int(p.stem.split("-")[1]) for p in list_checkpoints(killed / "checkpoints"))
+            assert saved == kill_step - kill_step % SAVE_EVERY
+        last = run_child(killed, recipe, kills)
+        done = uninterrupted.result()
     assert done.returncode == 0, done.stderr
-    for kill_step in kills:
-        run = run_child(killed, recipe, kills)
-        assert run.returncode == -signal.SIGKILL, run.stderr
-        saved = max(int(p.stem.split("-")[1]) for p in list_checkpoints(killed / "checkpoints"))
-        assert saved == kill_step - kill_step % SAVE_EVERY
-    last = run_child(killed, recipe, kills)
     assert last.returncode == 0, last.stderr
     assert f"resumed from step-{STEPS_PER_EPOCH:09d}.ckpt (step {STEPS_PER_EPOCH}, epoch 2, batch 0" in last.stderr
 
@@ -106,10 +109,12 @@ def run_torchrun(out: Path, kill_rank: int = -1, kill_step: int = -1) -> subproc
 @pytest.mark.slow
 def test_torchrun_restart_after_a_killed_rank_matches_uninterrupted_run(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    done = run_torchrun(straight)
-    assert done.returncode == 0, done.stderr[-3000:]
     kill_step = random.Random(5).choice([7, 9, 11, 13, 15])          # mid-epoch (10 steps per epoch), not a save
-    restarted = run_torchrun(killed, kill_rank=1, kill_step=kill_step)
+    with ThreadPoolExecutor(1) as beside:        # the uninterrupted job beside the killed one: its own folder, port
+        uninterrupted = beside.submit(run_torchrun, straight)
+        restarted = run_torchrun(killed, kill_rank=1, kill_step=kill_step)
+        done = uninterrupted.result()
+    assert done.returncode == 0, done.stderr[-3000:]
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     assert (killed / "killed-once").exists()
     assert "resumed from step-" in restarted.stderr                   # the restarted workers continued

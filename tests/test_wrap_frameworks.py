@@ -124,8 +124,10 @@ def test_the_proof_is_read_from_the_ddp_object_where_there_is_one(tmp_path):
 @pytest.mark.slow
 def test_ablate_nproc_2_on_an_accelerate_script_reads_both_back_from_its_ddp(tmp_path):
     """examples/accelerate_loop.py (it does not import trainfast) under `trainfast ablate --nproc 2 --switches
-    ddp_buckets,gradient_as_bucket_view,bf16_compress_hook`: every rung runs, each record reads every setting back
-    from the DistributedDataParallel object Accelerate built (the baseline's DDP defaults, then each rung's)."""
+    ddp_buckets,bf16_compress_hook`: every rung runs, each record reads every setting back from the
+    DistributedDataParallel object Accelerate built (the baseline's DDP defaults, then each rung's, the hook's rung
+    keeping the bigger buckets above it). Gradients as views set on Accelerate's handler and read back from a DDP
+    object: test_accelerate_sets_its_ddp_kwargs_handler_and_reads_it_back, test_the_proof_is_read_from_the_ddp_..."""
     pytest.importorskip("accelerate")
     import os
     import sys
@@ -138,21 +140,16 @@ def test_ablate_nproc_2_on_an_accelerate_script_reads_both_back_from_its_ddp(tmp
     result = ablate_command([sys.executable, os.path.join(fwkit.ROOT, "examples", "accelerate_loop.py"),
                              "--epochs", "1", "--train-size", "256"],
                             device="cpu", nproc=2, out=tmp_path / "ablation",
-                            rungs=["ddp_buckets", "gradient_as_bucket_view", "bf16_compress_hook"],
-                            repeats=1, noise_seeds=1, show=False, settle_within_s=0,
-                            budget=TimingBudget(steps=4, seconds=1.0, floor=2, min_seconds=0.0))
+                            rungs=["ddp_buckets", "bf16_compress_hook"], repeats=1, noise_seeds=1, show=False,
+                            settle_within_s=0, budget=TimingBudget(steps=4, seconds=1.0, floor=2, min_seconds=0.0))
     rungs = {r.name: r for r in result.rungs}
     assert all(r.status == Status.DONE for r in rungs.values()), {n: (r.status, r.reason) for n, r in rungs.items()}
     read = {name: {k: (s["read_back"], s["applied"])
                    for k, s in rung.repeats[0]["frameworks"]["accelerate"]["switches"].items() if k != "set_seed"}
             for name, rung in rungs.items()}
     hook_off = {"comm_hook=bf16": (False, True)}
-    assert read == {"baseline": {"bucket_cap_mb": (25.0, True), "gradient_as_bucket_view": (False, True), **hook_off},
-                    "ddp_buckets": {"bucket_cap_mb": (100.0, True), "gradient_as_bucket_view": (False, True),
-                                    **hook_off},
-                    "gradient_as_bucket_view": {"bucket_cap_mb": (100.0, True),
-                                                "gradient_as_bucket_view": (True, True), **hook_off},
+    assert read == {"baseline": {"bucket_cap_mb": (25.0, True), **hook_off},
+                    "ddp_buckets": {"bucket_cap_mb": (100.0, True), **hook_off},
                     # registered on the DDP object Accelerate built, read back from it
-                    "bf16_compress_hook": {"bucket_cap_mb": (100.0, True), "gradient_as_bucket_view": (True, True),
-                                           "comm_hook=bf16": (True, True)}}
+                    "bf16_compress_hook": {"bucket_cap_mb": (100.0, True), "comm_hook=bf16": (True, True)}}
     assert all(rung.repeats[0]["world_size"] == 2 for rung in rungs.values())

@@ -1,8 +1,11 @@
-"""A Session loop for two ranks in which one rank fails: with FAULT_RANK=R in its environment, rank R is killed
-(SIGKILL, by itself) after its FAULT_STEP-th batch in runs whose recipe has set_to_none off, and its loader sleeps
-FAULT_SLEEP_S (60 s: far past any collective's timeout) at that batch in runs whose recipe has set_to_none on, so the
-other rank waits for it in the gradient all-reduce. An ablation of `--switches set_to_none` then has a baseline with a
-rank killed, then a rung with a rank stuck. Each fault is printed with its time (time.time()) before it happens."""
+"""A Session loop for two ranks in which one rank can be made slow or faulty: with PLANT_RANK=R in its environment,
+PLANT says what rank R does:
+  straggler  its loader sleeps PLANT_SLEEP_S (30 ms) for each batch;
+  kill       it kills itself (SIGKILL) after its PLANT_STEP-th (5th) batch;
+  stuck      its loader sleeps 60 s at that batch (far past any collective's timeout), so the other rank waits for it
+             in the gradient all-reduce.
+Without them nothing is planted. An ablation's rungs plant each (`--rung killed='PLANT=kill'`, one run each) beside
+a baseline with nothing planted. Each fault is printed with its time (time.time()) before it happens."""
 import argparse
 import os
 import signal
@@ -15,26 +18,29 @@ from torch.utils.data.dataloader import default_collate
 
 import trainfast
 
-FAULT_STEP = int(os.environ.get("FAULT_STEP", "5"))
-SLEEP_S = float(os.environ.get("FAULT_SLEEP_S", "60"))
+PLANTS = ("straggler", "kill", "stuck")
+STEP = int(os.environ.get("PLANT_STEP", "5"))
+SLEEP_S = {"straggler": float(os.environ.get("PLANT_SLEEP_S", "0.03")), "stuck": 60.0}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=100)
     args = parser.parse_args()
+    plant = os.environ.get("PLANT") if os.environ.get("PLANT_RANK") == os.environ.get("RANK", "0") else None
+    assert plant in (None, *PLANTS), f"PLANT={plant}: one of {', '.join(PLANTS)}"
     torch.set_num_threads(1)
     tf = trainfast.Session()
-    mine = os.environ.get("FAULT_RANK") == os.environ.get("RANK", "0")
-    kill, stick = mine and not tf.recipe.set_to_none, mine and tf.recipe.set_to_none
     batches = 0
 
     def collate(samples):
         nonlocal batches
         batches += 1
-        if batches == FAULT_STEP and stick:
+        if plant == "straggler":
+            time.sleep(SLEEP_S[plant])
+        elif plant == "stuck" and batches == STEP:
             print(f"rank {os.environ['RANK']}: my loader stalls at {time.time():.3f}", flush=True)
-            time.sleep(SLEEP_S)
+            time.sleep(SLEEP_S[plant])
         return default_collate(samples)
 
     torch.manual_seed(0)
@@ -44,7 +50,7 @@ def main() -> None:
     model, optimizer, loader = tf.setup(model, torch.optim.SGD(model.parameters(), lr=0.05), loader)
     for _ in range(args.epochs):
         for inputs, targets in loader:
-            if batches == FAULT_STEP and kill:
+            if plant == "kill" and batches == STEP:
                 time.sleep(0.7)         # its heartbeat (written every 0.5 s) sees it here first
                 print(f"rank {os.environ['RANK']}: killing myself at {time.time():.3f}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
