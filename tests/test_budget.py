@@ -350,9 +350,9 @@ def test_the_last_stage_stops_in_time_beside_its_fixed_costs_and_a_run_that_fail
     # `tune --memory-limit ... --budget 15m` as it ran on a language model: the memory stage, then the singles, the
     # last stage. Every ladder pays 13 s beside its runs (the matmul peak and the reference workload timed before its
     # first run and after its last, its report), and the process ran 10 s before the search began (its imports).
-    # channels_last's first run fails after 300 s (a compile the OOM killer ended) and its next would take 290 s:
-    # priced by what the failed run took, it is not started where it cannot end in time. Priced by the other runs
-    # (40 s), it was, and the search ended 96 s past its budget.
+    # channels_last's first run fails after 300 s (a compile the OOM killer ended): its cost counts against the
+    # budget like any run's, and the rung runs no more. Started again and priced by the other runs (40 s), its next
+    # run of 290 s ended the search 96 s past its budget.
     from trainfast.tune.memory import MEMORY_SHARE
 
     def cost(rung, recipe, timed):
@@ -367,5 +367,45 @@ def test_the_last_stage_stops_in_time_beside_its_fixed_costs_and_a_run_that_fail
     assert 10.0 + clock.t <= budget_s + 40.0, launched
     memory = [seconds for stage, _, seconds in launched if stage == "memory"]
     assert sum(memory) <= MEMORY_SHARE * budget_s + max(memory)
+    # the failed rung runs no more (its error stands), and the report says it failed
     assert [name for stage, name, _ in launched if stage == "singles"].count("channels_last") == 1
-    assert "singles: stopped before channels_last, run 2: its ~300 s would not fit" in md, md
+    assert "- **channels_last**: failed" in md, md
+
+
+def test_a_rung_whose_run_failed_stays_failed_and_runs_no_more(tmp_path):
+    # fused's first run is killed (the OOM killer, say); its next pass would have worked. The rung stays failed
+    # with that run's error, its later runs are not started, and the baseline's three still run.
+    import dataclasses
+
+    from trainfast.ablation import LadderOptions, TimingBudget, run_ladder
+
+    clock, launched = Clock(), []
+
+    def launch(rung, recipe, budget, run_dir, display, limit):
+        clock.t += 10.0
+        launched.append(rung.name)
+        if rung.name == "fused" and launched.count("fused") == 1:
+            return {"error": "the run was killed by signal 9 (SIGKILL)", "log_tail": "Killed"}
+        return {**scored_rung("x", [100.0], 0.95).repeats[0], "seed": recipe.seed, "wall_time_s": 10.0}
+
+    class Work:
+        dev = __import__("torch").device("cpu")
+        settings, learned, flops_per_sample = {}, {}, None
+
+        def launcher(self, measure):
+            return launch
+
+        def metric(self, measure):
+            return ("accuracy", "max")
+
+        def after_run(self, plan):
+            return None
+
+    plan = [Rung("baseline", {}, Recipe()), Rung("fused", {"optimizer_impl": "fused"}, Recipe(optimizer_impl="fused"))]
+    settings = {"repeats": 3, "budget": dataclasses.asdict(TimingBudget()), "min_effect": 0.05}
+    opts = LadderOptions(repeats=3, noise_seeds=3, show=False, settle_within_s=None, clock=RunClock(now=clock))
+    result = run_ladder(plan, Work(), settings, tmp_path / "failed", opts)
+    base, fused = result.rungs
+    assert launched.count("fused") == 1 and launched.count("baseline") == 3
+    assert fused.status == Status.FAILED and "signal 9" in fused.result.error
+    assert base.status == Status.DONE

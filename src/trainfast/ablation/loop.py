@@ -333,7 +333,7 @@ class LadderRun:
     def run_next(self, display) -> None:
         """The next run of the queue: read back from the store, or launched; its rung updated."""
         rung, i, budget = self.queue.pop(0)
-        if rung.status in (Status.NO_EFFECT, Status.SKIPPED):     # no-effect: found out by an earlier run
+        if rung.status in (Status.NO_EFFECT, Status.SKIPPED, Status.FAILED):   # found out: a failure's error stands
             return
         recipe = rung.recipe.replace(seed=rung.recipe.seed + i)
         key = f"{rung.name}-r{i}"
