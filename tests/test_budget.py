@@ -250,6 +250,25 @@ def test_the_to_target_stage_is_skipped_and_said_where_its_seeds_cannot_fit(tmp_
     assert "the to-target stage was skipped" in md and not (tmp_path / "tune" / "to-target").exists()
 
 
+class LadderWork:
+    """A built-in ladder's work with its runs faked by `launch(rung, recipe, budget, run_dir, display, limit)`."""
+    settings, learned, flops_per_sample = {}, {}, None
+
+    def __init__(self, launch) -> None:
+        import torch
+
+        self.dev, self.launch = torch.device("cpu"), launch
+
+    def launcher(self, measure):
+        return self.launch
+
+    def metric(self, measure):
+        return ("accuracy", "max")
+
+    def after_run(self, plan):
+        return None
+
+
 def test_an_ablations_passes_start_only_where_their_priced_cost_fits(tmp_path):
     # A ladder on a fake clock: the baseline's runs cost 10 s, fused's 40 s. Settling prices a pass by each rung's
     # own runs (50 s), not by the first run; a time budget stops the ladder before a run it cannot pay for.
@@ -268,19 +287,6 @@ def test_an_ablations_passes_start_only_where_their_priced_cost_fits(tmp_path):
         rate = (110.0 if recipe.optimizer_impl == "fused" else 100.0) * noisy
         return {**scored_rung("x", [rate], 0.95).repeats[0], "seed": recipe.seed, "wall_time_s": seconds}
 
-    class Work:
-        dev = __import__("torch").device("cpu")
-        settings, learned, flops_per_sample = {}, {}, None
-
-        def launcher(self, measure):
-            return launch
-
-        def metric(self, measure):
-            return ("accuracy", "max")
-
-        def after_run(self, plan):
-            return None
-
     def ladder(name, **options):
         plan = [Rung("baseline", {}, Recipe()),
                 Rung("fused", {"optimizer_impl": "fused"}, Recipe(optimizer_impl="fused"))]
@@ -288,7 +294,7 @@ def test_an_ablations_passes_start_only_where_their_priced_cost_fits(tmp_path):
         clock.t, launched[:] = 0.0, []
         opts = LadderOptions(repeats=3, noise_seeds=3, min_effect=0.05, show=False, budget=TimingBudget(),
                              clock=RunClock(now=clock), **options)
-        return run_ladder(plan, Work(), settings, tmp_path / name, opts)
+        return run_ladder(plan, LadderWork(launch), settings, tmp_path / name, opts)
 
     # Settling within 200 s: 3 passes take 150 s; a fourth (50 s) would end at 200 s, a fifth past it.
     result = ladder("settle", settle_within_s=200.0)
@@ -310,24 +316,12 @@ def test_a_ladder_with_no_time_left_starts_nothing(tmp_path):
     clock = Clock()
     launched = []
 
-    class Work:
-        dev = __import__("torch").device("cpu")
-        settings, learned, flops_per_sample = {}, {}, None
-
-        def launcher(self, measure):
-            return lambda *a: launched.append(a) or {}
-
-        def metric(self, measure):
-            return ("accuracy", "max")
-
-        def after_run(self, plan):
-            return None
-
+    work = LadderWork(lambda *a: launched.append(a) or {})
     plan = [Rung("baseline", {}, Recipe()), Rung("fused", {"optimizer_impl": "fused"}, Recipe(optimizer_impl="fused"))]
     settings = {"repeats": 3, "budget": dataclasses.asdict(TimingBudget()), "min_effect": 0.05}
     opts = LadderOptions(repeats=3, noise_seeds=3, show=False, settle_within_s=None, time_budget_s=0.0,
                          clock=RunClock(now=clock))
-    result = run_ladder(plan, Work(), settings, tmp_path / "none", opts)
+    result = run_ladder(plan, work, settings, tmp_path / "none", opts)
     assert not launched and all(r.status == Status.SKIPPED for r in result.rungs)
     assert result.settings["budget_cut"]["stopped"]["runs_left"] == 6
 
@@ -388,23 +382,10 @@ def test_a_rung_whose_run_failed_stays_failed_and_runs_no_more(tmp_path):
             return {"error": "the run was killed by signal 9 (SIGKILL)", "log_tail": "Killed"}
         return {**scored_rung("x", [100.0], 0.95).repeats[0], "seed": recipe.seed, "wall_time_s": 10.0}
 
-    class Work:
-        dev = __import__("torch").device("cpu")
-        settings, learned, flops_per_sample = {}, {}, None
-
-        def launcher(self, measure):
-            return launch
-
-        def metric(self, measure):
-            return ("accuracy", "max")
-
-        def after_run(self, plan):
-            return None
-
     plan = [Rung("baseline", {}, Recipe()), Rung("fused", {"optimizer_impl": "fused"}, Recipe(optimizer_impl="fused"))]
     settings = {"repeats": 3, "budget": dataclasses.asdict(TimingBudget()), "min_effect": 0.05}
     opts = LadderOptions(repeats=3, noise_seeds=3, show=False, settle_within_s=None, clock=RunClock(now=clock))
-    result = run_ladder(plan, Work(), settings, tmp_path / "failed", opts)
+    result = run_ladder(plan, LadderWork(launch), settings, tmp_path / "failed", opts)
     base, fused = result.rungs
     assert launched.count("fused") == 1 and launched.count("baseline") == 3
     assert fused.status == Status.FAILED and "signal 9" in fused.result.error
