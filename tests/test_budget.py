@@ -206,6 +206,21 @@ def test_the_input_stage_stops_where_its_dearer_runs_no_longer_fit(tmp_path, mon
     assert "input: stopped before workers-4, run 2: its ~150 s would not fit the 50 s left" in md
 
 
+def test_stage_1_gone_on_with_stage_1bs_share_judges_the_switches_it_had_cut(tmp_path, monkeypatch):
+    # Runs of 100 s, an 800 s budget: stage 1 may spend half (400 s: the baseline and O1), O1 gains nothing, so
+    # stage 1 goes on with the rest. Its four runs so far are read back at no cost: the plan counts them as done,
+    # and the 400 s left pay for fused and channels_last twice each (fused gains 1.5x and is recommended).
+    def rate(recipe):
+        return 500.0 * (1.5 if recipe.optimizer_impl == "fused" else 1.0)
+
+    decision, md, clock, launched = faked_search(monkeypatch, tmp_path / "tune", lambda *a: 100.0, rate, 800.0,
+                                                 switches=["autocast-bf16", "fused", "channels_last"])
+    within_one_run(clock, 800.0, launched)
+    singles = [name for stage, name, _ in launched if stage == "singles"]
+    assert singles.count("fused") == 2 and singles.count("channels_last") == 2, singles
+    assert decision.name == "fused" and "stage 1 went on with the budget kept for stage 1b" in md
+
+
 def curve_of(recipe: Recipe, base_batch: int) -> dict:
     """A run's curve: accuracy over samples, slower per sample at a larger batch (a batch rung changes the math)."""
     per = 100.0 * recipe.batch_size / base_batch
@@ -306,6 +321,38 @@ def test_an_ablations_passes_start_only_where_their_priced_cost_fits(tmp_path):
     cut = result.settings["budget_cut"]
     assert clock.t <= 120.0 and cut["stopped"]["at"].startswith("fused") and launched.count("fused") == 2
     assert [r.status for r in result.rungs] == [Status.DONE, Status.DONE]
+
+
+def test_rungs_the_cut_left_out_are_put_back_where_the_first_pass_ran_cheaper(tmp_path):
+    # The baseline's runs cost 100 s, every other rung's 20 s; 500 s allowed. Priced by the first run (100 s), the
+    # plan keeps the baseline and fused twice; after the first pass (120 s) the rungs cut are priced at the measured
+    # runs' mean (60 s): two of the three fit beside the runs still queued and are put back, interleaved with the
+    # baseline's second pass; the third stays out, and the ladder ends within its budget.
+    import dataclasses
+
+    from trainfast.ablation import LadderOptions, TimingBudget, run_ladder
+
+    clock = Clock()
+    launched = []
+
+    def launch(rung, recipe, budget, run_dir, display, limit):
+        seconds = 100.0 if rung.name == "baseline" else 20.0
+        clock.t += seconds
+        launched.append(rung.name)
+        rate = 100.0 * (1.5 if rung.name != "baseline" else 1.0) * (1 + 0.01 * (recipe.seed % 3 - 1))
+        return {**scored_rung("x", [rate], 0.95).repeats[0], "seed": recipe.seed, "wall_time_s": seconds}
+
+    changes = {"fused": {"optimizer_impl": "fused"}, "channels_last": {"channels_last": True},
+               "lr": {"lr": 0.2}, "epochs": {"epochs": 3}}
+    plan = [Rung("baseline", {}, Recipe()), *(Rung(n, c, Recipe(**c)) for n, c in changes.items())]
+    settings = {"repeats": 2, "budget": dataclasses.asdict(TimingBudget()), "min_effect": 0.05}
+    opts = LadderOptions(repeats=2, noise_seeds=2, min_effect=0.05, show=False, budget=TimingBudget(),
+                         settle_within_s=None, time_budget_s=500.0, clock=RunClock(now=clock))
+    result = run_ladder(plan, LadderWork(launch), settings, tmp_path / "refit", opts)
+    cut = result.settings["budget_cut"]
+    assert cut["restored"] == ["channels_last", "lr"] and cut["skipped"] == ["epochs"], cut
+    assert launched == ["baseline", "fused", "channels_last", "lr", "baseline", "channels_last", "lr", "fused"]
+    assert [r.status for r in result.rungs] == [Status.DONE] * 4 + [Status.SKIPPED] and clock.t <= 500.0
 
 
 def test_a_ladder_with_no_time_left_starts_nothing(tmp_path):

@@ -146,10 +146,13 @@ def test_the_ladder_feeds_its_queue_and_says_why_a_pass_was_added(tmp_path):
     launches.plan(ladder, shown)
     assert shown.plans[-1][1] == "pass 3 added: amp still within the noise or unresolved (settling, within 600 s)"
     assert shown.runs.settle[1] == ["baseline", "amp"] and 590 < shown.runs.settle[0] <= 600
-    ladder.cut, ladder.opts.time_budget_s = SimpleNamespace(trimmed=True), 300.0
+    ladder.cut, ladder.opts.time_budget_s = SimpleNamespace(trimmed=True, restored=None), 300.0
     launches.plan(ladder, shown)
     assert shown.plans[-1][1] == "cut to fit the time budget (300 s)"
     assert shown.runs.settle is None            # a trimmed plan gets no settling pass
+    ladder.cut.restored = ["fused"]
+    launches.plan(ladder, shown)
+    assert shown.plans[-1][1] == "fused put back: the first pass ran cheaper than the cut priced it"
 
 
 def test_the_time_left_says_how_long_settling_passes_may_take():

@@ -37,6 +37,7 @@ from .server import wait_rung_server
 from .store import RunStore, write_json
 from .aim import Aim
 from .clock import RunClock
+from .queue import kept_in_cut, run_key, take_added_rungs
 from .recompiled import run_repeating
 from .spending import Cut, LadderSpending, repeat_cost
 from .target import TARGET_SEEDS, pick_soonest
@@ -165,7 +166,7 @@ class Launches:
         self.machine: dict[str, Any] = {}       # procstate.reference_check before and after the runs
         self.in_runs = (0.0, 0.0)               # this process's CPU seconds while runs ran, and those seconds
         self.display = None                     # the display plan() feeds, and what the ladder did when it last did
-        self.seen: tuple[int, bool, int] | None = None
+        self.seen: tuple[int, bool, int, int] | None = None
         self.aimed = False                      # --target: every run compiles afresh (techniques/compile.py)
 
     def start(self, settings: dict[str, Any], resume: bool, precisions: list[str]) -> None:
@@ -186,7 +187,8 @@ class Launches:
         why their number changed since the last run where the ladder did it: a settling pass, the time budget's
         cut, rungs a script's ladder added, the target's runs and seeds."""
         self.display = display
-        seen = (len(ladder.added), ladder.cut is not None, len(ladder.measured))
+        restored = (ladder.cut.restored or []) if ladder.cut is not None else []
+        seen = (len(ladder.added), ladder.cut is not None, len(ladder.measured), len(restored))
         why, last = None, self.seen
         if last is not None and seen[0] > last[0]:
             added = ladder.added[-1]
@@ -196,6 +198,8 @@ class Launches:
             why = f"cut to fit the time budget ({ladder.opts.time_budget_s:.0f} s)"
         elif last is not None and seen[2] > last[2]:
             why = "rungs added to the script's ladder"
+        elif last is not None and seen[3] > last[3]:
+            why = f"{', '.join(restored)} put back: the first pass ran cheaper than the cut priced it"
         elif ladder.aim is not None:
             why = "runs and seeds for the time to target (a rung that changes the math needs its own)"
         self.seen = seen
@@ -336,7 +340,7 @@ class LadderRun:
         if rung.status in (Status.NO_EFFECT, Status.SKIPPED, Status.FAILED):   # found out: a failure's error stands
             return
         recipe = rung.recipe.replace(seed=rung.recipe.seed + i)
-        key = f"{rung.name}-r{i}"
+        key = run_key(rung, i)
         timed = budget is not None          # a timed repeat; else a baseline's accuracy-only seed
         result = self.launches.read_back(key, rung, budget, display)
         if result is None and not self.spending.affords(rung.recipe, timed):    # the ladder ends here
@@ -360,31 +364,21 @@ class LadderRun:
             self.pass_times[i][1] = self.spending.clock.now()
         if self.after_run is not None:
             self.after_run(rung, result)
-            self.take_added_rungs()
+            take_added_rungs(self)
         if self.aim is not None:
             self.aim.after_run(self.queue)
-        if self.opts.time_budget_s is not None and self.cut is None and "error" not in result:
+        if self.opts.time_budget_s is not None and "error" not in result:
             self.fit_budget(result)
 
-    def take_added_rungs(self) -> None:
-        """Rungs the work put in the plan after a run (work.py: a script's default ladder, grown by what can reach
-        it or replaced by its task's) join every pass not yet over, each run queued right after the baseline's run
-        of its pass, so they stay interleaved with it like the planned rungs; rungs it took out leave the queue."""
-        kept = {id(r) for r in self.plan}
-        self.queue = [entry for entry in self.queue if id(entry[0]) in kept]
-        self.measured = [r for r in self.measured if id(r) in kept]
-        known = {id(r) for r in self.measured}
-        added = [r for r in self.plan if id(r) not in known and r.status != Status.NO_EFFECT]
-        if not added:
-            return
-        self.measured += added
-        self.queue = queue_with_added(self.queue, added, self.plan[0], self.repeats, self.opts.budget)
-        if self.aim is not None:            # the baseline's runs still first: they set the target and the cap
-            self.queue = self.aim.order(self.queue)
-
     def fit_budget(self, first: dict[str, Any]) -> None:
-        """After the first run: the plan cut to the time budget (LadderSpending.fit)."""
-        self.cut = self.spending.fit(self.measured, self.repeats, first, self.opts.time_budget_s)
+        """After the first run: the plan cut to the time budget (LadderSpending.fit); after the first pass, the rungs
+        it cut that now fit put back (LadderSpending.refit)."""
+        if self.cut is not None:
+            queue = self.spending.refit(self)
+            self.queue = self.aim.order(queue) if self.aim is not None and queue is not self.queue else queue
+            return
+        held = sum(self.launches.store.holds(run_key(rung, i)) for rung, i, _ in self.queue)
+        self.cut = self.spending.fit(self.measured, self.repeats, first, self.opts.time_budget_s, held)
         # --target: the baseline keeps its TARGET_SEEDS seeds (its samples to target, its band, every interval)
         self.repeats, self.noise_seeds = self.cut.repeats, max(self.cut.repeats, TARGET_SEEDS if self.aim else 0)
         self.queue = [e for e in self.queue if kept_in_cut(e, self.plan[0], self.repeats, self.noise_seeds)]
@@ -462,28 +456,6 @@ def run_kind(rung: Rung, budget: TimingBudget | None) -> str:
     from ..report.progress import SEEDS
 
     return rung.name + ("" if budget is not None else SEEDS)
-
-
-def queue_with_added(queue: list[tuple[Rung, int, TimingBudget | None]], added: list[Rung], base: Rung,
-                     repeats: int, budget: TimingBudget) -> list[tuple[Rung, int, TimingBudget | None]]:
-    """The queue with the added rungs' runs: each pass's run of every added rung right after the baseline's run of
-    that pass, still queued; the passes whose baseline run is over get theirs first."""
-    queued = {i for r, i, b in queue if r is base and b is not None}
-    runs = [(r, i, budget) for i in range(repeats) if i not in queued for r in added]
-    for entry in queue:
-        runs.append(entry)
-        if entry[0] is base and entry[2] is not None:
-            runs += [(r, entry[1], entry[2]) for r in added]
-    return runs
-
-
-def kept_in_cut(entry: tuple[Rung, int, TimingBudget | None], base: Rung, repeats: int, seeds: int) -> bool:
-    """Whether a queued run survives the time budget's cut: a repeat within `repeats` of a rung not skipped, or a
-    baseline seed within `seeds`."""
-    rung, index, budget = entry
-    if rung.status == Status.SKIPPED:
-        return False
-    return index < repeats or (rung is base and budget is None and index < seeds)
 
 
 def rung_time_limit(options: LadderOptions, baseline: Rung) -> float | None:

@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator
 
 from ..results import Rung, Status
 from .clock import RunClock, recipe_key, run_kind
+from .queue import queue_with_added
 from .target import TARGET_SEEDS
 
 
@@ -22,6 +23,8 @@ class Cut:
     # Where the ladder stopped because its next run's price no longer fitted: the runs left, their price, the time
     # left (LadderRun.stop); None: every run planned after the cut was run.
     stopped: dict[str, Any] | None = None
+    # The rungs put back after the first pass, once every kept rung's own price was measured (LadderSpending.refit)
+    restored: list[str] | None = None
 
     @property
     def trimmed(self) -> bool:
@@ -29,7 +32,8 @@ class Cut:
 
     def to_dict(self) -> dict[str, Any]:
         return {"seconds_per_run": self.seconds_per_run, "rungs": self.rungs, "repeats": self.repeats,
-                "asked": self.asked, "skipped": self.skipped, **({"stopped": self.stopped} if self.stopped else {})}
+                "asked": self.asked, "skipped": self.skipped, **({"stopped": self.stopped} if self.stopped else {}),
+                **({"restored": self.restored} if self.restored else {})}
 
 
 def trimmed(cut: dict[str, Any] | None) -> bool:
@@ -38,16 +42,18 @@ def trimmed(cut: dict[str, Any] | None) -> bool:
     return cut is not None and bool(cut["skipped"] or cut["repeats"] < cut["asked"]["repeats"] or cut.get("stopped"))
 
 
-def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float, seeds: int = 0) -> tuple[int, int]:
+def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float, seeds: int = 0,
+                  done: int = 1) -> tuple[int, int]:
     """How many rungs (the plan's first ones, baseline included) and repeats fit `seconds_left` at `per_run`
-    seconds a run, one run (the first) already done. Repeats go first, down to 2 (the fewest that give a
+    seconds a run, `done` of the plan's runs already paid for (the first, and a resumed ladder's runs its store
+    holds: read back at no cost). Repeats go first, down to 2 (the fewest that give a
     process-to-process spread, so an interval); then the last rungs, down to 2 (a baseline and one rung).
     The plan's order is its priority: the precision levels, the largest gains, come first. Two rungs get 3
     repeats, not 2, when that many are asked for: at 2 the interval has one degree of freedom and no verdict.
     `seeds`: the runs every kept rung may need in all whatever its repeats (--target: the baseline's seeds, and
     those of a rung that changes the math, aim.py), counted so the plan leaves room for them."""
     floor = min(repeats, 2)
-    runs_left = 1 + max(0.0, seconds_left) / max(per_run, 1e-9)      # the runs the budget pays for, the first included
+    runs_left = done + max(0.0, seconds_left) / max(per_run, 1e-9)   # the runs the budget pays for, those done included
 
     def runs(kept: int, each: int) -> int:
         return kept * max(each, seeds)
@@ -65,9 +71,9 @@ def fit_to_budget(rungs: int, repeats: int, per_run: float, seconds_left: float,
 
 
 def cut_to_budget(measured: list[Rung], repeats: int, per_run: float, left: float, budget_s: float,
-                  seeds: int = 0) -> Cut:
+                  seeds: int = 0, done: int = 1) -> Cut:
     """The plan cut to the time budget (fit_to_budget): the rungs past those kept marked skipped, with why."""
-    rungs_kept, repeats_kept = fit_to_budget(len(measured), repeats, per_run, left, seeds)
+    rungs_kept, repeats_kept = fit_to_budget(len(measured), repeats, per_run, left, seeds, done)
     for skipped in measured[rungs_kept:]:
         skipped.status = Status.SKIPPED
         skipped.reason = (f"would not fit the time budget ({budget_s:.0f} s at ~{per_run:.0f} s a run, "
@@ -139,14 +145,55 @@ class LadderSpending:
         self.clock.spend(self.kind(timed), recipe, seconds)
         return result
 
-    def fit(self, measured: list[Rung], repeats: int, first: dict[str, Any], budget_s: float) -> Cut:
+    def fit(self, measured: list[Rung], repeats: int, first: dict[str, Any], budget_s: float, held: int = 0) -> Cut:
         """The plan cut to the time budget, priced by the runs measured so far (plan_price), with the ladder's close
-        kept in hand. The seconds left are the ladder's own budget's: a resumed ladder's counts the runs it reads back
-        (tune adds what they took), and each run is checked against the clock before it starts. --target: every kept
+        kept in hand, and each run checked against the clock again before it starts. `held`: the queued runs a
+        resumed ladder's store already holds, read back at no cost, so counted as done: a search's stage 1 gone on
+        with the budget kept for stage 1b plans its new rungs with the time it has, not all its runs again (at
+        100 s a run with 400 s left, the first four runs held, the two switches it had cut are judged; counted
+        again, the same two rungs got a third repeat and the cut switches were never judged). --target: every kept
         rung may need TARGET_SEEDS runs (the baseline's seeds, a rung that changes the math)."""
         per_run = self.plan_price(measured, first)
         left = min(budget_s - self.clock.elapsed(), self.clock.left()) - self.held_s()
-        return cut_to_budget(measured, repeats, per_run, left, budget_s, TARGET_SEEDS if self.aimed else 0)
+        return cut_to_budget(measured, repeats, per_run, left, budget_s, TARGET_SEEDS if self.aimed else 0,
+                             1 + held)
+
+    def refit(self, ladder: Any) -> list:
+        """`ladder`'s queue (a LadderRun's), with the rungs its cut skipped put back where they now fit: once its
+        first pass is over (every kept rung's own price measured, the rungs it cut priced at their mean), in the
+        plan's order, as many as the time left pays for beside the runs still queued and the ladder's close. The cut
+        prices every run by the first (the baseline's, usually the dearest): where the others ran cheaper, the time
+        they left judges the switches it cut instead of going unspent. Their runs join every pass (queue_with_added),
+        the finished first pass's first. Done once; nothing where the ladder stopped."""
+        cut, kind = ladder.cut, self.kind(True)
+        if cut.restored is not None or any(i == 0 and b is not None for _, i, b in ladder.queue):
+            return ladder.queue
+        cut.restored = []
+        priced = [self.clock.price(kind, r.recipe) for r in ladder.measured if r.repeats]
+        skipped = [r for r in ladder.measured if r.status == Status.SKIPPED and r.name in cut.skipped]
+        if self.stopped or not skipped or not priced:
+            return ladder.queue
+        mean = sum(priced) / len(priced)
+
+        def price(rung: Rung) -> float:
+            return self.clock.price(kind, rung.recipe) if self.clock.costs.has(kind, recipe_key(rung.recipe)) else mean
+
+        # every kept rung's runs still to come, the seeds a target may add included (the cut counted them alike)
+        runs = max(ladder.repeats, TARGET_SEEDS if self.aimed else 0)
+        owed = [(r, max(runs, ladder.noise_seeds if r is ladder.plan[0] else 0) - len(r.repeats) - len(r.seed_runs))
+                for r in ladder.measured if r.status not in (Status.SKIPPED, Status.FAILED)]
+        room = self.clock.left() - self.held_s() - sum(max(0, n) * price(r) for r, n in owed)
+        for rung in skipped:
+            cost = runs * price(rung)
+            if cost > room:
+                break
+            room -= cost
+            rung.status, rung.reason = Status.PENDING, None
+            cut.restored.append(rung.name)
+        back = [r for r in skipped if r.name in cut.restored]
+        cut.skipped = [name for name in cut.skipped if name not in cut.restored]
+        cut.rungs += len(back)
+        return queue_with_added(ladder.queue, back, ladder.plan[0], ladder.repeats, ladder.opts.budget)
 
     def plan_price(self, measured: list[Rung], first: dict[str, Any]) -> float:
         """One run of the plan, on average: each rung's own price where its recipe has runs of this kind measured (in

@@ -91,5 +91,9 @@ class RunStore:
         result["reused"] = True
         return result
 
+    def holds(self, key: str) -> bool:
+        """Whether a resumed ladder will read `key`'s run back (load) rather than run it."""
+        return self.resume and (self.dir / f"{key}.json").exists()
+
     def save(self, key: str, result: dict[str, Any]) -> None:
         write_json(self.dir / f"{key}.json", result)

@@ -119,12 +119,14 @@ class Search:
         """A note on what the stage's time budget cut from its plan, if anything: fewer repeats, its last rungs, or
         the runs left where a run's price no longer fitted (the ladder stopped there)."""
         cut = result.settings.get("budget_cut")
-        if trimmed(cut):
+        if trimmed(cut) or (cut or {}).get("restored"):
             asked = cut["asked"]["repeats"]
             what = [f"{cut['repeats']} repeats instead of {asked}"] if cut["repeats"] < asked else []
             what += [f"without {', '.join(cut['skipped'])}"] if cut["skipped"] else []
             per_run = f"~{cut['seconds_per_run']:.0f} s a run"
             said = [f"ran {' and '.join(what)} to fit the budget ({per_run})"] if what else []
+            if cut.get("restored"):
+                said.append(f"put {', '.join(cut['restored'])} back after its first pass ran cheaper than priced")
             stopped = cut.get("stopped")
             if stopped:
                 price = f"its ~{stopped['price_s']:.0f} s" if stopped["price_s"] is not None else "it"
