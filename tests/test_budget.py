@@ -258,11 +258,24 @@ def test_the_to_target_stage_counts_the_seeds_its_candidates_add(tmp_path, monke
 
 def test_the_to_target_stage_is_skipped_and_said_where_its_seeds_cannot_fit(tmp_path, monkeypatch):
     decision, md, clock, launched = faked_search(monkeypatch, tmp_path / "tune", lambda *a: 100.0,
-                                                 lambda r: 500.0 * (1.5 if r.precision == "bf16" else 1.0), 900.0,
+                                                 lambda r: 500.0 * (1.5 if r.precision == "bf16" else 1.0), 800.0,
                                                  record=lambda r: curve_of(r, Recipe().batch_size),
                                                  switches=["autocast-bf16"], target="accuracy>=0.9")
-    within_one_run(clock, 900.0, launched)
+    within_one_run(clock, 800.0, launched)
     assert "the to-target stage was skipped" in md and not (tmp_path / "tune" / "to-target").exists()
+
+
+def test_the_to_target_stage_takes_three_seeds_where_five_would_not_fit(tmp_path, monkeypatch):
+    # Runs of 100 s, 1,000 s: the rate search spends 400 s of its half; the 600 s left pay for the baseline's three seeds
+    # and the rate pick's two runs, not for five seeds: the stage runs on three, and says so.
+    decision, md, clock, launched = faked_search(monkeypatch, tmp_path / "tune", lambda *a: 100.0,
+                                                 lambda r: 500.0 * (1.5 if r.precision == "bf16" else 1.0), 1000.0,
+                                                 record=lambda r: curve_of(r, Recipe().batch_size),
+                                                 switches=["autocast-bf16"], target="accuracy>=0.9")
+    within_one_run(clock, 1000.0, launched)
+    assert "measured over 3 seeds, not 5, to fit the budget" in md, md
+    assert [name for stage, name, _ in launched if stage == "to-target"].count("baseline") == 3
+    assert "over up to 3 seeds" in md             # the report says the seeds it measured over
 
 
 class LadderWork:

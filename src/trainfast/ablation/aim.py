@@ -24,8 +24,9 @@ Entry = tuple[Rung, int, Any]        # (rung, repeat index, timing budget or Non
 
 class Aim:
     def __init__(self, target: Target, plan: list[Rung], work, choice: Callable[[], Any],
-                 min_effect: float = MIN_EFFECT) -> None:
+                 min_effect: float = MIN_EFFECT, seeds: int = TARGET_SEEDS) -> None:
         self.target, self.plan, self.work, self.choice, self.min_effect = target, plan, work, choice, min_effect
+        self.runs = seeds                         # runs a rung that changes the math is measured over
         self.cap_seen: float | None = None
         self.seeded: dict[str, int] = {}          # rung name -> seed runs queued for it
         work.aim(target, None)
@@ -69,19 +70,19 @@ class Aim:
                 rung.result.metric_flag = rung.result.metric_worse = None
 
     def seeds(self, next_index: int) -> list[Entry]:
-        """Seed runs for each rung that changed the math (its curve left the baseline's band) and has fewer than
-        TARGET_SEEDS runs, numbered from `next_index` on (its seed is the recipe's plus that number, as for a
-        repeat); the loop moves its next index past the largest."""
+        """Seed runs for each rung that changed the math (its curve left the baseline's band) and has fewer runs than
+        its target seeds (TARGET_SEEDS unless a search's budget asked fewer), numbered from `next_index` on (its seed
+        is the recipe's plus that number, as for a repeat); the loop moves its next index past the largest."""
         runs = []
         for rung in self.plan[1:]:
             summary = rung.result.to_target
             if rung.status != Status.DONE or not summary or summary.get("samples_from") != "measured":
                 continue
             have = len(rung.repeats) + self.seeded.get(rung.name, 0)
-            runs += [(rung, next_index + k, None) for k in range(max(0, TARGET_SEEDS - have))]
-            self.seeded[rung.name] = max(have, TARGET_SEEDS) - len(rung.repeats)
+            runs += [(rung, next_index + k, None) for k in range(max(0, self.runs - have))]
+            self.seeded[rung.name] = max(have, self.runs) - len(rung.repeats)
         return runs
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.target.to_dict(), "text": self.target.text(), "cap_seen": self.cap_seen,
-                "cap_factor": CAP_FACTOR, "seeds": TARGET_SEEDS}
+                "cap_factor": CAP_FACTOR, "seeds": self.runs}

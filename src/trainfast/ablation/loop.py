@@ -73,6 +73,9 @@ class LadderOptions:
     # --target (target.py): every run records its curve and stops at the target; each rung is judged on its time to
     # target beside its rate (ablation/target.py). A string as written ("val_loss<=3.2", "auto") or a Target.
     target: str | Target | None = None
+    # --target: the runs the baseline, and each rung that changes the math, are measured over where the budget allows
+    # (fewer where a search's last stage could not otherwise start: tune/target.py); at least MIN_RUNS, for an interval
+    target_seeds: int = TARGET_SEEDS
     # The clock the ladder's time budget is a share of (clock.RunClock: a search's, with the costs its earlier
     # stages measured); None: a clock of its own.
     clock: RunClock | None = None
@@ -277,10 +280,10 @@ class LadderRun:
         self.queue = [(rung, i, options.budget) for i in range(self.repeats) for rung in self.measured]
         # --target: the baseline's seeds number at least TARGET_SEEDS (its samples to target, its seed band), and
         # its runs go first (aim.py)
-        self.aim = (Aim(options.target, plan, work, self.metric.choice, options.min_effect)
+        self.aim = (Aim(options.target, plan, work, self.metric.choice, options.min_effect, options.target_seeds)
                     if options.target is not None else None)
         if self.aim is not None:
-            self.noise_seeds = max(self.noise_seeds, TARGET_SEEDS)
+            self.noise_seeds = max(self.noise_seeds, options.target_seeds)
         self.queue += [(plan[0], i, None) for i in range(self.repeats, self.noise_seeds)]
         if self.aim is not None:
             self.queue = self.aim.order(self.queue)
@@ -379,8 +382,8 @@ class LadderRun:
             return
         held = sum(self.launches.store.holds(run_key(rung, i)) for rung, i, _ in self.queue)
         self.cut = self.spending.fit(self.measured, self.repeats, first, self.opts.time_budget_s, held)
-        # --target: the baseline keeps its TARGET_SEEDS seeds (its samples to target, its band, every interval)
-        self.repeats, self.noise_seeds = self.cut.repeats, max(self.cut.repeats, TARGET_SEEDS if self.aim else 0)
+        # --target: the baseline keeps its target_seeds seeds (its samples to target, its band, every interval)
+        self.repeats, self.noise_seeds = self.cut.repeats, max(self.cut.repeats, self.spending.seeds)
         self.queue = [e for e in self.queue if kept_in_cut(e, self.plan[0], self.repeats, self.noise_seeds)]
 
     def add_pass(self) -> bool:

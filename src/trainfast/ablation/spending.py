@@ -9,7 +9,6 @@ from typing import Any, Callable, Iterator
 from ..results import Rung, Status
 from .clock import RunClock, recipe_key, run_kind
 from .queue import queue_with_added
-from .target import TARGET_SEEDS
 
 
 @dataclass
@@ -104,6 +103,9 @@ class LadderSpending:
     def __init__(self, options: Any, measure: str) -> None:
         self.clock = (options.clock or RunClock()).part(options.time_budget_s)
         self.measure, self.aimed = measure, options.target is not None
+        # the runs every kept rung may need whatever its repeats (--target: the baseline's seeds, a rung that changes
+        # the math: aim.py); 0 without a target
+        self.seeds = options.target_seeds if self.aimed else 0
         self.close_s: float | None = None   # the ladder's close (its ceilings measured again): as long as its start
         self.stopped = False        # a run's price no longer fitted: nothing more starts, no pass or seed is added
         self.why = ""
@@ -152,11 +154,10 @@ class LadderSpending:
         with the budget kept for stage 1b plans its new rungs with the time it has, not all its runs again (at
         100 s a run with 400 s left, the first four runs held, the two switches it had cut are judged; counted
         again, the same two rungs got a third repeat and the cut switches were never judged). --target: every kept
-        rung may need TARGET_SEEDS runs (the baseline's seeds, a rung that changes the math)."""
+        rung may need `seeds` runs (the baseline's seeds, a rung that changes the math)."""
         per_run = self.plan_price(measured, first)
         left = min(budget_s - self.clock.elapsed(), self.clock.left()) - self.held_s()
-        return cut_to_budget(measured, repeats, per_run, left, budget_s, TARGET_SEEDS if self.aimed else 0,
-                             1 + held)
+        return cut_to_budget(measured, repeats, per_run, left, budget_s, self.seeds, 1 + held)
 
     def refit(self, ladder: Any) -> list:
         """`ladder`'s queue (a LadderRun's), with the rungs its cut skipped put back where they now fit: once its
@@ -179,7 +180,7 @@ class LadderSpending:
             return self.clock.price(kind, rung.recipe) if self.clock.costs.has(kind, recipe_key(rung.recipe)) else mean
 
         # every kept rung's runs still to come, the seeds a target may add included (the cut counted them alike)
-        runs = max(ladder.repeats, TARGET_SEEDS if self.aimed else 0)
+        runs = max(ladder.repeats, self.seeds)
         owed = [(r, max(runs, ladder.noise_seeds if r is ladder.plan[0] else 0) - len(r.repeats) - len(r.seed_runs))
                 for r in ladder.measured if r.status not in (Status.SKIPPED, Status.FAILED)]
         room = self.clock.left() - self.held_s() - sum(max(0, n) * price(r) for r, n in owed)

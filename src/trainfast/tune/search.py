@@ -19,6 +19,7 @@ from ..ablation.spending import trimmed
 from ..ablation.scoring import recipe_changes
 from ..ablation.script_rungs import add_script_rungs, script_settings
 from ..ablation.store import default_out_dir
+from ..ablation.target import TARGET_SEEDS
 from ..ablation.work import BuiltinSpec, Work, prepare_builtin, prepare_command
 from ..recipe import Recipe, RecipeError, resolve_device
 from ..report.summary import judged_line, keep_line
@@ -67,7 +68,7 @@ class Search:
 
     def stage(self, name: str, rungs: list[Rung], repeats: int, measure: str = "speed", mode: str = "each",
               share: float = 1.0, again: bool = False, credit_s: float = 0.0, last: bool = False,
-              target=None) -> AblationResult:
+              target=None, target_seeds: int = TARGET_SEEDS) -> AblationResult:
         """One stage: speed for the singles (a command's runs stop once timed), full for stage 2, whose
         candidates are also judged on the metric (the built-in run always trains to its end). `again`: the
         stage's folder is resumed (its runs so far reused, at no cost), with `credit_s`, what they took, added
@@ -87,6 +88,7 @@ class Search:
                                min_effect=opts.min_effect, resume=opts.resume or again, rung_timeout=None,
                                show=opts.show, settle_within_s=settle_s, time_budget_s=allowed,
                                paired=opts.paired, memory_limit=opts.memory_limit, target=target,
+                               target_seeds=target_seeds,
                                track=self.tracking or (), clock=self.budget)
         settings = self.settings(name, rungs, repeats, measure, mode)
         if again:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ablation.scoring import fits, recipe_changes
-from ..ablation.target import SOONER, TARGET_SEEDS, ratio_interval
+from ..ablation.target import MIN_RUNS, SOONER, TARGET_SEEDS, ratio_interval
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
 from ..target import Target
@@ -76,25 +76,33 @@ def lost_accuracy(singles: list[Rung]) -> list[Rung]:
 def run_target_stage(search, decision: Decision, singles: list[Rung]) -> tuple[AblationResult | None, Decision]:
     """The stage (module docstring) and the decision it leads to; the stage's time budget cuts its repeats or its
     last candidates where they would not fit, counting the seeds each candidate may add (its cut note says so).
-    Skipped, and said, where not even the baseline's seeds and one candidate's repeats fit what is left (priced by
-    the runs measured so far: search.run_price), so no stage starts that could only overrun."""
+    The baseline and each candidate that changes the math are measured over TARGET_SEEDS seeds, or MIN_RUNS (the
+    fewest that give an interval) where five would not fit what is left, and said; skipped, and said, where not
+    even that many of the baseline's and the rate pick's runs fit (priced by the runs measured so far:
+    search.run_price), so no stage starts that could only overrun."""
     repeats = min(search.options.repeats, 2)
     # each priced by its own recipe's runs so far (a run to a target: as one trained to its end until one is measured)
     base_s, pick_s = (search.run_price("full", r, target=True) for r in (search.base, decision.recipe))
-    least = TARGET_SEEDS * base_s + repeats * pick_s
-    if not search.budget.fits_runs(1, least):
+    seeds = next((n for n in (TARGET_SEEDS, MIN_RUNS) if search.budget.fits_runs(1, n * base_s + repeats * pick_s)),
+                 None)
+    if seeds is None:
+        least = MIN_RUNS * base_s + repeats * pick_s
         left, fixed = max(0.0, search.budget.left()), search.budget.ladder_fixed_s()
-        search.note(f"the to-target stage was skipped: the baseline's {TARGET_SEEDS} seeds (~{base_s:.0f} s a run) and "
+        search.note(f"the to-target stage was skipped: the baseline's {MIN_RUNS} seeds (~{base_s:.0f} s a run) and "
                     f"the rate pick's {repeats} runs (~{pick_s:.0f} s a run), ~{least + fixed:.0f} s with the stage's "
                     f"peak, reference workload and report, would not fit the {left:.0f} s left; the rate pick stands")
         return None, decision
+    if seeds < TARGET_SEEDS:
+        search.note(f"to-target: the baseline and each candidate that changes the math were measured over {seeds} "
+                    f"seeds, not {TARGET_SEEDS}, to fit the budget (~{base_s:.0f} s a run): a wider seed band, wider "
+                    "intervals")
     train = getattr(getattr(search.work, "split", None), "train", None)
     rungs = target_candidates(search.base, decision.recipe, len(train) if train is not None else None,
                               lost_accuracy(singles))
     with_script(rungs[1:], decision.script)       # the candidates stand on the pick: its script's flags too
     search.work.mark_effects(rungs)
     stage = search.stage(STAGE, rungs, search.options.repeats, measure="full", last=True,
-                         target=search.options.target)
+                         target=search.options.target, target_seeds=seeds)
     search.cut_note(stage)
     return stage, choose(stage, decision, search.options.min_effect, search.options.memory_limit)
 
