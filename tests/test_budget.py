@@ -266,8 +266,8 @@ def test_the_to_target_stage_is_skipped_and_said_where_its_seeds_cannot_fit(tmp_
 
 
 def test_the_to_target_stage_takes_three_seeds_where_five_would_not_fit(tmp_path, monkeypatch):
-    # Runs of 100 s, 1,000 s: the rate search spends 400 s of its half; the 600 s left pay for the baseline's three seeds
-    # and the rate pick's two runs, not for five seeds: the stage runs on three, and says so.
+    # Runs of 100 s, 1,000 s: the rate search spends 400 s of its half; the 600 s left pay for the baseline's three
+    # seeds and the rate pick's two runs, not for five seeds: the stage runs on three, and says so.
     decision, md, clock, launched = faked_search(monkeypatch, tmp_path / "tune", lambda *a: 100.0,
                                                  lambda r: 500.0 * (1.5 if r.precision == "bf16" else 1.0), 1000.0,
                                                  record=lambda r: curve_of(r, Recipe().batch_size),
@@ -366,6 +366,34 @@ def test_rungs_the_cut_left_out_are_put_back_where_the_first_pass_ran_cheaper(tm
     assert cut["restored"] == ["channels_last", "lr"] and cut["skipped"] == ["epochs"], cut
     assert launched == ["baseline", "fused", "channels_last", "lr", "baseline", "channels_last", "lr", "fused"]
     assert [r.status for r in result.rungs] == [Status.DONE] * 4 + [Status.SKIPPED] and clock.t <= 500.0
+
+
+def test_a_ladder_goes_on_with_the_cheaper_runs_queued_after_one_that_does_not_fit(tmp_path):
+    # The baseline's runs cost 100 s, fused's 20 s; 270 s allowed, 3 repeats. The baseline's third run (100 s) does
+    # not fit the 30 s left after 240 s, but fused's third (20 s) does: the ladder goes on with it and says so.
+    import dataclasses
+
+    from trainfast.ablation import LadderOptions, TimingBudget, run_ladder
+
+    clock = Clock()
+    launched = []
+
+    def launch(rung, recipe, budget, run_dir, display, limit):
+        seconds = 100.0 if rung.name == "baseline" else 20.0
+        clock.t += seconds
+        launched.append(rung.name)
+        rate = 100.0 * (1.5 if rung.name != "baseline" else 1.0) * (1 + 0.01 * (recipe.seed % 3 - 1))
+        return {**scored_rung("x", [rate], 0.95).repeats[0], "seed": recipe.seed, "wall_time_s": seconds}
+
+    plan = [Rung("baseline", {}, Recipe()), Rung("fused", {"optimizer_impl": "fused"}, Recipe(optimizer_impl="fused"))]
+    settings = {"repeats": 3, "budget": dataclasses.asdict(TimingBudget()), "min_effect": 0.05}
+    opts = LadderOptions(repeats=3, noise_seeds=3, min_effect=0.05, show=False, budget=TimingBudget(),
+                         settle_within_s=None, time_budget_s=270.0, clock=RunClock(now=clock))
+    result = run_ladder(plan, LadderWork(launch), settings, tmp_path / "on", opts)
+    stopped = result.settings["budget_cut"]["stopped"]
+    assert launched == ["baseline", "fused", "baseline", "fused", "fused"] and clock.t == 260.0
+    assert stopped["at"] == "baseline, run 3" and stopped["went_on"] == ["fused"] and stopped["runs_left"] == 1
+    assert [len(r.repeats) for r in result.rungs] == [2, 3] and result.rungs[1].status == Status.DONE
 
 
 def test_a_ladder_with_no_time_left_starts_nothing(tmp_path):

@@ -194,7 +194,8 @@ def test_a_scripts_evaluation_between_steps_is_placed_in_its_step_and_said():
                 if probe.timer is None:
                     probe.training_began(model)          # the first training forward (BatchKind's on_start)
                 nn.functional.cross_entropy(model(x), y).backward()
-                optimizer.step()
+                time.sleep(0.05)        # a steady step: a tiny model's step alone jitters past the warm-up's tolerance
+                optimizer.step()        # on a busy machine, and its warm-up would then swallow the first evaluation
                 optimizer.zero_grad()
             with torch.no_grad():
                 for x, _ in val:

@@ -215,26 +215,39 @@ class LadderSpending:
         return pass_s if self.clock.elapsed() + pass_s <= within and self.fits_s(pass_s) else None
 
     def stop(self, ladder: Any, run: tuple[Rung, int, bool], display=None) -> None:
-        """`ladder` (a LadderRun) ends before `run` (its rung, its index, timed or a seed), its queue emptied: a rung
-        with runs is scored on those, one without any is skipped, and its cut (made here if the plan had none) says
-        where, at what price, with how much time left; on the console too, where `display` shows."""
+        """`run` (its rung, its index, timed or a seed) of `ladder` (a LadderRun) does not fit: its rung's runs leave
+        the queue, and the ladder goes on with the runs still queued whose price fits (a cheaper rung's: the fp32
+        baseline's run is often the dearest), else ends there, its queue emptied. No pass or seed is added after
+        either. A rung that leaves with runs is scored on those, one without any is skipped; the cut (made here if
+        the plan had none) says where it first stopped, at what price, with how much time left, how many runs were
+        not run and which rungs went on; on the console too, where `display` shows."""
         measured, cut, repeats = ladder.measured, ladder.cut, ladder.repeats
         rung, index, timed = run
-        runs_left = len(ladder.queue) + 1
-        ladder.queue.clear()
+        dropped = 1 + sum(entry[0] is rung for entry in ladder.queue)
+        ladder.queue = [entry for entry in ladder.queue if entry[0] is not rung]
         price = self.clock.price(self.kind(timed), rung.recipe)
         left = max(0.0, self.clock.left() - self.held_s())       # what the runs had: the close is kept in hand
+        going_on = list(dict.fromkeys(r.name for r, _, b in ladder.queue if self.affords(r.recipe, b is not None)))
+        if not going_on:
+            dropped += len(ladder.queue)
+            ladder.queue.clear()
+        first = not self.stopped
         self.stopped = True
-        self.why = (f"{runs_left} run(s) left would not fit the time budget (~{price:.0f} s a run, {left:.0f} s left)"
-                    if price is not None else f"{runs_left} run(s) left would not fit the time budget (none left)")
-        for r in measured:
+        self.why = (f"{dropped} run(s) left would not fit the time budget (~{price:.0f} s a run, {left:.0f} s left)"
+                    if price is not None else f"{dropped} run(s) left would not fit the time budget (none left)")
+        for r in measured if not going_on else [rung]:
             if r.status in (Status.PENDING, Status.PARTIAL, Status.RUNNING):
                 r.status, r.reason = (Status.DONE, r.reason) if r.repeats else (Status.SKIPPED, self.why)
         cut = cut or Cut(price or 0.0, len(measured), repeats, {"rungs": len(measured), "repeats": repeats}, [])
         skipped = [r.name for r in measured if r.status == Status.SKIPPED and r.name not in cut.skipped]
         cut.skipped += skipped
         cut.rungs -= len(skipped)
-        cut.stopped = {"at": f"{rung.name}, run {index + 1}", "runs_left": runs_left, "price_s": price, "left_s": left}
+        if first:
+            cut.stopped = {"at": f"{rung.name}, run {index + 1}", "runs_left": dropped, "price_s": price,
+                           "left_s": left, **({"went_on": going_on} if going_on else {})}
+        else:
+            cut.stopped["runs_left"] += dropped
         if display is not None and display.show:
-            display.console.print(f"stopped before {rung.name} (run {index + 1}): {self.why}")
+            went = f"; going on with {', '.join(going_on)}, whose runs fit" if going_on else ""
+            display.console.print(f"stopped before {rung.name} (run {index + 1}): {self.why}{went}")
         ladder.cut = cut

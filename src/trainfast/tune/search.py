@@ -132,8 +132,10 @@ class Search:
             stopped = cut.get("stopped")
             if stopped:
                 price = f"its ~{stopped['price_s']:.0f} s" if stopped["price_s"] is not None else "it"
+                went_on = stopped.get("went_on")
+                went = f"; went on with {', '.join(went_on)}, whose runs fitted" if went_on else ""
                 said.append(f"stopped before {stopped['at']}: {price} would not fit the {stopped['left_s']:.0f} s "
-                            f"left ({stopped['runs_left']} run(s) not run)")
+                            f"left ({stopped['runs_left']} run(s) not run){went}")
             self.note(f"{result.settings['stage']}: {'; '.join(said)}{why}")
 
 
