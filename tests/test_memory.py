@@ -67,6 +67,30 @@ def test_the_split_is_taken_at_the_highest_total():
     assert breakdown([]) is None
 
 
+def test_a_step_that_compiles_is_not_profiled_the_next_one_is(monkeypatch):
+    # A compiled model fed a new length recompiles inside the profiled step: the profiler (which records the tracing's
+    # every operation with its shapes and stack) stops at the compile's start, and the next step is profiled.
+    import torch._dynamo
+
+    def run(model, lengths):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        memory = StepMemory(torch.device("cpu"), optimizer)
+        for x in memory.around([torch.randint(0, 50, (2, n)) for n in lengths]):
+            model(x).float().mean().backward()
+            optimizer.step()
+        return memory, memory.result()
+
+    torch._dynamo.reset()
+    net = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 8))
+    # the second length makes the dimension dynamic (a recompile in step 1); step 2's length reuses that graph
+    memory, found = run(torch.compile(net, backend="eager"), [4, 5, 7, 9])
+    assert found is not None and found["step"] == 2 and memory.compiling_steps == 1
+    torch._dynamo.reset()
+    memory, found = run(torch.compile(net, backend="eager", dynamic=False), [4, 5, 6, 7, 8, 9, 10])
+    assert found is None and memory.compiling_steps == 4 and "each of the 4 steps profiled compiled" in memory.error
+    torch._dynamo.reset()
+
+
 def test_a_measured_session_run_records_its_steps_memory():
     from trainfast import Recipe, Session
     from trainfast.probe import MeasureSpec, Probe, run_record

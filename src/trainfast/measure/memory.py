@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import warnings
 from typing import Any, Iterable, Iterator
@@ -31,6 +32,7 @@ COLUMNS = (None, "parameters", "optimizer_state", "inputs", "temporaries", "acti
            "autograd_detail", "other")
 ITEMS = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "temporaries", "other")
 PROFILED_STEP = 1          # the second step: after the first's compilation and the optimizer state's creation
+COMPILING_STEPS = 4        # steps tried in turn where each compiles (StepMemory.around), then no breakdown
 
 
 def breakdown(sizes: list[list[int]]) -> dict[str, Any] | None:
@@ -104,26 +106,56 @@ class StepMemory:
         self.step = step
         self.profile = None
         self.profiled = False               # once in the run, whatever its epochs
+        self.compiled = False               # the step being profiled began a compile (compile_started)
+        self.compiling_steps = 0            # steps whose profile a compile dropped
+        self.at = step                      # the step profiled (a later one where `step` compiled)
         self.error: str | None = None
         self._result: dict[str, Any] | None = None
 
     def around(self, batches: Iterable) -> Iterator:
         """`batches`, unchanged; the profiler runs from handing out batch `step` until the next is asked for
-        (the forward, backward and optimizer step of that batch), once in the run."""
+        (the forward, backward and optimizer step of that batch), once in the run. A step that compiles (a compiled
+        model's recompile for a new length: compile_started) is not profiled to its end: its profile is dropped and
+        the next step is profiled instead, up to COMPILING_STEPS times."""
         for index, batch in enumerate(batches):
-            if index != self.step or self.profiled:
+            if index < self.step or self.profiled:
                 yield batch
                 continue
-            self.profiled = True
-            from torch.profiler import ProfilerActivity, profile
-
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-            self.profile = profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True)
-            self.profile.start()
+            self.start(index)
             try:
                 yield batch
             finally:
-                self.profile.stop()
+                self.stop()
+
+    def start(self, index: int) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self.at = index
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self.profile = profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True)
+        self.compiled = False
+        listen_for_compiles(self.compile_started)
+        self.profile.start()
+
+    def compile_started(self, args=None) -> None:
+        """Dynamo began compiling inside the profiled step: the profiler stops now. It records every operation of
+        the tracing too, shapes and stacks included: a language model's recompile under it held 23 GB of host
+        memory before the OOM killer ended the run, and the step's breakdown would count the compiler's tensors."""
+        if self.profile is not None and not self.compiled:
+            self.compiled = True
+            self.profile.stop()
+
+    def stop(self) -> None:
+        stop_listening(self.compile_started)
+        if not self.compiled:
+            self.profile.stop()
+            self.profiled = True
+            return
+        self.profile, self.compiling_steps = None, self.compiling_steps + 1
+        if self.compiling_steps >= COMPILING_STEPS:
+            self.profiled = True
+            self.error = f"no breakdown: each of the {COMPILING_STEPS} steps profiled compiled (a changing shape)"
 
     def result(self) -> dict[str, Any] | None:
         """The profiled step's breakdown (None: no step profiled yet, or the profile could not be read: `error`)."""
@@ -146,7 +178,7 @@ class StepMemory:
                 return None
             found = breakdown(sizes)
             if found is not None:
-                found["step"], found["device"] = self.step, self.device.type
+                found["step"], found["device"] = self.at, self.device.type
                 if self.optimizer is not None:
                     held_by_optimizer(found, self.optimizer)
             return found
@@ -156,6 +188,28 @@ class StepMemory:
         finally:
             os.unlink(path)
             self.profile = None              # read once: the profile's events are freed
+
+
+def listen_for_compiles(callback) -> None:
+    """`callback(args)` at the start of every compile dynamo begins (its frames' and their deferred backwards');
+    nothing where dynamo was never imported (nothing compiles) or on a torch without compile callbacks."""
+    if "torch._dynamo" not in sys.modules:
+        return
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:
+        return
+    if callback not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(callback)
+
+
+def stop_listening(callback) -> None:
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:
+        return
+    if callback in callback_handler.start_callbacks:
+        callback_handler.remove_start_callback(callback)
 
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
