@@ -47,6 +47,7 @@ MIN_BLOCKS = 4          # a bootstrap over fewer blocks than this has no spread 
 UNKNOWN = (0.0, math.inf)
 
 
+@functools.cache
 def scipy_stats():
     """scipy.stats, imported where a verdict is first computed: about a second and a half of imports on 2 cores,
     which the processes that only record steps (a rung's, a measured script's, the doctor's script) never pay."""
