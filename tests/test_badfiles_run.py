@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing as mp
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,6 +13,7 @@ from PIL import Image
 from test_data_pipeline import tiny_model, truncate, write_jpegs
 
 from trainfast import Recipe, train
+from trainfast.ablation.server import rung_context
 from trainfast.data.badfiles import (MIN_SAMPLES, BadFileError, BadFileTally, Batch, GuardedLoader, join_run_tally,
                                      skipped_last_pass)
 from trainfast.data.datasets import Skipped
@@ -153,7 +153,7 @@ def judge_on_rank(rank: int, init_file: str, bad_on_rank: list[int], out: str) -
 
 
 def judge_on_two_ranks(tmp_path: Path, bad_on_rank: list[int]) -> list[dict]:
-    ctx = mp.get_context("spawn")
+    ctx = rung_context()     # forked from the rung server, which imported torch and trainfast once for the test run
     outs = [tmp_path / f"rank{r}.json" for r in range(2)]
     procs = [ctx.Process(target=judge_on_rank, args=(r, str(tmp_path / "rdzv"), bad_on_rank, str(outs[r])))
              for r in range(2)]

@@ -73,6 +73,10 @@ TASK_REFUSALS = [
      "trainfast tune: error: trainfast tune runs the built-in classification run only; measure --task detection"),
     (["doctor", "--model", "fasterrcnn_mobilenet_v3_large_fpn"],
      "trainfast doctor: error: trainfast doctor runs the built-in classification run only"),
+    # a --data no loader of the task reads (dataspecs.py, the parser the loaders use)
+    (["ablate", "--data", "mnist"], "trainfast ablate: error: --data 'mnist': unknown dataset 'mnist'; choose digits"),
+    (["train", "--task", "lm", "--data", "books"], "trainfast train: error: --data 'books': the language-model task "
+                                                    "reads `stdlib`"),
 ]
 
 

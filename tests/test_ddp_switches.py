@@ -5,7 +5,6 @@ record, ablated under --nproc 2, and not applicable in one process. One launch o
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from dist_common import make_model, make_split  # noqa: E402
 
 from trainfast.ablation.ladders import plan_rungs  # noqa: E402
+from trainfast.ablation.server import rung_context  # noqa: E402
 from trainfast.ablation.work import mark_effects  # noqa: E402
 from trainfast.distributed import drain_collectives, free_port  # noqa: E402
 from trainfast.recipe import Recipe, RecipeError  # noqa: E402
@@ -84,7 +84,9 @@ def wrap_on_rank(rank: int, port: int, out: str) -> None:
 
 
 def test_two_gloo_ranks_build_ddp_with_each_wrap_switch_and_read_it_back(tmp_path):
-    ctx, port = mp.get_context("spawn"), free_port()
+    # The ranks fork from the rung server (ablation/server.py), which has imported torch and trainfast once for the
+    # whole test run: two fresh interpreters would import them, and this module's own imports, each.
+    ctx, port = rung_context(), free_port()
     outs = [tmp_path / f"rank{r}.json" for r in range(2)]
     procs = [ctx.Process(target=wrap_on_rank, args=(r, port, str(outs[r]))) for r in range(2)]
     try:

@@ -52,24 +52,30 @@ def coco(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> Path:
-    """One torchrun launch of tests/det_worker.py (2 gloo ranks), started first: its scenarios run while the
-    other tests of this file do."""
-    out = tmp_path_factory.mktemp("ranks")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                             str(free_port()), str(ROOT / "tests" / "det_worker.py"), str(out), "ok,keys,nan"],
-                            env=torchrun_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    yield out, proc
-    proc.kill()
+    """tests/det_worker.py as 2 gloo ranks, started first: its scenarios run while the other tests of this file do.
+    Each rank is started here with the variables torchrun gives it (what trainfast.distributed reads): torchrun's
+    own process would add a third import of torch to the launch and nothing the scenarios check."""
+    out, port = tmp_path_factory.mktemp("ranks"), free_port()
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "det_worker.py"), str(out), "ok,keys,nan"],
+                              env={**torchrun_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                                   "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                              cwd=ROOT, stdout=(out / f"rank{rank}.log").open("w"), stderr=subprocess.STDOUT)
+             for rank in range(2)]
+    yield out, procs
+    for proc in procs:
+        proc.kill()
 
 
 def rank_reports(launch, scenario: str) -> list[dict]:
-    out, proc = launch
-    try:
-        log = proc.communicate(timeout=300)[0]   # a hang would end here, as a failure, not a stuck CI
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    assert proc.returncode == 0, log[-3000:]
+    out, procs = launch
+    for rank, proc in enumerate(procs):
+        try:
+            proc.wait(timeout=300)               # a hang would end here, as a failure, not a stuck CI
+        except subprocess.TimeoutExpired:
+            for each in procs:
+                each.kill()
+            raise
+        assert proc.returncode == 0, (out / f"rank{rank}.log").read_text()[-3000:]
     return [json.loads((out / scenario / f"rank{r}.json").read_text()) for r in range(2)]
 
 

@@ -49,6 +49,8 @@ def test_doctor_on_a_script(tmp_path, capsys):
     syncs = next(f for f in data["findings"] if f["name"] == "host-device syncs per step")
     assert syncs["status"] == "measured" and "loss.item()" in syncs["evidence"]    # a problem on a GPU only
     assert data["observations"]["steps_run"] == 1 + 4 + 4          # stopped after its steps (4 watched: --log-every)
+    wait = data["observations"]["eval_wait"]                      # then kept going for an evaluation, to its end
+    assert wait["outcome"] == "ended" and wait["steps"] == 30 - 9, wait
     # a plain loop: the switches trainfast could apply to it, none of their savings measured by the doctor
     switches = {f["name"].split("(--switches ")[1]: f for f in data["findings"] if f["group"] == "switch"}
     assert set(switches) == {"amp)", "compile)", "fused)"}, switches

@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("foundations", ["trainfast.recipe", "trainfast.target", "trainfast.measure", "trainfast.measure.*",
                      "trainfast.stats", "trainfast.procs", "trainfast.results", "trainfast.observers",
                      "trainfast.procstate", "trainfast.errors", "trainfast.modelnames", "trainfast.defaults",
+                     "trainfast.dataspecs",
                      "trainfast.quiet", "trainfast.scriptargs",
                      "trainfast.printedmetric", "trainfast.rankfaults"]),
 ]

@@ -17,6 +17,7 @@ import procs_targets
 import psutil
 import pytest
 
+from trainfast.ablation.server import rung_context
 from trainfast.procs import read_log_tail, run_supervised
 
 TESTS = Path(__file__).resolve().parent
@@ -47,9 +48,10 @@ def test_events_are_relayed_in_order_and_the_result_returned():
 
 
 def test_events_from_the_childs_elastic_workers_reach_the_parent(tmp_path):
-    # `ablate --nproc`: the rung hands its Events to torch.distributed.elastic workers; rank 0 reports.
+    # `ablate --nproc`: the rung hands its Events to torch.distributed.elastic workers; rank 0 reports. The rung
+    # forks from the rung server, as an ablation's does (torch and trainfast imported once for the test run).
     events = []
-    result = run_supervised(SPAWN, procs_targets.launch_ranks, (2,), on_event=events.append,
+    result = run_supervised(rung_context(), procs_targets.launch_ranks, (2,), on_event=events.append,
                             log_path=tmp_path / "child.log")
     assert result["rank"] == 0, result
     assert events == [{"event": "progress", "rank": 0}]

@@ -432,11 +432,11 @@ def check_before_torch(args: argparse.Namespace) -> None:
     for the built-in search, a doctor with no command after `--`, a --switches name no rung has (read from the
     switches' declarations' source, techniques/static.py, with the closest names), and from the task's declaration
     (tasks/declarations.py): a subcommand with no built-in work for the task, a model name the task does not have, a
-    --data folder that does not exist, an --image-size the task has no use for, a --recipe that cannot be read, and
-    the recipe the flags make on the task's own starting point (a switch on data the task does not offer, one it
-    cannot train with, a field that contradicts another). What needs torch to be judged (a timm model name, the
-    device) is left to cli.prepare_task. Raises ValueError (RecipeError, ModelError) with the same message the later
-    check would give."""
+    --data none of its loaders reads or whose folder does not exist, an --image-size the task has no use for, a
+    --recipe that cannot be read, and the recipe the flags make on the task's own starting point (a switch on data
+    the task does not offer, one it cannot train with, a field that contradicts another). What needs torch to be
+    judged (a timm model name, the device) is left to cli.prepare_task. Raises ValueError (RecipeError, ModelError)
+    with the same message the later check would give."""
     if args.command == "bench-data":
         check_data_folder(args.data, declared("classification"))
     if args.command not in ("ablate", "tune", "doctor", "train"):
@@ -474,6 +474,8 @@ def check_before_torch(args: argparse.Namespace) -> None:
         task.check_image_size(args.image_size)
     if args.model is not None and task.check_name is not None:
         task.check_name(args.model)
+    if args.user_command is None:
+        task.check_data(args.data)
     check_data_folder(args.data, task)
     task.validate(recipe_from_args(args, task.default_recipe if args.recipe is None else None))
 

@@ -35,7 +35,6 @@ import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 from .defaults import MIN_EFFECT  # the smallest speed difference called a gain or a loss (--min-effect)
 
@@ -46,13 +45,26 @@ POWER = 0.8             # "detectable": found in 80% of runs (Noise.detectable)
 FIRM = 0.8              # a verdict a rerun repeats at least this often is firm; below, the report marks it
 MIN_BLOCKS = 4          # a bootstrap over fewer blocks than this has no spread to speak of: no interval at all
 UNKNOWN = (0.0, math.inf)
-_Z_FIRM = float(scipy_stats.norm.ppf(FIRM))
+
+
+@functools.cache
+def scipy_stats():
+    """scipy.stats, imported where a verdict is first computed: about a second and a half of imports on 2 cores,
+    which the processes that only record steps (a rung's, a measured script's, the doctor's script) never pay."""
+    from scipy import stats
+
+    return stats
+
+
+@functools.cache
+def _z_firm() -> float:
+    return float(scipy_stats().norm.ppf(FIRM))
 
 
 @functools.lru_cache(maxsize=256)
 def _t_quantile(q: float, df: int) -> float:
     """Student's t quantile, cached: recommendation_odds asks for the same few thousands of times."""
-    return float(scipy_stats.t.ppf(q, df))
+    return float(scipy_stats().t.ppf(q, df))
 
 
 @dataclass(frozen=True)
@@ -107,14 +119,14 @@ class Noise:
         min_effect, plus the margin that makes a rerun call it too FIRM of the time (z_FIRM x the spread of a
         rerun's estimate around this one, sqrt(2) se)."""
         se = self.standard_error(pairs)
-        margin = _Z_FIRM * math.sqrt(2) * se
+        margin = _z_firm() * math.sqrt(2) * se
         return max(self.t(confidence) * se, math.log1p(min_effect)) + margin
 
     def detectable(self, pairs: int, min_effect: float = MIN_EFFECT, power: float = POWER) -> float:
         """The smallest speed-up (as a fraction, 0.2 = 20%) that a paired comparison over `pairs` repeats calls
         with probability `power`: the call threshold plus t_power standard errors. A true difference smaller
         than this is called in few runs; the verdict it gets is "no measurable difference"."""
-        t_power = float(scipy_stats.t.ppf(power, self.df))
+        t_power = float(scipy_stats().t.ppf(power, self.df))
         return math.exp(self.call_threshold(pairs, min_effect) + t_power * self.standard_error(pairs)) - 1
 
     def repeats_for(self, effect: float, min_effect: float = MIN_EFFECT, power: float = POWER,
@@ -164,7 +176,7 @@ def split_noise(table: dict[str, list[Repeat]]) -> tuple[Noise | None, dict[str,
             effects = others.mean(axis=0) - others.mean()
             own = y[name] - y[name].mean() - effects
             variance = float((own ** 2).sum() / (passes - 1))
-            p = float(scipy_stats.f.sf(variance / pool.variance, passes - 1, pool.df))
+            p = float(scipy_stats().f.sf(variance / pool.variance, passes - 1, pool.df))
             if p < worst_p:
                 worst, worst_p, worst_noise = name, p, Noise(variance, passes - 1)
         if worst is None or worst_p >= WIDE_P / len(rows):
@@ -311,8 +323,8 @@ def rerun_agreement(speedup: Estimate, current: str, min_effect: float, noise: N
     if spread == 0:             # repeats that agree exactly (replayed or reused results): a rerun agrees too
         p_faster, p_slower = float(m > threshold), float(m < -threshold)
     else:
-        p_faster = float(scipy_stats.norm.sf((threshold - m) / spread))
-        p_slower = float(scipy_stats.norm.cdf((-threshold - m) / spread))
+        p_faster = float(scipy_stats().norm.sf((threshold - m) / spread))
+        p_slower = float(scipy_stats().norm.cdf((-threshold - m) / spread))
     return {FASTER: p_faster, SLOWER: p_slower}.get(current, 1.0 - p_faster - p_slower)
 
 

@@ -173,10 +173,12 @@ class BuiltinSpec:
 
 def prepare_builtin(spec: BuiltinSpec, recipe: Recipe | None = None, device: str = "auto", nproc: int = 1) -> Builtin:
     """Everything the built-in runs need, checked here, before the first run starts."""
-    from ..tasks import build_task, infer_task
+    from ..tasks import build_task, declared, infer_task
 
-    start_rung_server()
     name = infer_task(spec.task, spec.model, spec.train_set)
+    if spec.train_set is None:          # a --data no loader reads: refused before the rung server starts its imports
+        declared(name).check_data(spec.data)
+    start_rung_server()
     task = build_task(name, spec.loss_fn)
     base = recipe or Recipe()
     dev = resolve_device(device)

@@ -56,6 +56,7 @@ class TaskDeclaration:
     split_class: str = ""                # "package.module:Class": the data (a split) that makes a run this task
     check_name: Callable[[str], None] | None = None   # refuses a model name it does not have (None: judged later)
     folders: tuple[str, ...] = ()        # the --data kinds whose value is a folder (KIND:PATH)
+    parse_data: Callable[[str], Any] | None = None    # its --data parser (dataspecs.py: no torch)
     image_size: str = ""                 # why --image-size means nothing to it ("": it takes one)
     commands: tuple[str, ...] = ("ablate", "tune", "doctor", "train")   # the subcommands that run its built-in work
     refusals: tuple[Callable[[Recipe], str | None], ...] = field(default=())
@@ -98,6 +99,11 @@ class TaskDeclaration:
     def check_image_size(self, image_size: int | None) -> None:
         if image_size is not None and self.image_size:
             raise RecipeError(f"--image-size {image_size}: {self.image_size}")
+
+    def check_data(self, spec: str | None) -> None:
+        """A --data spec none of its loaders reads, refused by the loaders' own parser before any work starts."""
+        if spec is not None and self.parse_data is not None:
+            self.parse_data(spec)
 
     def check_command(self, command: str) -> None:
         """A subcommand that has no built-in work for this task (its -- COMMAND form still runs a script)."""

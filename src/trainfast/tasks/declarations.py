@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 
+from ..dataspecs import parse_data_spec, parse_detection_spec, parse_text_spec
 from ..modelnames import (DEFAULT_DETECTION_MODEL, DEFAULT_LM_MODEL, DETECTION_MODELS, LM_MODELS,
                           check_detection_model_name, check_lm_model_name)
 from ..recipe import Recipe, RecipeError
@@ -81,6 +82,7 @@ CLASSIFICATION = register(TaskDeclaration(
     default_model="resnet9",
     default_data="digits",
     folders=("imagefolder", "cifar10"),
+    parse_data=parse_data_spec,
 ))
 
 DETECTION = register(TaskDeclaration(
@@ -104,6 +106,7 @@ DETECTION = register(TaskDeclaration(
     split_class="trainfast.detection.data:DetectionSplit",
     check_name=check_detection_model_name,
     folders=("coco",),
+    parse_data=parse_detection_spec,
     image_size="detection models resize their images themselves (Faster R-CNN: short side 320, long side at most "
                "480; SSDlite: 320x320)",
     commands=("ablate", "train"),
@@ -133,6 +136,7 @@ LM = register(TaskDeclaration(
     split_class="trainfast.text.batching:TextSplit",
     check_name=check_lm_model,
     folders=("text",),
+    parse_data=parse_text_spec,
     image_size="the language-model task reads documents, not images",
     refusals=(no_dp("a language model"),),
 ))

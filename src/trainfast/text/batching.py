@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from ..dataspecs import parse_text_spec
+
 IGNORE = -100                      # the label of a position no loss is taken on (torch's and transformers' default)
 
 
@@ -208,18 +210,6 @@ class TextSplit:
 
 DEFAULT_SEQ_LEN = 256               # tokens a document is cut to on the CPU (the GPU script passes its own)
 VAL_PER_TRAIN = 4                   # a subset keeps one validation document for every 4 training ones
-
-
-def parse_text_spec(spec: str) -> tuple[str, int | None]:
-    """`stdlib` (every document), `stdlib:N` (N training documents, a fixed sample of them), `text:PATH`."""
-    from ..errors import DataError
-
-    if spec.startswith("stdlib:"):
-        count = spec[len("stdlib:"):]
-        if not count.isdigit() or int(count) < 1:
-            raise DataError(f"--data {spec}: stdlib:N takes a number of training documents (e.g. stdlib:768)")
-        return "stdlib", int(count)
-    return spec, None
 
 
 def sample(documents: list, count: int | None) -> list:

@@ -18,6 +18,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..dataspecs import check_corpus_spec
 from ..errors import DataError
 
 SKIPPED_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "turtledemo", "tkinter",
@@ -110,9 +111,7 @@ def folder_corpus(spec: str, path: str) -> Corpus:
 
 
 def load_corpus(spec: str) -> Corpus:
+    check_corpus_spec(spec)
     if spec == "stdlib":
         return stdlib_corpus()
-    if spec.startswith("text:"):
-        return folder_corpus(spec, spec[len("text:"):])
-    raise DataError(f"--data {spec!r}: the language-model task reads `stdlib` (the standard library's source, the "
-                    "default) or text:PATH (a folder of .txt / .jsonl documents)")
+    return folder_corpus(spec, spec[len("text:"):])
