@@ -17,9 +17,10 @@
 # 3. decode-compiled: the pair of 1 with compile on, if the time is left;
 # then one table, OUT_DIR/summary.md, with the GPU named. gpu_input.sh (about 50 minutes: the tune, two rounds of
 # peers, the decode cache) stays the full measurement for a GPU of one's own.
-# SMOKE=1: the same steps on the CPU on 64 small JPEGs (one repeat each, the peers 2 epochs) and resnet18 at 32 px,
-# without compile (its CPU build would take the whole time, and without it step 3 would repeat step 1: its recipe
-# is written and read, the pair not run); without a timm checkout (`-`) the peer is benchmarks/peers/plain_timm_style.py.
+# SMOKE=1: the same steps on the CPU on 64 small JPEGs (one repeat each, timed over 4 steps: a bf16 step of this
+# resnet18 at 32 px takes a second or more on 2 cores; the peers 2 epochs), without compile (its CPU build would
+# take the whole time, and without it step 3 would repeat step 1: its recipe is written and read, the pair not
+# run); without a timm checkout (`-`) the peer is benchmarks/peers/plain_timm_style.py.
 set -u
 cd "$(dirname "$0")/.."
 TIMM_TRAIN=${1:-}
@@ -28,12 +29,14 @@ source benchmarks/gpu_steps.sh       # PY, WORK, LOG; step NAME SECONDS COMMAND.
 
 if [ "${SMOKE:-0}" = 1 ]; then
     DEVICE=cpu; WORKLOAD=r18-32; IMAGES=64; VAL=32; HEIGHT=64; WORKERS=2; REPEATS=1; SLACK=3   # a shared CPU: the limits are the GPU's, tripled
+    TIMING=(--timing-steps 4)   # the steps are read, not their rate
     PEER_EPOCHS=2               # a bf16 ResNet-18 step of 32 images at 64 px took seconds on 2 cores: at 32 px, 2 epochs
     COMMON=(--model resnet18 --image-size 32 --batch-size 32 --num-workers 2 --device cpu)
     PEER=timm-cl; COMPILE=false
     "$PY" -c "import torch; print('CPU smoke mode, torch', torch.__version__)" | tee -a "$LOG"
 else
     DEVICE=cuda; WORKLOAD=r50-224; IMAGES=7680; VAL=512; HEIGHT=256; WORKERS=12; REPEATS=2; SLACK=1
+    TIMING=()
     PEER_EPOCHS=3
     COMMON=(--model resnet50 --image-size 224 --batch-size 256 --num-workers 12 --persistent-workers)
     PEER=timm-tc-cl; COMPILE=true
@@ -50,7 +53,8 @@ step jpegs $((45 * SLACK)) "$PY" benchmarks/make_jpeg_folder.py "$WORK/jpegs" --
 # The fast recipe without compile and without device decoding (the pair's two sides differ in device_decode alone).
 grep -v -e '^device_decode' -e '^compile' benchmarks/recipes/r50-224-gpu.yaml > "$WORK/fast.yaml"
 step decode $((100 * SLACK)) "$PY" -m trainfast ablate "${COMMON[@]}" --data "imagefolder:$WORK/jpegs" --recipe "$WORK/fast.yaml" \
-    --mode each --switches device_decode --epochs 1 --repeats "$REPEATS" --noise-seeds 1 --settle-within 0 --out "$WORK/decode"
+    --mode each --switches device_decode --epochs 1 --repeats "$REPEATS" --noise-seeds 1 --settle-within 0 "${TIMING[@]}" \
+    --out "$WORK/decode"
 keep "$WORK/decode/report.md" decode-report.md
 keep "$WORK/decode/results.json" decode-results.json
 

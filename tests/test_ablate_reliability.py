@@ -42,32 +42,83 @@ def wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.slow
-def test_killed_ablation_leaves_no_process_and_resumes(tmp_path, capsys):
-    from trainfast.cli import main
+# The interrupted ablation: the built-in run, its baseline and the fused rung, one run each.
+ARGV = ["ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3", "--rungs", "fused", "--repeats", "1",
+        "--noise-seeds", "1",
+        "--timing-steps", "150",   # a rung of a few seconds (~20 ms a step): the signal lands while it runs
+        "--settle-within", "0"]    # one pass of each rung, however noisy the machine
 
-    out = tmp_path / "ablation"
-    argv = ["ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",
-            "--rungs", "fused", "--repeats", "1", "--noise-seeds", "1", "--out", str(out),
-            "--timing-steps", "150",   # a rung of a few seconds (~20 ms a step): the signal lands while it runs
-            "--settle-within", "0"]    # one pass of each rung, however noisy the machine
-    cmd = [sys.executable, "-m", "trainfast", *argv]
-    parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+def gone(tree: list[int]) -> list[str]:
+    """The processes of `tree` still alive 10 s on (their command lines' start), or none."""
+    deadline = time.monotonic() + 10
+    while alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = []
+    for pid in alive(tree):
+        try:
+            left.append(" ".join(psutil.Process(pid).cmdline()[:4]))
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory) -> dict:
+    """One ablation interrupted twice, for both tests: Ctrl-C (SIGINT) in its fused rung, then the same command with
+    --resume (the baseline read back) killed (SIGKILL) in that rung again. One ablation's start and baseline run
+    instead of one each; what each interruption left is read right after it."""
+    out = tmp_path_factory.mktemp("interrupted") / "ablation"
+    cmd = [sys.executable, "-m", "trainfast", *ARGV, "--out", str(out)]
+    fused = out / "rungs" / "fused-r0"
+    # As from a terminal: SIGINT at its default. A test run started in the background by a non-interactive shell
+    # (`make test &`) has SIGINT ignored, which every child inherits, and Python then never raises
+    # KeyboardInterrupt: the ablation would run to its end.
+    parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for(lambda: (out / "runs" / "baseline-r0.json").exists(), 240, "the baseline run to finish")
-        wait_for(lambda: (out / "rungs" / "fused-r0" / "log.txt").exists(), 60, "the second rung to start")
-        time.sleep(2.0)                                   # well inside its training (3 epochs)
+        wait_for(lambda: (fused / "log.txt").exists(), 60, "the second rung to start")
+        time.sleep(1.0)
         tree = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
-        assert len(alive(tree)) >= 2, "expected the fork server and a rung process below the ablation"
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while alive(tree) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert alive(tree) == [], [psutil.Process(p).cmdline()[:4] for p in alive(tree)]
+        parent.send_signal(signal.SIGINT)                 # what Ctrl-C sends the parent
+        stdout, stderr = parent.communicate(timeout=60)
     finally:
         if parent.poll() is None:
             parent.kill()
+    ctrl_c = {"code": parent.returncode, "stdout": stdout, "stderr": stderr, "left": gone(tree),
+              "results": json.loads((out / "results.json").read_text())}       # the partial report
+
+    launched = (fused / "recipe.json").stat().st_mtime_ns      # written as each launch of the rung starts
+
+    def relaunched() -> bool:
+        try:
+            return (fused / "recipe.json").stat().st_mtime_ns > launched
+        except FileNotFoundError:
+            return False
+
+    parent = subprocess.Popen(cmd + ["--resume"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(relaunched, 240, "the fused rung to start again")
+        time.sleep(2.0)                                   # well inside its training (3 epochs)
+        tree = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
+        running = alive(tree)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    return {"out": out, "cmd": cmd, "ctrl_c": ctrl_c, "killed": {"running": running, "left": gone(tree)}}
+
+
+@pytest.mark.slow
+def test_killed_ablation_leaves_no_process_and_resumes(interrupted, capsys):
+    from trainfast.cli import main
+
+    out, cmd, killed = interrupted["out"], interrupted["cmd"], interrupted["killed"]
+    argv = cmd[3:]
+    assert len(killed["running"]) >= 2, "expected the fork server and a rung process below the ablation"
+    assert killed["left"] == [], killed["left"]
     finished = json.loads((out / "runs" / "baseline-r0.json").read_text())
 
     # The same command again is refused without --resume (in this process: the refusals start no run), and with
@@ -110,32 +161,11 @@ def test_a_hanging_rung_is_stopped_at_its_limit_and_the_others_finish(tmp_path, 
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_rung_and_writes_the_partial_report(tmp_path):
-    out = tmp_path / "ablation"
-    cmd = [sys.executable, "-m", "trainfast", "ablate", "--image-size", "16", "--batch-size", "32", "--epochs", "3",
-           "--rungs", "fused", "--repeats", "1", "--noise-seeds", "1", "--out", str(out),
-           "--timing-steps", "150",   # a rung of a few seconds (~20 ms a step): the signal lands while it runs
-           "--settle-within", "0"]    # one pass of each rung, however noisy the machine
-    # As from a terminal: SIGINT at its default. A test run started in the background by a non-interactive shell
-    # (`make test &`) has SIGINT ignored, which every child inherits, and Python then never raises
-    # KeyboardInterrupt: the ablation would run to its end.
-    parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        wait_for(lambda: (out / "runs" / "baseline-r0.json").exists(), 240, "the baseline run to finish")
-        wait_for(lambda: (out / "rungs" / "fused-r0" / "log.txt").exists(), 60, "the second rung to start")
-        time.sleep(1.0)
-        tree = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
-        parent.send_signal(signal.SIGINT)                 # what Ctrl-C sends the parent
-        stdout, stderr = parent.communicate(timeout=60)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-    assert parent.returncode == 130, stderr[-2000:]
+def test_ctrl_c_stops_the_rung_and_writes_the_partial_report(interrupted):
+    seen = interrupted["ctrl_c"]
+    assert seen["code"] == 130, seen["stderr"][-2000:]
+    stdout = seen["stdout"]
     assert "interrupted" in stdout and "1 run(s) finished" in stdout and "--resume" in stdout
-    deadline = time.monotonic() + 10
-    while alive(tree) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert alive(tree) == []
-    results = json.loads((out / "results.json").read_text())       # the partial report
+    assert seen["left"] == [], seen["left"]
+    results = seen["results"]                                       # the partial report
     assert results["rungs"][0]["status"] == "done" and results["rungs"][1]["status"] != "done"

@@ -192,12 +192,14 @@ def test_ablate_nproc_2_runs_the_rungs_and_their_records_read_the_settings_back(
     gradients as views (its baseline runs with them), the rung adds the bf16 hook on top. A baseline with nothing
     set reads DDP's defaults in test_two_gloo_ranks_build_ddp_with_each_wrap_switch_and_read_it_back, from the same
     DDP object a run's record reads."""
-    from trainfast.ablation import ablate
+    from trainfast.ablation import TimingBudget, ablate
 
     base = Recipe(optimizer="sgd", lr=0.05, batch_size=8, log_every=2, ddp_bucket_mb=100.0,
                   gradient_as_bucket_view=True)
+    # what is read is each run's wrap settings, not its rate: a few timed steps, not 16 stretched to 2 s
     result = ablate(make_model, make_split(), recipe=base, rungs=["bf16_compress_hook"], device="cpu",
-                    out=tmp_path, show=False, nproc=2, noise_seeds=1, repeats=1, settle_within_s=0)
+                    out=tmp_path, show=False, nproc=2, noise_seeds=1, repeats=1, settle_within_s=0,
+                    budget=TimingBudget(steps=4, seconds=1.0, floor=2, min_seconds=0.0))
     baseline, compressed = result.rungs
     for rung in (baseline, compressed):
         # each run trains the recipe's epoch on two ranks: 320 samples, 2 x 8 a step

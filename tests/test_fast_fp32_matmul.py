@@ -134,10 +134,15 @@ def test_the_built_in_ablation_runs_its_rung_with_it_and_the_baseline_without(tm
 @pytest.mark.slow
 @native_bf16
 def test_a_plain_script_is_measured_with_it(tmp_path):
-    from test_ablate_command import ROOT, ablate, rungs
+    """In this process, through the API the command line calls (as test_ablate_command's default ladder on a plain
+    loop): millisecond steps timed over 8 steps, not stretched to the command line's 2 s in each run."""
+    from test_ablate_command import ablate_in_process, rungs
+
+    from trainfast.ablation import TimingBudget
 
     plain_loop = [sys.executable, str(ROOT / "examples" / "plain_loop.py"), "--epochs", "100"]   # no Session in it
-    proc, results = ablate(tmp_path / "plain", "--rungs", FIELD, "--repeats", "1", command=plain_loop)
+    results = ablate_in_process(tmp_path / "plain", plain_loop, rungs=[FIELD], repeats=1,
+                                budget=TimingBudget(steps=8, min_seconds=0.0))
     by_name = rungs(results)
     assert by_name["baseline"]["runs"][0]["process_switches"][FIELD] is False
     assert by_name[FIELD]["status"] == "done", by_name[FIELD]

@@ -351,8 +351,8 @@ def test_an_unmodified_trainer_script_takes_the_language_model_switches(tmp_path
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     result = ablate_command([sys.executable, os.path.join(root, "examples", "hf_causal_lm.py"), "--documents", "96",
-                             "--out", str(tmp_path / "trainer")], device="cpu", out=tmp_path / "ablation",
-                            rungs=["eager"], repeats=1, noise_seeds=1, show=False,
+                             "--max-length", "64", "--out", str(tmp_path / "trainer")], device="cpu",
+                            out=tmp_path / "ablation", rungs=["eager"], repeats=1, noise_seeds=1, show=False,
                             settle_within_s=0, mode="each")
     rungs = {r.name: r for r in result.rungs}
     assert all(r.status == Status.DONE for r in rungs.values()), {n: (r.status, r.reason) for n, r in rungs.items()}

@@ -6,8 +6,6 @@ small plain loop with its own flags end to end."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -216,18 +214,18 @@ def test_the_built_in_run_refuses_a_scripts_rung():
 @pytest.mark.slow
 def test_a_plain_loops_own_flags_are_ablated_as_rungs(tmp_path):
     """Two rungs of a plain loop's own flags, one repeat each: measured like switches' rungs, their args and
-    variables in results.json, the command lines their runs started, the report naming them."""
+    variables in results.json, the command lines their runs started, the report naming them. In this process,
+    through the API the command line calls with its --rung texts (the command line passing them:
+    test_the_cli_passes_the_rungs_and_the_ladder_file_to_ablate_and_tune), a plain loop's millisecond steps timed
+    over 8 steps, not stretched to the 2 s the command line's timing budget gives each of the five runs."""
+    from trainfast.ablation import TimingBudget, ablate_command
+
     out = tmp_path / "own"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": ""}
-    env.pop("TRAINFAST_RECIPE", None)
     script = str(ROOT / "tests" / "scripts" / "own_flags_loop.py")
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainfast", "ablate", "--out", str(out), "--repeats", "1", "--settle-within", "0",
-         "--timing-steps", "20", "--mode", "each", "--switches", "amp", "--amp-dtype", "bf16",
-         "--rung", "bf16=--amp", "--rung", "dtype=--dtype bf16", "--rung", "cl=OWN_FLAGS_NOTE=seen --channels-last",
-         "--", sys.executable, script, "--steps", "100000", "--lr", "0.05"],
-        env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ablate_command([sys.executable, script, "--steps", "100000", "--lr", "0.05"], device="cpu", out=out, repeats=1,
+                   show=False, settle_within_s=0, mode="each", rungs=["amp"], amp_dtype="bf16",
+                   script_rungs=["bf16=--amp", "dtype=--dtype bf16", "cl=OWN_FLAGS_NOTE=seen --channels-last"],
+                   budget=TimingBudget(steps=8, min_seconds=0.0))
     results = json.loads((out / "results.json").read_text())
     by_name = {r["name"]: r for r in results["rungs"]}
     assert list(by_name) == ["baseline", "amp", "bf16", "dtype", "cl"]

@@ -274,20 +274,25 @@ def test_a_session_script_is_judged_on_its_time_to_target_from_its_own_reports(t
     from tests.test_ablate_command import ADOPTED, ablate
 
     out = tmp_path / "out"
-    # one timed repeat: the baseline's runs are its seeds' (five whatever the repeats), and amp gets its own seeds
-    # only where its curve leaves their band
-    _, results = ablate(out, "--target", "auto", "--switches", "amp", "--repeats", "1", "--settle-within", "0",
-                        command=[sys.executable, ADOPTED, "--epochs", "2", "--eval-every", "5"])
+    # one timed repeat: the baseline's runs are its seeds' (five whatever the repeats). The rung is passive_threads,
+    # whose math is the baseline's bit for bit (test_passive_threads): its curve is the baseline's first seed's, inside
+    # their band, so it takes the baseline's samples and runs no seeds of its own (amp here left the band and ran four
+    # more, each a whole process). A rung that leaves the band and gets its seeds:
+    # test_a_batch_rung_that_leaves_the_band_is_measured_over_five_seeds, and the seeds of Aim in
+    # test_a_rung_that_changes_the_math_gets_seeds_up_to_five_and_the_soonest_firm_rung_is_recommended.
+    _, results = ablate(out, "--target", "auto", "--switches", "passive_threads", "--repeats", "1",
+                        "--settle-within", "0", command=[sys.executable, ADOPTED, "--epochs", "2", "--eval-every", "5"])
     target = results["settings"]["target"]
     assert target["auto"] and target["name"] == "val_accuracy" and target["goal"] == "max" and target["cap_seen"] > 0
-    base, amp = results["rungs"]
+    base, same = results["rungs"]
     runs = base["runs"] + base["seed_runs"]
     assert len(base["runs"]) == 1 and len(runs) == 5                       # 1 repeat and 4 seeds
     assert all(len(r["curve"]) >= 8 for r in runs)                         # every 5 of 44 steps, each seed
     assert all(r["curve_stopped"] == "end" for r in runs)                   # auto: the baseline sets the level
-    assert {r["curve_stopped"] for r in amp["runs"]} <= {"reached", "cap", "end"}
-    assert all(len(r["curve"]) == len(runs[0]["curve"]) for r in amp["runs"] if r["curve_stopped"] != "cap")
-    for rung in (base, amp):
+    assert {r["curve_stopped"] for r in same["runs"]} <= {"reached", "cap", "end"}
+    assert all(len(r["curve"]) == len(runs[0]["curve"]) for r in same["runs"] if r["curve_stopped"] != "cap")
+    assert same["to_target"]["samples_from"] == "baseline" and not same.get("seed_runs"), same["to_target"]
+    for rung in (base, same):
         summary = rung["to_target"]
         assert summary["runs"] == len(rung["runs"]) + len(rung.get("seed_runs", []))
         assert summary["verdict"] in ("reference", "sooner", "later", "no measurable difference",
@@ -302,7 +307,9 @@ def test_a_batch_rung_that_leaves_the_band_is_measured_over_five_seeds(digits16,
     from trainfast import ablate
     from trainfast.ablation.rung import TimingBudget
 
-    result = ablate(tiny_resnet, digits16.train, digits16.val, recipe=Recipe(batch_size=32, epochs=2), out=tmp_path,
+    # one epoch: 66 steps of the baseline, 16 of batch_4x, each of the up to ten runs half of two epochs' (its curve's
+    # evaluations and the ladder's verdicts need no more)
+    result = ablate(tiny_resnet, digits16.train, digits16.val, recipe=Recipe(batch_size=32, epochs=1), out=tmp_path,
                     rungs=["batch_4x"], repeats=2, show=False, mean=digits16.mean, std=digits16.std,
                     settle_within_s=0, target="auto", budget=TimingBudget(steps=4, seconds=1.0, floor=2,
                                                                           min_seconds=0.0))
