@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .eager import register_eager
+
 IGNORE = -100            # the label no loss is computed on (torch's cross_entropy ignore_index, transformers')
 # What each kind of batch makes a script's task (tasks/: TASKS), and the batches in words for the report.
 TASK_OF = {"tokens": "lm", "images": "classification", "detection": "detection"}
@@ -114,11 +116,10 @@ class TokenCount:
         self.kept: dict[str, Any] | None = None
         # the model's own pad id (a transformers config's), for batches without an attention mask
         self.pad_id = getattr(getattr(module, "config", None), "pad_token_id", None)
-        self.handle = module.register_forward_pre_hook(self.count, with_kwargs=True)
+        # Never traced by torch.compile: the count runs eagerly beside a compiled model (a graph break at the hook,
+        # outside the model's own graph), so compiling the script's model neither changes nor fails because of it.
+        self.handle = register_eager(module.register_forward_pre_hook, self.count, with_kwargs=True)
 
-    # Never traced by torch.compile: the count runs eagerly beside a compiled model (a graph break at the hook,
-    # outside the model's own graph), so compiling the script's model neither changes nor fails because of it.
-    @torch.compiler.disable
     def count(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if module.training and torch.is_grad_enabled():
             tokens = tokens_in(args, kwargs)
@@ -175,9 +176,10 @@ class BatchKind:
         self.seen = ""
         self.outer: nn.Module | None = None      # the first module this forward entered: the model the step calls
         self.tokens: TokenCount | None = None
-        self.handle = nn.modules.module.register_module_forward_pre_hook(self.hook_eager if padding else self.hook)
+        # `hook` never traced, as TokenCount.count: eager beside a compiled model, never in its graph
+        register = nn.modules.module.register_module_forward_pre_hook
+        self.handle = register(self.hook_eager) if padding else register_eager(register, self.hook)
 
-    @torch.compiler.disable        # as TokenCount.count: eager beside a compiled model, never in its graph
     def hook(self, module: nn.Module, args: tuple) -> None:
         # Training forwards only: a script's evaluation, or a model built and probed before it trains, may differ.
         if self.kind is not None or not module.training or not torch.is_grad_enabled():

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 
 from ..frameworks.common import LOADER_FIELDS, is_compiled
 from ..instruments import loaders
+from ..instruments.eager import register_eager
 from ..techniques.memory_format import memory_format_of
 from ..techniques.optimizer import impl_of
 
@@ -115,7 +116,8 @@ class Observer:
         torch.optim.Optimizer.__init__ = noticed_init
         self._undo += [lambda: setattr(torch.optim.Optimizer, "__init__", init),
                        loaders.listen(_LoaderNotice(self))]
-        self._handle = nn.modules.module.register_module_forward_pre_hook(self.forward_seen)
+        # never traced: eager beside a compiled model (instruments/eager.py), as instruments/batches.py's hook
+        self._handle = register_eager(nn.modules.module.register_module_forward_pre_hook, self.forward_seen)
         return self
 
     def close(self) -> None:
@@ -135,8 +137,6 @@ class Observer:
         found = [ref() for ref in self.optimizers]
         return [o for o in found if o is not None and any(g["params"] for g in o.param_groups)]
 
-    # Never traced: eager beside a compiled model, as instruments/batches.py's hook
-    @torch.compiler.disable
     def forward_seen(self, module: nn.Module, args: tuple) -> tuple | None:
         if self.model is not None:                 # decided: this call runs inside the model's forward
             device = next((p.device for p in self.model.parameters()), torch.device("cpu"))

@@ -92,7 +92,8 @@ class Display:
 
     def reused(self, rung: Rung, repeat: int) -> None:
         if self.show:
-            self.console.print(f"reused {rung_label(rung)}, run {repeat + 1} (finished before the interruption)")
+            self.console.print(f"reused {rung_label(rung)}, run {repeat + 1} (measured before in this folder: read "
+                               "back, not run again)")
 
     def note(self, text: str) -> None:
         """Something the loop did that the runs line does not say (a run's rate not a measurement)."""
