@@ -74,8 +74,9 @@ class LadderOptions:
     # target beside its rate (ablation/target.py). A string as written ("val_loss<=3.2", "auto") or a Target.
     target: str | Target | None = None
     # --target: the runs the baseline, and each rung that changes the math, are measured over where the budget allows
-    # (fewer where a search's last stage could not otherwise start: tune/target.py); at least MIN_RUNS, for an interval
-    target_seeds: int = TARGET_SEEDS
+    # (fewer where a search's last stage could not otherwise start: tune/target.py); at least MIN_RUNS, for an
+    # interval. None: TARGET_SEEDS.
+    target_seeds: int | None = None
     # The clock the ladder's time budget is a share of (clock.RunClock: a search's, with the costs its earlier
     # stages measured); None: a clock of its own.
     clock: RunClock | None = None
@@ -88,6 +89,8 @@ class LadderOptions:
                 object.__setattr__(self, "track", check_names(self.track))
             except ValueError as exc:
                 raise RecipeError(str(exc)) from None
+        if self.target_seeds is None:
+            object.__setattr__(self, "target_seeds", TARGET_SEEDS)
         try:
             object.__setattr__(self, "target", parse_target(self.target))
         except TargetError as exc:
