@@ -336,11 +336,9 @@ def test_an_ablations_passes_start_only_where_their_priced_cost_fits(tmp_path):
     assert [r.status for r in result.rungs] == [Status.DONE, Status.DONE]
 
 
-def test_rungs_the_cut_left_out_are_put_back_where_the_first_pass_ran_cheaper(tmp_path):
-    # The baseline's runs cost 100 s, every other rung's 20 s; 500 s allowed. Priced by the first run (100 s), the
-    # plan keeps the baseline and fused twice; after the first pass (120 s) the rungs cut are priced at the measured
-    # runs' mean (60 s): two of the three fit beside the runs still queued and are put back, interleaved with the
-    # baseline's second pass; the third stays out, and the ladder ends within its budget.
+def dear_baseline_ladder(out, plan: list[Rung], repeats: int, budget_s: float):
+    """`plan` run as a ladder on a fake clock within `budget_s`: the baseline's runs cost 100 s, every other rung's
+    20 s and runs 1.5x faster. The result, the rungs in the order they ran, and the clock."""
     import dataclasses
 
     from trainfast.ablation import LadderOptions, TimingBudget, run_ladder
@@ -355,13 +353,21 @@ def test_rungs_the_cut_left_out_are_put_back_where_the_first_pass_ran_cheaper(tm
         rate = 100.0 * (1.5 if rung.name != "baseline" else 1.0) * (1 + 0.01 * (recipe.seed % 3 - 1))
         return {**scored_rung("x", [rate], 0.95).repeats[0], "seed": recipe.seed, "wall_time_s": seconds}
 
+    settings = {"repeats": repeats, "budget": dataclasses.asdict(TimingBudget()), "min_effect": 0.05}
+    opts = LadderOptions(repeats=repeats, noise_seeds=repeats, min_effect=0.05, show=False, budget=TimingBudget(),
+                         settle_within_s=None, time_budget_s=budget_s, clock=RunClock(now=clock))
+    return run_ladder(plan, LadderWork(launch), settings, out, opts), launched, clock
+
+
+def test_rungs_the_cut_left_out_are_put_back_where_the_first_pass_ran_cheaper(tmp_path):
+    # The baseline's runs cost 100 s, every other rung's 20 s; 500 s allowed. Priced by the first run (100 s), the
+    # plan keeps the baseline and fused twice; after the first pass (120 s) the rungs cut are priced at the measured
+    # runs' mean (60 s): two of the three fit beside the runs still queued and are put back, interleaved with the
+    # baseline's second pass; the third stays out, and the ladder ends within its budget.
     changes = {"fused": {"optimizer_impl": "fused"}, "channels_last": {"channels_last": True},
                "lr": {"lr": 0.2}, "epochs": {"epochs": 3}}
     plan = [Rung("baseline", {}, Recipe()), *(Rung(n, c, Recipe(**c)) for n, c in changes.items())]
-    settings = {"repeats": 2, "budget": dataclasses.asdict(TimingBudget()), "min_effect": 0.05}
-    opts = LadderOptions(repeats=2, noise_seeds=2, min_effect=0.05, show=False, budget=TimingBudget(),
-                         settle_within_s=None, time_budget_s=500.0, clock=RunClock(now=clock))
-    result = run_ladder(plan, LadderWork(launch), settings, tmp_path / "refit", opts)
+    result, launched, clock = dear_baseline_ladder(tmp_path / "refit", plan, 2, 500.0)
     cut = result.settings["budget_cut"]
     assert cut["restored"] == ["channels_last", "lr"] and cut["skipped"] == ["epochs"], cut
     assert launched == ["baseline", "fused", "channels_last", "lr", "baseline", "channels_last", "lr", "fused"]
@@ -371,25 +377,8 @@ def test_rungs_the_cut_left_out_are_put_back_where_the_first_pass_ran_cheaper(tm
 def test_a_ladder_goes_on_with_the_cheaper_runs_queued_after_one_that_does_not_fit(tmp_path):
     # The baseline's runs cost 100 s, fused's 20 s; 270 s allowed, 3 repeats. The baseline's third run (100 s) does
     # not fit the 30 s left after 240 s, but fused's third (20 s) does: the ladder goes on with it and says so.
-    import dataclasses
-
-    from trainfast.ablation import LadderOptions, TimingBudget, run_ladder
-
-    clock = Clock()
-    launched = []
-
-    def launch(rung, recipe, budget, run_dir, display, limit):
-        seconds = 100.0 if rung.name == "baseline" else 20.0
-        clock.t += seconds
-        launched.append(rung.name)
-        rate = 100.0 * (1.5 if rung.name != "baseline" else 1.0) * (1 + 0.01 * (recipe.seed % 3 - 1))
-        return {**scored_rung("x", [rate], 0.95).repeats[0], "seed": recipe.seed, "wall_time_s": seconds}
-
     plan = [Rung("baseline", {}, Recipe()), Rung("fused", {"optimizer_impl": "fused"}, Recipe(optimizer_impl="fused"))]
-    settings = {"repeats": 3, "budget": dataclasses.asdict(TimingBudget()), "min_effect": 0.05}
-    opts = LadderOptions(repeats=3, noise_seeds=3, min_effect=0.05, show=False, budget=TimingBudget(),
-                         settle_within_s=None, time_budget_s=270.0, clock=RunClock(now=clock))
-    result = run_ladder(plan, LadderWork(launch), settings, tmp_path / "on", opts)
+    result, launched, clock = dear_baseline_ladder(tmp_path / "on", plan, 3, 270.0)
     stopped = result.settings["budget_cut"]["stopped"]
     assert launched == ["baseline", "fused", "baseline", "fused", "fused"] and clock.t == 260.0
     assert stopped["at"] == "baseline, run 3" and stopped["went_on"] == ["fused"] and stopped["runs_left"] == 1

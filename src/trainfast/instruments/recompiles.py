@@ -26,6 +26,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
+from ..measure.compiles import listen_for_compiles, stop_listening
+
 LIMIT_WORDS = ("recompile limit", "recompile_limit", "cache_size_limit", "cache size limit")
 
 
@@ -66,12 +68,11 @@ class CompileWindow:
     def listen(self) -> None:
         """Register the compile-start callback (again, where torch._dynamo.reset() cleared it)."""
         try:
-            from torch._dynamo.callback import CallbackTrigger, callback_handler
+            from torch._dynamo.callback import CallbackTrigger
         except ImportError:          # a torch without compile callbacks: compiles counted, recompiles unknown
             return
-        if self.on_start not in callback_handler.start_callbacks:
-            self.trigger = CallbackTrigger.DYNAMO
-            callback_handler.register_start_callback(self.on_start)
+        self.trigger = CallbackTrigger.DYNAMO
+        listen_for_compiles(self.on_start)
 
     def on_start(self, args) -> None:
         # Only dynamo's frame compiles: a deferred backward compile reuses its forward's id.
@@ -82,12 +83,7 @@ class CompileWindow:
                 self.steps.append(step)
 
     def close(self) -> None:
-        try:
-            from torch._dynamo.callback import callback_handler
-        except ImportError:
-            return
-        if self.on_start in callback_handler.start_callbacks:
-            callback_handler.remove_start_callback(self.on_start)
+        stop_listening(self.on_start)
 
     def read(self) -> dict[str, Any] | None:
         """This window's counts; None when it never opened (dynamo never imported: nothing compiled)."""

@@ -26,6 +26,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from .compiles import listen_for_compiles, stop_listening
+
 # The columns of export_memory_timeline's [times, sizes] table: an unused first one, then torch's categories in
 # the order it writes them (torch/profiler/_memory_profiler.py, _CATEGORY_TO_COLORS), None (uncategorized) last.
 COLUMNS = (None, "parameters", "optimizer_state", "inputs", "temporaries", "activations", "gradients",
@@ -135,7 +137,8 @@ class StepMemory:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         self.profile = profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True)
         self.compiled = False
-        listen_for_compiles(self.compile_started)
+        if "torch._dynamo" in sys.modules:        # else nothing compiles: dynamo's import is not paid here
+            listen_for_compiles(self.compile_started)
         self.profile.start()
 
     def compile_started(self, args=None) -> None:
@@ -147,7 +150,8 @@ class StepMemory:
             self.profile.stop()
 
     def stop(self) -> None:
-        stop_listening(self.compile_started)
+        if "torch._dynamo" in sys.modules:
+            stop_listening(self.compile_started)
         if not self.compiled:
             self.profile.stop()
             self.profiled = True
@@ -188,28 +192,6 @@ class StepMemory:
         finally:
             os.unlink(path)
             self.profile = None              # read once: the profile's events are freed
-
-
-def listen_for_compiles(callback) -> None:
-    """`callback(args)` at the start of every compile dynamo begins (its frames' and their deferred backwards');
-    nothing where dynamo was never imported (nothing compiles) or on a torch without compile callbacks."""
-    if "torch._dynamo" not in sys.modules:
-        return
-    try:
-        from torch._dynamo.callback import callback_handler
-    except ImportError:
-        return
-    if callback not in callback_handler.start_callbacks:
-        callback_handler.register_start_callback(callback)
-
-
-def stop_listening(callback) -> None:
-    try:
-        from torch._dynamo.callback import callback_handler
-    except ImportError:
-        return
-    if callback in callback_handler.start_callbacks:
-        callback_handler.remove_start_callback(callback)
 
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
