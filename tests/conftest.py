@@ -65,6 +65,42 @@ def _decode_cache_in_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINFAST_CACHE", str(tmp_path / "trainfast-cache"))
 
 
+@pytest.fixture(scope="session")
+def _persistent_loaders():
+    """Every DataLoader iterator with persistent workers started during the test run, held weakly, with its loader."""
+    import weakref
+
+    from torch.utils.data import dataloader
+
+    started = weakref.WeakKeyDictionary()
+    real_init = dataloader._MultiProcessingDataLoaderIter.__init__
+
+    def init(self, loader):
+        real_init(self, loader)
+        if loader.persistent_workers:
+            started[self] = weakref.ref(loader)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dataloader._MultiProcessingDataLoaderIter, "__init__", init)
+        yield started
+
+
+@pytest.fixture(autouse=True)
+def _persistent_workers_shut_at_the_tests_end(_persistent_loaders):
+    """A DataLoader with persistent workers that a test leaves behind (a script run in this process: the agent's
+    objects keep the script's loader until they are collected) is shut down at the test's end, as a process's
+    exit would; a later pass over the same loader starts new workers. Left to the garbage collector, torch's
+    shutdown waits 5 s for each worker and then kills it (the collection finalizes the index queues' feeder
+    threads before the iterator's __del__ sends the workers their stop): a wait that fell on whichever test the
+    collection happened to run in."""
+    yield
+    for iterator, loader in list(_persistent_loaders.items()):
+        iterator._shutdown_workers()
+        if loader() is not None and loader()._iterator is iterator:
+            loader()._iterator = None
+    _persistent_loaders.clear()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _matmul_peak_measured_once():
     """The matmul peak (up to a second of products per ablation ladder or doctor run) measured once per device,
