@@ -66,8 +66,8 @@ def _decode_cache_in_tmp(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def _persistent_loaders():
-    """Every DataLoader iterator with persistent workers started during the test run, held weakly, with its loader."""
+def _loader_iterators():
+    """Every DataLoader iterator with worker processes started during the test run (held weakly), with its loader."""
     import weakref
 
     from torch.utils.data import dataloader
@@ -77,8 +77,7 @@ def _persistent_loaders():
 
     def init(self, loader):
         real_init(self, loader)
-        if loader.persistent_workers:
-            started[self] = weakref.ref(loader)
+        started[self] = weakref.ref(loader)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(dataloader._MultiProcessingDataLoaderIter, "__init__", init)
@@ -86,19 +85,19 @@ def _persistent_loaders():
 
 
 @pytest.fixture(autouse=True)
-def _persistent_workers_shut_at_the_tests_end(_persistent_loaders):
-    """A DataLoader with persistent workers that a test leaves behind (a script run in this process: the agent's
-    objects keep the script's loader until they are collected) is shut down at the test's end, as a process's
-    exit would; a later pass over the same loader starts new workers. Left to the garbage collector, torch's
-    shutdown waits 5 s for each worker and then kills it (the collection finalizes the index queues' feeder
-    threads before the iterator's __del__ sends the workers their stop): a wait that fell on whichever test the
-    collection happened to run in."""
+def _loader_workers_shut_at_the_tests_end(_loader_iterators):
+    """Loader workers a test leaves running (a script run in this process: the agent's objects keep the script's
+    loader, with its persistent workers or its iterator stopped mid-epoch, until they are collected) are shut down
+    at the test's end, as a process's exit would; a later pass over a persistent loader starts new workers. Left
+    to the garbage collector, torch's shutdown waits 5 s for each worker and then kills it (the collection
+    finalizes the index queues' feeder threads before the iterator's __del__ sends the workers their stop): a
+    wait that fell on whichever test the collection happened to run in."""
     yield
-    for iterator, loader in list(_persistent_loaders.items()):
+    for iterator, loader in list(_loader_iterators.items()):
         iterator._shutdown_workers()
-        if loader() is not None and loader()._iterator is iterator:
+        if loader() is not None and getattr(loader(), "_iterator", None) is iterator:
             loader()._iterator = None
-    _persistent_loaders.clear()
+    _loader_iterators.clear()
 
 
 @pytest.fixture(scope="session", autouse=True)
