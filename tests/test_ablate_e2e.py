@@ -179,6 +179,8 @@ def test_progress_lines_and_the_time_taken_beside_the_planned(cli_report):
     out, stdout = cli_report
     assert "1 of " in stdout and "time left after the first of them" in stdout
     assert re.search(r"\(\d+ of \d+ runs, ~\d+ (s|min) left\)", stdout), stdout
-    took = json.loads((out / "results.json").read_text())["settings"]["time"]
-    assert took["runs"] >= 6 and took["total_s"] > 0 and took["planned_s"] > 0
+    data = json.loads((out / "results.json").read_text())
+    took = data["settings"]["time"]
+    measured = [r for r in data["rungs"] if r["effect"] == "measured"]     # amp is not run on a CPU without bf16
+    assert took["runs"] >= 2 * len(measured) >= 4 and took["total_s"] > 0 and took["planned_s"] > 0
     assert "The ablation took" in (out / "report.md").read_text()
