@@ -67,7 +67,8 @@ def _decode_cache_in_tmp(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def _loader_iterators():
-    """Every DataLoader iterator with worker processes started during the test run (held weakly), with its loader."""
+    """The DataLoader iterators with worker processes started since the last test ended (held weakly), each with
+    its loader (weakly): the patched constructor notes them for the whole run, each test's end empties it."""
     import weakref
 
     from torch.utils.data import dataloader
@@ -93,10 +94,11 @@ def _loader_workers_shut_at_the_tests_end(_loader_iterators):
     finalizes the index queues' feeder threads before the iterator's __del__ sends the workers their stop): a
     wait that fell on whichever test the collection happened to run in."""
     yield
-    for iterator, loader in list(_loader_iterators.items()):
-        iterator._shutdown_workers()
-        if loader() is not None and getattr(loader(), "_iterator", None) is iterator:
-            loader()._iterator = None
+    for iterator, loader_ref in list(_loader_iterators.items()):
+        iterator._shutdown_workers()                      # a no-op for one that shut itself (an epoch's end)
+        loader = loader_ref()
+        if loader is not None and getattr(loader, "_iterator", None) is iterator:
+            loader._iterator = None
     _loader_iterators.clear()
 
 
