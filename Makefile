@@ -21,13 +21,21 @@ venv: $(VENV)/.installed
 ablate: venv
 	$(VENV)/bin/trainfast ablate $(ARGS)
 
-# The fast suite: behaviour and correctness, a few minutes on 2 cores. Tests marked `slow` (several
-# processes, several epochs, ablations and tune end to end) run in test-all; every behaviour keeps a fast test.
+# The fast suite: behaviour and correctness, a few minutes on 2 cores, on one pytest-xdist worker a core (up to 4;
+# tests/conftest.py gives each worker its share of the threads). Tests marked `slow` (several processes, several
+# epochs, ablations and tune end to end) run in test-all, after it and one at a time: each starts processes or
+# times runs of its own, which a test running beside it would slow or disturb. Every behaviour keeps a fast test.
+# pytest exits 5 when it selects no test (ARGS="-k ..." naming tests of one part): a failure only if both did.
+WORKERS := -n auto --maxprocesses 4
+
 test: venv
-	$(PY) -m pytest -m "not slow" $(ARGS)
+	$(PY) -m pytest -m "not slow" $(WORKERS) $(ARGS)
 
 test-all: venv
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -m "not slow" $(WORKERS) $(ARGS); fast=$$?; \
+	$(PY) -m pytest -m slow $(ARGS); slow=$$?; \
+	if [ $$fast -eq 5 ] && [ $$slow -eq 5 ]; then exit 5; fi; \
+	for rc in $$fast $$slow; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done
 
 # The test suites above run on the CPU on every machine (tests/conftest.py hides the GPU: their exact answers are
 # the CPU's). This one runs the tests marked `cuda` with the GPU visible, then every selfcheck check.
