@@ -12,12 +12,15 @@ from pathlib import Path
 CUDA_RUN = os.environ.get("TRAINFAST_TEST_CUDA") == "1"
 if not CUDA_RUN:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
-# Run on several pytest-xdist workers (`make test`), each worker and every process its tests start shares the
-# cores with the other workers: its OpenMP threads are its share, set before torch starts its pool. Two workers of
-# two threads each on 2 cores spin on each other's barriers (the fast suite measured slower than one worker).
+# On several pytest-xdist workers (`make test`), each worker and every process its tests start share the cores with
+# the other workers: a worker's OpenMP threads are its share, set before torch starts its pool, unless the user set
+# them (as distributed.rank_threads does for ranks). Two workers of two threads each on 2 cores spin on each other's
+# barriers (the fast suite measured slower than one worker).
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-if WORKERS > 1:
-    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // WORKERS))
+if WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    from trainfast.defaults import usable_cpus      # torch-free: torch is not loaded yet
+
+    os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // WORKERS))
 
 import numpy as np
 import pytest

@@ -17,7 +17,6 @@ images/s over the timed passes, with the spread, and the ratio.
 """
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Iterable
 import torch
 
 from .data.imagefolder import default_decoder
+from .defaults import usable_cpus
 
 OURS = "trainfast (uint8, default decoder, normalized on device)"
 CACHED = "trainfast + decode_cache (uint8 pixels, no decode)"
@@ -113,7 +113,7 @@ def bench_data(data: str, batch_size: int = 64, num_workers: int | str = 2, imag
     # threads cost the cached pipeline a third of its rate. Both pipelines run under the same setting.
     threads = torch.get_num_threads()
     if dev.type == "cpu":
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - recipe.num_workers))
+        torch.set_num_threads(max(1, usable_cpus() - recipe.num_workers))
     print_fn(f"bench-data: {root} on {dev}, batch {batch_size}, {recipe.num_workers} workers, "
              f"{torch.get_num_threads()} main-process thread(s), RandomResizedCrop({image_size}) + flip, "
              f"{passes} timed passes after 1 warm-up pass each; images decoded by {default_decoder()}")

@@ -3,6 +3,8 @@ flags are built, and a bad one refused, before torch loads (the modules that use
 Each is used by the module named beside it, which imports it from here."""
 from __future__ import annotations
 
+import os
+
 # the ablation (ablation/ladders.py, ablation/loop.py, ablation/rung.py: TimingBudget)
 LADDER_MODES = ("cumulative", "each")    # how a ladder's rungs build on each other (plan_rungs)
 MAX_REPEATS = 8                 # settling adds passes up to this many repeats of every rung
@@ -52,8 +54,6 @@ def parse_world_sizes(value: str | int | tuple | list) -> int | tuple[int, ...]:
     naming the flag and the value, before torch loads: a count that is not a positive integer, one given twice, and
     in a list a count above this machine's cores (each rank needs one: more would time the cores' sharing, not the
     scaling)."""
-    import os
-
     parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else (
         list(value) if isinstance(value, (tuple, list)) else [value])
     counts = []
@@ -70,8 +70,14 @@ def parse_world_sizes(value: str | int | tuple | list) -> int | tuple[int, ...]:
         counts.append(count)
     if len(counts) == 1:
         return counts[0]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cpus()
     if max(counts) > cores:
         raise ValueError(f"--nproc {value!r}: {max(counts)} processes need at least {max(counts)} cores and this "
                          f"machine gives this process {cores}; measure the sizes it can hold (up to {cores})")
     return tuple(sorted(counts))
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on: its affinity mask where the OS has one (a container's or taskset's
+    limit), else every core the machine has."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

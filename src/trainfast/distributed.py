@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
+from .defaults import usable_cpus
 from .measure import LossTermsError
 from .techniques import apply_wrap_switches, read_wrap_switches, wrap_options
 
@@ -338,8 +339,7 @@ def rank_threads(environ) -> int | None:
     other at every collective."""
     if "OMP_NUM_THREADS" in environ:
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, int(environ.get("LOCAL_WORLD_SIZE", "1"))))
+    return max(1, usable_cpus() // max(1, int(environ.get("LOCAL_WORLD_SIZE", "1"))))
 
 
 def setup_distributed(recipe, device: torch.device) -> Dist:

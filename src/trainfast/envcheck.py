@@ -198,13 +198,6 @@ def other_cores_since(before: tuple | None) -> float | None:
     return other_cores(before, cpu_seconds())
 
 
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:                      # not Linux
-        return os.cpu_count() or 1
-
-
 def smoke_failures(env: dict[str, Any]) -> list[str]:
     return [f"{s['device']} {op}: {s.get(op + '_explained') or s[op]}" for s in env.get("smoke", [])
             for op in ("conv", "matmul") if s.get(op) != "ok"]

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..defaults import usable_cpus
 from ..errors import DataError
 from .datasets import Split
 from .imagefolder import ImageFiles, decode_bytes, read_bytes, upright_size
@@ -135,7 +136,7 @@ def load_index(folder: Path, key: str) -> DecodedPixels | None:
 def build_workers(count: int) -> int:
     """Decoding is embarrassingly parallel: every CPU this process may use (up to 8), whatever the run's
     num_workers; a small folder decodes in this process (starting workers would cost more)."""
-    return 0 if count < SMALL_FOLDER else min(8, len(os.sched_getaffinity(0)))
+    return 0 if count < SMALL_FOLDER else min(8, usable_cpus())
 
 
 def open_or_build(paths: list[Path], workers: int | None = None, log=print, build: bool = True,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
 import time
 from typing import Any, Callable, Iterable
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 
+from ..defaults import usable_cpus
 from ..techniques.transfer import pin_memory_for, tensors_in
 from .badfiles import BadFileTally, GuardedLoader, collate_skipping, join_run_tally, world_size
 from .datasets import HostNormalized, Split
@@ -144,7 +144,7 @@ def with_workers(recipe, workers: int):
 
 
 def worker_candidates() -> list[int]:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = usable_cpus()
     return [0] + [n for n in (1, 2, 4, 8) if n <= min(cpus, AUTO_MAX_WORKERS)]
 
 

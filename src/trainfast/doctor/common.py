@@ -10,7 +10,8 @@ from ..checks import Observations
 # why each: the CLI shows them before torch loads)
 from ..defaults import DOCTOR_EVAL_WITHIN as DEFAULT_EVAL_WITHIN  # noqa: F401
 from ..defaults import DOCTOR_STEPS as DEFAULT_STEPS  # noqa: F401
-from ..envcheck import other_cores_since, usable_cpus
+from ..defaults import usable_cpus
+from ..envcheck import other_cores_since
 from ..techniques import memory_reuse
 from ..instruments.watch import Watch
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..checks.findings import INPUT_BOUND_SHARE
-from ..envcheck import usable_cpus
+from ..defaults import usable_cpus
 from ..recipe import Recipe
 from ..results import AblationResult, Rung, Status
 from ..techniques import input_rung_specs, input_switches
