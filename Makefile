@@ -23,9 +23,11 @@ ablate: venv
 
 # The fast suite: behaviour and correctness, a few minutes on 2 cores, on one pytest-xdist worker a core (up to 4;
 # tests/conftest.py gives each worker its share of the threads). Tests marked `slow` (several processes, several
-# epochs, ablations and tune end to end) run in test-all, after it and one at a time: each starts processes or
-# times runs of its own, which a test running beside it would slow or disturb. Every behaviour keeps a fast test.
-# pytest exits 5 when it selects no test (ARGS="-k ..." naming tests of one part): a failure only if both did.
+# epochs, ablations and tune end to end) run in test-all after it, on the same workers (a run several of them read
+# is made once for all: tests/conftest.py's made_once). Those also marked `alone` read their own timings or the load
+# on the cores (speed verdicts, a named hog or straggler, a timing budget met): a test beside them would disturb what
+# they assert, so they run last, one at a time. Every behaviour keeps a fast test.
+# pytest exits 5 when it selects no test (ARGS="-k ..." naming tests of one part): a failure only if all parts did.
 WORKERS := -n auto --maxprocesses 4
 
 test: venv
@@ -33,9 +35,10 @@ test: venv
 
 test-all: venv
 	$(PY) -m pytest -m "not slow" $(WORKERS) $(ARGS); fast=$$?; \
-	$(PY) -m pytest -m slow $(ARGS); slow=$$?; \
-	if [ $$fast -eq 5 ] && [ $$slow -eq 5 ]; then exit 5; fi; \
-	for rc in $$fast $$slow; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done
+	$(PY) -m pytest -m "slow and not alone" $(WORKERS) $(ARGS); slow=$$?; \
+	$(PY) -m pytest -m "slow and alone" $(ARGS); alone=$$?; \
+	if [ $$fast -eq 5 ] && [ $$slow -eq 5 ] && [ $$alone -eq 5 ]; then exit 5; fi; \
+	for rc in $$fast $$slow $$alone; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done
 
 # The test suites above run on the CPU on every machine (tests/conftest.py hides the GPU: their exact answers are
 # the CPU's). This one runs the tests marked `cuda` with the GPU visible, then every selfcheck check.

@@ -1,9 +1,11 @@
 import json
 import os
+import pickle
 import subprocess
 import sys
 import zlib
 from pathlib import Path
+from typing import Any, Callable
 
 # The suite runs on the CPU on every machine, a GPU machine too: its exact assertions (bit parity with a plain
 # loop, the doctor's CPU verdicts, which switch acts where) are the CPU's. The GPU is hidden here, before torch
@@ -162,6 +164,25 @@ def _reference_workload_timed_once():
         yield
 
 
+def made_once(tmp_path_factory, name: str, make: Callable[[], Any]) -> Any:
+    """`make()` once for the whole run, for a fixture whose tests pytest-xdist may hand to several workers (`make
+    test-all` spreads the slow tests over one worker a core): the first worker to ask makes it under a file lock in
+    the run's temporary folder, the others wait for it and read it back (pickled). A run that several tests read
+    (an ablation's folder and its results) costs one run, not one a worker. Without workers: `make()`."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return make()
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent          # above each worker's own folder: the run's
+    with FileLock(str(shared / f"{name}.lock")):
+        kept = shared / f"{name}.pickle"
+        if kept.exists():
+            return pickle.loads(kept.read_bytes())
+        value = make()
+        kept.write_bytes(pickle.dumps(value))
+        return value
+
+
 @pytest.fixture(scope="session")
 def hf_trainer_ablation(tmp_path_factory):
     """One `trainfast ablate` of examples/hf_trainer.py (amp, set_to_none and fused, one run each) for the tests
@@ -170,9 +191,13 @@ def hf_trainer_ablation(tmp_path_factory):
     Trainer reports to MLflow as a user sets it (report_to="mlflow", its one changed line) and the ablation runs
     with --track mlflow into a file store beside it; without mlflow installed, the example as it is, untracked
     (test_track's test skips). (the ablation's folder, its results.json, the MLflow tracking URI or None)"""
+    pytest.importorskip("transformers")
+    return made_once(tmp_path_factory, "hf_trainer_ablation", lambda: ablate_hf_trainer(tmp_path_factory))
+
+
+def ablate_hf_trainer(tmp_path_factory):
     import importlib.util
 
-    pytest.importorskip("transformers")
     from test_ablate_command import ablate
 
     root = tmp_path_factory.mktemp("hf-trainer")

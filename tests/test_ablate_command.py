@@ -104,6 +104,7 @@ def session_ladder(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess,
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_speed_mode_stops_each_rung_of_a_session_script_once_timed(session_ladder):
     out, proc, results = session_ladder
     by_name = rungs(results)
@@ -133,6 +134,7 @@ def test_speed_mode_stops_each_rung_of_a_session_script_once_timed(session_ladde
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_failing_rung_is_reported_and_the_others_finish(session_ladder):
     out, proc, results = session_ladder
     assert proc.returncode == 1                               # a failed rung: the exit status says so

@@ -31,6 +31,7 @@ def cli_report(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_report_folder_has_everything(cli_report):
     out, stdout = cli_report
     for name in ("results.json", "report.md", "throughput.png", "peak_memory.png", "metric.png"):
@@ -39,6 +40,7 @@ def test_report_folder_has_everything(cli_report):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_results_schema_and_numbers(cli_report):
     out, _ = cli_report
     data = json.loads((out / "results.json").read_text())
@@ -84,6 +86,7 @@ def test_results_schema_and_numbers(cli_report):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_no_effect_rung_is_reported_not_measured(cli_report):
     out, _ = cli_report
     data = json.loads((out / "results.json").read_text())
@@ -98,6 +101,7 @@ def test_no_effect_rung_is_reported_not_measured(cli_report):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_python_api_with_own_model_and_datasets(tmp_path, digits16):
     from trainfast.ablation.rung import TimingBudget
 
@@ -171,6 +175,7 @@ def test_noise_band_and_best_pick():
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_progress_lines_and_the_time_taken_beside_the_planned(cli_report):
     """Off a terminal each run's line says runs done of planned and the time left; the report sets the time the
     ablation took beside the time planned after its first pass (report/progress.py)."""

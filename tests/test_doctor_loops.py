@@ -202,6 +202,7 @@ def test_other_processes_on_the_cores_are_named_and_the_free_cores_advised():
 
 # Slow: a process spinning beside the loop. Fast: test_other_processes_on_the_cores_are_named_and_the_free_cores_advised
 @pytest.mark.slow
+@pytest.mark.alone
 def test_other_processes_on_the_cores_are_measured_and_named(monkeypatch):
     """The same with a real process spinning on a core, read by the doctor's own counters over the timed steps."""
     import subprocess

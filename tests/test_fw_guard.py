@@ -21,6 +21,7 @@ SCRIPT = str(ROOT / "tests" / "scripts" / "fw_hurt.py")
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_faster_rung_that_ruins_the_trainers_metric_is_not_recommended(tmp_path):
     pytest.importorskip("transformers")
     metric, why = "eval_accuracy", "metric_for_best_model='accuracy'"

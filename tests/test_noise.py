@@ -52,6 +52,7 @@ def planted_ablation(framework: str, out, hog_dir=None):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_hog_beside_one_run_is_named_and_the_verdicts_stay(tmp_path, framework="session"):
     """A script whose amp rung is 3x faster by construction (tests/scripts/planted_step.py), a Session loop,
     ablated with a CPU hog spinning beside one run alone, the first run with half precision on, which the hog would

@@ -194,6 +194,7 @@ def planted_ranks(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_ablate_nproc_2_names_a_planted_straggler_with_data_and_no_rank_without_it(planted_ranks):
     out, rungs = planted_ranks
     calm, planted_rung = rungs["baseline"]["runs"][0]["ranks"], rungs["straggler"]["runs"][0]["ranks"]
@@ -209,6 +210,7 @@ def test_ablate_nproc_2_names_a_planted_straggler_with_data_and_no_rank_without_
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_ablate_nproc_2_runs_every_rung_of_a_command_under_torchrun(planted_ranks):
     """Each run of the command is a torchrun job of two ranks, stopped once timed (the script would go on for 100
     epochs); the switches' rungs reaching a command's ranks: test_wrap_frameworks' accelerate ablation."""
@@ -223,6 +225,7 @@ def test_ablate_nproc_2_runs_every_rung_of_a_command_under_torchrun(planted_rank
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_the_doctor_with_nproc_2_names_the_planted_straggler(tmp_path):
     """`trainfast doctor --nproc 2 -- python rank_loop.py`, rank 1's loader sleeping 30 ms a batch."""
     import json

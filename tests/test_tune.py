@@ -238,6 +238,7 @@ def test_a_real_search_writes_best_yaml_resumes_and_trains_with_it(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_search_on_a_users_own_command_finds_both_gains_and_guards_with_its_metric(tmp_path):
     # tune -- COMMAND: the singles are timed in speed mode (stopped once timed), stage 2 runs every candidate to
     # the script's end and reads the metric it reports; the recipe reaches the script through the environment.
@@ -395,6 +396,7 @@ def test_the_search_tries_first_what_gained_or_was_not_measured_and_cuts_the_res
 # Fast: the budget split itself, test_with_a_precision_level_to_try_stage_1_keeps_half_the_budget_for_the_switches_
 # on_top_of_it, and settling within a budget, test_verdicts.py's test_a_time_budget_that_fits_the_plan_...
 @pytest.mark.slow
+@pytest.mark.alone
 def test_each_stage_settles_its_verdicts_only_with_the_time_it_leaves_the_stages_after_it(tmp_path, monkeypatch):
     # Extra passes (run_ladder's settling) may take a stage to half the budget left when it starts, the last
     # stage to all of it; settle=False runs exactly the repeats asked for. bf16 gains 1.5x, and on top of it
