@@ -212,7 +212,7 @@ def test_the_default_ladder_reaches_a_plain_loop_and_reads_each_switch_back(tmp_
     assert base["session"] is False and base["rate_unit"] == "steps/s"
     assert base["observed"]["precision"] == "fp32" and base["observed"]["by"] == {}
     seen = {"amp": ("precision", "bf16"), "channels_last": ("memory_format", "channels_last"),
-            "compile": ("compiled", True), "fused": ("optimizer_impl", "fused")}
+            "compile": ("compiled", True), "fused": ("optimizer_implementation", "fused")}
     for name, (key, value) in seen.items():
         rung = by_name[name]
         assert rung["status"] == "done" and rung["throughput"] > 0, rung

@@ -12,7 +12,7 @@ from trainfast.checks.switches import SWITCH_CHECKS
 from trainfast.doctor.output import print_findings
 
 PLAIN = {"precision": "fp32", "autocast": False, "compiled": False, "recompiles": 0, "optimizer": "SGD",
-         "optimizer_impl": "foreach", "memory_format": "contiguous", "by": {}, "refusal": None,
+         "optimizer_implementation": "foreach", "memory_format": "contiguous", "by": {}, "refusal": None,
          "loader": {"num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None}}
 COMMAND = ["python", "main.py", "-a", "resnet18", "data dir"]
 
@@ -51,7 +51,7 @@ def test_a_plain_fp32_loop_is_told_each_switch_with_the_saving_measured_or_the_a
 
 
 def test_what_the_loop_has_already_is_not_named_and_an_ambiguous_model_is_said():
-    done = {**PLAIN, "precision": "bf16", "autocast": True, "compiled": True, "optimizer_impl": "fused",
+    done = {**PLAIN, "precision": "bf16", "autocast": True, "compiled": True, "optimizer_implementation": "fused",
             "memory_format": "channels_last", "loader": {**PLAIN["loader"], "num_workers": 4}}
     assert switch_findings(observations(done)) == {}
     assert switch_findings(observations(None)) == {}                 # a built-in run, or no training forward seen

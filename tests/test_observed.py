@@ -33,7 +33,8 @@ def observe(argv: list[str]) -> tuple[dict, Observer]:
 def test_a_plain_loop_is_observed_as_it_runs():
     seen, observer = observe([])
     assert seen == {"precision": "fp32", "autocast": False, "compiled": False, "recompiles": 0,
-                    "optimizer": "AdamW", "optimizer_impl": "for-loop" if not torch.cuda.is_available() else "foreach",
+                    "optimizer": "AdamW",
+                    "optimizer_implementation": "for-loop" if not torch.cuda.is_available() else "foreach",
                     "loader": {"num_workers": 0, "pin_memory": False, "persistent_workers": False,
                                "prefetch_factor": None},
                     "memory_format": "contiguous", "by": {}}
@@ -42,8 +43,8 @@ def test_a_plain_loop_is_observed_as_it_runs():
 
 def test_the_scripts_own_switches_are_observed_as_the_scripts():
     seen, _ = observe(["--own-autocast", "--fused"])
-    assert (seen["precision"], seen["autocast"], seen["optimizer_impl"]) == ("bf16", True, "fused")
-    assert seen["by"] == {"precision": "script", "optimizer_impl": "script"}
+    assert (seen["precision"], seen["autocast"], seen["optimizer_implementation"]) == ("bf16", True, "fused")
+    assert seen["by"] == {"precision": "script", "optimizer_implementation": "script"}
     assert observe([], )[0]["by"] == {}
 
 
@@ -76,7 +77,8 @@ def test_every_script_runs_record_carries_the_section():
     assert "observed" not in run_record(probe, "end")          # the built-in run's probe watches nothing
     _, probe.observer = observe(["--fused"])
     record = run_record(probe, "end")
-    assert record["observed"]["optimizer_impl"] == "fused" and record["observed"]["by"] == {"optimizer_impl": "script"}
+    seen = record["observed"]
+    assert seen["optimizer_implementation"] == "fused" and seen["by"] == {"optimizer_implementation": "script"}
 
 
 def test_the_report_notes_what_each_rung_was_observed_doing():
@@ -123,3 +125,15 @@ def test_a_model_compiled_by_the_script_is_observed_without_asking_its_length():
     observer.model = torch.compile(torch.nn.Sequential(torch.nn.Linear(2, 2)))     # wrapped, never run
     seen = observer.observed()
     assert seen["compiled"] is True and seen["precision"] == "fp32" and seen["memory_format"] is None
+
+
+def test_each_observed_value_a_switch_turns_on_is_declared_by_that_switch():
+    """`by` says who turned each value on through the switch that declares it (Switch.observed): every such key is
+    in the section, and its switch's field is a Recipe field."""
+    from trainfast import Recipe
+    from trainfast.probe.observe import observed_fields
+
+    seen, _ = observe(["--fused"])
+    declared = observed_fields()
+    assert set(declared) == {"precision", "compiled", "optimizer_implementation", "loader", "memory_format"}
+    assert set(declared) <= set(seen) and set(declared.values()) <= set(Recipe().to_dict())

@@ -66,7 +66,7 @@ def test_a_schema_4_folder_opens_reports_and_resumes_in_metric_names(tmp_path):
     # resumed: the baseline's runs read back, the missing one run
     assert work.launched == ["fused"] and all(r["reused"] for r in result.rungs[0].repeats + result.rungs[0].seed_runs)
     data = json.loads((out / "results.json").read_text())
-    assert data["schema_version"] == SCHEMA_VERSION == 5
+    assert data["schema_version"] == SCHEMA_VERSION == 6
     assert data["metric"]["name"] == "accuracy" and data["metric"]["goal"] == "max"
     # the same numbers as the old version's, under the metric's names, and no field named accuracy left
     for new, was in zip(data["rungs"], old["rungs"]):
@@ -81,3 +81,23 @@ def test_a_schema_4_folder_opens_reports_and_resumes_in_metric_names(tmp_path):
     report = (out / "report.md").read_text()
     assert "Accuracy noise band: ±0.029" in report and "(0.967, 0.983)" in report
     assert (out / "metric.png").exists() and not (out / "accuracy.png").exists()
+
+
+def test_a_scripts_run_recorded_before_its_optimizer_was_observed_by_another_key_resumes_in_todays(tmp_path):
+    """A schema-5 run record of a script keyed its optimizer's implementation `optimizer_impl`, the switch's field
+    (in the observed section and its `by`): a resume reads it back as today's run records write it, so the report
+    says what the script's optimizer ran and who set it."""
+    from trainfast.ablation.store import RunStore
+    from trainfast.report.observed import describe
+
+    seen = {"precision": "bf16", "autocast": True, "compiled": False, "recompiles": 0, "optimizer": "AdamW",
+            "optimizer_impl": "fused", "loader": None, "memory_format": None,
+            "by": {"precision": "trainfast", "optimizer_impl": "script"}}
+    settings = {"metric_name": "eval_loss"}
+    store = RunStore(tmp_path, settings, resume=False)
+    store.save("baseline-r0", {"metric": {"name": "eval_loss", "goal": "min", "value": 0.5}, "observed": seen})
+    read = RunStore(tmp_path, settings, resume=True).load("baseline-r0")
+    assert read["observed"]["optimizer_implementation"] == "fused" and "optimizer_impl" not in read["observed"]
+    assert read["observed"]["by"] == {"precision": "trainfast", "optimizer_implementation": "script"}
+    assert read["metric"]["value"] == 0.5 and read["reused"]
+    assert "AdamW fused (script)" in describe(read["observed"])

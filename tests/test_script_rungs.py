@@ -147,7 +147,7 @@ def seen(precision: str = "fp32", memory_format: str | None = "contiguous") -> d
     """A run's record with the `observed` section a script's run writes (probe/), built by hand."""
     return {"throughput": 100.0, "observed": {
         "precision": precision, "autocast": precision != "fp32", "compiled": False, "recompiles": 0,
-        "optimizer": "SGD", "optimizer_impl": "foreach", "loader": None, "memory_format": memory_format,
+        "optimizer": "SGD", "optimizer_implementation": "foreach", "loader": None, "memory_format": memory_format,
         "by": {"precision": "script"} if precision != "fp32" else {}}}
 
 

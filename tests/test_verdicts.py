@@ -498,6 +498,6 @@ def test_results_json_names_the_metric_beside_its_value(tmp_path):
     keys, fused = list(data["rungs"][2]), data["rungs"][2]
     assert keys[keys.index("peak_memory_bytes") + 1] == "metric" and "accuracy" not in keys
     assert fused["metric"] == {"name": "accuracy", "goal": "max", "value": statistics.fmean(fused["metric_values"])}
-    assert fused["metric"]["value"] is not None and data["schema_version"] == 5
+    assert fused["metric"]["value"] is not None and data["schema_version"] == 6
     assert {"metric_reference", "metric_delta", "metric_band", "metric_flag", "metric_worse"} <= set(keys)
     assert not [k for k in keys if k.startswith("accuracy")] and "metric" in data["baseline_seeds"][0]

@@ -19,7 +19,9 @@ from .recipe import Recipe
 # metric as `metric` ({"name", "goal", "value"}; `accuracy` still holds its value) and the unit its rate counts.
 # 5: the judged metric's numbers are `metric_*` (`accuracy*` held a validation loss or an mAP as well): a rung's
 # metric_values, metric_reference, metric_delta, metric_band, metric_flag, metric_worse; a baseline seed's `metric`.
-SCHEMA_VERSION = 5
+# 6: a script's observed section names its optimizer's implementation `optimizer_implementation` (what the run did),
+# no longer by the switch's field.
+SCHEMA_VERSION = 6
 
 
 class Status(str, Enum):

@@ -74,7 +74,7 @@ def describe_observed(seen: dict[str, Any]) -> str:
     parts = [str(seen.get("precision", "?")) + (" autocast" if seen.get("autocast") else ""),
              "compiled" if seen.get("compiled") else "not compiled"]
     if seen.get("optimizer"):
-        parts.append(f"{seen['optimizer']} {seen.get('optimizer_impl') or ''}".strip())
+        parts.append(f"{seen['optimizer']} {seen.get('optimizer_implementation') or ''}".strip())
     loader = seen.get("loader")
     if isinstance(loader, dict):
         parts.append(f"{loader.get('num_workers', 0)} workers" + (" pinned" if loader.get("pin_memory") else ""))

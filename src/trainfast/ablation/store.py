@@ -52,15 +52,27 @@ def comparable_plan(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return {**new, "rungs": trimmed}
 
 
+# The observed section's keys (probe/observe.py) that an earlier version wrote under another name: the optimizer's
+# implementation was keyed by its switch's field.
+OBSERVED_RENAMED = {"optimizer_impl": "optimizer_implementation"}
+
+
 def current_record(record: dict[str, Any], metric_name: str | None) -> dict[str, Any]:
     """A finished run's record in today's names, whatever version wrote it. A built-in run's record written before
     `metric` ({"name", "goal", "value"}) held its task's judged value in `accuracy` (a language model's validation
     loss, a detector's mAP too): it is moved to `metric`, named as the folder's plan names it (`metric_name`; its
-    goal is the ladder's, decided again on resume)."""
-    if "metric" in record or "accuracy" not in record:
-        return record
-    upgraded = {k: v for k, v in record.items() if k != "accuracy"}
-    upgraded["metric"] = {"name": metric_name, "goal": None, "value": record["accuracy"]}
+    goal is the ladder's, decided again on resume). A script's observed section takes today's keys
+    (OBSERVED_RENAMED), its `by` too."""
+    upgraded = dict(record)
+    if "metric" not in record and "accuracy" in record:
+        value = upgraded.pop("accuracy")
+        upgraded["metric"] = {"name": metric_name, "goal": None, "value": value}
+    seen = record.get("observed")
+    if isinstance(seen, dict) and OBSERVED_RENAMED.keys() & (set(seen) | set(seen.get("by") or {})):
+        renamed = {OBSERVED_RENAMED.get(k, k): v for k, v in seen.items()}
+        if isinstance(seen.get("by"), dict):
+            renamed["by"] = {OBSERVED_RENAMED.get(k, k): v for k, v in seen["by"].items()}
+        upgraded["observed"] = renamed
     return upgraded
 
 

@@ -57,7 +57,7 @@ def compile_model(obs: Observations) -> Finding | None:
 
 def fused(obs: Observations) -> Finding | None:
     seen = obs.observed
-    impl = (seen or {}).get("optimizer_impl")
+    impl = (seen or {}).get("optimizer_implementation")
     if not seen or impl in (None, "fused"):
         return None
     return candidate(obs, "fused", "the optimizer's fused implementation",

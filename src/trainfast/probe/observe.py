@@ -13,7 +13,7 @@ the conv weights' memory format, the compiles dynamo counted.
 
 Shape of the section (others read it; keep it):
   {"precision": "bf16" | "fp16" | "fp32" | ..., "autocast": bool, "compiled": bool, "recompiles": int,
-   "optimizer": class name | None, "optimizer_impl": "fused" | "foreach" | "for-loop" | None,
+   "optimizer": class name | None, "optimizer_implementation": "fused" | "foreach" | "for-loop" | None,
    "loader": {"num_workers", "pin_memory", "persistent_workers", "prefetch_factor"} | None,
    "memory_format": "channels_last" | "contiguous" | None, "by": {field: "script" | "trainfast"}}
 """
@@ -29,14 +29,12 @@ from torch.utils.data import DataLoader
 from ..frameworks.common import LOADER_FIELDS, is_compiled
 from ..instruments import loaders
 from ..instruments.eager import register_eager
+from ..techniques import switches
 from ..techniques.memory_format import memory_format_of
 from ..techniques.optimizer import impl_of
 
 OBSERVED = "observed"       # the run record's key
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64"}
-# The recipe field behind each observed value a switch turns on ("by" says who turned it on).
-BY_FIELD = {"precision": "precision", "compiled": "compile", "optimizer_impl": "optimizer_impl",
-            "loader": "num_workers", "memory_format": "channels_last"}
 
 
 def dtype_name(dtype: torch.dtype | None) -> str | None:
@@ -198,16 +196,22 @@ class Observer:
         out = {"precision": dtype_name(dtype), "autocast": bool(enabled), "compiled": compiled,
                "recompiles": int(counted.get("recompiles") or 0),
                "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
-               "optimizer_impl": implementation(self.optimizer) if self.optimizer is not None else None,
+               "optimizer_implementation": implementation(self.optimizer) if self.optimizer is not None else None,
                "loader": loader_of(self.loader),
                "memory_format": memory_format_of(model) if model is not None else None}
         on = {"precision": out["precision"] not in (None, "fp32"), "compiled": compiled,
-              "optimizer_impl": self.optimizer is not None and impl_of(self.optimizer) != "default",
+              "optimizer_implementation": self.optimizer is not None and impl_of(self.optimizer) != "default",
               "loader": bool(out["loader"] and (out["loader"]["num_workers"] or out["loader"]["pin_memory"])),
               "memory_format": out["memory_format"] == "channels_last"}
-        out["by"] = {key: "trainfast" if BY_FIELD[key] in by_trainfast else "script"
+        by_field = observed_fields()
+        out["by"] = {key: "trainfast" if by_field[key] in by_trainfast else "script"
                      for key, is_on in on.items() if is_on}
         return out
+
+
+def observed_fields() -> dict[str, str]:
+    """An observed key -> the Recipe field whose switch turns it on (the switch that declares it: Switch.observed)."""
+    return {s.observed: s.fields[0] for s in switches() if s.observed}
 
 
 def turned_on(probe) -> set[str]:

@@ -21,7 +21,8 @@ def describe(seen: dict[str, Any]) -> str:
         recompiles = seen.get("recompiles") or 0
         words.append(f"compiled{who('compiled')}" + (f", {recompiles} recompile(s)" if recompiles else ""))
     if seen.get("optimizer"):
-        words.append(f"{seen['optimizer']} {seen.get('optimizer_impl') or ''}{who('optimizer_impl')}".strip())
+        implementation = seen.get("optimizer_implementation") or ""
+        words.append(f"{seen['optimizer']} {implementation}{who('optimizer_implementation')}".strip())
     loader = seen.get("loader")
     if loader:
         pinned = ", pinned" if loader.get("pin_memory") else ""

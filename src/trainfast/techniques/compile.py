@@ -54,7 +54,7 @@ SWITCHES = (
     Switch(("compile",),
            rungs=(RungSpec("compile", {"compile": True}, place=60, places={"detection": 80},
                            default_in=("classification", "detection"), tune=8),),
-           device_effect=effect,
+           device_effect=effect, observed="compiled",
            frameworks={"transformers": "TrainingArguments.torch_compile",
                        "lightning": "fit(torch.compile(model)), as Lightning's docs show",
                        "accelerate": "Accelerator(dynamo_backend=...)"}),

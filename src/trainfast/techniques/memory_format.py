@@ -42,6 +42,7 @@ SWITCHES = (
            rungs=(RungSpec("channels_last", {"channels_last": True}, place=50,
                            default_in=("classification", "detection"), tune=1),),
            model_effect=effect, data="images",       # NHWC is a layout of 4-D image batches and conv weights
+           observed="memory_format",
            model=ModelSwitch("memory format", switch_memory_format, memory_format_of,
                              show=lambda on: "channels_last" if on else "contiguous", default="contiguous"),
            frameworks={name: ON_MODEL for name in ADAPTERS}),

@@ -175,7 +175,7 @@ SWITCHES = (
     Switch(("optimizer_impl",),
            rungs=(RungSpec("fused", {"optimizer_impl": "fused"}, place=70, default_in=("classification", "lm"),
                            tune=5),),
-           device_effect=effect,
+           device_effect=effect, observed="optimizer_implementation",
            optimizer=OptimizerSwitch(
                "optimizer implementation", impl_of, default="default", build=build_optimizer, rebuild=switch_impl,
                plugins={"deepspeed": "DeepSpeed wraps and steps the optimizer itself (its own fused kernels, ZeRO "

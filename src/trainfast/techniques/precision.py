@@ -504,6 +504,7 @@ def auto_amp_dtype(device: torch.device) -> str:
 SWITCHES = (
     Switch(("precision",),
            rungs=(RungSpec("amp", {"precision": AMP}, place=10, default_in=("classification", "detection", "lm")),),
+           observed="precision",
            frameworks={"transformers": "TrainingArguments.bf16 / .fp16",
                        "lightning": "Trainer(precision='bf16-mixed' / '16-mixed' / '32-true')",
                        "accelerate": "Accelerator(mixed_precision='bf16' / 'fp16' / 'no')"}),

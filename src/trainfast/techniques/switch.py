@@ -421,6 +421,9 @@ class Switch:
     context_effect(run): whether it can act in this run (RunContext: the loop that runs the steps, its saves, its
                 loader workers): an Effect with the reason where the run leaves it nothing to change; None: it acts
                 in any run the device, model and data allow.
+    observed:   the key of a script's observed section (probe/observe.py) that shows it on, read there from the
+                objects the script ran (its autocast, its model, its optimizer, its loader), whoever set them: its
+                first field is what the section's `by` says trainfast or the script turned on. "": not observed.
     """
     fields: tuple[str, ...]
     rungs: tuple[RungSpec, ...] = ()
@@ -445,6 +448,7 @@ class Switch:
     loss: LossSwitch | None = None
     rewrite: RecipeRewrite | None = None
     context_effect: Callable[[RunContext], Effect] | None = None
+    observed: str = ""
 
     @property
     def name(self) -> str:

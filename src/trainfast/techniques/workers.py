@@ -33,7 +33,7 @@ SWITCHES = (
            rungs=(RungSpec("workers", {"num_workers": 2}, place=43, places={"detection": 26},
                            held_note=(1, "loader workers (--num-workers)"),
                            default_in=("detection",), tune_inputs=3, tune_changes=more_workers),),
-           own_process=True,
+           own_process=True, observed="loader",
            # persistent workers keep their random streams across epochs: a resume that changes it changes the
            # augmentation, so it is not among the resumable fields
            resumable=("num_workers", "prefetch_factor"),
