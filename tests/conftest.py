@@ -229,6 +229,10 @@ def digits16() -> Split:
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        if "alone" in item.keywords and "slow" not in item.keywords:
+            # `make test` runs every test not marked slow on its workers, beside each other
+            raise pytest.UsageError(f"{item.nodeid} is marked alone but not slow: `make test` would run it beside "
+                                    "other tests")
         cuda = "cuda" in item.keywords
         if not CUDA_RUN and cuda:
             reason = "needs a CUDA device (make test-cuda on a GPU machine)"
