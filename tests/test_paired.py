@@ -110,8 +110,7 @@ class Sleepy(nn.Module):
 
 # The fast suite times the pair on a virtual clock (each step exactly its forward's sleep); the slow suite on the
 # real one, with real sleeps beside the real steps.
-@pytest.mark.parametrize("clock", ["virtual", pytest.param("real", marks=pytest.mark.slow)])
-@pytest.mark.alone
+@pytest.mark.parametrize("clock", ["virtual", pytest.param("real", marks=[pytest.mark.slow, pytest.mark.alone])])
 def test_the_pair_measures_each_runs_own_step_in_alternating_blocks(clock, monkeypatch):
     import trainfast.measure.clock
     from trainfast.run import as_split, assemble_run

@@ -134,8 +134,7 @@ def test_rates_have_three_significant_figures():
 
 # The fast suite on a virtual clock that only the steps move (a slow first step, then steps of 4/128 to 6/128 s): the
 # Meter's rate must be the clock's exactly. The slow suite on the real clock, within 5%.
-@pytest.mark.parametrize("clock", ["virtual", pytest.param("real", marks=pytest.mark.slow)])
-@pytest.mark.alone
+@pytest.mark.parametrize("clock", ["virtual", pytest.param("real", marks=[pytest.mark.slow, pytest.mark.alone])])
 def test_reported_rate_agrees_with_the_wall_clock(digits16, clock, monkeypatch):
     """The Meter's steady rate against a clock read by the loop itself around the same steps."""
     import trainfast.measure.clock
