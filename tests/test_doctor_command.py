@@ -77,6 +77,7 @@ def test_doctor_script_kept_going_until_its_epoch_end_evaluation(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.parametrize("style", STYLES)
 def test_doctor_script_clean_twins_have_no_problem(tmp_path, style):
     clean = doctor_script(tmp_path, LOOPS / f"{style}.py")

@@ -47,6 +47,7 @@ def test_corpus_mistake_found_where_planted_and_nowhere_else(style, plant, no_ce
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.parametrize("script", ["tests/scripts/mnist_main.py", "examples/plain_loop.py",
                                     "examples/adopted_loop.py"])
 def test_doctor_on_loops_written_elsewhere_reports_no_false_problem(tmp_path, script):
@@ -64,6 +65,7 @@ def test_doctor_on_loops_written_elsewhere_reports_no_false_problem(tmp_path, sc
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.parametrize("script,expect", [
     ("compiled.py", {"compile: graph breaks and recompilations": "fine"}),
     ("vae.py", {"dropout active in eval mode": "measured", "evaluation without model.eval()": "fine"}),
