@@ -68,12 +68,15 @@ def current_record(record: dict[str, Any], metric_name: str | None) -> dict[str,
         value = upgraded.pop("accuracy")
         upgraded["metric"] = {"name": metric_name, "goal": None, "value": value}
     seen = record.get("observed")
-    if isinstance(seen, dict) and OBSERVED_RENAMED.keys() & (set(seen) | set(seen.get("by") or {})):
-        renamed = {OBSERVED_RENAMED.get(k, k): v for k, v in seen.items()}
+    if isinstance(seen, dict):
+        upgraded["observed"] = renamed(seen)
         if isinstance(seen.get("by"), dict):
-            renamed["by"] = {OBSERVED_RENAMED.get(k, k): v for k, v in seen["by"].items()}
-        upgraded["observed"] = renamed
+            upgraded["observed"]["by"] = renamed(seen["by"])
     return upgraded
+
+
+def renamed(section: dict[str, Any]) -> dict[str, Any]:
+    return {OBSERVED_RENAMED.get(key, key): value for key, value in section.items()}
 
 
 class RunStore:
