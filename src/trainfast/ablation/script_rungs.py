@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from ..launch import Command
+from ..report.observed import describe
 from ..results import Rung, Status
 from ..scriptargs import UNCHANGED, CommandChange, flag_groups, merge_args
 
@@ -58,7 +59,7 @@ def note_unchanged(plan: list[Rung]) -> None:
         mine, theirs = observed(rung), observed(above)
         if mine is None or theirs is None or behaviour(mine) != behaviour(theirs):
             continue
-        text = f"{UNCHANGED}: its runs were observed as {above.name}'s ({describe_observed(mine)})"
+        text = f"{UNCHANGED}: its runs were observed as {above.name}'s ({describe(behaviour(mine))})"
         rung.script["unchanged"] = text
         rung.reason = f"{rung.reason}; {text}" if rung.reason else text
 
@@ -67,20 +68,6 @@ def behaviour(seen: dict[str, Any]) -> dict[str, Any]:
     """What a run did, without who turned each thing on (`by`): the script's --amp on top of trainfast's amp runs
     the same bf16 autocast, and the flag changed nothing the run does."""
     return {k: v for k, v in seen.items() if k != "by"}
-
-
-def describe_observed(seen: dict[str, Any]) -> str:
-    """'fp32, not compiled, AdamW for-loop, 2 workers pinned, contiguous': an observation in a few words."""
-    parts = [str(seen.get("precision", "?")) + (" autocast" if seen.get("autocast") else ""),
-             "compiled" if seen.get("compiled") else "not compiled"]
-    if seen.get("optimizer"):
-        parts.append(f"{seen['optimizer']} {seen.get('optimizer_implementation') or ''}".strip())
-    loader = seen.get("loader")
-    if isinstance(loader, dict):
-        parts.append(f"{loader.get('num_workers', 0)} workers" + (" pinned" if loader.get("pin_memory") else ""))
-    if seen.get("memory_format"):
-        parts.append(str(seen["memory_format"]))
-    return ", ".join(parts)
 
 
 def script_settings(rung: Rung) -> dict[str, Any]:
