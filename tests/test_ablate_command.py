@@ -85,12 +85,46 @@ def test_a_full_run_of_a_script_is_timed_over_the_window_speed_mode_would_have_t
     assert len(steady.step_seconds) + steady.warmup_steps == probe.steady_steps
 
 
+def test_speed_mode_times_millisecond_steps_for_the_seconds_the_budget_asks(tmp_path):
+    # Eight steps of 60 ms (a run's first steps, slower than the rest but not told apart from them) and then 3 ms
+    # steps: at the first count the slow steps make the steps needed look few, and a cap of MAX_BUDGETS times those
+    # cut such a run at 120 steps, 0.4 s of them. It is timed for the budget's 2 s instead, and stops there; a run
+    # whose blocks are disturbed from its first second on still stops, at the cap, no sooner than MAX_BUDGETS
+    # times the 2 s.
+    from trainfast.measure import StepTime
+    from trainfast.probe import MAX_BUDGETS, MeasureSpec, Probe
+    from trainfast.probe.agent import step_seconds
+    from trainfast.probe.contract import StopRun
+
+    def stopped(disturbed_after: float) -> tuple[Probe, dict]:
+        result = tmp_path / f"result-{disturbed_after}.json"
+        probe = Probe(MeasureSpec(str(result), "speed", steps=16, seconds=60.0, floor=8, min_seconds=2.0))
+        probe.timer, probe.check_disturbance, clock = HandTimer(), True, 0.0
+        with pytest.raises(StopRun):
+            for i in range(100_000):
+                seconds = 0.06 if i < 8 else 0.003
+                clock += seconds                     # other processes, from then on: 90% of the cores
+                foreign = 0.9 * seconds * (os.cpu_count() or 1) if clock > disturbed_after else 0.0
+                probe.timer.steps.append(StepTime(seconds, 16, 0.0, own_cpu_s=seconds,
+                                                  machine_cpu_s=seconds + foreign))
+                probe.timer.updates += 1
+                probe.after_update()
+        return probe, json.loads(result.read_text())
+
+    probe, record = stopped(disturbed_after=float("inf"))
+    assert record["stopped"] == "speed budget timed", record["stopped"]
+    assert record["timing"]["timed_seconds"] >= 2.0 and step_seconds(probe.timer) < 2.0 + 0.5 + 0.1
+    probe, record = stopped(disturbed_after=1.0)
+    assert record["stopped"] == "step cap reached before the budget was timed", record["stopped"]
+    assert MAX_BUDGETS * 2.0 <= step_seconds(probe.timer) < MAX_BUDGETS * 2.0 + 1.0
+
+
 CUSTOM = str(ROOT / "tests" / "scripts" / "custom_optimizer_loop.py")
 
 
 @pytest.fixture(scope="module")
 def session_ladder(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, dict]:
-    """One speed-mode ablation of a Session script (tests/scripts/custom_optimizer_loop.py, 400 epochs of a
+    """One speed-mode ablation of a Session script (tests/scripts/custom_optimizer_loop.py, 4,000 epochs of a
     hand-written SGD) for two tests: its baseline and amp rung stopped once timed, its fused rung failing (the
     optimizer takes no `fused`). Two rungs, not the whole default ladder: what is proven is speed mode's stop, the
     recipe reaching a Session script through the environment (the same for every rung: a rung's run starts the same
@@ -113,9 +147,9 @@ def test_speed_mode_stops_each_rung_of_a_session_script_once_timed(session_ladde
     for rung in measured:
         run = rung["runs"][0]
         assert run["session"] and run["mode"] == "speed" and run["rate_unit"] == "samples/s"
-        # stopped early (400 epochs would take minutes): once timed, or at the step cap on a busy machine
+        # stopped early (its 4,000 epochs would take minutes): once timed, or at the step cap on a busy machine
         assert run["stopped"] in ("speed budget timed", "step cap reached before the budget was timed")
-        assert run["steps_run"] < 400 * 8 and run["timing"]["timed_steps"] > 0
+        assert run["steps_run"] < 4000 * 8 and run["timing"]["timed_steps"] > 0
         if run["stopped"] == "speed budget timed":
             assert run["timing"]["timed_seconds"] >= 2.0 and run["timing"]["timed_steps"] >= 16
         assert rung["throughput"] > 0

@@ -25,7 +25,7 @@ from ..curves import BuiltinCurve, CurvePlan
 from ..defaults import TIMING_FLOOR, TIMING_SECONDS, TIMING_STEPS
 from ..engine import train_one_epoch
 from ..measure import BLOCK_SECONDS, EpochStats, Timing
-from ..probe import MeasureSpec, Probe, collect_ranks, run_record
+from ..probe import MeasureSpec, Probe, agree_max, collect_ranks, run_record
 from ..recipe import Recipe
 from ..run import BuiltinRun, assemble_run
 from ..techniques import not_in_effect, process_wide_in_effect
@@ -229,7 +229,7 @@ def time_step_alone(run: BuiltinRun, probe: Probe, budget: TimingBudget) -> dict
     timing = probe.timing()
     per_step = timing.seconds / timing.clean_steps if timing.clean_steps else 0.0
     wanted = math.ceil(STEP_ALONE_SECONDS / per_step) if per_step > 0 else STEP_ALONE_STEPS
-    steps = probe.agree_max(max(STEP_ALONE_STEPS, min(budget.steps, wanted)))
+    steps = agree_max(probe, max(STEP_ALONE_STEPS, min(budget.steps, wanted)))
     batch = next(iter(run.train_batches))          # one batch as the rung's input path delivers it, on the device
     replayed = run.steps_apart(repeat(batch, STEP_ALONE_WARMUP + steps))
     # Judged as the epoch's steps are (measure.Timing): warm-up found, blocks other processes disturbed left out.

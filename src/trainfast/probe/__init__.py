@@ -10,9 +10,9 @@ ablation's runs, which are the same kind of run). One job per module:
 from .agent import CHECK_EVERY, MAX_BUDGETS, LoaderWorkers, Probe
 from .bootstrap import apply_command_switches, current, install
 from .contract import MEASURE_ENV, PROBE_MODES, MeasureError, MeasureSpec, StopRun
-from .ranks import collect_ranks
+from .ranks import agree_max, collect_ranks
 from .record import PROCESS_SWITCHES, WRAP_SWITCHES, RecordError, RunRecord, compile_counters, run_record, run_seed
 
 __all__ = ["CHECK_EVERY", "MAX_BUDGETS", "LoaderWorkers", "Probe", "apply_command_switches", "current", "install",
            "MEASURE_ENV", "PROBE_MODES", "MeasureError", "MeasureSpec", "StopRun", "PROCESS_SWITCHES", "WRAP_SWITCHES",
-           "RecordError", "RunRecord", "collect_ranks", "compile_counters", "run_record", "run_seed"]
+           "RecordError", "RunRecord", "agree_max", "collect_ranks", "compile_counters", "run_record", "run_seed"]

@@ -29,7 +29,7 @@ from ..instruments.curve import ScriptCurve
 from ..instruments.recompiles import CompileWindow
 from ..measure.memory import StepMemory
 from .contract import MeasureSpec, StopRun, write_result
-from .ranks import collect_ranks, start_phases
+from .ranks import agree_max, collect_ranks, start_phases
 from .record import run_record
 
 CHECK_EVERY = 8          # updates between two speed-mode decisions (each a collective under torchrun)
@@ -72,6 +72,30 @@ class OtherPasses:
             self.steps.append(probe.timer.updates)
 
 
+def step_seconds(timer) -> float:
+    """Seconds the run's steps have taken so far, as its step clock reads them (a GPU's timeline there)."""
+    timer.read()
+    return sum(step.seconds for step in timer.steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCap:
+    """Where speed mode stops a run that does not meet its timing budget (steps that never settle, blocks that keep
+    being disturbed): past MAX_BUDGETS times the steps the first count asked for, and no sooner than MAX_BUDGETS
+    times the seconds the budget asks for at least. The seconds matter for millisecond steps: the first count holds
+    the run's slower first steps, which make the steps needed look few (3 ms steps were once cut at 120, 0.4 s)."""
+    updates: int
+    seconds: float
+
+    @classmethod
+    def first_count(cls, timer, need: int, spec: MeasureSpec) -> "StepCap":
+        return cls(timer.updates + MAX_BUDGETS * max(need, spec.steps),
+                   step_seconds(timer) + MAX_BUDGETS * spec.min_seconds)
+
+    def reached(self, timer) -> bool:
+        return timer.updates >= self.updates and step_seconds(timer) >= self.seconds
+
+
 class Probe:
     def __init__(self, spec: MeasureSpec) -> None:
         self.spec = spec
@@ -81,7 +105,7 @@ class Probe:
         self.check_disturbance = False
         self.written = False
         self.stopped_ranks = False               # speed mode stopped every rank of a torchrun job (StopRun)
-        self.cap: int | None = None
+        self.cap: StepCap | None = None          # speed mode's stop when the budget is not met
         self.started = time.perf_counter()
         self.unit: str | None = None             # what the rate counts, where the run declares it (record.Rate)
         self.sections: dict[str, Any] = {}       # more parts of the result, read when it is written
@@ -175,15 +199,13 @@ class Probe:
                 self.steady_steps = len(self.timer.steps)
             return
         need = self.steps_needed()
-        # A run whose steps never settle, or whose blocks keep being disturbed, stops at a cap set by the
-        # first count: MAX_BUDGETS times what it asked for then.
-        self.cap = self.cap or self.timer.updates + MAX_BUDGETS * max(need, self.spec.steps)
-        if need == 0 or self.timer.updates >= self.cap:
+        self.cap = self.cap or StepCap.first_count(self.timer, need, self.spec)
+        if need == 0 or self.cap.reached(self.timer):
             collect_ranks(self)                  # every rank is here, at the same update
             self.write("speed budget timed" if need == 0 else "step cap reached before the budget was timed")
             # Every rank leaves together, after rank 0 has written: no rank tears its process group down
             # while another still works (a CI run once lost a rank at this point, exit status 1).
-            self.agree_max(0)
+            agree_max(self, 0)
             self.stopped_ranks = self.world_size > 1
             raise StopRun()
 
@@ -194,19 +216,7 @@ class Probe:
 
         spec = self.spec
         need = steps_to_time(self.timing(), spec.steps, spec.seconds, spec.floor, spec.min_seconds)
-        return self.agree_max(need) if collective else need
-
-    def agree_max(self, value: int) -> int:
-        if self.session is not None:
-            return max(self.session.dist.gather(value))
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return value
-        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        tensor = torch.tensor([value], device=device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return int(tensor.item())
+        return agree_max(self, need) if collective else need
 
     # --- the result ------------------------------------------------------------------------------------
 

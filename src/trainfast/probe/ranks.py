@@ -213,3 +213,19 @@ def all_gather_objects(value: Any) -> list[Any]:
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, value)
     return every
+
+
+def agree_max(probe, value: int) -> int:
+    """The largest `value` over every rank of the probe's run (each calls this at the same update: a collective),
+    through its Session's process group where it has one, else torch.distributed's default group; `value` itself
+    in one process."""
+    if probe.session is not None:
+        return max(probe.session.dist.gather(value))
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    device = probe.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    tensor = torch.tensor([value], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
