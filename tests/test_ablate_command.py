@@ -119,6 +119,38 @@ def test_speed_mode_times_millisecond_steps_for_the_seconds_the_budget_asks(tmp_
     assert MAX_BUDGETS * 2.0 <= step_seconds(probe.timer) < MAX_BUDGETS * 2.0 + 1.0
 
 
+def test_ranks_agree_on_speed_modes_cap_each_reading_its_own_clock():
+    # Rank 1 of two, its blocks disturbed after its first 0.3 s (the budget never met): its own clock is far from
+    # the cap's 8 s when the other rank, whose steps are slower, is past it. The ranks agree on the cap (a collective
+    # after the one on the steps needed), so this rank stops with the other at the same update, not 8 s later: a
+    # rank that stopped alone would leave the other waiting in its next collective.
+    from types import SimpleNamespace
+
+    from trainfast.measure import StepTime
+    from trainfast.probe import MeasureSpec, Probe
+    from trainfast.probe.agent import step_seconds
+    from trainfast.probe.contract import StopRun
+
+    said: list[int] = []
+
+    def gather(value: int) -> list[int]:                      # what each rank says, this one's first
+        said.append(value)
+        past_cap = len(said) >= 40 and len(said) % 2 == 0      # every second call asks whether the cap is passed
+        return [value, 1 if past_cap else value]
+
+    probe = Probe(MeasureSpec("", "speed", steps=16, seconds=60.0, floor=8, min_seconds=2.0))
+    probe.session = SimpleNamespace(dist=SimpleNamespace(gather=gather), world_size=2, is_main=False)
+    probe.timer, probe.check_disturbance = HandTimer(), True
+    with pytest.raises(StopRun):
+        for i in range(100_000):
+            foreign = 0.9 * 0.003 * (os.cpu_count() or 1) if i >= 100 else 0.0      # disturbed from 0.3 s on
+            probe.timer.steps.append(StepTime(0.003, 16, 0.0, own_cpu_s=0.003, machine_cpu_s=0.003 + foreign))
+            probe.timer.updates += 1
+            probe.after_update()
+    assert probe.timer.updates == 20 * 8 and step_seconds(probe.timer) < 1.0     # the 20th check: 160 updates
+    assert said[-2:] == [0, 0] and probe.stopped_ranks           # it asked (its own clock: not past), then left
+
+
 CUSTOM = str(ROOT / "tests" / "scripts" / "custom_optimizer_loop.py")
 
 

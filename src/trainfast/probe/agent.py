@@ -200,7 +200,8 @@ class Probe:
             return
         need = self.steps_needed()
         self.cap = self.cap or StepCap.first_count(self.timer, need, self.spec)
-        if need == 0 or self.cap.reached(self.timer):
+        # Each rank reads its own step clock: the ranks agree (a collective), and any one past the cap stops all.
+        if need == 0 or agree_max(self, int(self.cap.reached(self.timer))):
             collect_ranks(self)                  # every rank is here, at the same update
             self.write("speed budget timed" if need == 0 else "step cap reached before the budget was timed")
             # Every rank leaves together, after rank 0 has written: no rank tears its process group down
