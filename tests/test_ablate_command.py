@@ -62,20 +62,28 @@ class HandTimer:
         pass
 
 
+def hand_step(probe, seconds: float, foreign: float = 0.0) -> None:
+    """One optimizer update of `seconds` (16 samples) fed to the probe's hand clock, while other processes used
+    `foreign` of the machine's cores, and the probe told of it as a Session's update tells it."""
+    from trainfast.measure import StepTime
+
+    other = foreign * seconds * (os.cpu_count() or 1)
+    probe.timer.steps.append(StepTime(seconds, 16, 0.0, own_cpu_s=seconds, machine_cpu_s=seconds + other))
+    probe.timer.updates += 1
+    probe.after_update()
+
+
 def test_a_full_run_of_a_script_is_timed_over_the_window_speed_mode_would_have_timed():
     # 400 steps of 10 ms, 16 samples each, and a last one of 20 s (a compiled model recompiling for a smaller last
     # batch). Over every step the rate is under half the steady one; over the window speed mode would have timed
     # (warm-up excluded, the budget met), it is the steady rate, whatever comes after.
-    from trainfast.measure import StepTime
     from trainfast.probe import MeasureSpec, Probe
 
     def timed(window: bool):
         probe = Probe(MeasureSpec("", "full", steps=16, seconds=60.0, floor=8, min_seconds=0.5, steady_window=window))
         probe.timer = HandTimer()
         for i in range(400):
-            probe.timer.steps.append(StepTime(20.0 if i == 399 else 0.01, 16, 0.0))
-            probe.timer.updates += 1
-            probe.after_update()
+            hand_step(probe, 20.0 if i == 399 else 0.01)
         return probe, probe.timing()
 
     whole_probe, whole = timed(False)
@@ -91,7 +99,6 @@ def test_speed_mode_times_millisecond_steps_for_the_seconds_the_budget_asks(tmp_
     # cut such a run at 120 steps, 0.4 s of them. It is timed for the budget's 2 s instead, and stops there; a run
     # whose blocks are disturbed from its first second on still stops, at the cap, no sooner than MAX_BUDGETS
     # times the 2 s.
-    from trainfast.measure import StepTime
     from trainfast.probe import MAX_BUDGETS, MeasureSpec, Probe
     from trainfast.probe.agent import step_seconds
     from trainfast.probe.contract import StopRun
@@ -104,11 +111,7 @@ def test_speed_mode_times_millisecond_steps_for_the_seconds_the_budget_asks(tmp_
             for i in range(100_000):
                 seconds = 0.06 if i < 8 else 0.003
                 clock += seconds                     # other processes, from then on: 90% of the cores
-                foreign = 0.9 * seconds * (os.cpu_count() or 1) if clock > disturbed_after else 0.0
-                probe.timer.steps.append(StepTime(seconds, 16, 0.0, own_cpu_s=seconds,
-                                                  machine_cpu_s=seconds + foreign))
-                probe.timer.updates += 1
-                probe.after_update()
+                hand_step(probe, seconds, foreign=0.9 if clock > disturbed_after else 0.0)
         return probe, json.loads(result.read_text())
 
     probe, record = stopped(disturbed_after=float("inf"))
@@ -126,7 +129,6 @@ def test_ranks_agree_on_speed_modes_cap_each_reading_its_own_clock():
     # rank that stopped alone would leave the other waiting in its next collective.
     from types import SimpleNamespace
 
-    from trainfast.measure import StepTime
     from trainfast.probe import MeasureSpec, Probe
     from trainfast.probe.agent import step_seconds
     from trainfast.probe.contract import StopRun
@@ -143,10 +145,7 @@ def test_ranks_agree_on_speed_modes_cap_each_reading_its_own_clock():
     probe.timer, probe.check_disturbance = HandTimer(), True
     with pytest.raises(StopRun):
         for i in range(100_000):
-            foreign = 0.9 * 0.003 * (os.cpu_count() or 1) if i >= 100 else 0.0      # disturbed from 0.3 s on
-            probe.timer.steps.append(StepTime(0.003, 16, 0.0, own_cpu_s=0.003, machine_cpu_s=0.003 + foreign))
-            probe.timer.updates += 1
-            probe.after_update()
+            hand_step(probe, 0.003, foreign=0.9 if i >= 100 else 0.0)                 # disturbed from 0.3 s on
     assert probe.timer.updates == 20 * 8 and step_seconds(probe.timer) < 1.0     # the 20th check: 160 updates
     assert said[-2:] == [0, 0] and probe.stopped_ranks           # it asked (its own clock: not past), then left
 
